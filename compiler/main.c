@@ -1,0 +1,306 @@
+/* main.c - the `mgc` command line.
+ *
+ *   mgc check [--set K=V]... [--json] [--format=github] FILE...
+ *   mgc info  [--set K=V]... [--json] [--ir] [--config] FILE
+ *   mgc schema --json | --markdown
+ *   mgc version
+ *
+ * Exit status: 0 success, 1 an input has errors, 2 bad usage. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+#include "config.h"
+#include "diag.h"
+#include "facts.h"
+#include "ir.h"
+#include "json.h"
+#include "schema.h"
+
+#ifndef MGC_VERSION
+#define MGC_VERSION "0.0.0"
+#endif
+
+static void usage(FILE *out) {
+    fputs("usage: mgc <command> [options] [FILE...]\n"
+          "\n"
+          "commands:\n"
+          "  check FILE...     validate model configs; every problem is reported at once\n"
+          "  info FILE         model facts: parameters, FLOPs per iteration, layout\n"
+          "  schema            print the config schema (--json: JSON Schema, --markdown: key table)\n"
+          "  version           print the version and the CUDA toolchain this build found\n"
+          "\n"
+          "options for check and info:\n"
+          "  --set KEY=VALUE   override a key, e.g. --set parallel.tensor=4 (repeatable)\n"
+          "  --json            machine-readable output on stdout (docs/facts.md)\n"
+          "  --format=github   check: print diagnostics as GitHub Actions annotations\n"
+          "  -q, --quiet       check: print diagnostics only\n"
+          "  --ir              info: print the model IR (one microbatch's forward graph)\n"
+          "  --config          info: print the resolved config (every key, defaults filled in)\n"
+          "\n"
+          "exit status: 0 ok, 1 an input has errors, 2 usage error\n",
+          out);
+}
+
+typedef struct opts {
+    const char **sets; /* --set values */
+    int nsets;
+    const char **files;
+    int nfiles;
+    int json, github, quiet, ir, config;
+} opts;
+
+static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
+    memset(o, 0, sizeof *o);
+    o->sets = calloc((size_t)argc, sizeof *o->sets);
+    o->files = calloc((size_t)argc, sizeof *o->files);
+    if (!o->sets || !o->files) return fprintf(stderr, "mgc: out of memory\n"), 0;
+    int only_files = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (only_files || a[0] != '-' || !strcmp(a, "-")) {
+            o->files[o->nfiles++] = a;
+        } else if (!strcmp(a, "--")) {
+            only_files = 1;
+        } else if (!strcmp(a, "--set")) {
+            if (i + 1 >= argc) return fprintf(stderr, "mgc %s: --set needs KEY=VALUE\n", cmd), 0;
+            o->sets[o->nsets++] = argv[++i];
+        } else if (!strncmp(a, "--set=", 6)) {
+            o->sets[o->nsets++] = a + 6;
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--format=github") || !strcmp(a, "--github")) {
+            o->github = 1;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            o->quiet = 1;
+        } else if (!strcmp(a, "--ir")) {
+            o->ir = 1;
+        } else if (!strcmp(a, "--config")) {
+            o->config = 1;
+        } else {
+            fprintf(stderr, "mgc %s: unknown option '%s' (see mgc help)\n", cmd, a);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void free_opts(opts *o) {
+    free(o->sets);
+    free(o->files);
+}
+
+/* Everything `check` and `info` need about one file. */
+typedef struct loaded {
+    mgc_config *cfg;
+    mgc_graph *graph;
+    mgc_facts facts;
+    mgc_diags diags;
+    int ok; /* no errors: config, IR and facts are valid */
+} loaded;
+
+static void load(const char *file, const opts *o, loaded *L) {
+    memset(L, 0, sizeof *L);
+    mgc_diags_init(&L->diags);
+    L->cfg = mgc_config_new();
+    if (!L->cfg) {
+        mgc_diag(&L->diags, MGC_SEV_ERROR, (mgc_loc){file, 0, 0}, NULL, "out of memory");
+        return;
+    }
+    if (!strcmp(file, "-")) {
+        /* stdin: read it all (the YAML reader enforces the size limit) */
+        size_t cap = 1 << 14, len = 0;
+        char *buf = malloc(cap);
+        while (buf) {
+            if (len == cap) {
+                char *nb = cap > (8u << 20) ? NULL : realloc(buf, cap * 2);
+                if (!nb) break;
+                buf = nb, cap *= 2;
+            }
+            size_t r = fread(buf + len, 1, cap - len, stdin);
+            if (!r) break;
+            len += r;
+        }
+        if (buf) mgc_config_load_text(L->cfg, "<stdin>", buf, len, &L->diags);
+        else mgc_diag(&L->diags, MGC_SEV_ERROR, (mgc_loc){"<stdin>", 0, 0}, NULL, "out of memory");
+        free(buf);
+    } else {
+        mgc_config_load_file(L->cfg, file, &L->diags);
+    }
+    /* overrides apply even when the file had errors, so all problems show */
+    for (int i = 0; i < o->nsets; i++) {
+        char origin[32];
+        snprintf(origin, sizeof origin, "--set #%d", i + 1);
+        mgc_config_set(L->cfg, o->sets[i], origin, &L->diags);
+    }
+    /* consistency rules run only over a config whose keys all parsed */
+    if (L->diags.errors == 0) mgc_config_finalize(L->cfg, &L->diags);
+    if (L->diags.errors == 0) {
+        L->graph = mgc_ir_build(L->cfg, &L->diags);
+        if (L->graph && L->diags.errors == 0) mgc_facts_compute(L->cfg, L->graph, &L->facts, &L->diags);
+    }
+    L->ok = L->diags.errors == 0;
+    mgc_diags_sort(&L->diags);
+}
+
+static void unload(loaded *L) {
+    mgc_ir_free(L->graph);
+    mgc_config_free(L->cfg);
+    mgc_diags_free(&L->diags);
+}
+
+static void diags_json(mgc_json *j, const mgc_diags *d) {
+    mgc_json_arr_begin(j, "diagnostics");
+    for (int i = 0; i < d->n; i++) {
+        const mgc_diag_entry *e = &d->v[i];
+        mgc_json_obj_begin(j, NULL);
+        mgc_json_str(j, "severity", mgc_severity_name(e->sev));
+        mgc_json_str(j, "file", e->file);
+        mgc_json_int(j, "line", e->loc.line);
+        mgc_json_int(j, "col", e->loc.col);
+        mgc_json_str(j, "message", e->msg);
+        mgc_json_str(j, "hint", e->hint);
+        mgc_json_obj_end(j);
+    }
+    mgc_json_arr_end(j);
+}
+
+static void print_diags(const loaded *L, const opts *o) {
+    if (o->github) mgc_diags_print_github(&L->diags, stdout);
+    else mgc_diags_print(&L->diags, stderr);
+}
+
+static int cmd_check(int argc, char **argv) {
+    opts o;
+    if (!parse_opts(argc, argv, &o, "check")) return free_opts(&o), 2;
+    if (o.nfiles == 0) {
+        fputs("mgc check: no input files (usage: mgc check [--set K=V]... FILE...)\n", stderr);
+        free_opts(&o);
+        return 2;
+    }
+    int failed = 0;
+    mgc_json j;
+    if (o.json) {
+        mgc_json_init(&j, stdout, 2);
+        mgc_json_obj_begin(&j, NULL);
+        mgc_json_arr_begin(&j, "files");
+    }
+    for (int i = 0; i < o.nfiles; i++) {
+        loaded L;
+        load(o.files[i], &o, &L);
+        if (!L.ok) failed++;
+        if (!o.json || L.diags.n) print_diags(&L, &o);
+        if (o.json) {
+            mgc_json_obj_begin(&j, NULL);
+            mgc_json_str(&j, "file", o.files[i]);
+            mgc_json_bool(&j, "ok", L.ok);
+            mgc_json_int(&j, "errors", L.diags.errors);
+            mgc_json_int(&j, "warnings", L.diags.warnings);
+            if (L.ok) {
+                mgc_json_str(&j, "name", L.cfg->model.name);
+                mgc_json_int(&j, "padded_vocab_size", L.cfg->derived.padded_vocab_size);
+                mgc_json_int(&j, "world_size", L.cfg->parallel.world_size);
+                mgc_json_obj_begin(&j, "params");
+                mgc_json_u64(&j, "total", L.facts.params.total);
+                mgc_json_u64(&j, "active", L.facts.params.active);
+                mgc_json_obj_end(&j);
+            }
+            diags_json(&j, &L.diags);
+            mgc_json_obj_end(&j);
+        } else if (L.ok && !o.quiet && !o.github) {
+            printf("%s: ok: %s%s%llu parameters, padded vocab %lld, world size %lld%s\n", o.files[i],
+                   L.cfg->model.name[0] ? L.cfg->model.name : "", L.cfg->model.name[0] ? ", " : "",
+                   (unsigned long long)L.facts.params.total, (long long)L.cfg->derived.padded_vocab_size,
+                   (long long)L.cfg->parallel.world_size, L.diags.warnings ? " (with warnings)" : "");
+        }
+        unload(&L);
+    }
+    if (o.json) {
+        mgc_json_arr_end(&j);
+        mgc_json_int(&j, "checked", o.nfiles);
+        mgc_json_int(&j, "failed", failed);
+        mgc_json_obj_end(&j);
+        mgc_json_finish(&j);
+    } else if (o.nfiles > 1 && !o.github) {
+        fprintf(failed ? stderr : stdout, "mgc check: %d file%s, %d with errors\n", o.nfiles, o.nfiles == 1 ? "" : "s",
+                failed);
+    }
+    free_opts(&o);
+    return failed ? 1 : 0;
+}
+
+static int cmd_info(int argc, char **argv) {
+    opts o;
+    if (!parse_opts(argc, argv, &o, "info")) return free_opts(&o), 2;
+    if (o.nfiles != 1) {
+        fputs("mgc info: give exactly one config (usage: mgc info [--json] [--ir] [--config] FILE)\n", stderr);
+        free_opts(&o);
+        return 2;
+    }
+    loaded L;
+    load(o.files[0], &o, &L);
+    mgc_diags_print(&L.diags, stderr);
+    int rc = L.ok ? 0 : 1;
+    if (L.ok) {
+        if (o.json) {
+            mgc_json j;
+            mgc_json_init(&j, stdout, 2);
+            mgc_json_obj_begin(&j, NULL);
+            mgc_json_str(&j, "file", o.files[0]);
+            mgc_json_str(&j, "name", L.cfg->model.name);
+            mgc_facts_print_json(L.cfg, &L.facts, &j);
+            if (o.config) mgc_config_print_json(L.cfg, &j, "config");
+            if (o.ir) mgc_ir_print_json(L.graph, &j);
+            mgc_json_obj_end(&j);
+            mgc_json_finish(&j);
+        } else if (o.config) {
+            mgc_config_print_yaml(L.cfg, stdout);
+        } else if (o.ir) {
+            mgc_ir_print(L.graph, stdout);
+        } else {
+            mgc_facts_print_text(L.cfg, &L.facts, stdout);
+        }
+    }
+    unload(&L);
+    free_opts(&o);
+    return rc;
+}
+
+static int cmd_schema(int argc, char **argv) {
+    if (argc == 1 && !strcmp(argv[0], "--json")) return mgc_schema_print_json(stdout), 0;
+    if (argc == 1 && !strcmp(argv[0], "--markdown")) return mgc_schema_print_markdown(stdout), 0;
+    fputs("usage: mgc schema --json | --markdown\n", stderr);
+    return 2;
+}
+
+static int cmd_version(void) {
+    printf("mgc %s\n", MGC_VERSION);
+    int maj, min;
+    if (mgc_codegen_nvrtc_version(&maj, &min)) {
+        int archs[64];
+        int n = mgc_codegen_nvrtc_archs(archs, 64);
+        printf("NVRTC %d.%d (targets:", maj, min);
+        for (int i = 0; i < n; i++) printf(" sm_%d", archs[i]);
+        printf(")\n");
+    } else {
+        printf("NVRTC: not built (CUDA toolkit not found at configure time)\n");
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
+    if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
+    if (!strcmp(cmd, "schema")) return cmd_schema(argc - 2, argv + 2);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) return usage(stdout), 0;
+    fprintf(stderr, "mgc: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

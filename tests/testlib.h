@@ -1,0 +1,79 @@
+/* testlib.h - the tiny assertion kit every test binary uses.
+ *
+ *     int main(void) {
+ *         T_CHECK(1 + 1 == 2);
+ *         T_EQ_U64(x, 124439808u);
+ *         return t_summary("test_facts");   // prints "test_facts: N checks, 0 failed"
+ *     }
+ * A failed check prints file:line and the values and the run goes on; the
+ * exit status is 1 when any check failed. */
+#ifndef MGC_TESTLIB_H
+#define MGC_TESTLIB_H
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int t_checks, t_failed;
+
+#define T_CHECK(cond)                                                                               \
+    do {                                                                                            \
+        t_checks++;                                                                                 \
+        if (!(cond)) {                                                                              \
+            t_failed++;                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);                \
+        }                                                                                           \
+    } while (0)
+
+#define T_EQ_U64(a, b)                                                                              \
+    do {                                                                                            \
+        uint64_t t_a = (uint64_t)(a), t_b = (uint64_t)(b);                                          \
+        t_checks++;                                                                                 \
+        if (t_a != t_b) {                                                                           \
+            t_failed++;                                                                             \
+            fprintf(stderr, "%s:%d: %s == %s failed: %" PRIu64 " != %" PRIu64 "\n", __FILE__,       \
+                    __LINE__, #a, #b, t_a, t_b);                                                    \
+        }                                                                                           \
+    } while (0)
+
+#define T_EQ_I64(a, b)                                                                              \
+    do {                                                                                            \
+        int64_t t_a = (int64_t)(a), t_b = (int64_t)(b);                                             \
+        t_checks++;                                                                                 \
+        if (t_a != t_b) {                                                                           \
+            t_failed++;                                                                             \
+            fprintf(stderr, "%s:%d: %s == %s failed: %" PRId64 " != %" PRId64 "\n", __FILE__,       \
+                    __LINE__, #a, #b, t_a, t_b);                                                    \
+        }                                                                                           \
+    } while (0)
+
+/* |a - b| <= rel * |b| */
+#define T_NEAR_REL(a, b, rel)                                                                       \
+    do {                                                                                            \
+        double t_a = (double)(a), t_b = (double)(b);                                                \
+        t_checks++;                                                                                 \
+        if (!(fabs(t_a - t_b) <= (rel) * fabs(t_b))) {                                              \
+            t_failed++;                                                                             \
+            fprintf(stderr, "%s:%d: %s ~ %s failed: %.17g vs %.17g (rel %.3g)\n", __FILE__,         \
+                    __LINE__, #a, #b, t_a, t_b, fabs(t_a - t_b) / (fabs(t_b) > 0 ? fabs(t_b) : 1)); \
+        }                                                                                           \
+    } while (0)
+
+#define T_STREQ(a, b)                                                                               \
+    do {                                                                                            \
+        const char *t_a = (a), *t_b = (b);                                                          \
+        t_checks++;                                                                                 \
+        if (!t_a || !t_b || strcmp(t_a, t_b) != 0) {                                                \
+            t_failed++;                                                                             \
+            fprintf(stderr, "%s:%d: %s == %s failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__, #a,  \
+                    #b, t_a ? t_a : "(null)", t_b ? t_b : "(null)");                                \
+        }                                                                                           \
+    } while (0)
+
+static inline int t_summary(const char *name) {
+    printf("%s: %d checks, %d failed\n", name, t_checks, t_failed);
+    return t_failed ? 1 : 0;
+}
+
+#endif
