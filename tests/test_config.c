@@ -192,7 +192,24 @@ static void test_suggest(void) {
     for (int k = 0; k < MGC_KEY__COUNT; k++) T_EQ_I64(mgc_key_find(mgc_keys[k].path), k);
 }
 
+/* examples/full.yaml shows every key of the schema once. */
+static void test_full_example(void) {
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_config *c = mgc_config_new();
+    mgc_config_load_file(c, MGC_SOURCE_DIR "/examples/full.yaml", &d);
+    T_EQ_I64(d.errors, 0);
+    for (int k = 0; k < MGC_KEY__COUNT; k++) {
+        if (k == MGC_KEY_MOE_LAYERS) continue; /* alternative to layer_freq; shown commented out */
+        if (!c->given[k]) fprintf(stderr, "examples/full.yaml does not set %s\n", mgc_keys[k].path);
+        T_CHECK(c->given[k]);
+    }
+    mgc_config_free(c);
+    mgc_diags_free(&d);
+}
+
 int main(void) {
+    test_full_example();
     test_values();
     test_errors();
     test_yaml_errors();

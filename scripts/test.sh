@@ -1,0 +1,26 @@
+#!/bin/sh
+# test.sh - the README's second command (and .ci/run): install what is
+# needed, then build and run the whole test suite twice:
+#   1. gcc, warnings as errors, every ctest test;
+#   2. clang with AddressSanitizer + UndefinedBehaviorSanitizer (+ leak
+#      checking), warnings as errors, every test again plus a bounded
+#      libFuzzer run over the front end (MGC_FUZZ_SECONDS, default 60).
+# GPU tests (label gpu) skip themselves with status 77 where no GPU exists.
+set -eu
+cd "$(dirname "$0")/.."
+sh scripts/install-deps.sh
+jobs=$(nproc)
+
+echo "== build 1: gcc, -Werror"
+CC=gcc cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGC_WERROR=ON >/dev/null
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+echo "== build 2: clang, -Werror, address+undefined sanitizers, fuzzing"
+CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMGC_WERROR=ON \
+  -DMGC_SANITIZE=address,undefined -DMGC_FUZZ=ON \
+  -DMGC_FUZZ_SECONDS="${MGC_FUZZ_SECONDS:-60}" >/dev/null
+cmake --build build-asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs"
+echo "test.sh: all tests passed (gcc and clang+sanitizers)"
