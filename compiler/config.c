@@ -523,6 +523,14 @@ static int to_string(mgc_config *c, const mgc_keyinfo *ki, const mgc_ynode *n, c
     return *out != NULL;
 }
 
+/* Where a string's text starts: past the opening quote of a quoted scalar, so
+ * checks can point at a column inside it. */
+static mgc_loc text_loc(const mgc_ynode *n) {
+    mgc_loc l = n->loc;
+    if (n->kind == MGC_Y_SCALAR && n->quoted == 1) l.col++;
+    return l;
+}
+
 /* ---- applying one key ---------------------------------------------------- */
 
 static int list_items(const mgc_keyinfo *ki, const mgc_ynode *n, mgc_diags *d) {
@@ -683,7 +691,7 @@ static int apply_key(mgc_config *c, mgc_key k, const mgc_ynode *n, mgc_diags *d)
         if (!v || !l) break;
         ok = 1;
         for (int i = 0; i < cnt; i++) {
-            l[i] = n->kids[i]->loc;
+            l[i] = text_loc(n->kids[i]);
             if (!to_string(c, ki, n->kids[i], &v[i], d)) ok = 0;
         }
         if (ok) *(mgc_str_list *)f = (mgc_str_list){v, l, cnt};
@@ -693,7 +701,7 @@ static int apply_key(mgc_config *c, mgc_key k, const mgc_ynode *n, mgc_diags *d)
     }
     if (ok) {
         c->given[k] = 1;
-        c->loc[k] = n->loc;
+        c->loc[k] = ki->type == MGC_T_STRING ? text_loc(n) : n->loc;
     }
     return ok;
 }

@@ -201,7 +201,7 @@ mgc_ytree *mgc_ytree_parse(const char *file, const char *text, size_t len, mgc_d
             mgc_loc l = mark_loc(t, p.problem_mark);
             char hint[256] = "check indentation, that every `key: value` has a space after the colon, and quoting";
             if (p.context)
-                snprintf(hint, sizeof hint, "while %s (line %d); check indentation and quoting", p.context,
+                snprintf(hint, sizeof hint, "%s (line %d); check indentation and quoting", p.context,
                          (int)p.context_mark.line + 1);
             if (p.error == YAML_MEMORY_ERROR) l = whole;
             mgc_diag(d, MGC_SEV_ERROR, l, hint, "invalid YAML: %s", p.problem ? p.problem : "unknown error");
@@ -240,7 +240,9 @@ mgc_ytree *mgc_ytree_parse(const char *file, const char *text, size_t len, mgc_d
             n = mgc_ynode_new(t, plain && is_null_text(s, sl) ? MGC_Y_NULL : MGC_Y_SCALAR, l);
             if (!n || !(n->s = mgc_ytree_strdup(t, s, sl))) goto limit;
             n->len = sl;
-            n->quoted = !plain;
+            n->quoted = plain ? 0
+                        : (ev.data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
+                           ev.data.scalar.style == YAML_DOUBLE_QUOTED_SCALAR_STYLE) ? 1 : 2;
             if (attach(t, stack, depth, n, d)) ok = 0, done = 1;
             break;
         }

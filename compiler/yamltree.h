@@ -39,7 +39,7 @@ struct mgc_ynode {
     mgc_loc loc;    /* where it starts (1-based) */
     const char *s;  /* scalar text, NUL-terminated (may hold no NUL inside: such input is rejected) */
     size_t len;     /* scalar length in bytes */
-    int quoted;     /* scalar was single- or double-quoted, or a block scalar */
+    int quoted;     /* 0 plain, 1 single- or double-quoted (loc is the quote), 2 block scalar */
     int n;          /* number of items (SEQ) or pairs (MAP) */
     int cap;        /* allocated slots */
     mgc_ynode **kids;  /* (n) items or values */
