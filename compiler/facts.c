@@ -173,6 +173,36 @@ static void flop_line(FILE *out, const char *label, double v, double tokens) {
             human_flops(b, sizeof b, v / tokens));
 }
 
+/* The parallel layout: degrees, schedule and the layers of each stage. */
+static void print_layout(const mgc_config *c, FILE *out) {
+    const mgc_parallel_cfg *p = &c->parallel;
+    const mgc_derived *dv = &c->derived;
+    fprintf(out, "parallel: world %" PRId64 " = tensor %" PRId64 " x context %" PRId64
+                 " x pipeline %" PRId64 " x data %" PRId64 "\n",
+            p->world_size, p->tensor, p->context, p->pipeline, p->data);
+    fprintf(out, "  sequence parallel %s, distributed optimizer %s",
+            dv->sequence_parallel ? "on" : "off", p->distributed_optimizer ? "on" : "off");
+    if (c->moe.num_experts > 0)
+        fprintf(out, ", experts: expert %" PRId64 " x expert-tensor %" PRId64
+                     " x expert-data %" PRId64,
+                p->expert, p->expert_tensor, dv->expert_data);
+    fputc('\n', out);
+    fprintf(out, "  pipeline: %s schedule, %" PRId64 " stage%s", mgc_enum_sched[p->schedule],
+            dv->num_stages, dv->num_stages == 1 ? "" : "s");
+    if (p->virtual_stages > 1)
+        fprintf(out, " (%" PRId64 " ranks x %" PRId64 " virtual)", p->pipeline, p->virtual_stages);
+    fputs(", layers per stage:", out);
+    for (int64_t i = 0; i < dv->num_stages && dv->stages; i++) {
+        const mgc_stage *st = &dv->stages[i];
+        if (i == 16 && dv->num_stages > 20) {
+            fprintf(out, " ... (%" PRId64 " more)", dv->num_stages - 16);
+            break;
+        }
+        fprintf(out, " %s%d%s", st->embedding ? "E+" : "", st->num_layers, st->loss ? "+L" : "");
+    }
+    fputc('\n', out);
+}
+
 void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
     const mgc_model_cfg *m = &c->model;
     const mgc_param_counts *p = &f->params;
@@ -215,11 +245,12 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
     fprintf(out, "  vocabulary %" PRId64 ", padded to %" PRId64 "\n", f->vocab_size,
             f->padded_vocab_size);
     fprintf(out,
-            "  batch: %" PRId64 " sequences x %" PRId64 " tokens = %s tokens/iteration (%g "
-            "microbatches of %" PRId64 ")\n",
+            "  batch: %" PRId64 " sequences x %" PRId64 " tokens = %s tokens/iteration\n"
+            "         (%" PRId64 " data-parallel ranks x %" PRId64 " microbatches of %" PRId64 ")\n",
             c->training.global_batch_size, m->seq_length,
-            grouped(a, sizeof a, f->tokens_per_iteration), fl->microbatches,
-            c->training.micro_batch_size);
+            grouped(a, sizeof a, f->tokens_per_iteration), c->parallel.data,
+            c->derived.num_microbatches, c->training.micro_batch_size);
+    print_layout(c, out);
 
     fputs("parameters:\n", out);
     param_line(out, "total", p->total, "every weight and bias, vocabulary unpadded");
@@ -273,6 +304,40 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
 
 /* ---- JSON ------------------------------------------------------------------ */
 
+/* "parallel": the resolved degrees and the stages (docs/facts.md). */
+static void layout_json(const mgc_config *c, mgc_json *j) {
+    const mgc_parallel_cfg *p = &c->parallel;
+    const mgc_derived *dv = &c->derived;
+    mgc_json_obj_begin(j, "parallel");
+    mgc_json_int(j, "world_size", p->world_size);
+    mgc_json_int(j, "tensor", p->tensor);
+    mgc_json_int(j, "context", p->context);
+    mgc_json_int(j, "pipeline", p->pipeline);
+    mgc_json_int(j, "virtual_stages", p->virtual_stages);
+    mgc_json_int(j, "data", p->data);
+    mgc_json_int(j, "expert", p->expert);
+    mgc_json_int(j, "expert_tensor", p->expert_tensor);
+    mgc_json_int(j, "expert_data", dv->expert_data);
+    mgc_json_bool(j, "sequence_parallel", dv->sequence_parallel);
+    mgc_json_bool(j, "distributed_optimizer", p->distributed_optimizer);
+    mgc_json_str(j, "schedule", mgc_enum_sched[p->schedule]);
+    mgc_json_int(j, "microbatches", dv->num_microbatches);
+    mgc_json_arr_begin(j, "stages");
+    for (int64_t i = 0; i < dv->num_stages && dv->stages; i++) {
+        const mgc_stage *st = &dv->stages[i];
+        mgc_json_obj_begin(j, NULL);
+        mgc_json_int(j, "rank", i % p->pipeline);
+        mgc_json_int(j, "chunk", i / p->pipeline);
+        mgc_json_int(j, "first_layer", st->first_layer);
+        mgc_json_int(j, "num_layers", st->num_layers);
+        mgc_json_bool(j, "embedding", st->embedding);
+        mgc_json_bool(j, "loss", st->loss);
+        mgc_json_obj_end(j);
+    }
+    mgc_json_arr_end(j);
+    mgc_json_obj_end(j);
+}
+
 void mgc_facts_print_json(const mgc_config *c, const mgc_facts *f, mgc_json *j) {
     const mgc_param_counts *p = &f->params;
     const mgc_flop_counts *fl = &f->flops;
@@ -283,6 +348,7 @@ void mgc_facts_print_json(const mgc_config *c, const mgc_facts *f, mgc_json *j) 
     mgc_json_u64(j, "tokens_per_microbatch", f->tokens_per_microbatch);
     mgc_json_u64(j, "tokens_per_iteration", f->tokens_per_iteration);
     mgc_json_num(j, "microbatches_per_iteration", fl->microbatches);
+    layout_json(c, j);
 
     mgc_json_obj_begin(j, "params");
     mgc_json_u64(j, "total", p->total);

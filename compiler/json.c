@@ -84,7 +84,7 @@ void mgc_json_u64(mgc_json *j, const char *key, uint64_t v) {
 void mgc_json_num(mgc_json *j, const char *key, double v) {
     member(j, key);
     if (!isfinite(v)) fputs("null", j->out);
-    else if (v == (double)(int64_t)v && fabs(v) < 9007199254740992.0) fprintf(j->out, "%" PRId64, (int64_t)v);
+    else if (fabs(v) < 9007199254740992.0 && v == floor(v)) fprintf(j->out, "%" PRId64, (int64_t)v);
     else fprintf(j->out, "%.17g", v);
 }
 
