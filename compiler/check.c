@@ -1,24 +1,20 @@
 /* check.c - derived defaults and consistency rules; see check.h.
  *
  * Layout of this file:
- *   helpers           checked arithmetic, key locations, message pieces,
+ *   helpers           checked arithmetic, message pieces, reporting,
  *                     candidate lists for hints
  *   model             head_dim, query groups, FFN width, RoPE, positions
  *   parallel grid     world / data, tensor rules, context, sequence parallel
- *   pipeline          even split or the explicit layout, virtual stages
- *   batch + schedule  micro / global / accumulation, interleaving rules
  *   moe               experts, expert grid, MoE layer map
  *   run settings      precision, optimizer, data, checkpoint, hardware
  *   derived           c->derived
+ *   entry point       mgc_check_config(): every step in order
  *
- * Conventions.  A diagnostic points at the key the user should change: the
- * first of the involved keys that was given, in the order a rule lists them
- * (see pick()).  Values in messages say where they came from: "(8)" when
- * given, "(8, default)" or "(8, derived)" otherwise.  Every quantity here is
- * positive, so checked products return -1 on overflow.  Rules that depend on
- * a value an earlier rule rejected are skipped, so one mistake gives one
- * error, not a cascade. */
-#include "check.h"
+ * The pipeline (layout, even split, virtual stages), the batch and the
+ * schedule rules, and the stages of c->derived are in check_pipeline.c.
+ * check_int.h holds the context both files share and the conventions every
+ * rule follows. */
+#include "check_int.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -27,47 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KV_N   160 /* one "key (value, derived)" piece */
-#define HINT_N 512
-#define LIST_N 256
-
 #define WORLD_MAX 16777216 /* schema maximum of parallel.world_size */
 
 /* Known CUDA compute capabilities (major*10 + minor). */
 static const int known_archs[] = {50, 52, 53, 60, 61,  62,  70,  72,  75,  80,
                                   86, 87, 89, 90, 100, 101, 103, 110, 120, 121};
 
-typedef struct ck {
-    mgc_config *c;
-    mgc_diags *d;
-    int errors0;           /* d->errors on entry */
-    int model_ok;          /* heads, groups, head_dim, ffn consistent */
-    int hd_ok;             /* head_dim known */
-    int g_ok;              /* num_query_groups divides heads */
-    int grid_ok;           /* tensor, context, pipeline, data, world consistent */
-    int pipe_ok;           /* stages known (even split or a valid layout) */
-    int batch_ok;          /* micro, global, accumulation consistent */
-    int moe;               /* num_experts > 0 */
-    int sp;                /* effective sequence parallelism */
-    mgc_layout_stage *lay; /* (nlay) parsed layout strings, NULL without a layout */
-    int nlay;
-} ck;
-
 /* ---- helpers ------------------------------------------------------------ */
-
-#define KEY(id) MGC_KEY_##id
-
-/* a * b for non-negative a, b; -1 on overflow or a negative operand. */
-static int64_t mul(int64_t a, int64_t b) {
-    if (a < 0 || b < 0) return -1;
-    if (a != 0 && b > INT64_MAX / a) return -1;
-    return a * b;
-}
-
-static int64_t mul3(int64_t a, int64_t b, int64_t c) {
-    int64_t ab = mul(a, b);
-    return ab < 0 ? -1 : mul(ab, c);
-}
 
 static int64_t add(int64_t a, int64_t b) {
     if (a < 0 || b < 0 || a > INT64_MAX - b) return -1;
@@ -85,94 +47,65 @@ static int64_t gcd(int64_t a, int64_t b) {
 
 /* Least common multiple of positive a, b; -1 on overflow. */
 static int64_t lcm(int64_t a, int64_t b) {
-    return mul(a / gcd(a, b), b);
+    return mgc_check_mul(a / gcd(a, b), b);
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) {
     return a / b + (a % b != 0);
 }
 
-static int given(const ck *k, mgc_key key) {
-    return k->c->given[key];
-}
-
-static mgc_loc at(const ck *k, mgc_key key) {
-    return mgc_config_loc(k->c, key);
-}
-
-/* The first of the listed keys the user gave, else the first listed.
- * Call as pick(k, 3, KEY(A), KEY(B), KEY(C)). */
-static mgc_key pick(const ck *k, int n, ...) {
+mgc_key mgc_check_pick(const mgc_check_ctx *k, int n, ...) {
     va_list ap;
     va_start(ap, n);
     mgc_key first = (mgc_key)0, found = MGC_KEY__COUNT;
     for (int i = 0; i < n; i++) {
         mgc_key key = (mgc_key)va_arg(ap, int);
         if (i == 0) first = key;
-        if (found == MGC_KEY__COUNT && given(k, key)) found = key;
+        if (found == MGC_KEY__COUNT && mgc_check_given(k, key)) found = key;
     }
     va_end(ap);
     return found != MGC_KEY__COUNT ? found : first;
 }
 
-/* "parallel.tensor (8)", "(8, default)" or "(8, derived)". */
-static const char *kv(char *buf, const ck *k, mgc_key key, int64_t v) {
-    const char *how = given(k, key)                            ? ""
+const char *mgc_check_kv(char *buf, const mgc_check_ctx *k, mgc_key key, int64_t v) {
+    const char *how = mgc_check_given(k, key)                  ? ""
                       : (mgc_keys[key].flags & MGC_KF_DERIVED) ? ", derived"
                                                                : ", default";
     snprintf(buf, KV_N, "%s (%" PRId64 "%s)", mgc_keys[key].path, v, how);
     return buf;
 }
 
-/* Same for a floating-point value. */
-static const char *kvf(char *buf, const ck *k, mgc_key key, double v) {
-    const char *how = given(k, key)                            ? ""
+/* Same as mgc_check_kv for a floating-point value. */
+static const char *kvf(char *buf, const mgc_check_ctx *k, mgc_key key, double v) {
+    const char *how = mgc_check_given(k, key)                  ? ""
                       : (mgc_keys[key].flags & MGC_KF_DERIVED) ? ", derived"
                                                                : ", default";
     snprintf(buf, KV_N, "%s (%g%s)", mgc_keys[key].path, v, how);
     return buf;
 }
 
-static void vreport(ck *k, mgc_severity sev, mgc_loc loc, const char *hint, const char *fmt,
-                    va_list ap) {
+static void vreport(mgc_check_ctx *k, mgc_severity sev, mgc_loc loc, const char *hint,
+                    const char *fmt, va_list ap) {
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     mgc_diag(k->d, sev, loc, hint && *hint ? hint : NULL, "%s", msg);
 }
 
-#if defined(__GNUC__)
-#define PRINTF_LIKE(a, b) __attribute__((format(printf, a, b)))
-#else
-#define PRINTF_LIKE(a, b)
-#endif
-
-static void error(ck *k, mgc_loc loc, const char *hint, const char *fmt, ...) PRINTF_LIKE(4, 5);
-static void warning(ck *k, mgc_loc loc, const char *hint, const char *fmt, ...) PRINTF_LIKE(4, 5);
-
-static void error(ck *k, mgc_loc loc, const char *hint, const char *fmt, ...) {
+void mgc_check_error(mgc_check_ctx *k, mgc_loc loc, const char *hint, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vreport(k, MGC_SEV_ERROR, loc, hint, fmt, ap);
     va_end(ap);
 }
 
-static void warning(ck *k, mgc_loc loc, const char *hint, const char *fmt, ...) {
+void mgc_check_warning(mgc_check_ctx *k, mgc_loc loc, const char *hint, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vreport(k, MGC_SEV_WARNING, loc, hint, fmt, ap);
     va_end(ap);
 }
 
-/* A position `off` bytes into a string value that starts at loc.  The loader
- * records where the value's node starts; see docs/validation.md on quotes. */
-static mgc_loc inside(mgc_loc loc, int off) {
-    if (loc.line > 0 && loc.col > 0) loc.col += off;
-    return loc;
-}
-
-/* Append printf text to buf (size n), truncating safely. */
-static void cat(char *buf, size_t n, const char *fmt, ...) PRINTF_LIKE(3, 4);
-static void cat(char *buf, size_t n, const char *fmt, ...) {
+void mgc_check_cat(char *buf, size_t n, const char *fmt, ...) {
     size_t l = strlen(buf);
     if (l + 1 >= n) return;
     va_list ap;
@@ -183,12 +116,10 @@ static void cat(char *buf, size_t n, const char *fmt, ...) {
 
 /* ---- candidate lists for hints ------------------------------------------ */
 
-typedef int (*fit_fn)(const ck *k, int64_t v);
-
 /* Values v in [lo, hi] with fit(k, v), at most `max` of them, the ones
  * nearest `target`, ascending, written as "1, 2, 4, 8".  Returns how many. */
-static int candidates(const ck *k, fit_fn fit, int64_t lo, int64_t hi, int64_t target, int max,
-                      char *buf, size_t n) {
+int mgc_check_candidates(const mgc_check_ctx *k, mgc_check_fit_fn fit, int64_t lo, int64_t hi,
+                         int64_t target, int max, char *buf, size_t n) {
     enum { CAP = 4096 };
     int64_t *v = malloc(CAP * sizeof *v);
     buf[0] = 0;
@@ -207,13 +138,13 @@ static int candidates(const ck *k, fit_fn fit, int64_t lo, int64_t hi, int64_t t
         cnt = max;
     }
     for (int i = 0; i < cnt; i++)
-        cat(buf, n, "%s%" PRId64, i ? ", " : "", v[start + i]);
+        mgc_check_cat(buf, n, "%s%" PRId64, i ? ", " : "", v[start + i]);
     free(v);
     return cnt;
 }
 
 /* Nearest multiples of `unit` around `x`: "504 or 528", or just the next. */
-static void multiples(int64_t unit, int64_t x, char *buf, size_t n) {
+void mgc_check_multiples(int64_t unit, int64_t x, char *buf, size_t n) {
     int64_t lo = x / unit * unit, hi = add(lo, unit);
     if (lo == x) hi = -1;
     if (lo > 0 && hi > 0)
@@ -226,104 +157,86 @@ static void multiples(int64_t unit, int64_t x, char *buf, size_t n) {
 
 /* Does tensor degree t satisfy every tensor-parallel rule?  Used to suggest
  * values; the rules themselves are checked one by one below. */
-static int tp_fits(const ck *k, int64_t t) {
+static int tp_fits(const mgc_check_ctx *k, int64_t t) {
     const mgc_config *c = k->c;
     int64_t g = c->model.num_query_groups;
     if (c->model.num_heads % t) return 0;
     if (k->g_ok && g % t && t % g) return 0;
     if (c->model.ffn_hidden_size % t) return 0;
     if (k->moe && c->moe.shared_experts > 0 && c->moe.shared_ffn_hidden_size % t) return 0;
-    if (k->moe && !given(k, KEY(PAR_ETP)) && c->moe.ffn_hidden_size % t) return 0;
+    if (k->moe && !mgc_check_given(k, KEY(PAR_ETP)) && c->moe.ffn_hidden_size % t) return 0;
     if (c->parallel.sequence_parallel && t > 1 && c->model.seq_length % c->parallel.context == 0 &&
         (c->model.seq_length / c->parallel.context) % t)
         return 0;
-    if (given(k, KEY(PAR_WORLD)) && !given(k, KEY(PAR_DP))) {
-        int64_t mp = mul3(t, c->parallel.context, c->parallel.pipeline);
+    if (mgc_check_given(k, KEY(PAR_WORLD)) && !mgc_check_given(k, KEY(PAR_DP))) {
+        int64_t mp = mgc_check_mul3(t, c->parallel.context, c->parallel.pipeline);
         if (mp <= 0 || c->parallel.world_size % mp) return 0;
     }
     return 1;
 }
 
-static void tp_hint(const ck *k, const char *why, char *hint, size_t n) {
+static void tp_hint(const mgc_check_ctx *k, const char *why, char *hint, size_t n) {
     char list[LIST_N];
     int64_t cap = k->c->hardware.gpus_per_node;
     if (cap > k->c->model.num_heads) cap = k->c->model.num_heads;
-    candidates(k, tp_fits, 1, cap, k->c->parallel.tensor, 8, list, sizeof list);
+    mgc_check_candidates(k, tp_fits, 1, cap, k->c->parallel.tensor, 8, list, sizeof list);
     snprintf(hint, n,
              "choose parallel.tensor from %s (%s; these pass every tensor-parallel rule within a "
              "node of %" PRId64 " GPUs)",
              list, why, k->c->hardware.gpus_per_node);
 }
 
-static int hidden_divisor(const ck *k, int64_t v) {
+static int hidden_divisor(const mgc_check_ctx *k, int64_t v) {
     return k->c->model.hidden_size % v == 0;
 }
 
-static int cp_fits(const ck *k, int64_t v) {
+static int cp_fits(const mgc_check_ctx *k, int64_t v) {
     const mgc_config *c = k->c;
     int64_t s = c->model.seq_length;
     if (v > 1 && s % (2 * v)) return 0;
     if (s % v) return 0;
     if (k->sp && (s / v) % c->parallel.tensor) return 0;
-    if (given(k, KEY(PAR_WORLD)) && !given(k, KEY(PAR_DP))) {
-        int64_t mp = mul3(c->parallel.tensor, v, c->parallel.pipeline);
+    if (mgc_check_given(k, KEY(PAR_WORLD)) && !mgc_check_given(k, KEY(PAR_DP))) {
+        int64_t mp = mgc_check_mul3(c->parallel.tensor, v, c->parallel.pipeline);
         if (mp <= 0 || c->parallel.world_size % mp) return 0;
     }
     return 1;
 }
 
-static int pp_fits(const ck *k, int64_t v) {
-    const mgc_config *c = k->c;
-    int64_t s = mul(v, c->parallel.virtual_stages);
-    if (s <= 0 || c->model.num_layers % s) return 0;
-    if (v == 1 && c->parallel.virtual_stages > 1) return 0; /* virtual stages need a pipeline */
-    if (given(k, KEY(PAR_WORLD)) && !given(k, KEY(PAR_DP))) {
-        int64_t mp = mul3(c->parallel.tensor, c->parallel.context, v);
-        if (mp <= 0 || c->parallel.world_size % mp) return 0;
-    }
-    return 1;
-}
-
-static int vp_fits(const ck *k, int64_t v) {
-    const mgc_config *c = k->c;
-    int64_t s = mul(v, c->parallel.pipeline);
-    return s > 0 && c->model.num_layers % s == 0;
-}
-
-static int ep_fits(const ck *k, int64_t v) {
+static int ep_fits(const mgc_check_ctx *k, int64_t v) {
     const mgc_config *c = k->c;
     if (c->moe.num_experts % v) return 0;
     if (k->grid_ok) {
-        int64_t eg = mul3(c->parallel.expert_tensor, v, c->parallel.pipeline);
+        int64_t eg = mgc_check_mul3(c->parallel.expert_tensor, v, c->parallel.pipeline);
         if (eg <= 0 || c->parallel.world_size % eg) return 0;
     }
     return 1;
 }
 
-static int etp_fits(const ck *k, int64_t v) {
+static int etp_fits(const mgc_check_ctx *k, int64_t v) {
     const mgc_config *c = k->c;
     if (c->moe.ffn_hidden_size % v) return 0;
     if (k->grid_ok) {
-        int64_t eg = mul3(v, c->parallel.expert, c->parallel.pipeline);
+        int64_t eg = mgc_check_mul3(v, c->parallel.expert, c->parallel.pipeline);
         if (eg <= 0 || c->parallel.world_size % eg) return 0;
     }
     return 1;
 }
 
-static int groups_fit(const ck *k, int64_t v) {
+static int groups_fit(const mgc_check_ctx *k, int64_t v) {
     return k->c->model.num_heads % v == 0 &&
            (v % k->c->parallel.tensor == 0 || k->c->parallel.tensor % v == 0);
 }
 
 /* ---- model -------------------------------------------------------------- */
 
-static void check_model(ck *k) {
+static void check_model(mgc_check_ctx *k) {
     mgc_model_cfg *m = &k->c->model;
     char a[KV_N], b[KV_N], hint[HINT_N], list[LIST_N];
     k->hd_ok = 1;
     k->g_ok = 1;
 
-    if (!given(k, KEY(MODEL_MAX_POS)))
+    if (!mgc_check_given(k, KEY(MODEL_MAX_POS)))
         m->max_position_embeddings = m->seq_length;
     else if (m->position_embedding == MGC_POS_LEARNED &&
              m->max_position_embeddings < m->seq_length) {
@@ -331,42 +244,46 @@ static void check_model(ck *k) {
                  "set model.max_position_embeddings to at least %" PRId64
                  ", or remove it (it defaults to seq_length)",
                  m->seq_length);
-        error(
-            k, at(k, KEY(MODEL_MAX_POS)), hint,
+        mgc_check_error(
+            k, mgc_check_at(k, KEY(MODEL_MAX_POS)), hint,
             "%s is smaller than %s: the learned position table has no row for the later positions",
-            kv(a, k, KEY(MODEL_MAX_POS), m->max_position_embeddings),
-            kv(b, k, KEY(MODEL_SEQ_LENGTH), m->seq_length));
+            mgc_check_kv(a, k, KEY(MODEL_MAX_POS), m->max_position_embeddings),
+            mgc_check_kv(b, k, KEY(MODEL_SEQ_LENGTH), m->seq_length));
     }
 
     /* Grouped-query attention: every key/value head serves the same number
      * of query heads. */
-    if (!given(k, KEY(MODEL_QUERY_GROUPS))) m->num_query_groups = m->num_heads;
+    if (!mgc_check_given(k, KEY(MODEL_QUERY_GROUPS))) m->num_query_groups = m->num_heads;
     if (m->num_heads % m->num_query_groups) {
         k->g_ok = 0;
-        candidates(k, groups_fit, 1, m->num_heads, m->num_query_groups, 8, list, sizeof list);
+        mgc_check_candidates(k, groups_fit, 1, m->num_heads, m->num_query_groups, 8, list,
+                             sizeof list);
         snprintf(hint, sizeof hint,
                  "choose model.num_query_groups from %s (divisors of %" PRId64 " heads)", list,
                  m->num_heads);
-        error(k, at(k, KEY(MODEL_QUERY_GROUPS)), hint,
-              "%s is not divisible by %s: every key/value head must serve the same number of query "
-              "heads",
-              kv(a, k, KEY(MODEL_HEADS), m->num_heads),
-              kv(b, k, KEY(MODEL_QUERY_GROUPS), m->num_query_groups));
+        mgc_check_error(
+            k, mgc_check_at(k, KEY(MODEL_QUERY_GROUPS)), hint,
+            "%s is not divisible by %s: every key/value head must serve the same number of query "
+            "heads",
+            mgc_check_kv(a, k, KEY(MODEL_HEADS), m->num_heads),
+            mgc_check_kv(b, k, KEY(MODEL_QUERY_GROUPS), m->num_query_groups));
     }
 
-    if (!given(k, KEY(MODEL_HEAD_DIM))) {
+    if (!mgc_check_given(k, KEY(MODEL_HEAD_DIM))) {
         if (m->hidden_size % m->num_heads) {
             k->hd_ok = 0;
-            candidates(k, hidden_divisor, 1, m->hidden_size < 65536 ? m->hidden_size : 65536,
-                       m->num_heads, 8, list, sizeof list);
+            mgc_check_candidates(k, hidden_divisor, 1,
+                                 m->hidden_size < 65536 ? m->hidden_size : 65536, m->num_heads, 8,
+                                 list, sizeof list);
             snprintf(hint, sizeof hint,
                      "choose model.num_attention_heads from %s (divisors of %" PRId64
                      "), or set model.head_dim explicitly",
                      list, m->hidden_size);
-            error(k, at(k, pick(k, 2, KEY(MODEL_HEADS), KEY(MODEL_HIDDEN))), hint,
-                  "%s is not divisible by %s, so model.head_dim cannot be derived",
-                  kv(a, k, KEY(MODEL_HIDDEN), m->hidden_size),
-                  kv(b, k, KEY(MODEL_HEADS), m->num_heads));
+            mgc_check_error(
+                k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MODEL_HEADS), KEY(MODEL_HIDDEN))), hint,
+                "%s is not divisible by %s, so model.head_dim cannot be derived",
+                mgc_check_kv(a, k, KEY(MODEL_HIDDEN), m->hidden_size),
+                mgc_check_kv(b, k, KEY(MODEL_HEADS), m->num_heads));
         } else {
             m->head_dim = m->hidden_size / m->num_heads;
         }
@@ -379,7 +296,7 @@ static void check_model(ck *k) {
         double r = floor(rd + 0.5);
         if (fabs(rd - r) > 1e-6 * (rd > 1 ? rd : 1) || (int64_t)r % 2 || r < 2) {
             if (m->rotary_percent == 1.0) {
-                if (given(k, KEY(MODEL_HEAD_DIM)))
+                if (mgc_check_given(k, KEY(MODEL_HEAD_DIM)))
                     snprintf(hint, sizeof hint,
                              "choose an even model.head_dim, e.g. %" PRId64 " or %" PRId64,
                              m->head_dim - 1 > 0 ? m->head_dim - 1 : 2, m->head_dim + 1);
@@ -388,10 +305,12 @@ static void check_model(ck *k) {
                              "choose model.num_attention_heads so that hidden_size / heads is "
                              "even, or set "
                              "model.head_dim to an even value");
-                error(k,
-                      at(k, pick(k, 3, KEY(MODEL_HEAD_DIM), KEY(MODEL_HEADS), KEY(MODEL_HIDDEN))),
-                      hint, "rotary position embedding rotates channel pairs, but %s is odd",
-                      kv(a, k, KEY(MODEL_HEAD_DIM), m->head_dim));
+                mgc_check_error(
+                    k,
+                    mgc_check_at(k, mgc_check_pick(k, 3, KEY(MODEL_HEAD_DIM), KEY(MODEL_HEADS),
+                                                   KEY(MODEL_HIDDEN))),
+                    hint, "rotary position embedding rotates channel pairs, but %s is odd",
+                    mgc_check_kv(a, k, KEY(MODEL_HEAD_DIM), m->head_dim));
             } else {
                 /* suggest a round fraction when one works, else the nearest */
                 static const double nice[] = {0.25, 0.5, 0.75, 1.0};
@@ -414,26 +333,30 @@ static void check_model(ck *k) {
                         (double)even / (double)m->head_dim, even);
                 else
                     snprintf(hint, sizeof hint, "set model.head_dim to at least 2");
-                error(k, at(k, pick(k, 2, KEY(MODEL_ROPE_PERCENT), KEY(MODEL_HEAD_DIM))), hint,
-                      "rotary position embedding rotates channel pairs, but model.head_dim * "
-                      "model.rotary_percent = "
-                      "%" PRId64 " * %g = %g is not an even whole number of channels",
-                      m->head_dim, m->rotary_percent, rd);
+                mgc_check_error(
+                    k,
+                    mgc_check_at(
+                        k, mgc_check_pick(k, 2, KEY(MODEL_ROPE_PERCENT), KEY(MODEL_HEAD_DIM))),
+                    hint,
+                    "rotary position embedding rotates channel pairs, but model.head_dim * "
+                    "model.rotary_percent = "
+                    "%" PRId64 " * %g = %g is not an even whole number of channels",
+                    m->head_dim, m->rotary_percent, rd);
             }
         }
     } else if (m->position_embedding != MGC_POS_ROTARY) {
         static const mgc_key rope_keys[] = {KEY(MODEL_ROPE_BASE), KEY(MODEL_ROPE_PERCENT)};
         for (int i = 0; i < 2; i++)
-            if (given(k, rope_keys[i]))
-                warning(k, at(k, rope_keys[i]),
-                        "remove it, or set model.position_embedding: rotary",
-                        "%s has no effect: model.position_embedding is %s",
-                        mgc_keys[rope_keys[i]].path, mgc_enum_pos[m->position_embedding]);
+            if (mgc_check_given(k, rope_keys[i]))
+                mgc_check_warning(k, mgc_check_at(k, rope_keys[i]),
+                                  "remove it, or set model.position_embedding: rotary",
+                                  "%s has no effect: model.position_embedding is %s",
+                                  mgc_keys[rope_keys[i]].path, mgc_enum_pos[m->position_embedding]);
     }
 
     /* Megatron's defaults: 4h for GELU; for SwiGLU int(8h/3/64)*64, which
      * keeps the parameter count of a 4h GELU MLP. */
-    if (!given(k, KEY(MODEL_FFN))) {
+    if (!mgc_check_given(k, KEY(MODEL_FFN))) {
         if (m->activation == MGC_ACT_SWIGLU) {
             m->ffn_hidden_size = m->hidden_size / 24 * 64;
             if (m->ffn_hidden_size < 64) m->ffn_hidden_size = 64;
@@ -441,47 +364,48 @@ static void check_model(ck *k) {
             m->ffn_hidden_size = 4 * m->hidden_size;
         }
     }
-    if (!given(k, KEY(MODEL_QKV_BIAS))) m->add_qkv_bias = m->add_bias_linear;
+    if (!mgc_check_given(k, KEY(MODEL_QKV_BIAS))) m->add_qkv_bias = m->add_bias_linear;
     k->model_ok = k->hd_ok && k->g_ok;
 }
 
 /* ---- parallel grid ------------------------------------------------------ */
 
-static void derive_grid(ck *k) {
+static void derive_grid(mgc_check_ctx *k) {
     mgc_parallel_cfg *p = &k->c->parallel;
     char a[KV_N], b[KV_N], hint[HINT_N], list[LIST_N];
     k->grid_ok = 1;
-    int64_t mp = mul3(p->tensor, p->context, p->pipeline);
+    int64_t mp = mgc_check_mul3(p->tensor, p->context, p->pipeline);
     if (mp < 0 || mp > WORLD_MAX) {
         k->grid_ok = 0;
-        error(k, at(k, pick(k, 3, KEY(PAR_TP), KEY(PAR_CP), KEY(PAR_PP))),
-              "lower the parallel degrees",
-              "parallel.tensor * context * pipeline = %" PRId64 " * %" PRId64 " * %" PRId64
-              " is more GPUs than mgc supports (%d)",
-              p->tensor, p->context, p->pipeline, WORLD_MAX);
-        if (!given(k, KEY(PAR_DP))) p->data = 1;
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 3, KEY(PAR_TP), KEY(PAR_CP), KEY(PAR_PP))),
+            "lower the parallel degrees",
+            "parallel.tensor * context * pipeline = %" PRId64 " * %" PRId64 " * %" PRId64
+            " is more GPUs than mgc supports (%d)",
+            p->tensor, p->context, p->pipeline, WORLD_MAX);
+        if (!mgc_check_given(k, KEY(PAR_DP))) p->data = 1;
         return;
     }
-    if (given(k, KEY(PAR_WORLD)) && !given(k, KEY(PAR_DP))) {
+    if (mgc_check_given(k, KEY(PAR_WORLD)) && !mgc_check_given(k, KEY(PAR_DP))) {
         if (p->world_size % mp) {
             k->grid_ok = 0;
             p->data = 1;
-            multiples(mp, p->world_size, list, sizeof list);
+            mgc_check_multiples(mp, p->world_size, list, sizeof list);
             snprintf(
                 hint, sizeof hint,
                 "set parallel.world_size to %s, or choose degrees whose product divides %" PRId64,
                 list, p->world_size);
-            error(k, at(k, KEY(PAR_WORLD)), hint,
-                  "%s is not divisible by tensor * context * pipeline = %" PRId64 " * %" PRId64
-                  " * %" PRId64 " = %" PRId64 " (remainder %" PRId64
-                  "), so parallel.data cannot be derived",
-                  kv(a, k, KEY(PAR_WORLD), p->world_size), p->tensor, p->context, p->pipeline, mp,
-                  p->world_size % mp);
+            mgc_check_error(k, mgc_check_at(k, KEY(PAR_WORLD)), hint,
+                            "%s is not divisible by tensor * context * pipeline = %" PRId64
+                            " * %" PRId64 " * %" PRId64 " = %" PRId64 " (remainder %" PRId64
+                            "), so parallel.data cannot be derived",
+                            mgc_check_kv(a, k, KEY(PAR_WORLD), p->world_size), p->tensor,
+                            p->context, p->pipeline, mp, p->world_size % mp);
         } else {
             p->data = p->world_size / mp;
         }
-    } else if (given(k, KEY(PAR_WORLD))) {
-        int64_t prod = mul(mp, p->data);
+    } else if (mgc_check_given(k, KEY(PAR_WORLD))) {
+        int64_t prod = mgc_check_mul(mp, p->data);
         if (prod != p->world_size) {
             k->grid_ok = 0;
             if (p->world_size % mp == 0)
@@ -492,30 +416,32 @@ static void derive_grid(ck *k) {
             else
                 snprintf(hint, sizeof hint,
                          "remove parallel.world_size (it is derived from the degrees)");
-            error(k, at(k, KEY(PAR_DP)), hint,
-                  "%s does not match tensor * context * pipeline * data = %" PRId64 " * %" PRId64
-                  " * %" PRId64 " * %" PRId64 " = %" PRId64,
-                  kv(b, k, KEY(PAR_WORLD), p->world_size), p->tensor, p->context, p->pipeline,
-                  p->data, prod);
+            mgc_check_error(k, mgc_check_at(k, KEY(PAR_DP)), hint,
+                            "%s does not match tensor * context * pipeline * data = %" PRId64
+                            " * %" PRId64 " * %" PRId64 " * %" PRId64 " = %" PRId64,
+                            mgc_check_kv(b, k, KEY(PAR_WORLD), p->world_size), p->tensor,
+                            p->context, p->pipeline, p->data, prod);
         }
     } else {
-        if (!given(k, KEY(PAR_DP))) p->data = 1;
-        int64_t prod = mul(mp, p->data);
+        if (!mgc_check_given(k, KEY(PAR_DP))) p->data = 1;
+        int64_t prod = mgc_check_mul(mp, p->data);
         if (prod < 0 || prod > WORLD_MAX) {
             k->grid_ok = 0;
-            error(k, at(k, pick(k, 4, KEY(PAR_DP), KEY(PAR_TP), KEY(PAR_CP), KEY(PAR_PP))),
-                  "lower the parallel degrees",
-                  "tensor * context * pipeline * data = %" PRId64 " * %" PRId64 " * %" PRId64
-                  " * %" PRId64 " is more GPUs than mgc supports (%d)",
-                  p->tensor, p->context, p->pipeline, p->data, WORLD_MAX);
+            mgc_check_error(k,
+                            mgc_check_at(k, mgc_check_pick(k, 4, KEY(PAR_DP), KEY(PAR_TP),
+                                                           KEY(PAR_CP), KEY(PAR_PP))),
+                            "lower the parallel degrees",
+                            "tensor * context * pipeline * data = %" PRId64 " * %" PRId64
+                            " * %" PRId64 " * %" PRId64 " is more GPUs than mgc supports (%d)",
+                            p->tensor, p->context, p->pipeline, p->data, WORLD_MAX);
         } else {
             p->world_size = prod;
         }
     }
-    if (!given(k, KEY(PAR_ETP))) p->expert_tensor = p->tensor;
+    if (!mgc_check_given(k, KEY(PAR_ETP))) p->expert_tensor = p->tensor;
 }
 
-static void check_tensor(ck *k) {
+static void check_tensor(mgc_check_ctx *k) {
     const mgc_config *c = k->c;
     const mgc_model_cfg *m = &c->model;
     int64_t tp = c->parallel.tensor;
@@ -523,60 +449,67 @@ static void check_tensor(ck *k) {
     if (m->num_heads % tp) {
         snprintf(why, sizeof why, "divisors of %" PRId64 " heads", m->num_heads);
         tp_hint(k, why, hint, sizeof hint);
-        error(k, at(k, pick(k, 2, KEY(PAR_TP), KEY(MODEL_HEADS))), hint,
-              "%s is not divisible by %s: each tensor rank computes whole attention heads",
-              kv(a, k, KEY(MODEL_HEADS), m->num_heads), kv(b, k, KEY(PAR_TP), tp));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(PAR_TP), KEY(MODEL_HEADS))), hint,
+            "%s is not divisible by %s: each tensor rank computes whole attention heads",
+            mgc_check_kv(a, k, KEY(MODEL_HEADS), m->num_heads),
+            mgc_check_kv(b, k, KEY(PAR_TP), tp));
     }
     int64_t g = m->num_query_groups;
     if (k->g_ok && m->num_heads % tp == 0 && g % tp && tp % g) {
         snprintf(why, sizeof why, "each divides or is a multiple of %" PRId64 " query groups", g);
         tp_hint(k, why, hint, sizeof hint);
-        error(k, at(k, pick(k, 2, KEY(PAR_TP), KEY(MODEL_QUERY_GROUPS))), hint,
-              "%s and %s: neither divides the other, so key/value heads can be neither split nor "
-              "replicated "
-              "evenly over tensor ranks",
-              kv(a, k, KEY(MODEL_QUERY_GROUPS), g), kv(b, k, KEY(PAR_TP), tp));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(PAR_TP), KEY(MODEL_QUERY_GROUPS))), hint,
+            "%s and %s: neither divides the other, so key/value heads can be neither split nor "
+            "replicated "
+            "evenly over tensor ranks",
+            mgc_check_kv(a, k, KEY(MODEL_QUERY_GROUPS), g), mgc_check_kv(b, k, KEY(PAR_TP), tp));
     }
     /* One wrong tensor degree is one error: the hint above already lists
      * degrees that pass every tensor rule. */
     int tp_bad = m->num_heads % tp != 0;
     if (!tp_bad && m->ffn_hidden_size % tp) {
         tp_bad = 1;
-        if (given(k, KEY(MODEL_FFN)) && !given(k, KEY(PAR_TP))) {
+        if (mgc_check_given(k, KEY(MODEL_FFN)) && !mgc_check_given(k, KEY(PAR_TP))) {
             char list[LIST_N];
-            multiples(tp, m->ffn_hidden_size, list, sizeof list);
+            mgc_check_multiples(tp, m->ffn_hidden_size, list, sizeof list);
             snprintf(hint, sizeof hint,
                      "set model.ffn_hidden_size to a multiple of %" PRId64 ", e.g. %s", tp, list);
         } else {
             char list[LIST_N];
-            multiples(tp, m->ffn_hidden_size, list, sizeof list);
+            mgc_check_multiples(tp, m->ffn_hidden_size, list, sizeof list);
             tp_hint(k, "divisors of the MLP width", hint, sizeof hint);
-            cat(hint, sizeof hint,
-                "; or set model.ffn_hidden_size to a multiple of %" PRId64 ", e.g. %s", tp, list);
+            mgc_check_cat(hint, sizeof hint,
+                          "; or set model.ffn_hidden_size to a multiple of %" PRId64 ", e.g. %s",
+                          tp, list);
         }
-        error(k, at(k, pick(k, 2, KEY(PAR_TP), KEY(MODEL_FFN))), hint,
-              "%s is not divisible by %s: the MLP's column- and row-parallel matrices split it "
-              "evenly",
-              kv(a, k, KEY(MODEL_FFN), m->ffn_hidden_size), kv(b, k, KEY(PAR_TP), tp));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(PAR_TP), KEY(MODEL_FFN))), hint,
+            "%s is not divisible by %s: the MLP's column- and row-parallel matrices split it "
+            "evenly",
+            mgc_check_kv(a, k, KEY(MODEL_FFN), m->ffn_hidden_size),
+            mgc_check_kv(b, k, KEY(PAR_TP), tp));
     }
     if (k->g_ok && g % tp && tp % g) tp_bad = 1;
     if (tp > 1 && k->grid_ok && !tp_bad) {
         int64_t gpn = c->hardware.gpus_per_node;
         if (tp > gpn)
-            warning(
-                k, at(k, KEY(PAR_TP)),
+            mgc_check_warning(
+                k, mgc_check_at(k, KEY(PAR_TP)),
                 "keep parallel.tensor within a node; use pipeline or data parallelism across nodes",
                 "%s is larger than %s: the all-reduces of every layer cross the inter-node network",
-                kv(a, k, KEY(PAR_TP), tp), kv(b, k, KEY(HW_GPN), gpn));
+                mgc_check_kv(a, k, KEY(PAR_TP), tp), mgc_check_kv(b, k, KEY(HW_GPN), gpn));
         else if (gpn % tp && c->parallel.world_size > gpn)
-            warning(k, at(k, KEY(PAR_TP)),
-                    "choose a parallel.tensor that divides hardware.gpus_per_node",
-                    "%s is not a multiple of %s: some tensor-parallel groups straddle two nodes",
-                    kv(b, k, KEY(HW_GPN), gpn), kv(a, k, KEY(PAR_TP), tp));
+            mgc_check_warning(
+                k, mgc_check_at(k, KEY(PAR_TP)),
+                "choose a parallel.tensor that divides hardware.gpus_per_node",
+                "%s is not a multiple of %s: some tensor-parallel groups straddle two nodes",
+                mgc_check_kv(b, k, KEY(HW_GPN), gpn), mgc_check_kv(a, k, KEY(PAR_TP), tp));
     }
 }
 
-static void check_sequence(ck *k) {
+static void check_sequence(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     const mgc_parallel_cfg *p = &c->parallel;
     int64_t s = c->model.seq_length;
@@ -584,779 +517,194 @@ static void check_sequence(ck *k) {
     int cp_ok = 1;
     if (p->context > 1 && s % (2 * p->context)) {
         cp_ok = 0;
-        candidates(k, cp_fits, 1, p->context * 4 < s ? p->context * 4 : s, p->context, 6, list,
-                   sizeof list);
+        mgc_check_candidates(k, cp_fits, 1, p->context * 4 < s ? p->context * 4 : s, p->context, 6,
+                             list, sizeof list);
         snprintf(hint, sizeof hint,
                  "choose parallel.context from %s, or model.seq_length as a multiple of %" PRId64,
                  list, 2 * p->context);
-        error(k, at(k, pick(k, 2, KEY(PAR_CP), KEY(MODEL_SEQ_LENGTH))), hint,
-              "%s is not divisible by 2 * %s: each context rank holds two chunks of the sequence "
-              "to balance the "
-              "causal mask",
-              kv(a, k, KEY(MODEL_SEQ_LENGTH), s), kv(b, k, KEY(PAR_CP), p->context));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(PAR_CP), KEY(MODEL_SEQ_LENGTH))), hint,
+            "%s is not divisible by 2 * %s: each context rank holds two chunks of the sequence "
+            "to balance the "
+            "causal mask",
+            mgc_check_kv(a, k, KEY(MODEL_SEQ_LENGTH), s),
+            mgc_check_kv(b, k, KEY(PAR_CP), p->context));
     }
     k->sp = p->sequence_parallel && p->tensor > 1;
     if (p->sequence_parallel && p->tensor == 1)
-        warning(k, at(k, KEY(PAR_SP)), "remove it, or use parallel.tensor > 1",
-                "parallel.sequence_parallel has no effect with %s: it shards activations within "
-                "the tensor group",
-                kv(a, k, KEY(PAR_TP), p->tensor));
+        mgc_check_warning(
+            k, mgc_check_at(k, KEY(PAR_SP)), "remove it, or use parallel.tensor > 1",
+            "parallel.sequence_parallel has no effect with %s: it shards activations within "
+            "the tensor group",
+            mgc_check_kv(a, k, KEY(PAR_TP), p->tensor));
     if (k->sp && cp_ok && (s / p->context) % p->tensor) {
-        int64_t unit = mul(p->context, p->tensor);
-        multiples(unit, s, list, sizeof list);
+        int64_t unit = mgc_check_mul(p->context, p->tensor);
+        mgc_check_multiples(unit, s, list, sizeof list);
         snprintf(hint, sizeof hint,
                  "choose model.seq_length as a multiple of context * tensor = %" PRId64
                  " (e.g. %s), or turn "
                  "parallel.sequence_parallel off",
                  unit, list);
-        error(k, at(k, pick(k, 3, KEY(PAR_SP), KEY(MODEL_SEQ_LENGTH), KEY(PAR_TP))), hint,
-              "sequence parallelism splits each rank's %" PRId64
-              " tokens (seq_length / context) over %s ranks, "
-              "which does not divide them",
-              s / p->context, kv(a, k, KEY(PAR_TP), p->tensor));
+        mgc_check_error(
+            k,
+            mgc_check_at(k, mgc_check_pick(k, 3, KEY(PAR_SP), KEY(MODEL_SEQ_LENGTH), KEY(PAR_TP))),
+            hint,
+            "sequence parallelism splits each rank's %" PRId64
+            " tokens (seq_length / context) over %s ranks, "
+            "which does not divide them",
+            s / p->context, mgc_check_kv(a, k, KEY(PAR_TP), p->tensor));
     }
-    if (p->distributed_optimizer && k->grid_ok && mul(p->data, p->context) == 1)
-        warning(k, at(k, KEY(PAR_DISTOPT)), "remove it, or add data-parallel ranks",
-                "parallel.distributed_optimizer has no effect: data * context = 1, so there is "
-                "nothing to shard "
-                "the optimizer state over");
-}
-
-/* ---- pipeline ----------------------------------------------------------- */
-
-int mgc_check_parse_stage(const char *s, mgc_layout_stage *out, int *err_at, char *msg,
-                          size_t msgsz, char *hint, size_t hintsz) {
-    char m[256] = "", h[256] = "";
-    int bad = -1;
-    mgc_layout_stage st = {0, -1, -1};
-    int seen_t = 0;
-    for (int i = 0; s[i] && bad < 0;) {
-        char ch = s[i];
-        if (ch == ' ' || ch == '\t') {
-            i++;
-            continue;
-        }
-        if (st.loss_at >= 0) {
-            bad = i;
-            snprintf(m, sizeof m, "nothing may follow L (the loss closes the last stage)");
-            snprintf(h, sizeof h, "move L to the end of the string");
-            break;
-        }
-        switch (ch) {
-        case 'E':
-            if (st.embedding_at >= 0) {
-                bad = i;
-                snprintf(m, sizeof m, "E appears twice");
-                snprintf(h, sizeof h, "the embedding is one stage element; keep one E");
-            } else if (seen_t) {
-                bad = i;
-                snprintf(m, sizeof m, "E must come before the stage's layers");
-                snprintf(h, sizeof h, "move E to the start of the string");
-            }
-            st.embedding_at = i++;
-            break;
-        case 'L':
-            st.loss_at = i++;
-            break;
-        case 't': {
-            int j = i + 1;
-            int64_t n = 1;
-            while (s[j] == ' ' || s[j] == '\t')
-                j++;
-            if (s[j] == '*') {
-                j++;
-                while (s[j] == ' ' || s[j] == '\t')
-                    j++;
-                if (s[j] < '0' || s[j] > '9') {
-                    bad = j;
-                    snprintf(m, sizeof m, "expected a layer count after '*'");
-                    snprintf(h, sizeof h, "write t*N, e.g. t*4");
-                    break;
-                }
-                int d0 = j;
-                n = 0;
-                while (s[j] >= '0' && s[j] <= '9') {
-                    if (n < 100000000) n = n * 10 + (s[j] - '0');
-                    j++;
-                }
-                if (n == 0) {
-                    bad = d0;
-                    snprintf(m, sizeof m, "a layer count must be at least 1");
-                    snprintf(h, sizeof h, "drop the t*0; an empty string makes an empty stage");
-                    break;
-                }
-                if (n > 65536) {
-                    bad = d0;
-                    snprintf(m, sizeof m,
-                             "layer count %" PRId64
-                             "%s is larger than any model (at most 65536 layers)",
-                             n, n >= 100000000 ? "+" : "");
-                    break;
-                }
-                i = j;
-            } else {
-                i++;
-            }
-            seen_t = 1;
-            st.num_layers += n;
-            if (st.num_layers > 65536 * 64)
-                st.num_layers = 65536 * 64; /* far beyond any num_layers */
-            break;
-        }
-        case '|':
-            bad = i;
-            snprintf(m, sizeof m, "'|' separates stages in Megatron's layout string");
-            snprintf(h, sizeof h, "give each stage its own list item: [\"E t*4\", \"t*4 L\"]");
-            break;
-        case 'm':
-            bad = i;
-            snprintf(m, sizeof m, "multi-token prediction layers (m) are not supported");
-            snprintf(h, sizeof h, "use E, t, t*N and L");
-            break;
-        case '(':
-        case ')':
-        case ',':
-            bad = i;
-            snprintf(m, sizeof m, "unexpected '%c': Megatron's grouping syntax is not supported",
-                     ch);
-            snprintf(h, sizeof h,
-                     "write one string per stage using E, t, t*N and L, separated by spaces");
-            break;
-        case '*':
-            bad = i;
-            snprintf(m, sizeof m, "'*' must follow t");
-            snprintf(h, sizeof h, "write t*N, e.g. t*4");
-            break;
-        case 'T':
-        case 'e':
-        case 'l':
-            bad = i;
-            snprintf(m, sizeof m, "unexpected '%c' (tokens are case-sensitive)", ch);
-            snprintf(h, sizeof h, "use E (embedding), t (a layer), t*N (N layers) and L (loss)");
-            break;
-        default:
-            bad = i;
-            if (ch >= '0' && ch <= '9') {
-                snprintf(m, sizeof m, "a layer count needs 't*' before it");
-                snprintf(h, sizeof h, "write t*N, e.g. t*4");
-            } else {
-                if (ch > ' ' && ch < 127)
-                    snprintf(m, sizeof m, "unexpected '%c'", ch);
-                else
-                    snprintf(m, sizeof m, "unexpected byte 0x%02x", (unsigned char)ch);
-                snprintf(h, sizeof h,
-                         "use E (embedding), t (a layer), t*N (N layers) and L (loss)");
-            }
-            break;
-        }
-    }
-    if (bad >= 0) {
-        if (err_at) *err_at = bad;
-        if (msg && msgsz) snprintf(msg, msgsz, "%s", m);
-        if (hint && hintsz) snprintf(hint, hintsz, "%s", h);
-        return -1;
-    }
-    if (out) *out = st;
-    return 0;
-}
-
-/* A balanced example layout for `layers` over `stages` stages, as a YAML
- * flow list; extra layers go to the middle stages, which hold neither the
- * embedding nor the loss.  Empty when too long to be a useful hint. */
-static void example_layout(int64_t layers, int64_t stages, char *buf, size_t n) {
-    buf[0] = 0;
-    if (stages < 2 || stages > 8 || layers < stages) return;
-    int64_t cnt[16], order[16], no = 0;
-    int64_t base = layers / stages, extra = layers % stages;
-    /* preference for an extra layer: middle stages nearest the centre
-     * first, then the two ends */
-    for (int64_t dist = 0; dist <= stages; dist++)
-        for (int64_t i = 1; i < stages - 1; i++)
-            if ((2 * i - (stages - 1) < 0 ? (stages - 1) - 2 * i : 2 * i - (stages - 1)) == dist)
-                order[no++] = i;
-    order[no++] = 0;
-    order[no++] = stages - 1;
-    for (int64_t i = 0; i < stages; i++)
-        cnt[i] = base;
-    for (int64_t i = 0; i < extra; i++)
-        cnt[order[i]]++;
-    cat(buf, n, "[");
-    for (int64_t i = 0; i < stages; i++) {
-        cat(buf, n, "%s\"", i ? ", " : "");
-        if (i == 0) cat(buf, n, "E ");
-        if (cnt[i] == 1)
-            cat(buf, n, "t");
-        else
-            cat(buf, n, "t*%" PRId64, cnt[i]);
-        if (i == stages - 1) cat(buf, n, " L");
-        cat(buf, n, "\"");
-    }
-    cat(buf, n, "]");
-    if (strlen(buf) + 1 >= n) buf[0] = 0;
-}
-
-static void check_layout(ck *k) {
-    mgc_config *c = k->c;
-    mgc_parallel_cfg *p = &c->parallel;
-    const mgc_str_list *ls = &p->pipeline_layout;
-    char a[KV_N], hint[HINT_N], msg[256];
-    int n = ls->n;
-    if (n == 0) {
-        k->pipe_ok = 0;
-        error(k, at(k, KEY(PAR_LAYOUT)),
-              "give one string per pipeline stage, e.g. [\"E t*4\", \"t*4 L\"], or remove the key "
-              "for an even split",
-              "parallel.pipeline_layout is empty");
-        return;
-    }
-    k->lay = calloc((size_t)n, sizeof *k->lay);
-    if (!k->lay) {
-        k->pipe_ok = 0;
-        error(k, at(k, KEY(PAR_LAYOUT)), NULL, "out of memory");
-        return;
-    }
-    k->nlay = n;
-    int grammar_ok = 1;
-    for (int i = 0; i < n; i++) {
-        int off = 0;
-        const char *s = ls->v[i] ? ls->v[i] : "";
-        if (mgc_check_parse_stage(s, &k->lay[i], &off, msg, sizeof msg, hint, sizeof hint)) {
-            grammar_ok = 0;
-            error(k, inside(ls->loc[i], off), hint, "parallel.pipeline_layout[%d] \"%.60s\": %s", i,
-                  s, msg);
-        }
-    }
-    if (!grammar_ok) {
-        /* the count of a malformed layout (e.g. Megatron's '|' form) is noise */
-        k->pipe_ok = 0;
-        return;
-    }
-    if (n % p->pipeline) {
-        k->pipe_ok = 0;
-        int64_t lo = n / p->pipeline * p->pipeline, hi = lo + p->pipeline;
-        if (lo > 0)
-            snprintf(hint, sizeof hint,
-                     "give %" PRId64 " or %" PRId64
-                     " strings (virtual_stages = strings / pipeline), or set "
-                     "parallel.pipeline to a divisor of %d",
-                     lo, hi, n);
-        else
-            snprintf(hint, sizeof hint,
-                     "give %" PRId64 " strings, or set parallel.pipeline to a divisor of %d", hi,
-                     n);
-        error(k, at(k, KEY(PAR_LAYOUT)), hint,
-              "parallel.pipeline_layout has %d stage%s, not a multiple of %s: each pipeline rank "
-              "holds the same "
-              "number of stages",
-              n, n == 1 ? "" : "s", kv(a, k, KEY(PAR_PP), p->pipeline));
-    } else {
-        int64_t vp = n / p->pipeline;
-        if (given(k, KEY(PAR_VP)) && p->virtual_stages != vp) {
-            k->pipe_ok = 0;
-            snprintf(hint, sizeof hint,
-                     "remove parallel.virtual_stages (it is derived from the layout)");
-            error(k, at(k, KEY(PAR_VP)), hint,
-                  "%s disagrees with parallel.pipeline_layout: %d stages / pipeline %" PRId64
-                  " = %" PRId64,
-                  kv(a, k, KEY(PAR_VP), p->virtual_stages), n, p->pipeline, vp);
-        }
-        p->virtual_stages = vp;
-    }
-    /* E exactly once, in the first stage; L exactly once, in the last. */
-    int ne = 0, nl = 0;
-    for (int i = 0; i < n; i++) {
-        const mgc_layout_stage *st = &k->lay[i];
-        if (st->embedding_at >= 0) {
-            ne++;
-            if (i != 0) {
-                k->pipe_ok = 0;
-                error(k, inside(ls->loc[i], st->embedding_at),
-                      "move E to the start of the first string",
-                      "parallel.pipeline_layout[%d]: the embedding (E) must be in the first stage",
-                      i);
-            }
-        }
-        if (st->loss_at >= 0) {
-            nl++;
-            if (i != n - 1) {
-                k->pipe_ok = 0;
-                error(k, inside(ls->loc[i], st->loss_at), "move L to the end of the last string",
-                      "parallel.pipeline_layout[%d]: the loss (L) must be in the last stage", i);
-            }
-        }
-    }
-    if (ne == 0) {
-        k->pipe_ok = 0;
-        error(k, ls->loc[0], "start the first string with E, e.g. \"E t*4\"",
-              "parallel.pipeline_layout has no embedding (E): the first stage must hold it");
-    }
-    if (nl == 0) {
-        k->pipe_ok = 0;
-        error(k, ls->loc[n - 1], "end the last string with L, e.g. \"t*4 L\"",
-              "parallel.pipeline_layout has no loss (L): the last stage must hold it");
-    }
-    int64_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += k->lay[i].num_layers;
-    if (total != c->model.num_layers) {
-        k->pipe_ok = 0;
-        int64_t diff =
-            total > c->model.num_layers ? total - c->model.num_layers : c->model.num_layers - total;
-        snprintf(hint, sizeof hint,
-                 "%s %" PRId64 " layer%s %s the layout, or set model.num_layers to %" PRId64,
-                 total > c->model.num_layers ? "remove" : "add", diff, diff == 1 ? "" : "s",
-                 total > c->model.num_layers ? "from" : "to", total);
-        error(k, at(k, KEY(PAR_LAYOUT)), hint,
-              "parallel.pipeline_layout places %" PRId64
-              " layers, but model.num_layers is %" PRId64,
-              total, c->model.num_layers);
-    }
-    /* A pipeline rank with nothing to compute still has to be scheduled and
-     * holds no parameters (Megatron #1207 hangs on exactly this). */
-    if (k->pipe_ok && n % p->pipeline == 0) {
-        for (int64_t r = 0; r < p->pipeline; r++) {
-            int busy = 0;
-            for (int64_t s = r; s < n; s += p->pipeline)
-                if (k->lay[s].num_layers || k->lay[s].embedding_at >= 0 || k->lay[s].loss_at >= 0)
-                    busy = 1;
-            if (!busy)
-                warning(k, at(k, KEY(PAR_LAYOUT)), "give every pipeline rank at least one layer",
-                        "pipeline rank %" PRId64
-                        " holds no layers: its GPUs only pass activations along and have "
-                        "no parameters to train",
-                        r);
-        }
-    }
-}
-
-static void derive_pipeline(ck *k) {
-    mgc_config *c = k->c;
-    mgc_parallel_cfg *p = &c->parallel;
-    char a[KV_N], b[KV_N], hint[HINT_N], list[LIST_N], ex[HINT_N];
-    k->pipe_ok = 1;
-    if (given(k, KEY(PAR_LAYOUT))) {
-        check_layout(k);
-    } else {
-        if (!given(k, KEY(PAR_VP))) p->virtual_stages = 1;
-        int64_t stages = mul(p->pipeline, p->virtual_stages);
-        int bad_vp = p->virtual_stages > 1 && p->pipeline == 1; /* reported below */
-        if (!bad_vp && (stages < 0 || c->model.num_layers % stages)) {
-            k->pipe_ok = 0;
-            candidates(k, pp_fits, 1, c->model.num_layers, p->pipeline, 8, list, sizeof list);
-            if (p->virtual_stages > 1) {
-                char vlist[LIST_N];
-                candidates(k, vp_fits, 1, c->model.num_layers, p->virtual_stages, 8, vlist,
-                           sizeof vlist);
-                snprintf(hint, sizeof hint, "choose parallel.virtual_stages from %s", vlist);
-                if (list[0]) cat(hint, sizeof hint, ", or parallel.pipeline from %s", list);
-            } else {
-                snprintf(hint, sizeof hint,
-                         "choose parallel.pipeline from %s (divisors of %" PRId64 " layers)", list,
-                         c->model.num_layers);
-            }
-            example_layout(c->model.num_layers, stages, ex, sizeof ex);
-            if (ex[0])
-                cat(hint, sizeof hint, ", or split unevenly with parallel.pipeline_layout: %s", ex);
-            else
-                cat(hint, sizeof hint,
-                    ", or split unevenly with parallel.pipeline_layout (one string per stage)");
-            if (stages > c->model.num_layers)
-                error(k, at(k, pick(k, 3, KEY(PAR_PP), KEY(PAR_VP), KEY(MODEL_LAYERS))), hint,
-                      "%s is fewer than pipeline * virtual_stages = %" PRId64 " * %" PRId64
-                      " = %" PRId64 " stages: an even split cannot give every stage a layer",
-                      kv(a, k, KEY(MODEL_LAYERS), c->model.num_layers), p->pipeline,
-                      p->virtual_stages, stages);
-            else if (p->virtual_stages > 1)
-                error(k, at(k, pick(k, 3, KEY(PAR_VP), KEY(PAR_PP), KEY(MODEL_LAYERS))), hint,
-                      "%s is not divisible by pipeline * virtual_stages = %" PRId64 " * %" PRId64
-                      " = %" PRId64 ": an even split would leave %" PRId64 " layers out",
-                      kv(a, k, KEY(MODEL_LAYERS), c->model.num_layers), p->pipeline,
-                      p->virtual_stages, stages, stages > 0 ? c->model.num_layers % stages : 0);
-            else
-                error(k, at(k, pick(k, 2, KEY(PAR_PP), KEY(MODEL_LAYERS))), hint,
-                      "%s is not divisible by %s: an even split would leave %" PRId64 " layers out",
-                      kv(a, k, KEY(MODEL_LAYERS), c->model.num_layers),
-                      kv(b, k, KEY(PAR_PP), p->pipeline), c->model.num_layers % p->pipeline);
-        }
-    }
-    /* Schedule: virtual stages mean interleaving, and interleaving needs
-     * virtual stages on a real pipeline. */
-    if (!given(k, KEY(PAR_SCHEDULE)))
-        p->schedule = p->virtual_stages > 1 ? MGC_SCHED_INTERLEAVED : MGC_SCHED_1F1B;
-    mgc_key vp_key = given(k, KEY(PAR_LAYOUT)) ? KEY(PAR_LAYOUT) : KEY(PAR_VP);
-    if (p->virtual_stages > 1 && p->pipeline == 1) {
-        k->pipe_ok = 0;
-        if (given(k, KEY(PAR_LAYOUT)))
-            snprintf(hint, sizeof hint,
-                     "set parallel.pipeline to %" PRId64 " (one string per pipeline rank)",
-                     p->virtual_stages);
-        else
-            snprintf(hint, sizeof hint,
-                     "remove parallel.virtual_stages, or set parallel.pipeline > 1");
-        if (given(k, KEY(PAR_LAYOUT)))
-            error(k, at(k, pick(k, 2, vp_key, KEY(PAR_PP))), hint,
-                  "parallel.pipeline_layout has %" PRId64
-                  " stages, but parallel.pipeline is 1: they would all "
-                  "sit on one rank",
-                  p->virtual_stages);
-        else
-            error(k, at(k, pick(k, 2, vp_key, KEY(PAR_PP))), hint,
-                  "%s needs a pipeline to interleave over, but parallel.pipeline is 1",
-                  kv(a, k, KEY(PAR_VP), p->virtual_stages));
-    } else if (p->virtual_stages > 1 && p->schedule != MGC_SCHED_INTERLEAVED) {
-        k->pipe_ok = 0;
-        error(k, at(k, KEY(PAR_SCHEDULE)),
-              "set parallel.schedule: interleaved-1f1b, or remove it (it is derived)",
-              "parallel.schedule %s runs one stage per rank, but there are %" PRId64
-              " virtual stages per rank",
-              mgc_enum_sched[p->schedule], p->virtual_stages);
-    } else if (p->virtual_stages == 1 && p->schedule == MGC_SCHED_INTERLEAVED) {
-        k->pipe_ok = 0;
-        if (p->pipeline == 1)
-            snprintf(hint, sizeof hint,
-                     "use parallel.schedule: 1f1b, or set parallel.pipeline and "
-                     "parallel.virtual_stages > 1");
-        else
-            snprintf(hint, sizeof hint,
-                     "set parallel.virtual_stages to 2 or more, or use parallel.schedule: 1f1b");
-        error(k, at(k, KEY(PAR_SCHEDULE)), hint,
-              "parallel.schedule interleaved-1f1b needs more than one virtual stage per rank, but "
-              "parallel.virtual_stages is 1");
-    }
-    if (!given(k, KEY(PAR_MB_GROUP)))
-        p->microbatch_group_size = p->pipeline;
-    else if (p->schedule != MGC_SCHED_INTERLEAVED)
-        warning(k, at(k, KEY(PAR_MB_GROUP)), "remove it",
-                "parallel.microbatch_group_size has no effect: it applies to the interleaved "
-                "schedule only");
-}
-
-/* ---- batch and schedule ------------------------------------------------- */
-
-/* " (data derived from world_size)" when the user set world_size, not data:
- * batch messages quote data, which they may never have written. */
-static const char *data_note(const ck *k) {
-    return !given(k, KEY(PAR_DP)) && given(k, KEY(PAR_WORLD)) ? " (data derived from world_size)"
-                                                              : "";
-}
-
-static void derive_batch(ck *k) {
-    mgc_config *c = k->c;
-    mgc_training_cfg *t = &c->training;
-    int64_t dp = c->parallel.data;
-    char a[KV_N], hint[HINT_N], list[LIST_N];
-    int gg = given(k, KEY(TRAIN_GBS)), ga = given(k, KEY(TRAIN_ACCUM)),
-        gm = given(k, KEY(TRAIN_MBS));
-    k->batch_ok = 0;
-    if (!k->grid_ok) return; /* data is unknown: nothing sensible to say */
-    if (gg && ga && !gm) {
-        int64_t denom = mul(dp, t->grad_accum);
-        if (denom < 0 || t->global_batch_size % denom) {
-            multiples(denom, t->global_batch_size, list, sizeof list);
-            snprintf(hint, sizeof hint, "set training.global_batch_size to %s", list);
-            error(k, at(k, KEY(TRAIN_GBS)), hint,
-                  "%s is not divisible by data * gradient_accumulation_steps = %" PRId64
-                  " * %" PRId64 ", so micro_batch_size cannot be derived",
-                  kv(a, k, KEY(TRAIN_GBS), t->global_batch_size), dp, t->grad_accum);
-            return;
-        }
-        t->micro_batch_size = t->global_batch_size / denom;
-        if (t->micro_batch_size > (int64_t)mgc_keys[KEY(TRAIN_MBS)].hi) {
-            error(k, at(k, KEY(TRAIN_GBS)), "give training.micro_batch_size as well",
-                  "the derived micro_batch_size %" PRId64 " is too large", t->micro_batch_size);
-            return;
-        }
-    } else {
-        int64_t unit = mul(t->micro_batch_size, dp);
-        if (unit < 0) {
-            error(k, at(k, KEY(TRAIN_MBS)), "lower training.micro_batch_size",
-                  "micro_batch_size * data overflows");
-            return;
-        }
-        if (gg && ga) {
-            int64_t prod = mul(unit, t->grad_accum);
-            if (prod != t->global_batch_size) {
-                if (t->global_batch_size % unit == 0)
-                    snprintf(hint, sizeof hint,
-                             "give only two of the three (the third is derived); with these two "
-                             "batch sizes "
-                             "gradient_accumulation_steps would be %" PRId64,
-                             t->global_batch_size / unit);
-                else
-                    snprintf(hint, sizeof hint,
-                             "give only two of the three (the third is derived)");
-                error(k, at(k, KEY(TRAIN_GBS)), hint,
-                      "%s does not equal micro_batch_size * data * gradient_accumulation_steps = "
-                      "%" PRId64 " * %" PRId64 " * %" PRId64 " = %" PRId64,
-                      kv(a, k, KEY(TRAIN_GBS), t->global_batch_size), t->micro_batch_size, dp,
-                      t->grad_accum, prod);
-                return;
-            }
-        } else if (gg) {
-            if (t->global_batch_size < unit) {
-                snprintf(hint, sizeof hint,
-                         "set training.global_batch_size to a multiple of %" PRId64 "%s", unit,
-                         t->micro_batch_size > 1 ? ", or lower training.micro_batch_size"
-                                                 : ", or use fewer data-parallel ranks");
-                error(k, at(k, KEY(TRAIN_GBS)), hint,
-                      "%s is smaller than micro_batch_size * data = %" PRId64 " * %" PRId64
-                      " = %" PRId64 "%s: every data-parallel rank needs at least one microbatch",
-                      kv(a, k, KEY(TRAIN_GBS), t->global_batch_size), t->micro_batch_size, dp, unit,
-                      data_note(k));
-                return;
-            }
-            if (t->global_batch_size % unit) {
-                multiples(unit, t->global_batch_size, list, sizeof list);
-                snprintf(hint, sizeof hint, "set training.global_batch_size to %s", list);
-                error(k, at(k, KEY(TRAIN_GBS)), hint,
-                      "%s is not divisible by micro_batch_size * data = %" PRId64 " * %" PRId64
-                      " = %" PRId64 "%s",
-                      kv(a, k, KEY(TRAIN_GBS), t->global_batch_size), t->micro_batch_size, dp, unit,
-                      data_note(k));
-                return;
-            }
-            t->grad_accum = t->global_batch_size / unit;
-            if (t->grad_accum > (int64_t)mgc_keys[KEY(TRAIN_ACCUM)].hi) {
-                error(k, at(k, KEY(TRAIN_GBS)), "raise training.micro_batch_size",
-                      "%" PRId64 " microbatches per step is more than mgc supports", t->grad_accum);
-                return;
-            }
-        } else {
-            if (!ga) t->grad_accum = 1;
-            int64_t gbs = mul(unit, t->grad_accum);
-            if (gbs < 0 || gbs > (int64_t)mgc_keys[KEY(TRAIN_GBS)].hi) {
-                error(k, at(k, pick(k, 2, KEY(TRAIN_ACCUM), KEY(TRAIN_MBS))),
-                      "lower the batch sizes",
-                      "micro_batch_size * data * gradient_accumulation_steps is too large");
-                return;
-            }
-            t->global_batch_size = gbs;
-        }
-    }
-    k->batch_ok = 1;
-}
-
-/* Megatron's interleaving rule: microbatches go out in groups of G per model
- * chunk; a trailing group smaller than the pipeline stalls on dependencies. */
-static int interleave_ok(int64_t m, int64_t g, int64_t pp) {
-    return m >= g && (m % g == 0 || m % g >= pp);
-}
-
-static void check_schedule(ck *k) {
-    mgc_config *c = k->c;
-    const mgc_parallel_cfg *p = &c->parallel;
-    const mgc_training_cfg *t = &c->training;
-    char a[KV_N], b[KV_N], hint[HINT_N];
-    if (!k->batch_ok || !k->pipe_ok || p->pipeline == 1) return;
-    int64_t m = t->grad_accum, pp = p->pipeline, g = p->microbatch_group_size;
-    int64_t unit = mul(t->micro_batch_size, p->data);
-    mgc_key bkey = pick(k, 2, KEY(TRAIN_GBS), KEY(TRAIN_ACCUM));
-    if (p->schedule == MGC_SCHED_INTERLEAVED) {
-        if (g < pp) {
-            snprintf(hint, sizeof hint,
-                     "set parallel.microbatch_group_size to at least %" PRId64
-                     ", or remove it (it defaults to pipeline)",
-                     pp);
-            error(k, at(k, KEY(PAR_MB_GROUP)), hint,
-                  "%s is smaller than %s: the interleaved schedule would wait on microbatches it "
-                  "has not started",
-                  kv(a, k, KEY(PAR_MB_GROUP), g), kv(b, k, KEY(PAR_PP), pp));
-            return;
-        }
-        if (interleave_ok(m, g, pp)) return;
-        /* nearest valid microbatch counts below and above */
-        int64_t lo = 0, hi = 0;
-        for (int64_t x = m - 1; x >= g && x > m - 2 * g - 1; x--)
-            if (interleave_ok(x, g, pp)) {
-                lo = x;
-                break;
-            }
-        for (int64_t x = m + 1; x <= m + 2 * g + 1; x++)
-            if (interleave_ok(x, g, pp)) {
-                hi = x;
-                break;
-            }
-        if (!given(k, KEY(TRAIN_GBS)) && given(k, KEY(TRAIN_ACCUM))) {
-            if (lo)
-                snprintf(hint, sizeof hint,
-                         "set training.gradient_accumulation_steps to %" PRId64 " or %" PRId64, lo,
-                         hi);
-            else
-                snprintf(hint, sizeof hint, "set training.gradient_accumulation_steps to %" PRId64,
-                         hi);
-        } else if (unit > 0 && mul(hi, unit) > 0) {
-            if (lo)
-                snprintf(hint, sizeof hint,
-                         "set training.global_batch_size to %" PRId64 " or %" PRId64, lo * unit,
-                         hi * unit);
-            else
-                snprintf(hint, sizeof hint, "set training.global_batch_size to %" PRId64,
-                         hi * unit);
-        } else {
-            hint[0] = 0;
-        }
-        if (given(k, KEY(PAR_MB_GROUP)))
-            cat(hint, sizeof hint, "%schange parallel.microbatch_group_size",
-                hint[0] ? ", or " : "");
-        if (m < g)
-            error(
-                k, at(k, pick(k, 3, bkey, KEY(PAR_MB_GROUP), KEY(PAR_PP))), hint,
-                "the interleaved schedule needs at least %s microbatches per step; %s gives fewer",
-                kv(a, k, KEY(PAR_MB_GROUP), g), kv(b, k, KEY(TRAIN_ACCUM), m));
-        else
-            error(k, at(k, pick(k, 3, bkey, KEY(PAR_MB_GROUP), KEY(PAR_PP))), hint,
-                  "%" PRId64 " microbatches per step in groups of %s leave a last group of %" PRId64
-                  ", fewer than %s: the interleaved schedule would stall on dependency bubbles",
-                  m, kv(a, k, KEY(PAR_MB_GROUP), g), m % g, kv(b, k, KEY(PAR_PP), pp));
-        return;
-    }
-    if (m < pp) {
-        int pct = (int)((100 * (pp - 1)) / (m + pp - 1));
-        int pct4 = (int)((100 * (pp - 1)) / (4 * pp + pp - 1));
-        if (!given(k, KEY(TRAIN_GBS)) && given(k, KEY(TRAIN_ACCUM)))
-            snprintf(hint, sizeof hint,
-                     "raise training.gradient_accumulation_steps to at least %" PRId64 "; %" PRId64
-                     " brings the idle time down to %d%%",
-                     pp, 4 * pp, pct4);
-        else if (unit > 0 && mul3(unit, pp, 4) > 0)
-            snprintf(hint, sizeof hint,
-                     "raise training.global_batch_size to at least %" PRId64 "; %" PRId64
-                     " brings the idle time down to %d%%",
-                     unit * pp, unit * pp * 4, pct4);
-        else
-            hint[0] = 0;
-        warning(k, at(k, pick(k, 3, bkey, KEY(PAR_PP), KEY(TRAIN_MBS))), hint,
-                "only %" PRId64 " microbatch%s per step for %" PRId64
-                " pipeline stages: each rank idles about %d%% of every step",
-                m, m == 1 ? "" : "es", pp, pct);
-    }
+    if (p->distributed_optimizer && k->grid_ok && mgc_check_mul(p->data, p->context) == 1)
+        mgc_check_warning(
+            k, mgc_check_at(k, KEY(PAR_DISTOPT)), "remove it, or add data-parallel ranks",
+            "parallel.distributed_optimizer has no effect: data * context = 1, so there is "
+            "nothing to shard "
+            "the optimizer state over");
 }
 
 /* ---- moe ---------------------------------------------------------------- */
 
-static void check_moe(ck *k) {
+static void check_moe(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     mgc_moe_cfg *e = &c->moe;
     const mgc_parallel_cfg *p = &c->parallel;
     char a[KV_N], b[KV_N], hint[HINT_N], list[LIST_N];
     k->moe = e->num_experts > 0;
-    if (!given(k, KEY(MOE_FFN))) e->ffn_hidden_size = c->model.ffn_hidden_size;
-    if (!given(k, KEY(MOE_SHARED_FFN))) e->shared_ffn_hidden_size = e->ffn_hidden_size;
+    if (!mgc_check_given(k, KEY(MOE_FFN))) e->ffn_hidden_size = c->model.ffn_hidden_size;
+    if (!mgc_check_given(k, KEY(MOE_SHARED_FFN))) e->shared_ffn_hidden_size = e->ffn_hidden_size;
     if (!k->moe) {
         for (int key = KEY(MOE_EXPERTS) + 1; key <= KEY(MOE_DROP_POLICY); key++)
-            if (given(k, (mgc_key)key))
-                warning(k, at(k, (mgc_key)key),
-                        "set moe.num_experts to build a mixture of experts, or remove this key",
-                        "%s has no effect: moe.num_experts is 0, so the model is dense",
-                        mgc_keys[key].path);
+            if (mgc_check_given(k, (mgc_key)key))
+                mgc_check_warning(
+                    k, mgc_check_at(k, (mgc_key)key),
+                    "set moe.num_experts to build a mixture of experts, or remove this key",
+                    "%s has no effect: moe.num_experts is 0, so the model is dense",
+                    mgc_keys[key].path);
         if (p->expert > 1) {
             snprintf(hint, sizeof hint,
                      "set moe.num_experts (a multiple of %" PRId64 "), or remove parallel.expert",
                      p->expert);
-            error(k, at(k, KEY(PAR_EP)), hint,
-                  "%s needs a mixture-of-experts model, but moe.num_experts is 0",
-                  kv(a, k, KEY(PAR_EP), p->expert));
+            mgc_check_error(k, mgc_check_at(k, KEY(PAR_EP)), hint,
+                            "%s needs a mixture-of-experts model, but moe.num_experts is 0",
+                            mgc_check_kv(a, k, KEY(PAR_EP), p->expert));
         }
-        if (given(k, KEY(PAR_ETP)))
-            warning(k, at(k, KEY(PAR_ETP)), "remove it",
-                    "parallel.expert_tensor has no effect: the model has no experts");
+        if (mgc_check_given(k, KEY(PAR_ETP)))
+            mgc_check_warning(k, mgc_check_at(k, KEY(PAR_ETP)), "remove it",
+                              "parallel.expert_tensor has no effect: the model has no experts");
         return;
     }
     if (e->top_k > e->num_experts) {
         snprintf(hint, sizeof hint, "set moe.top_k to at most %" PRId64, e->num_experts);
-        error(k, at(k, pick(k, 2, KEY(MOE_TOPK), KEY(MOE_EXPERTS))), hint,
-              "%s is larger than %s: a token cannot be routed to more distinct experts than exist",
-              kv(a, k, KEY(MOE_TOPK), e->top_k), kv(b, k, KEY(MOE_EXPERTS), e->num_experts));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_TOPK), KEY(MOE_EXPERTS))), hint,
+            "%s is larger than %s: a token cannot be routed to more distinct experts than exist",
+            mgc_check_kv(a, k, KEY(MOE_TOPK), e->top_k),
+            mgc_check_kv(b, k, KEY(MOE_EXPERTS), e->num_experts));
     }
     if (e->num_experts % p->expert) {
-        candidates(k, ep_fits, 1, e->num_experts, p->expert, 8, list, sizeof list);
+        mgc_check_candidates(k, ep_fits, 1, e->num_experts, p->expert, 8, list, sizeof list);
         snprintf(hint, sizeof hint,
                  "choose parallel.expert from %s (divisors of %" PRId64 " experts)", list,
                  e->num_experts);
-        error(k, at(k, pick(k, 2, KEY(PAR_EP), KEY(MOE_EXPERTS))), hint,
-              "%s is not divisible by %s: every expert-parallel rank holds the same number of "
-              "experts",
-              kv(a, k, KEY(MOE_EXPERTS), e->num_experts), kv(b, k, KEY(PAR_EP), p->expert));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(PAR_EP), KEY(MOE_EXPERTS))), hint,
+            "%s is not divisible by %s: every expert-parallel rank holds the same number of "
+            "experts",
+            mgc_check_kv(a, k, KEY(MOE_EXPERTS), e->num_experts),
+            mgc_check_kv(b, k, KEY(PAR_EP), p->expert));
     } else if (k->grid_ok) {
-        int64_t eg = mul3(p->expert_tensor, p->expert, p->pipeline);
+        int64_t eg = mgc_check_mul3(p->expert_tensor, p->expert, p->pipeline);
         if (eg < 0 || p->world_size % eg) {
             /* MoE folding carves the expert grid out of the same GPUs: the
              * world must be a multiple of both grids' model-parallel sizes. */
-            int64_t mp = mul3(p->tensor, p->context, p->pipeline), l = eg > 0 ? lcm(mp, eg) : -1;
+            int64_t mp = mgc_check_mul3(p->tensor, p->context, p->pipeline),
+                    l = eg > 0 ? lcm(mp, eg) : -1;
             hint[0] = 0;
-            if (l > 0 && given(k, KEY(PAR_WORLD)))
+            if (l > 0 && mgc_check_given(k, KEY(PAR_WORLD)))
                 snprintf(hint, sizeof hint, "set parallel.world_size to a multiple of %" PRId64, l);
             else if (l > 0)
                 snprintf(hint, sizeof hint, "set parallel.data to a multiple of %" PRId64, l / mp);
-            candidates(k, ep_fits, 1, e->num_experts, p->expert, 8, list, sizeof list);
+            mgc_check_candidates(k, ep_fits, 1, e->num_experts, p->expert, 8, list, sizeof list);
             if (list[0] && strcmp(list, "1") != 0)
-                cat(hint, sizeof hint, "%schoose parallel.expert from %s", hint[0] ? ", or " : "",
-                    list);
-            error(k, at(k, pick(k, 3, KEY(PAR_EP), KEY(PAR_ETP), KEY(PAR_WORLD))), hint,
-                  "the expert grid does not fit: %s is not divisible by expert_tensor * expert * "
-                  "pipeline = %" PRId64 " * %" PRId64 " * %" PRId64,
-                  kv(a, k, KEY(PAR_WORLD), p->world_size), p->expert_tensor, p->expert,
-                  p->pipeline);
+                mgc_check_cat(hint, sizeof hint, "%schoose parallel.expert from %s",
+                              hint[0] ? ", or " : "", list);
+            mgc_check_error(
+                k, mgc_check_at(k, mgc_check_pick(k, 3, KEY(PAR_EP), KEY(PAR_ETP), KEY(PAR_WORLD))),
+                hint,
+                "the expert grid does not fit: %s is not divisible by expert_tensor * expert * "
+                "pipeline = %" PRId64 " * %" PRId64 " * %" PRId64,
+                mgc_check_kv(a, k, KEY(PAR_WORLD), p->world_size), p->expert_tensor, p->expert,
+                p->pipeline);
         }
     }
     if (e->ffn_hidden_size % p->expert_tensor) {
-        candidates(k, etp_fits, 1, p->expert_tensor * 2, p->expert_tensor, 8, list, sizeof list);
+        mgc_check_candidates(k, etp_fits, 1, p->expert_tensor * 2, p->expert_tensor, 8, list,
+                             sizeof list);
         snprintf(hint, sizeof hint, "choose parallel.expert_tensor from %s%s", list,
-                 given(k, KEY(PAR_ETP)) ? "" : " (it defaults to parallel.tensor)");
-        error(k, at(k, pick(k, 3, KEY(PAR_ETP), KEY(MOE_FFN), KEY(PAR_TP))), hint,
-              "%s is not divisible by %s: each expert's matrices split evenly over expert-tensor "
-              "ranks",
-              kv(a, k, KEY(MOE_FFN), e->ffn_hidden_size), kv(b, k, KEY(PAR_ETP), p->expert_tensor));
+                 mgc_check_given(k, KEY(PAR_ETP)) ? "" : " (it defaults to parallel.tensor)");
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 3, KEY(PAR_ETP), KEY(MOE_FFN), KEY(PAR_TP))), hint,
+            "%s is not divisible by %s: each expert's matrices split evenly over expert-tensor "
+            "ranks",
+            mgc_check_kv(a, k, KEY(MOE_FFN), e->ffn_hidden_size),
+            mgc_check_kv(b, k, KEY(PAR_ETP), p->expert_tensor));
     }
     if (e->shared_experts > 0) {
         if (e->shared_ffn_hidden_size % p->tensor) {
-            multiples(p->tensor, e->shared_ffn_hidden_size, list, sizeof list);
+            mgc_check_multiples(p->tensor, e->shared_ffn_hidden_size, list, sizeof list);
             snprintf(hint, sizeof hint,
                      "set moe.shared_expert_ffn_hidden_size to a multiple of %" PRId64 ", e.g. %s",
                      p->tensor, list);
-            error(k, at(k, pick(k, 3, KEY(MOE_SHARED_FFN), KEY(PAR_TP), KEY(MOE_FFN))), hint,
-                  "%s is not divisible by %s: shared experts are split like the dense MLP",
-                  kv(a, k, KEY(MOE_SHARED_FFN), e->shared_ffn_hidden_size),
-                  kv(b, k, KEY(PAR_TP), p->tensor));
+            mgc_check_error(
+                k,
+                mgc_check_at(k,
+                             mgc_check_pick(k, 3, KEY(MOE_SHARED_FFN), KEY(PAR_TP), KEY(MOE_FFN))),
+                hint, "%s is not divisible by %s: shared experts are split like the dense MLP",
+                mgc_check_kv(a, k, KEY(MOE_SHARED_FFN), e->shared_ffn_hidden_size),
+                mgc_check_kv(b, k, KEY(PAR_TP), p->tensor));
         }
-    } else if (given(k, KEY(MOE_SHARED_FFN))) {
-        warning(k, at(k, KEY(MOE_SHARED_FFN)), "set moe.shared_experts, or remove this key",
-                "moe.shared_expert_ffn_hidden_size has no effect: moe.shared_experts is 0");
+    } else if (mgc_check_given(k, KEY(MOE_SHARED_FFN))) {
+        mgc_check_warning(
+            k, mgc_check_at(k, KEY(MOE_SHARED_FFN)), "set moe.shared_experts, or remove this key",
+            "moe.shared_expert_ffn_hidden_size has no effect: moe.shared_experts is 0");
     }
     /* Which layers are MoE: an explicit list, or first_dense + layer_freq. */
     int64_t L = c->model.num_layers;
-    if (given(k, KEY(MOE_LAYERS))) {
+    if (mgc_check_given(k, KEY(MOE_LAYERS))) {
         const mgc_int_list *ll = &e->layers;
-        mgc_key other = given(k, KEY(MOE_LAYER_FREQ))    ? KEY(MOE_LAYER_FREQ)
-                        : given(k, KEY(MOE_FIRST_DENSE)) ? KEY(MOE_FIRST_DENSE)
-                                                         : MGC_KEY__COUNT;
+        mgc_key other = mgc_check_given(k, KEY(MOE_LAYER_FREQ))    ? KEY(MOE_LAYER_FREQ)
+                        : mgc_check_given(k, KEY(MOE_FIRST_DENSE)) ? KEY(MOE_FIRST_DENSE)
+                                                                   : MGC_KEY__COUNT;
         if (other != MGC_KEY__COUNT) {
-            mgc_loc ol = at(k, other);
+            mgc_loc ol = mgc_check_at(k, other);
             snprintf(hint, sizeof hint, "remove %s (line %d) or moe.layers", mgc_keys[other].path,
                      ol.line);
-            error(k, at(k, KEY(MOE_LAYERS)), hint,
-                  "moe.layers and %s are both given: the explicit list replaces layer_freq and "
-                  "first_dense_layers",
-                  mgc_keys[other].path);
+            mgc_check_error(
+                k, mgc_check_at(k, KEY(MOE_LAYERS)), hint,
+                "moe.layers and %s are both given: the explicit list replaces layer_freq and "
+                "first_dense_layers",
+                mgc_keys[other].path);
         }
         if (ll->n == 0)
-            warning(k, at(k, KEY(MOE_LAYERS)), "list the MoE layers, or set moe.num_experts: 0",
-                    "moe.layers is empty: no layer has experts, so the model is dense");
+            mgc_check_warning(k, mgc_check_at(k, KEY(MOE_LAYERS)),
+                              "list the MoE layers, or set moe.num_experts: 0",
+                              "moe.layers is empty: no layer has experts, so the model is dense");
         for (int i = 0; i < ll->n; i++) {
             if (ll->v[i] >= L) {
                 snprintf(hint, sizeof hint, "layers are numbered from 0 to %" PRId64, L - 1);
-                error(k, ll->loc[i], hint,
-                      "moe.layers[%d] = %" PRId64 " is out of range: the model has %" PRId64
-                      " layers",
-                      i, ll->v[i], L);
+                mgc_check_error(k, ll->loc[i], hint,
+                                "moe.layers[%d] = %" PRId64
+                                " is out of range: the model has %" PRId64 " layers",
+                                i, ll->v[i], L);
             } else if (i > 0 && ll->v[i] == ll->v[i - 1]) {
-                error(k, ll->loc[i], "list each MoE layer once",
-                      "moe.layers[%d] = %" PRId64 " repeats the previous entry", i, ll->v[i]);
+                mgc_check_error(k, ll->loc[i], "list each MoE layer once",
+                                "moe.layers[%d] = %" PRId64 " repeats the previous entry", i,
+                                ll->v[i]);
             } else if (i > 0 && ll->v[i] < ll->v[i - 1]) {
-                error(k, ll->loc[i], "list the layers in increasing order",
-                      "moe.layers[%d] = %" PRId64 " comes after %" PRId64
-                      ": the list must be sorted",
-                      i, ll->v[i], ll->v[i - 1]);
+                mgc_check_error(k, ll->loc[i], "list the layers in increasing order",
+                                "moe.layers[%d] = %" PRId64 " comes after %" PRId64
+                                ": the list must be sorted",
+                                i, ll->v[i], ll->v[i - 1]);
             }
         }
     } else if (e->first_dense_layers >= L) {
@@ -1364,33 +712,35 @@ static void check_moe(ck *k) {
                  "set moe.first_dense_layers below %" PRId64
                  ", or moe.num_experts: 0 for a dense model",
                  L);
-        error(k, at(k, KEY(MOE_FIRST_DENSE)), hint,
-              "%s leaves no MoE layer: the model has %" PRId64 " layers",
-              kv(a, k, KEY(MOE_FIRST_DENSE), e->first_dense_layers), L);
+        mgc_check_error(k, mgc_check_at(k, KEY(MOE_FIRST_DENSE)), hint,
+                        "%s leaves no MoE layer: the model has %" PRId64 " layers",
+                        mgc_check_kv(a, k, KEY(MOE_FIRST_DENSE), e->first_dense_layers), L);
     }
     /* Token dropping. */
-    if (given(k, KEY(MOE_DROP_POLICY)) && !given(k, KEY(MOE_CAPACITY)))
-        warning(
-            k, at(k, KEY(MOE_DROP_POLICY)),
+    if (mgc_check_given(k, KEY(MOE_DROP_POLICY)) && !mgc_check_given(k, KEY(MOE_CAPACITY)))
+        mgc_check_warning(
+            k, mgc_check_at(k, KEY(MOE_DROP_POLICY)),
             "set moe.capacity_factor to drop tokens, or remove drop_policy",
             "moe.drop_policy has no effect: without moe.capacity_factor the experts are dropless");
-    if (given(k, KEY(MOE_CAPACITY)) && e->aux_loss_coeff == 0)
-        warning(k, at(k, KEY(MOE_CAPACITY)), "set moe.aux_loss_coeff, e.g. 1e-2",
-                "moe.capacity_factor drops tokens, but no load-balancing loss is on "
-                "(moe.aux_loss_coeff is 0): "
-                "unbalanced routing will drop many of them");
+    if (mgc_check_given(k, KEY(MOE_CAPACITY)) && e->aux_loss_coeff == 0)
+        mgc_check_warning(k, mgc_check_at(k, KEY(MOE_CAPACITY)),
+                          "set moe.aux_loss_coeff, e.g. 1e-2",
+                          "moe.capacity_factor drops tokens, but no load-balancing loss is on "
+                          "(moe.aux_loss_coeff is 0): "
+                          "unbalanced routing will drop many of them");
     if (p->expert > 1 && p->tensor > 1 && !p->sequence_parallel)
-        warning(k, at(k, pick(k, 3, KEY(PAR_SP), KEY(PAR_EP), KEY(PAR_TP))),
-                "set parallel.sequence_parallel: true",
-                "expert parallelism with %s expects sequence parallelism: without it every tensor "
-                "rank dispatches "
-                "the same tokens (Megatron's documentation requires it)",
-                kv(a, k, KEY(PAR_TP), p->tensor));
+        mgc_check_warning(
+            k, mgc_check_at(k, mgc_check_pick(k, 3, KEY(PAR_SP), KEY(PAR_EP), KEY(PAR_TP))),
+            "set parallel.sequence_parallel: true",
+            "expert parallelism with %s expects sequence parallelism: without it every tensor "
+            "rank dispatches "
+            "the same tokens (Megatron's documentation requires it)",
+            mgc_check_kv(a, k, KEY(PAR_TP), p->tensor));
 }
 
 /* ---- run settings ------------------------------------------------------- */
 
-static void check_training(ck *k) {
+static void check_training(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     const mgc_training_cfg *t = &c->training;
     mgc_optimizer_cfg *o = &c->optimizer;
@@ -1399,53 +749,57 @@ static void check_training(ck *k) {
                                         KEY(TRAIN_HYSTERESIS)};
     if (t->precision != MGC_PREC_FP16)
         for (int i = 0; i < 3; i++)
-            if (given(k, fp16_keys[i]))
-                warning(k, at(k, fp16_keys[i]), "remove it, or set training.precision: fp16",
-                        "%s has no effect: loss scaling applies to fp16 only (training.precision "
-                        "is %s)",
-                        mgc_keys[fp16_keys[i]].path, mgc_enum_precision[t->precision]);
+            if (mgc_check_given(k, fp16_keys[i]))
+                mgc_check_warning(
+                    k, mgc_check_at(k, fp16_keys[i]), "remove it, or set training.precision: fp16",
+                    "%s has no effect: loss scaling applies to fp16 only (training.precision "
+                    "is %s)",
+                    mgc_keys[fp16_keys[i]].path, mgc_enum_precision[t->precision]);
 
-    if (!given(k, KEY(OPT_DECAY_ITERS))) o->decay_iterations = t->iterations;
+    if (!mgc_check_given(k, KEY(OPT_DECAY_ITERS))) o->decay_iterations = t->iterations;
     if (o->min_lr > o->lr) {
         snprintf(hint, sizeof hint, "set optimizer.min_lr at most %g (commonly lr / 10)", o->lr);
-        error(k, at(k, pick(k, 2, KEY(OPT_MIN_LR), KEY(OPT_LR))), hint,
-              "%s is larger than %s: the schedule would raise the learning rate while decaying",
-              kvf(a, k, KEY(OPT_MIN_LR), o->min_lr), kvf(b, k, KEY(OPT_LR), o->lr));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(OPT_MIN_LR), KEY(OPT_LR))), hint,
+            "%s is larger than %s: the schedule would raise the learning rate while decaying",
+            kvf(a, k, KEY(OPT_MIN_LR), o->min_lr), kvf(b, k, KEY(OPT_LR), o->lr));
     }
     if (o->lr == 0)
-        warning(k, at(k, KEY(OPT_LR)), "set optimizer.lr, e.g. 3e-4",
-                "optimizer.lr is 0: the weights never change");
+        mgc_check_warning(k, mgc_check_at(k, KEY(OPT_LR)), "set optimizer.lr, e.g. 3e-4",
+                          "optimizer.lr is 0: the weights never change");
     if (o->warmup_iterations > 0 && o->warmup_iterations >= t->iterations) {
         snprintf(hint, sizeof hint,
                  "set optimizer.warmup_iterations below %" PRId64
                  " (commonly 1%% to 10%% of the run)",
                  t->iterations);
-        error(k, at(k, pick(k, 2, KEY(OPT_WARMUP), KEY(TRAIN_ITERS))), hint,
-              "%s is not below %s: training ends before warmup does",
-              kv(a, k, KEY(OPT_WARMUP), o->warmup_iterations),
-              kv(b, k, KEY(TRAIN_ITERS), t->iterations));
-    } else if (given(k, KEY(OPT_DECAY_ITERS)) && o->decay_iterations < o->warmup_iterations) {
+        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(OPT_WARMUP), KEY(TRAIN_ITERS))),
+                        hint, "%s is not below %s: training ends before warmup does",
+                        mgc_check_kv(a, k, KEY(OPT_WARMUP), o->warmup_iterations),
+                        mgc_check_kv(b, k, KEY(TRAIN_ITERS), t->iterations));
+    } else if (mgc_check_given(k, KEY(OPT_DECAY_ITERS)) &&
+               o->decay_iterations < o->warmup_iterations) {
         snprintf(hint, sizeof hint, "set optimizer.decay_iterations to at least %" PRId64,
                  o->warmup_iterations);
-        error(k, at(k, KEY(OPT_DECAY_ITERS)), hint,
-              "%s is smaller than %s: decay would end before warmup does",
-              kv(a, k, KEY(OPT_DECAY_ITERS), o->decay_iterations),
-              kv(b, k, KEY(OPT_WARMUP), o->warmup_iterations));
+        mgc_check_error(k, mgc_check_at(k, KEY(OPT_DECAY_ITERS)), hint,
+                        "%s is smaller than %s: decay would end before warmup does",
+                        mgc_check_kv(a, k, KEY(OPT_DECAY_ITERS), o->decay_iterations),
+                        mgc_check_kv(b, k, KEY(OPT_WARMUP), o->warmup_iterations));
     }
     if (o->decay_style == MGC_DECAY_CONSTANT) {
         static const mgc_key dk[] = {KEY(OPT_MIN_LR), KEY(OPT_DECAY_ITERS)};
         for (int i = 0; i < 2; i++)
-            if (given(k, dk[i]))
-                warning(
-                    k, at(k, dk[i]), "remove it, or choose optimizer.decay_style cosine or linear",
-                    "%s has no effect: optimizer.decay_style is constant", mgc_keys[dk[i]].path);
+            if (mgc_check_given(k, dk[i]))
+                mgc_check_warning(k, mgc_check_at(k, dk[i]),
+                                  "remove it, or choose optimizer.decay_style cosine or linear",
+                                  "%s has no effect: optimizer.decay_style is constant",
+                                  mgc_keys[dk[i]].path);
     }
 }
 
 /* data.split: three non-negative numbers separated by ',' or '/'. */
-static void check_split(ck *k) {
+static void check_split(mgc_check_ctx *k) {
     const char *s = k->c->data.split ? k->c->data.split : "";
-    mgc_loc loc = at(k, KEY(DATA_SPLIT));
+    mgc_loc loc = mgc_check_at(k, KEY(DATA_SPLIT));
     const char *hint =
         "write three non-negative weights for train, validation and test, e.g. \"969,30,1\"";
     double w[3] = {0, 0, 0};
@@ -1455,7 +809,8 @@ static void check_split(ck *k) {
             i++;
         if (!s[i]) break;
         if (n == 3) {
-            error(k, inside(loc, i), hint, "data.split \"%.40s\": more than three parts", s);
+            mgc_check_error(k, mgc_check_inside(loc, i), hint,
+                            "data.split \"%.40s\": more than three parts", s);
             return;
         }
         char *end;
@@ -1463,11 +818,12 @@ static void check_split(ck *k) {
         int len = (int)(end - (s + i));
         if (len == 0 || !isfinite(v) || s[i] == '+' || s[i] == '-') {
             if (len > 0 && v < 0)
-                error(k, inside(loc, i), hint, "data.split \"%.40s\": weights cannot be negative",
-                      s);
+                mgc_check_error(k, mgc_check_inside(loc, i), hint,
+                                "data.split \"%.40s\": weights cannot be negative", s);
             else
-                error(k, inside(loc, i), hint,
-                      "data.split \"%.40s\": expected a number at character %d", s, i + 1);
+                mgc_check_error(k, mgc_check_inside(loc, i), hint,
+                                "data.split \"%.40s\": expected a number at character %d", s,
+                                i + 1);
             return;
         }
         w[n++] = v;
@@ -1477,46 +833,50 @@ static void check_split(ck *k) {
         if (s[i] == ',' || s[i] == '/')
             i++;
         else if (s[i]) {
-            error(k, inside(loc, i), hint,
-                  "data.split \"%.40s\": unexpected '%c'; separate the parts with commas", s, s[i]);
+            mgc_check_error(k, mgc_check_inside(loc, i), hint,
+                            "data.split \"%.40s\": unexpected '%c'; separate the parts with commas",
+                            s, s[i]);
             return;
         }
     }
     if (n != 3) {
-        error(k, loc, hint,
-              "data.split \"%.40s\": expected three parts (train, validation, test), got %d", s, n);
+        mgc_check_error(
+            k, loc, hint,
+            "data.split \"%.40s\": expected three parts (train, validation, test), got %d", s, n);
         return;
     }
     if (w[0] == 0)
-        error(k, loc, w[1] + w[2] > 0 ? "give the first (train) part a positive weight" : hint,
-              "data.split \"%.40s\": the training part is 0, so there is nothing to train on", s);
+        mgc_check_error(
+            k, loc, w[1] + w[2] > 0 ? "give the first (train) part a positive weight" : hint,
+            "data.split \"%.40s\": the training part is 0, so there is nothing to train on", s);
 }
 
-static void check_data(ck *k) {
+static void check_data(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     const mgc_data_cfg *dt = &c->data;
     if (dt->format == MGC_DATA_MEGATRON && dt->paths.n == 0)
-        error(k, at(k, pick(k, 2, KEY(DATA_PATHS), KEY(DATA_FORMAT))),
-              "add data.paths: [PREFIX] (the .bin/.idx pair without the extension), or use "
-              "data.format: synthetic",
-              "data.format megatron needs data.paths");
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(DATA_PATHS), KEY(DATA_FORMAT))),
+            "add data.paths: [PREFIX] (the .bin/.idx pair without the extension), or use "
+            "data.format: synthetic",
+            "data.format megatron needs data.paths");
     if (dt->format == MGC_DATA_SYNTHETIC && dt->paths.n > 0)
-        warning(k, at(k, KEY(DATA_PATHS)),
-                "set data.format: megatron to train on these files, or remove data.paths",
-                "data.paths is ignored: data.format is synthetic");
+        mgc_check_warning(k, mgc_check_at(k, KEY(DATA_PATHS)),
+                          "set data.format: megatron to train on these files, or remove data.paths",
+                          "data.paths is ignored: data.format is synthetic");
     for (int i = 0; i < dt->paths.n; i++) {
         const char *pth = dt->paths.path[i] ? dt->paths.path[i] : "";
         if (!pth[0]) {
-            error(k, dt->paths.loc[i],
-                  "give the dataset prefix (the .bin/.idx pair without the extension)",
-                  "data.paths[%d] is empty", i);
+            mgc_check_error(k, dt->paths.loc[i],
+                            "give the dataset prefix (the .bin/.idx pair without the extension)",
+                            "data.paths[%d] is empty", i);
             continue;
         }
         for (int j = 0; j < i; j++)
             if (dt->paths.path[j] && strcmp(dt->paths.path[j], pth) == 0) {
-                warning(k, dt->paths.loc[i],
-                        "list each dataset once and give it the combined weight",
-                        "data.paths[%d] repeats data.paths[%d] (\"%.80s\")", i, j, pth);
+                mgc_check_warning(k, dt->paths.loc[i],
+                                  "list each dataset once and give it the combined weight",
+                                  "data.paths[%d] repeats data.paths[%d] (\"%.80s\")", i, j, pth);
                 break;
             }
     }
@@ -1525,20 +885,21 @@ static void check_data(ck *k) {
     const mgc_checkpoint_cfg *cp = &c->checkpoint;
     if (cp->directory && cp->directory[0] && cp->interval > c->training.iterations) {
         char a[KV_N], b[KV_N];
-        warning(k, at(k, KEY(CKPT_INTERVAL)),
-                "lower checkpoint.interval to checkpoint during the run",
-                "%s is longer than %s: only the final checkpoint is written",
-                kv(a, k, KEY(CKPT_INTERVAL), cp->interval),
-                kv(b, k, KEY(TRAIN_ITERS), c->training.iterations));
+        mgc_check_warning(k, mgc_check_at(k, KEY(CKPT_INTERVAL)),
+                          "lower checkpoint.interval to checkpoint during the run",
+                          "%s is longer than %s: only the final checkpoint is written",
+                          mgc_check_kv(a, k, KEY(CKPT_INTERVAL), cp->interval),
+                          mgc_check_kv(b, k, KEY(TRAIN_ITERS), c->training.iterations));
     }
     if (!cp->directory || !cp->directory[0]) {
         static const mgc_key ck_keys[] = {KEY(CKPT_INTERVAL), KEY(CKPT_KEEP)};
         for (int i = 0; i < 2; i++)
-            if (given(k, ck_keys[i]))
-                warning(k, at(k, ck_keys[i]), "set checkpoint.directory",
-                        "%s has no effect: checkpoint.directory is empty, so no checkpoints are "
-                        "written",
-                        mgc_keys[ck_keys[i]].path);
+            if (mgc_check_given(k, ck_keys[i]))
+                mgc_check_warning(
+                    k, mgc_check_at(k, ck_keys[i]), "set checkpoint.directory",
+                    "%s has no effect: checkpoint.directory is empty, so no checkpoints are "
+                    "written",
+                    mgc_keys[ck_keys[i]].path);
     }
 }
 
@@ -1548,55 +909,60 @@ static int arch_known(int64_t a) {
     return 0;
 }
 
-static void check_hardware(ck *k) {
+static void check_hardware(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     mgc_hardware_cfg *h = &c->hardware;
     int64_t world = c->parallel.world_size;
     char a[KV_N], b[KV_N], e[KV_N], hint[HINT_N];
-    if (!given(k, KEY(HW_NODES))) {
+    if (!mgc_check_given(k, KEY(HW_NODES))) {
         if (k->grid_ok) h->nodes = ceil_div(world, h->gpus_per_node);
     } else if (k->grid_ok) {
-        int64_t gpus = mul(h->nodes, h->gpus_per_node);
+        int64_t gpus = mgc_check_mul(h->nodes, h->gpus_per_node);
         if (gpus < world) {
             snprintf(hint, sizeof hint,
                      "set hardware.nodes to %" PRId64
                      ", or remove it (it is derived from world_size)",
                      ceil_div(world, h->gpus_per_node));
-            error(k, at(k, KEY(HW_NODES)), hint, "%s * %s = %" PRId64 " GPUs, fewer than %s",
-                  kv(a, k, KEY(HW_NODES), h->nodes), kv(b, k, KEY(HW_GPN), h->gpus_per_node), gpus,
-                  kv(e, k, KEY(PAR_WORLD), world));
+            mgc_check_error(k, mgc_check_at(k, KEY(HW_NODES)), hint,
+                            "%s * %s = %" PRId64 " GPUs, fewer than %s",
+                            mgc_check_kv(a, k, KEY(HW_NODES), h->nodes),
+                            mgc_check_kv(b, k, KEY(HW_GPN), h->gpus_per_node), gpus,
+                            mgc_check_kv(e, k, KEY(PAR_WORLD), world));
         } else if (gpus - world >= h->gpus_per_node) {
             snprintf(hint, sizeof hint,
                      "set hardware.nodes to %" PRId64 ", or raise parallel.data to use them",
                      ceil_div(world, h->gpus_per_node));
-            warning(k, at(k, KEY(HW_NODES)), hint,
-                    "%s * %s = %" PRId64 " GPUs, but the job has only %" PRId64
-                    " ranks (parallel.world_size): %" PRId64 " GPUs sit idle",
-                    kv(a, k, KEY(HW_NODES), h->nodes), kv(b, k, KEY(HW_GPN), h->gpus_per_node),
-                    gpus, world, gpus - world);
+            mgc_check_warning(k, mgc_check_at(k, KEY(HW_NODES)), hint,
+                              "%s * %s = %" PRId64 " GPUs, but the job has only %" PRId64
+                              " ranks (parallel.world_size): %" PRId64 " GPUs sit idle",
+                              mgc_check_kv(a, k, KEY(HW_NODES), h->nodes),
+                              mgc_check_kv(b, k, KEY(HW_GPN), h->gpus_per_node), gpus, world,
+                              gpus - world);
         }
     }
     const mgc_int_list *al = &h->cuda_archs;
-    if (given(k, KEY(HW_ARCHS)) && al->n == 0)
-        error(k, at(k, KEY(HW_ARCHS)), "list at least one, e.g. [80, 90]",
-              "hardware.cuda_archs is empty: there is no architecture to compile kernels for");
+    if (mgc_check_given(k, KEY(HW_ARCHS)) && al->n == 0)
+        mgc_check_error(
+            k, mgc_check_at(k, KEY(HW_ARCHS)), "list at least one, e.g. [80, 90]",
+            "hardware.cuda_archs is empty: there is no architecture to compile kernels for");
     for (int i = 0; i < al->n; i++) {
         int64_t v = al->v[i];
         if (!arch_known(v)) {
             snprintf(hint, sizeof hint, "known: ");
             for (size_t j = 0; j < sizeof known_archs / sizeof known_archs[0]; j++)
-                cat(hint, sizeof hint, "%s%d", j ? " " : "", known_archs[j]);
-            cat(hint, sizeof hint,
-                " (80 = A100, 89 = L40S, 90 = H100/H200, 100 = B200, 120 = RTX 50xx)");
-            error(k, al->loc[i], hint,
-                  "hardware.cuda_archs[%d]: unknown CUDA architecture %" PRId64 " (sm_%" PRId64 ")",
-                  i, v, v);
+                mgc_check_cat(hint, sizeof hint, "%s%d", j ? " " : "", known_archs[j]);
+            mgc_check_cat(hint, sizeof hint,
+                          " (80 = A100, 89 = L40S, 90 = H100/H200, 100 = B200, 120 = RTX 50xx)");
+            mgc_check_error(k, al->loc[i], hint,
+                            "hardware.cuda_archs[%d]: unknown CUDA architecture %" PRId64
+                            " (sm_%" PRId64 ")",
+                            i, v, v);
             continue;
         }
         for (int j = 0; j < i; j++)
             if (al->v[j] == v) {
-                warning(k, al->loc[i], "list each architecture once",
-                        "hardware.cuda_archs[%d] repeats %" PRId64, i, v);
+                mgc_check_warning(k, al->loc[i], "list each architecture once",
+                                  "hardware.cuda_archs[%d] repeats %" PRId64, i, v);
                 break;
             }
         if (c->training.precision == MGC_PREC_BF16 && v < 80) {
@@ -1604,56 +970,62 @@ static void check_hardware(ck *k) {
                      "remove %" PRId64
                      " from hardware.cuda_archs, or use training.precision fp16 or fp32",
                      v);
-            error(k, al->loc[i], hint,
-                  "training.precision bf16 needs compute capability 8.0 or newer, but sm_%" PRId64
-                  " has no bf16 tensor cores",
-                  v);
+            mgc_check_error(
+                k, al->loc[i], hint,
+                "training.precision bf16 needs compute capability 8.0 or newer, but sm_%" PRId64
+                " has no bf16 tensor cores",
+                v);
         }
     }
 }
 
 /* Guards for downstream arithmetic (parameter counts, FLOPs, memory): no
  * product the planner forms may overflow. */
-static void check_sizes(ck *k) {
+static void check_sizes(mgc_check_ctx *k) {
     const mgc_config *c = k->c;
     const mgc_model_cfg *m = &c->model;
     if (!k->hd_ok) return;
-    int64_t h = m->hidden_size, q = mul(m->num_heads, m->head_dim),
-            kvw = mul(m->num_query_groups, m->head_dim);
-    int64_t att = mul(h, add(add(q, q), mul(2, kvw)));
-    int64_t mlp = mul3(3, h, m->ffn_hidden_size);
+    int64_t h = m->hidden_size, q = mgc_check_mul(m->num_heads, m->head_dim),
+            kvw = mgc_check_mul(m->num_query_groups, m->head_dim);
+    int64_t att = mgc_check_mul(h, add(add(q, q), mgc_check_mul(2, kvw)));
+    int64_t mlp = mgc_check_mul3(3, h, m->ffn_hidden_size);
     int64_t moe = 0;
     if (k->moe)
-        moe = mul3(add(c->moe.num_experts, c->moe.shared_experts), 3,
-                   mul(h, c->moe.ffn_hidden_size > c->moe.shared_ffn_hidden_size
-                              ? c->moe.ffn_hidden_size
-                              : c->moe.shared_ffn_hidden_size));
+        moe = mgc_check_mul3(add(c->moe.num_experts, c->moe.shared_experts), 3,
+                             mgc_check_mul(h, c->moe.ffn_hidden_size > c->moe.shared_ffn_hidden_size
+                                                  ? c->moe.ffn_hidden_size
+                                                  : c->moe.shared_ffn_hidden_size));
     int64_t layer = add(att, add(mlp, moe));
-    int64_t total = add(mul(layer, m->num_layers),
-                        mul3(2, h, add(m->vocab_size, mul(m->vocab_divisor, c->parallel.tensor))));
-    int64_t tokens = mul(c->training.global_batch_size, m->seq_length);
+    int64_t total =
+        add(mgc_check_mul(layer, m->num_layers),
+            mgc_check_mul3(
+                2, h, add(m->vocab_size, mgc_check_mul(m->vocab_divisor, c->parallel.tensor))));
+    int64_t tokens = mgc_check_mul(c->training.global_batch_size, m->seq_length);
     const int64_t limit = (int64_t)1 << 53;
     if (total < 0 || total > limit)
-        error(k, at(k, pick(k, 3, KEY(MODEL_LAYERS), KEY(MODEL_HIDDEN), KEY(MOE_EXPERTS))),
-              "shrink the model; mgc counts parameters exactly in 53 bits",
-              "the model has more than 2^53 parameters: too large to plan");
+        mgc_check_error(k,
+                        mgc_check_at(k, mgc_check_pick(k, 3, KEY(MODEL_LAYERS), KEY(MODEL_HIDDEN),
+                                                       KEY(MOE_EXPERTS))),
+                        "shrink the model; mgc counts parameters exactly in 53 bits",
+                        "the model has more than 2^53 parameters: too large to plan");
     if (k->batch_ok && (tokens < 0 || tokens > limit))
-        error(k, at(k, pick(k, 2, KEY(TRAIN_GBS), KEY(MODEL_SEQ_LENGTH))),
-              "lower training.global_batch_size",
-              "global_batch_size * seq_length exceeds 2^53 tokens per step: too large to plan");
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(TRAIN_GBS), KEY(MODEL_SEQ_LENGTH))),
+            "lower training.global_batch_size",
+            "global_batch_size * seq_length exceeds 2^53 tokens per step: too large to plan");
 }
 
 /* ---- derived ------------------------------------------------------------ */
 
 int64_t mgc_check_padded_vocab(int64_t vocab, int64_t divisor, int64_t tensor) {
     if (vocab <= 0 || divisor <= 0 || tensor <= 0) return -1;
-    int64_t mult = mul(divisor, tensor);
+    int64_t mult = mgc_check_mul(divisor, tensor);
     if (mult < 0) return -1;
-    int64_t padded = mul(ceil_div(vocab, mult), mult);
+    int64_t padded = mgc_check_mul(ceil_div(vocab, mult), mult);
     return padded;
 }
 
-static void fill_derived(ck *k) {
+static void fill_derived(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     mgc_derived *dv = &c->derived;
     const mgc_parallel_cfg *p = &c->parallel;
@@ -1664,24 +1036,25 @@ static void fill_derived(ck *k) {
     dv->padded_vocab_size =
         mgc_check_padded_vocab(c->model.vocab_size, c->model.vocab_divisor, p->tensor);
     if (dv->padded_vocab_size < 0)
-        error(k, at(k, pick(k, 2, KEY(MODEL_VOCAB_DIVISOR), KEY(PAR_TP))),
-              "lower model.make_vocab_size_divisible_by", "the padded vocabulary size overflows");
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MODEL_VOCAB_DIVISOR), KEY(PAR_TP))),
+            "lower model.make_vocab_size_divisible_by", "the padded vocabulary size overflows");
     dv->num_microbatches = k->batch_ok ? c->training.grad_accum : 0;
     dv->sequence_parallel = k->sp;
     if (k->grid_ok) {
-        int64_t eg = mul3(p->expert_tensor, p->expert, p->pipeline);
+        int64_t eg = mgc_check_mul3(p->expert_tensor, p->expert, p->pipeline);
         dv->expert_data = eg > 0 && p->world_size % eg == 0 ? p->world_size / eg : 0;
     }
 
     int64_t L = c->model.num_layers;
     dv->is_moe_layer = calloc((size_t)L, 1);
     if (!dv->is_moe_layer) {
-        error(k, c->file_loc, NULL, "out of memory");
+        mgc_check_error(k, c->file_loc, NULL, "out of memory");
         return;
     }
     if (k->moe) {
         const mgc_moe_cfg *e = &c->moe;
-        if (given(k, KEY(MOE_LAYERS))) {
+        if (mgc_check_given(k, KEY(MOE_LAYERS))) {
             for (int i = 0; i < e->layers.n; i++)
                 if (e->layers.v[i] >= 0 && e->layers.v[i] < L) dv->is_moe_layer[e->layers.v[i]] = 1;
         } else {
@@ -1692,36 +1065,13 @@ static void fill_derived(ck *k) {
             dv->num_moe_layers += dv->is_moe_layer[i];
     }
 
-    if (!k->pipe_ok) return;
-    int64_t S = mul(p->pipeline, p->virtual_stages);
-    if (S <= 0 || S > 65536 * 64) {
-        error(k, at(k, pick(k, 2, KEY(PAR_PP), KEY(PAR_VP))),
-              "lower parallel.pipeline or parallel.virtual_stages",
-              "pipeline * virtual_stages = %" PRId64 " stages is too many", S);
-        return;
-    }
-    dv->stages = calloc((size_t)S, sizeof *dv->stages);
-    if (!dv->stages) {
-        error(k, c->file_loc, NULL, "out of memory");
-        return;
-    }
-    dv->num_stages = S;
-    int64_t first = 0;
-    for (int64_t s = 0; s < S; s++) {
-        mgc_stage *st = &dv->stages[s];
-        int64_t n = k->lay ? k->lay[s].num_layers : L / S;
-        st->first_layer = (int32_t)first;
-        st->num_layers = (int32_t)n;
-        st->embedding = (uint8_t)(k->lay ? k->lay[s].embedding_at >= 0 : s == 0);
-        st->loss = (uint8_t)(k->lay ? k->lay[s].loss_at >= 0 : s == S - 1);
-        first += n;
-    }
+    mgc_check_fill_stages(k);
 }
 
 /* ---- entry point -------------------------------------------------------- */
 
 int mgc_check_config(mgc_config *c, mgc_diags *d) {
-    ck k;
+    mgc_check_ctx k;
     memset(&k, 0, sizeof k);
     k.c = c;
     k.d = d;
@@ -1733,9 +1083,9 @@ int mgc_check_config(mgc_config *c, mgc_diags *d) {
     check_moe(&k); /* before the tensor rules: they suggest degrees that also fit the experts */
     check_tensor(&k);
     check_sequence(&k);
-    derive_pipeline(&k);
-    derive_batch(&k);
-    check_schedule(&k);
+    mgc_check_derive_pipeline(&k);
+    mgc_check_derive_batch(&k);
+    mgc_check_schedule(&k);
     check_training(&k);
     check_data(&k);
     check_hardware(&k);

@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 
 void mgc_json_init(mgc_json *j, FILE *out, int indent) {
     j->out = out;
@@ -81,11 +82,26 @@ void mgc_json_u64(mgc_json *j, const char *key, uint64_t v) {
     fprintf(j->out, "%" PRIu64, v);
 }
 
+void mgc_json_fmt_double(char *buf, size_t n, double v) {
+    if (fabs(v) < 9007199254740992.0 && v == floor(v)) {
+        snprintf(buf, n, "%" PRId64, (int64_t)v);
+        return;
+    }
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
 void mgc_json_num(mgc_json *j, const char *key, double v) {
     member(j, key);
-    if (!isfinite(v)) fputs("null", j->out);
-    else if (fabs(v) < 9007199254740992.0 && v == floor(v)) fprintf(j->out, "%" PRId64, (int64_t)v);
-    else fprintf(j->out, "%.17g", v);
+    if (!isfinite(v)) {
+        fputs("null", j->out);
+        return;
+    }
+    char buf[40];
+    mgc_json_fmt_double(buf, sizeof buf, v);
+    fputs(buf, j->out);
 }
 
 void mgc_json_bool(mgc_json *j, const char *key, int v) {

@@ -40,12 +40,15 @@ void mgc_json_arr_end(mgc_json *j);
 void mgc_json_str(mgc_json *j, const char *key, const char *v); /* NULL writes null */
 void mgc_json_int(mgc_json *j, const char *key, int64_t v);
 void mgc_json_u64(mgc_json *j, const char *key, uint64_t v);
-/* Doubles are written with 17 significant digits (round-trip exact);
- * non-finite values become null. */
+/* Doubles are written in the shortest form that reads back exactly (whole
+ * numbers below 2^53 without a fraction); non-finite values become null. */
 void mgc_json_num(mgc_json *j, const char *key, double v);
 void mgc_json_bool(mgc_json *j, const char *key, int v);
 void mgc_json_null(mgc_json *j, const char *key);
 void mgc_json_finish(mgc_json *j);
+
+/* The shortest decimal text (15-17 digits) that strtod reads back as v. */
+void mgc_json_fmt_double(char *buf, size_t n, double v);
 
 /* Write `s` as a JSON string literal (with quotes) to out. */
 void mgc_json_write_string(FILE *out, const char *s);

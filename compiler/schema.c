@@ -228,10 +228,17 @@ void mgc_config_print_yaml(const mgc_config *c, FILE *out) {
             if (strncmp(ki->path, sec, sl) || ki->path[sl] != '.') continue;
             const void *f = field(c, k);
             if (ki->type == MGC_T_FLOAT && (ki->flags & MGC_KF_OPTIONAL) && *(const double *)f == 0) continue;
-            fprintf(out, "  %s: ", ki->path + sl + 1);
+            /* keys the user did not write are shown commented out, so the
+             * output reads back as the same config (the same keys given) */
+            fprintf(out, c->given[k] ? "  %s: " : "  # %s: ", ki->path + sl + 1);
             switch (ki->type) {
             case MGC_T_INT: fprintf(out, "%lld", (long long)*(const int64_t *)f); break;
-            case MGC_T_FLOAT: fprintf(out, "%.17g", *(const double *)f); break;
+            case MGC_T_FLOAT: {
+                char buf[40];
+                mgc_json_fmt_double(buf, sizeof buf, *(const double *)f);
+                fputs(buf, out);
+                break;
+            }
             case MGC_T_BOOL: fputs(*(const int *)f ? "true" : "false", out); break;
             case MGC_T_ENUM: fputs(ki->enums[*(const int *)f], out); break;
             case MGC_T_STRING: yaml_string(out, *(char *const *)f ? *(char *const *)f : ""); break;
@@ -258,12 +265,15 @@ void mgc_config_print_yaml(const mgc_config *c, FILE *out) {
                 for (int i = 0; i < b->n; i++) {
                     fputs(i ? ", {path: " : "{path: ", out);
                     yaml_string(out, b->path[i]);
-                    fprintf(out, ", weight: %.17g}", b->weight[i]);
+                    char buf[40];
+                    mgc_json_fmt_double(buf, sizeof buf, b->weight[i]);
+                    fprintf(out, ", weight: %s}", buf);
                 }
                 fputc(']', out);
                 break;
             }
             }
+            if (!c->given[k]) fputs((ki->flags & MGC_KF_DERIVED) ? "  # derived" : "  # default", out);
             fputc('\n', out);
         }
     }

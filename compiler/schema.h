@@ -30,8 +30,9 @@ void mgc_schema_print_markdown(FILE *out);
 extern "C" {
 #endif
 /* The resolved configuration (defaults and derived values filled in), every
- * key in schema order: as YAML that mgc reads back unchanged, or as a JSON
- * object of sections written into an open object under `key`. */
+ * key in schema order.  As YAML, keys the user did not write appear commented
+ * out and marked `# default` or `# derived`, so the text reads back as the
+ * same config; as JSON, an object of sections written under `key`. */
 void mgc_config_print_yaml(const mgc_config *c, FILE *out);
 void mgc_config_print_json(const mgc_config *c, mgc_json *j, const char *key);
 #ifdef __cplusplus

@@ -4,24 +4,29 @@
 # run before every build.  The CUDA toolkit is optional and never installed
 # here (it lives under /usr/local/cuda where present).
 set -eu
-pkgs="build-essential cmake pkg-config libyaml-dev clang libclang-rt-dev"
+pkgs="build-essential cmake pkg-config libyaml-dev clang libclang-rt-dev python3 python3-pip python3-yaml python3-jsonschema"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-if [ -z "$missing" ]; then
-  exit 0
-fi
-echo "install-deps: installing:$missing"
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
-    echo "install-deps: need root (or sudo) to apt-get install:$missing" >&2
-    exit 1
-  fi
-else
+if [ -n "$missing" ]; then
+  echo "install-deps: installing:$missing"
   SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
+      echo "install-deps: need root (or sudo) to apt-get install:$missing" >&2
+      exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  # shellcheck disable=SC2086
+  $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing
+# jsonschema and PyYAML for the test that checks docs/mgc-config.schema.json
+# (Debian's packages serve Debian's python3; another python3 on PATH gets them
+# from PyPI).  Without them that one test is skipped.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import jsonschema, yaml' 2>/dev/null; then
+  echo "install-deps: installing jsonschema and PyYAML from PyPI"
+  python3 -m pip install --quiet jsonschema pyyaml || echo "install-deps: pip failed; schema_validate will be skipped" >&2
+fi
