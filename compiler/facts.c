@@ -246,10 +246,11 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
             f->padded_vocab_size);
     fprintf(out,
             "  batch: %" PRId64 " sequences x %" PRId64 " tokens = %s tokens/iteration\n"
-            "         (%" PRId64 " data-parallel ranks x %" PRId64 " microbatches of %" PRId64 ")\n",
+            "         (%" PRId64 " data-parallel rank%s x %" PRId64 " microbatch%s of %" PRId64 ")\n",
             c->training.global_batch_size, m->seq_length,
             grouped(a, sizeof a, f->tokens_per_iteration), c->parallel.data,
-            c->derived.num_microbatches, c->training.micro_batch_size);
+            c->parallel.data == 1 ? "" : "s", c->derived.num_microbatches,
+            c->derived.num_microbatches == 1 ? "" : "es", c->training.micro_batch_size);
     print_layout(c, out);
 
     fputs("parameters:\n", out);
