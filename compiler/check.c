@@ -728,13 +728,12 @@ static void check_moe(mgc_check_ctx *k) {
                           "moe.capacity_factor drops tokens, but no load-balancing loss is on "
                           "(moe.aux_loss_coeff is 0): "
                           "unbalanced routing will drop many of them");
-    if (p->expert > 1 && p->tensor > 1 && !p->sequence_parallel)
-        mgc_check_warning(
-            k, mgc_check_at(k, mgc_check_pick(k, 3, KEY(PAR_SP), KEY(PAR_EP), KEY(PAR_TP))),
+    if (p->tensor > 1 && !p->sequence_parallel)
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 3, KEY(PAR_SP), KEY(PAR_TP), KEY(MOE_EXPERTS))),
             "set parallel.sequence_parallel: true",
-            "expert parallelism with %s expects sequence parallelism: without it every tensor "
-            "rank dispatches "
-            "the same tokens (Megatron's documentation requires it)",
+            "a mixture-of-experts model with %s needs sequence parallelism: the router and the "
+            "token dispatch work on each tensor rank's slice of the sequence (Megatron requires it too)",
             mgc_check_kv(a, k, KEY(PAR_TP), p->tensor));
 }
 

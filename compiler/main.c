@@ -6,16 +6,21 @@
  *   mgc version
  *
  * Exit status: 0 success, 1 an input has errors, 2 bad usage. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen.h"
+#include "compile.h"
 #include "config.h"
 #include "diag.h"
 #include "facts.h"
 #include "ir.h"
 #include "json.h"
+#include "plan.h"
+#include "plan_report.h"
+#include "schedule.h"
 #include "schema.h"
 
 #ifndef MGC_VERSION
@@ -28,6 +33,8 @@ static void usage(FILE *out) {
           "commands:\n"
           "  check FILE...     validate model configs; every problem is reported at once\n"
           "  info FILE         model facts: parameters, FLOPs per iteration, layout\n"
+          "  compile FILE      partition, schedule and memory-plan the model; -o PLAN writes the plan\n"
+          "  inspect PLAN      explain a plan file (--memory: arena breakdown)\n"
           "  schema            print the config schema (--json: JSON Schema, --markdown: key table)\n"
           "  version           print the version and the CUDA toolchain this build found\n"
           "\n"
@@ -38,6 +45,9 @@ static void usage(FILE *out) {
           "  -q, --quiet       check: print diagnostics only\n"
           "  --ir              info: print the model IR (one microbatch's forward graph)\n"
           "  --config          info: print the resolved config (every key, defaults filled in)\n"
+          "  -o PLAN           compile: write the plan to PLAN (atomically)\n"
+          "  --memory          compile, inspect: per-stage arena breakdown\n"
+          "  --timeline SVG    compile, inspect: draw the pipeline schedule as an SVG Gantt chart\n"
           "\n"
           "exit status: 0 ok, 1 an input has errors, 2 usage error\n",
           out);
@@ -48,7 +58,9 @@ typedef struct opts {
     int nsets;
     const char **files;
     int nfiles;
-    int json, github, quiet, ir, config;
+    int json, github, quiet, ir, config, memory;
+    const char *output;   /* -o */
+    const char *timeline; /* --timeline */
 } opts;
 
 static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
@@ -78,6 +90,12 @@ static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
             o->ir = 1;
         } else if (!strcmp(a, "--config")) {
             o->config = 1;
+        } else if (!strcmp(a, "--memory")) {
+            o->memory = 1;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--timeline")) {
+            if (i + 1 >= argc) return fprintf(stderr, "mgc %s: %s needs a file name\n", cmd, a), 0;
+            if (!strcmp(a, "--timeline")) o->timeline = argv[++i];
+            else o->output = argv[++i];
         } else {
             fprintf(stderr, "mgc %s: unknown option '%s' (see mgc help)\n", cmd, a);
             return 0;
@@ -267,6 +285,134 @@ static int cmd_info(int argc, char **argv) {
     return rc;
 }
 
+/* Draw the plan's schedule: the streams are simulated again with uniform
+ * costs, so the chart shows the schedule's shape independent of a cost model. */
+static int write_timeline(const mgc_plan *p, const char *path) {
+    mgc_schedule s;
+    memset(&s, 0, sizeof s);
+    int64_t g = 0, tied = 0;
+    s.schedule = p->schedule;
+    s.pp = p->grid.pp;
+    s.vp = p->grid.vp;
+    s.m = p->num_microbatches;
+    s.group = mgc_plan_config_int(p, "parallel.microbatch_group_size", &g) ? g : p->grid.pp;
+    s.n_stages = s.pp * s.vp;
+    s.distributed_optimizer = p->distributed_optimizer;
+    s.tied_embeddings = mgc_plan_config_int(p, "model.tie_embeddings", &tied) ? (int)tied : 0;
+    s.loc = (mgc_loc){path, 0, 0};
+    s.ranks = calloc((size_t)s.pp, sizeof *s.ranks);
+    if (!s.ranks) return fprintf(stderr, "mgc: out of memory\n"), 1;
+    for (int64_t r = 0; r < s.pp; r++) {
+        s.ranks[r].n = p->stages[r].n_instrs;
+        s.ranks[r].instrs = p->stages[r].instrs;
+        for (int64_t i = 0; i < s.ranks[r].n; i++) s.ranks[r].n_buckets += s.ranks[r].instrs[i].op == MGC_I_REDUCE_GRADS;
+    }
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_sim_result res;
+    memset(&res, 0, sizeof res);
+    int rc = 1;
+    if (mgc_schedule_simulate(&s, NULL, &res, &d) == 0) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = fopen(tmp, "w");
+        if (!f) {
+            fprintf(stderr, "mgc: cannot write %s: %s\n", tmp, strerror(errno));
+        } else {
+            int bad = mgc_schedule_svg(&s, &res, NULL, f) != 0;
+            bad |= fclose(f) != 0;
+            if (bad || rename(tmp, path) != 0) {
+                fprintf(stderr, "mgc: cannot write %s\n", path);
+                remove(tmp);
+            } else {
+                rc = 0;
+            }
+        }
+    }
+    mgc_diags_print(&d, stderr);
+    mgc_diags_free(&d);
+    mgc_sim_result_free(&res);
+    free(s.ranks);
+    return rc;
+}
+
+static void plan_report(const mgc_plan *p, const opts *o, const char *file) {
+    if (o->json) {
+        mgc_json j;
+        mgc_json_init(&j, stdout, 2);
+        mgc_json_obj_begin(&j, NULL);
+        mgc_json_str(&j, "file", file);
+        mgc_plan_print_json(p, &j, o->memory);
+        mgc_json_obj_end(&j);
+        mgc_json_finish(&j);
+        return;
+    }
+    mgc_plan_print_summary(p, stdout);
+    if (o->memory) mgc_plan_print_memory(p, stdout);
+}
+
+static int cmd_compile(int argc, char **argv) {
+    opts o;
+    if (!parse_opts(argc, argv, &o, "compile")) return free_opts(&o), 2;
+    if (o.nfiles != 1) {
+        fputs("mgc compile: give exactly one config (usage: mgc compile FILE [-o PLAN] [--json] [--memory] "
+              "[--timeline SVG] [--set K=V]...)\n",
+              stderr);
+        free_opts(&o);
+        return 2;
+    }
+    loaded L;
+    load(o.files[0], &o, &L);
+    mgc_plan *p = NULL;
+    if (L.ok) {
+        p = mgc_compile(L.cfg, L.graph, &L.diags);
+        if (p) p->model_flops_per_iter = L.facts.flops.model_per_iteration;
+        mgc_diags_sort(&L.diags);
+    }
+    mgc_diags_print(&L.diags, stderr);
+    int rc = p ? 0 : 1;
+    if (p && o.output) {
+        char err[1024];
+        if (mgc_plan_write(p, o.output, err, sizeof err) != MGC_PLAN_OK) {
+            fprintf(stderr, "mgc compile: %s\n", err);
+            rc = 1;
+        }
+    }
+    if (p && rc == 0) {
+        plan_report(p, &o, o.files[0]);
+        if (o.output && !o.json) printf("wrote %s\n", o.output);
+        if (o.timeline) rc = write_timeline(p, o.timeline);
+    }
+    mgc_plan_free(p);
+    unload(&L);
+    free_opts(&o);
+    return rc;
+}
+
+static int cmd_inspect(int argc, char **argv) {
+    opts o;
+    if (!parse_opts(argc, argv, &o, "inspect")) return free_opts(&o), 2;
+    if (o.nfiles != 1 || o.nsets) {
+        fputs("mgc inspect: give exactly one plan (usage: mgc inspect PLAN [--json] [--memory] [--timeline SVG])\n",
+              stderr);
+        free_opts(&o);
+        return 2;
+    }
+    mgc_plan *p = NULL;
+    char err[1024];
+    int rc = 0;
+    if (mgc_plan_read(o.files[0], &p, err, sizeof err) != MGC_PLAN_OK) {
+        fprintf(stderr, "mgc inspect: %s\n", err);
+        rc = 1;
+    } else {
+        plan_report(p, &o, o.files[0]);
+        if (o.timeline) rc = write_timeline(p, o.timeline);
+    }
+    mgc_plan_free(p);
+    free_opts(&o);
+    return rc;
+}
+
 static int cmd_schema(int argc, char **argv) {
     if (argc == 1 && !strcmp(argv[0], "--json")) return mgc_schema_print_json(stdout), 0;
     if (argc == 1 && !strcmp(argv[0], "--markdown")) return mgc_schema_print_markdown(stdout), 0;
@@ -297,6 +443,8 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
+    if (!strcmp(cmd, "compile")) return cmd_compile(argc - 2, argv + 2);
+    if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) return cmd_schema(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) return usage(stdout), 0;

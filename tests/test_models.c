@@ -370,7 +370,7 @@ static void check_model(const expected *e, const char *dir) {
 
     /* Megatron's padding rule at the file's own tensor degree */
     T_EQ_I64(c->derived.padded_vocab_size, megatron_padded_vocab(e->m.V, e->m.divisor, e->tensor));
-    int64_t cp = c->parallel.context, pp = c->parallel.pipeline, ep = c->parallel.expert;
+    int64_t cp = c->parallel.context, pp = c->parallel.pipeline;
     int sp = c->parallel.sequence_parallel;
     unload(&L);
 
@@ -384,13 +384,13 @@ static void check_model(const expected *e, const char *dir) {
         snprintf(tp, sizeof tp, "parallel.tensor=%lld", (long long)p->tensor);
         snprintf(world, sizeof world, "parallel.world_size=%lld",
                  (long long)(p->tensor * cp * pp * e->data));
-        /* sequence parallelism needs tensor > 1; expert parallelism with
-         * tensor > 1 expects it; otherwise keep the file's choice */
+        /* sequence parallelism needs tensor > 1; a MoE model with
+         * tensor > 1 requires it; otherwise keep the file's choice */
         const char *sets[3] = {tp, world, NULL};
         int nsets = 2;
         if (p->tensor == 1)
             sets[nsets++] = "parallel.sequence_parallel=false";
-        else if (sp || ep > 1)
+        else if (sp || e->m.E > 0)
             sets[nsets++] = "parallel.sequence_parallel=true";
         loaded P;
         load(path, sets, nsets, &P);

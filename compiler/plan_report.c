@@ -1,0 +1,232 @@
+/* plan_report.c - see plan_report.h. */
+#include "plan_report.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static const char *const sched_names[] = {"gpipe", "1f1b", "interleaved-1f1b"};
+static const char *const recompute_names[] = {"none", "selective", "full"};
+
+int mgc_plan_config_int(const mgc_plan *p, const char *key, int64_t *out) {
+    for (int64_t i = 0; i < p->n_config; i++) {
+        if (p->config[i].type == 0 && !strcmp(mgc_plan_strat(p, p->config[i].key), key)) {
+            *out = p->config[i].i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+const char *mgc_plan_config_str(const mgc_plan *p, const char *key) {
+    for (int64_t i = 0; i < p->n_config; i++)
+        if (p->config[i].type == 2 && !strcmp(mgc_plan_strat(p, p->config[i].key), key))
+            return mgc_plan_strat(p, p->config[i].s);
+    return NULL;
+}
+
+/* "12.34 GiB" style, binary units. */
+static const char *bytes_h(char *buf, size_t n, uint64_t b) {
+    static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024.0 && i < 5) v /= 1024.0, i++;
+    if (i == 0) snprintf(buf, n, "%" PRIu64 " B", b);
+    else snprintf(buf, n, "%.2f %s", v, u[i]);
+    return buf;
+}
+
+static void stage_layers(const mgc_stage_program *sp, char *buf, size_t n) {
+    buf[0] = 0;
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, "%s%s%d%s", c ? "|" : "", ch->embedding ? "E+" : "", ch->num_layers,
+                 ch->loss ? "+L" : "");
+    }
+}
+
+static int64_t count_instr(const mgc_stage_program *sp, mgc_instr_op op) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < sp->n_instrs; i++) n += sp->instrs[i].op == op;
+    return n;
+}
+
+static int64_t count_ops(const mgc_stage_program *sp, int collectives) {
+    int64_t n = 0;
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        for (int64_t i = 0; i < ch->n_fwd; i++) n += (ch->fwd[i].kind >= MGC_POP_ALL_REDUCE) == collectives;
+        for (int64_t i = 0; i < ch->n_bwd; i++) n += (ch->bwd[i].kind >= MGC_POP_ALL_REDUCE) == collectives;
+    }
+    return n;
+}
+
+static void print_group(const mgc_plan *p, mgc_group_kind k, FILE *out) {
+    int64_t members[16];
+    int64_t n = mgc_grid_group(&p->grid, k, 0, members, 16);
+    int64_t count = mgc_grid_group_count(&p->grid, k);
+    if (n <= 0) return;
+    fprintf(out, "  %-6s size %-5" PRId64 " x %-6" PRId64 " groups; rank 0's: [", mgc_group_name(k), n, count);
+    for (int64_t i = 0; i < n && i < 16; i++) fprintf(out, "%s%" PRId64, i ? ", " : "", members[i]);
+    fprintf(out, "%s]\n", n > 16 ? ", ..." : "");
+}
+
+void mgc_plan_print_summary(const mgc_plan *p, FILE *out) {
+    const mgc_grid *g = &p->grid;
+    char a[32], b[32];
+    const char *name = mgc_plan_config_str(p, "model.name");
+    fprintf(out, "plan: %s\n", name && name[0] ? name : "(unnamed model)");
+    fprintf(out, "  world %" PRId64 " = tensor %" PRId64 " x context %" PRId64 " x data %" PRId64
+                 " x pipeline %" PRId64 "  (order tp-cp-dp-pp)\n",
+            g->world, g->tp, g->cp, g->dp, g->pp);
+    if (g->ep > 1 || g->etp != g->tp)
+        fprintf(out, "  expert grid: expert-tensor %" PRId64 " x expert %" PRId64 " x expert-data %" PRId64
+                     " x pipeline %" PRId64 "\n",
+                g->etp, g->ep, g->edp, g->pp);
+    fprintf(out, "  schedule %s, %" PRId64 " microbatch%s of %" PRId64 " x %" PRId64
+                 " tokens per data-parallel rank, %" PRId64 " chunk%s per pipeline rank\n",
+            p->schedule >= 0 && p->schedule < 3 ? sched_names[p->schedule] : "?", p->num_microbatches,
+            p->num_microbatches == 1 ? "" : "es", p->micro_batch_size, p->seq_length, g->vp, g->vp == 1 ? "" : "s");
+    double ideal = g->pp > 1 ? (double)(g->pp - 1) / (double)(g->vp * p->num_microbatches) : 0.0;
+    fprintf(out, "  bubble %.2f%% of each rank's step (simulated, uniform stage costs; Narayanan's (p-1)/(v*m) = %.4f)\n",
+            100.0 * p->bubble_fraction, ideal);
+    fprintf(out, "  recompute %s, distributed optimizer %s\n",
+            p->recompute >= 0 && p->recompute < 3 ? recompute_names[p->recompute] : "?",
+            p->distributed_optimizer ? "on" : "off");
+    if (p->model_flops_per_iter > 0)
+        fprintf(out, "  model FLOPs per iteration %.6e\n", p->model_flops_per_iter);
+    fputs("groups:\n", out);
+    for (int k = 0; k < MGC_GROUP__COUNT; k++) print_group(p, (mgc_group_kind)k, out);
+    fputs("stages (every rank of a pipeline stage runs the same program):\n", out);
+    fprintf(out, "  %-5s %-16s %8s %8s %8s %6s %12s %9s %14s\n", "stage", "layers", "instrs", "ops", "colls",
+            "p2p", "stash/mb", "in-flight", "arena");
+    uint64_t peak = 0;
+    int64_t peak_stage = 0;
+    for (int64_t s = 0; s < p->n_stages; s++) {
+        const mgc_stage_program *sp = &p->stages[s];
+        char layers[64];
+        stage_layers(sp, layers, sizeof layers);
+        uint64_t stash = 0;
+        for (int64_t c = 0; c < sp->n_chunks; c++) stash += sp->chunks[c].stash_bytes;
+        int64_t p2p = count_instr(sp, MGC_I_SEND_ACT) + count_instr(sp, MGC_I_RECV_ACT) +
+                      count_instr(sp, MGC_I_SEND_GRAD) + count_instr(sp, MGC_I_RECV_GRAD);
+        fprintf(out, "  %-5" PRId64 " %-16s %8" PRId64 " %8" PRId64 " %8" PRId64 " %6" PRId64 " %12s %9" PRId64 " %14s\n",
+                s, layers, sp->n_instrs, count_ops(sp, 0), count_ops(sp, 1), p2p, bytes_h(a, sizeof a, stash),
+                sp->max_in_flight, bytes_h(b, sizeof b, sp->arena_bytes));
+        if (sp->arena_bytes > peak) peak = sp->arena_bytes, peak_stage = s;
+    }
+    fprintf(out, "peak memory per GPU: %s (%" PRIu64 " bytes, stage %" PRId64 "): the arena mgc-run allocates\n",
+            bytes_h(a, sizeof a, peak), peak, peak_stage);
+}
+
+void mgc_plan_print_memory(const mgc_plan *p, FILE *out) {
+    char a[32], b[32];
+    for (int64_t s = 0; s < p->n_stages; s++) {
+        const mgc_stage_program *sp = &p->stages[s];
+        fprintf(out, "stage %" PRId64 ": arena %s (%" PRIu64 " bytes), %" PRId64 " buffers\n", s,
+                bytes_h(a, sizeof a, sp->arena_bytes), sp->arena_bytes, sp->n_buffers);
+        uint64_t total = 0;
+        for (int k = 0; k < MGC_BUF__COUNT; k++) total += sp->by_kind[k];
+        for (int k = 0; k < MGC_BUF__COUNT; k++) {
+            if (!sp->by_kind[k]) continue;
+            fprintf(out, "  %-11s %14s  %5.1f%%\n", mgc_buf_kind_name((mgc_buf_kind)k),
+                    bytes_h(a, sizeof a, sp->by_kind[k]), total ? 100.0 * (double)sp->by_kind[k] / (double)total : 0.0);
+        }
+        /* the five largest buffers */
+        int64_t top[5] = {-1, -1, -1, -1, -1};
+        for (int64_t i = 0; i < sp->n_buffers; i++) {
+            for (int t = 0; t < 5; t++) {
+                if (top[t] < 0 || sp->buffers[i].bytes > sp->buffers[top[t]].bytes) {
+                    for (int u = 4; u > t; u--) top[u] = top[u - 1];
+                    top[t] = i;
+                    break;
+                }
+            }
+        }
+        fputs("  largest buffers:\n", out);
+        for (int t = 0; t < 5 && top[t] >= 0; t++) {
+            const mgc_buffer *bf = &sp->buffers[top[t]];
+            fprintf(out, "    %-40s %-10s %12s at %14s  live [%" PRId64 ", %" PRId64 ")\n",
+                    mgc_plan_strat(p, bf->name), mgc_buf_kind_name((mgc_buf_kind)bf->kind),
+                    bytes_h(a, sizeof a, bf->bytes), bytes_h(b, sizeof b, bf->offset), bf->live_begin,
+                    bf->live_end);
+        }
+    }
+}
+
+void mgc_plan_print_json(const mgc_plan *p, mgc_json *j, int memory) {
+    const mgc_grid *g = &p->grid;
+    mgc_json_obj_begin(j, "grid");
+    mgc_json_int(j, "world_size", g->world);
+    mgc_json_int(j, "tensor", g->tp);
+    mgc_json_int(j, "context", g->cp);
+    mgc_json_int(j, "data", g->dp);
+    mgc_json_int(j, "pipeline", g->pp);
+    mgc_json_int(j, "virtual_stages", g->vp);
+    mgc_json_int(j, "expert_tensor", g->etp);
+    mgc_json_int(j, "expert", g->ep);
+    mgc_json_int(j, "expert_data", g->edp);
+    mgc_json_obj_end(j);
+    mgc_json_str(j, "schedule", p->schedule >= 0 && p->schedule < 3 ? sched_names[p->schedule] : "?");
+    mgc_json_int(j, "microbatches", p->num_microbatches);
+    mgc_json_num(j, "bubble_fraction", p->bubble_fraction);
+    mgc_json_num(j, "model_flops_per_iteration", p->model_flops_per_iter);
+    mgc_json_obj_begin(j, "groups");
+    for (int k = 0; k < MGC_GROUP__COUNT; k++) {
+        int64_t n = mgc_grid_group(&g[0], (mgc_group_kind)k, 0, NULL, 0);
+        if (n <= 0) continue;
+        mgc_json_obj_begin(j, mgc_group_name((mgc_group_kind)k));
+        mgc_json_int(j, "size", n);
+        mgc_json_int(j, "count", mgc_grid_group_count(g, (mgc_group_kind)k));
+        mgc_json_obj_end(j);
+    }
+    mgc_json_obj_end(j);
+    uint64_t peak = 0;
+    mgc_json_arr_begin(j, "stages");
+    for (int64_t s = 0; s < p->n_stages; s++) {
+        const mgc_stage_program *sp = &p->stages[s];
+        if (sp->arena_bytes > peak) peak = sp->arena_bytes;
+        mgc_json_obj_begin(j, NULL);
+        mgc_json_int(j, "stage", s);
+        mgc_json_u64(j, "arena_bytes", sp->arena_bytes);
+        mgc_json_int(j, "instructions", sp->n_instrs);
+        mgc_json_int(j, "ops", count_ops(sp, 0));
+        mgc_json_int(j, "collectives", count_ops(sp, 1));
+        mgc_json_int(j, "max_in_flight", sp->max_in_flight);
+        mgc_json_arr_begin(j, "chunks");
+        for (int64_t c = 0; c < sp->n_chunks; c++) {
+            const mgc_plan_chunk *ch = &sp->chunks[c];
+            mgc_json_obj_begin(j, NULL);
+            mgc_json_int(j, "first_layer", ch->first_layer);
+            mgc_json_int(j, "num_layers", ch->num_layers);
+            mgc_json_bool(j, "embedding", ch->embedding);
+            mgc_json_bool(j, "loss", ch->loss);
+            mgc_json_u64(j, "stash_bytes", ch->stash_bytes);
+            mgc_json_u64(j, "send_bytes", ch->send_bytes);
+            mgc_json_obj_end(j);
+        }
+        mgc_json_arr_end(j);
+        mgc_json_obj_begin(j, "memory");
+        for (int k = 0; k < MGC_BUF__COUNT; k++) mgc_json_u64(j, mgc_buf_kind_name((mgc_buf_kind)k), sp->by_kind[k]);
+        mgc_json_obj_end(j);
+        if (memory) {
+            mgc_json_arr_begin(j, "buffers");
+            for (int64_t i = 0; i < sp->n_buffers; i++) {
+                const mgc_buffer *bf = &sp->buffers[i];
+                mgc_json_obj_begin(j, NULL);
+                mgc_json_str(j, "name", mgc_plan_strat(p, bf->name));
+                mgc_json_str(j, "kind", mgc_buf_kind_name((mgc_buf_kind)bf->kind));
+                mgc_json_u64(j, "bytes", bf->bytes);
+                mgc_json_u64(j, "offset", bf->offset);
+                mgc_json_int(j, "mb", bf->mb);
+                mgc_json_int(j, "live_begin", bf->live_begin);
+                mgc_json_int(j, "live_end", bf->live_end);
+                mgc_json_obj_end(j);
+            }
+            mgc_json_arr_end(j);
+        }
+        mgc_json_obj_end(j);
+    }
+    mgc_json_arr_end(j);
+    mgc_json_u64(j, "peak_arena_bytes", peak);
+}

@@ -1,0 +1,367 @@
+/* plan.h - the execution plan: the contract between the compiler and the runtime.
+ *
+ * A plan is everything a rank needs to train: the rank grid (from which every
+ * process group is computed, so the file does not grow with the world size),
+ * and for each pipeline rank ("stage program") its model chunks as op lists
+ * over partitioned tensors, its instruction stream (the pipeline schedule)
+ * and its static memory plan (one arena, every buffer at a fixed offset).
+ * Ranks of one pipeline stage share a program: tensor-, context-, data- and
+ * expert-parallel ranks differ only in which shard they hold, which they
+ * compute from their grid coordinates.
+ *
+ * This module is shared by both sides and depends on libc only: the compiler
+ * builds an mgc_plan and writes it; mgc-run reads it (plan_io.c) without
+ * libyaml or compiler code.  The byte layout is docs/plan-format.md.
+ *
+ *     mgc_plan *p = mgc_plan_new();            // compiler fills it
+ *     mgc_plan_write(p, "model.plan", err, sizeof err);
+ *     mgc_plan *q = NULL;
+ *     mgc_plan_read("model.plan", &q, err, sizeof err);   // runtime
+ *     mgc_plan_free(q);
+ *
+ * Implementation: plan.c (allocation, strings, names), grid.c (rank grid and
+ * process groups, docs/process-groups.md), plan_io.c (the file format and
+ * validation), crc32c.c (the checksum). */
+#ifndef MGC_PLAN_H
+#define MGC_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MGC_PLAN_VERSION 1u
+
+typedef enum mgc_plan_status {
+    MGC_PLAN_OK = 0,
+    MGC_PLAN_ERR_IO,       /* cannot open/read/write; errno text in the message */
+    MGC_PLAN_ERR_FORMAT,   /* not a plan, truncated, corrupt (checksum), inconsistent */
+    MGC_PLAN_ERR_VERSION,  /* a plan of another format version */
+    MGC_PLAN_ERR_NOMEM,
+    MGC_PLAN_ERR_INVALID,  /* the in-memory plan breaks an invariant (writer side) */
+} mgc_plan_status;
+
+/* ---- element types -------------------------------------------------------- */
+
+typedef enum mgc_dtype {
+    MGC_DT_F32 = 0,
+    MGC_DT_BF16 = 1,
+    MGC_DT_F16 = 2,
+    MGC_DT_I64 = 3,
+    MGC_DT_I32 = 4,
+    MGC_DT_U8 = 5,
+    MGC_DT__COUNT
+} mgc_dtype;
+
+size_t mgc_dtype_size(mgc_dtype t);
+const char *mgc_dtype_name(mgc_dtype t);
+
+/* ---- the rank grid and process groups (grid.c) ----------------------------
+ * Megatron's default order: tp fastest, then cp, (ep), dp, pp.  The dense
+ * grid is world = tp * cp * dp * pp; MoE layers use the expert grid
+ * world = etp * ep * edp * pp folded over the same pipeline groups. */
+
+typedef struct mgc_grid {
+    int64_t world; /* total ranks */
+    int64_t tp;    /* tensor */
+    int64_t cp;    /* context */
+    int64_t dp;    /* data */
+    int64_t pp;    /* pipeline */
+    int64_t vp;    /* virtual stages (model chunks) per pipeline rank */
+    int64_t etp;   /* expert tensor */
+    int64_t ep;    /* expert */
+    int64_t edp;   /* expert data = world / (etp * ep * pp) */
+} mgc_grid;
+
+typedef struct mgc_coords {
+    int64_t tp, cp, dp, pp; /* position in the dense grid */
+    int64_t etp, ep, edp;   /* position in the expert grid (same pp) */
+} mgc_coords;
+
+typedef enum mgc_group_kind {
+    MGC_GROUP_TP = 0,   /* tensor parallel */
+    MGC_GROUP_CP,       /* context parallel */
+    MGC_GROUP_DP,       /* data parallel (excludes cp) */
+    MGC_GROUP_PP,       /* pipeline */
+    MGC_GROUP_DPCP,     /* data x context: gradient reduction and optimizer shards */
+    MGC_GROUP_TPCP,     /* tensor x context */
+    MGC_GROUP_EP,       /* expert parallel (expert grid) */
+    MGC_GROUP_ETP,      /* expert tensor parallel (expert grid) */
+    MGC_GROUP_EDP,      /* expert data parallel (expert grid) */
+    MGC_GROUP_EMBED,    /* first and last rank of each pipeline group: tied embedding
+                           gradients; middle stages are in none; pp == 1: the rank alone */
+    MGC_GROUP_WORLD,
+    MGC_GROUP__COUNT
+} mgc_group_kind;
+
+/* Largest world a grid may have (ranks are C ints in MPI and NCCL). */
+#define MGC_GRID_MAX_WORLD 2147483647
+
+/* "tp", "cp", "dp", "pp", "dp_cp", "tp_cp", "ep", "etp", "edp", "embed",
+ * "world"; "?" for a value outside the enum. */
+const char *mgc_group_name(mgc_group_kind k);
+/* 0 when the grid is consistent: every degree >= 1, world == tp*cp*dp*pp ==
+ * etp*ep*edp*pp <= MGC_GRID_MAX_WORLD, 1 <= vp <= 65535 (chunk fields are
+ * 16-bit); -1 otherwise.  Every other grid function returns its error value
+ * for a grid failing this check.  All of them are O(1) except
+ * mgc_grid_group, O(group size); none allocates. */
+int mgc_grid_check(const mgc_grid *g);
+/* Both positions of `rank`; 0 on success, -1 when rank is outside the world. */
+int mgc_grid_coords(const mgc_grid *g, int64_t rank, mgc_coords *out);
+/* Rank from the dense coords (tp, cp, dp, pp); -1 when one is out of range. */
+int64_t mgc_grid_rank(const mgc_grid *g, const mgc_coords *c);
+/* Rank from the expert coords (etp, ep, edp, pp); -1 when one is out of range. */
+int64_t mgc_grid_rank_expert(const mgc_grid *g, const mgc_coords *c);
+/* Members of the group of kind k containing `rank`, in group-rank order
+ * (ascending ranks), the first min(size, max) written to members (which may
+ * be NULL when max is 0); returns the group size, 0 when the rank is in no
+ * group of that kind (EMBED on a middle stage), -1 on error. */
+int64_t mgc_grid_group(const mgc_grid *g, mgc_group_kind k, int64_t rank, int64_t *members, int64_t max);
+/* The rank's index inside that group (its "group rank"); -1 when none. */
+int64_t mgc_grid_group_rank(const mgc_grid *g, mgc_group_kind k, int64_t rank);
+/* Which group of kind k holds `rank`: 0..count-1, numbered as Megatron's
+ * RankGenerator lists them (the other coordinates, fastest first).  Use it as
+ * the colour and the group rank as the key of MPI_Comm_split/ncclCommSplit.
+ * -1 when the rank is in none (EMBED on a middle stage) or on error. */
+int64_t mgc_grid_group_id(const mgc_grid *g, mgc_group_kind k, int64_t rank);
+/* Number of distinct groups of kind k in the world; -1 on error. */
+int64_t mgc_grid_group_count(const mgc_grid *g, mgc_group_kind k);
+
+/* ---- tensors and ops of a model chunk ----------------------------------- */
+
+#define MGC_PLAN_MAX_RANK 4
+#define MGC_PLAN_MAX_IO 6
+
+typedef struct mgc_plan_tensor {
+    uint32_t name;        /* string table offset */
+    uint16_t dtype;       /* mgc_dtype */
+    uint16_t rank;        /* dims used */
+    int64_t dim[MGC_PLAN_MAX_RANK]; /* local (per-rank, partitioned) shape, outermost first */
+    uint16_t role;        /* mgc_plan_tensor_role */
+    uint16_t split_axis;  /* which dim is sharded (MGC_PLAN_NO_SPLIT when replicated) */
+    uint16_t split_group; /* mgc_group_kind the shard index comes from */
+    uint16_t pad_;
+    int32_t buffer;       /* index into the stage's buffers; MGC_PLAN_BUF_STASH: the STASH buffer
+                             of the (mb, chunk) being run; -1 none (not materialised) */
+    uint64_t offset;      /* byte offset inside that buffer */
+    uint64_t bytes;       /* local bytes */
+} mgc_plan_tensor;
+
+#define MGC_PLAN_NO_SPLIT 0xffffu
+#define MGC_PLAN_BUF_STASH (-2) /* tensor.buffer: the per-(mb, chunk) stash buffer */
+
+typedef enum mgc_plan_tensor_role {
+    MGC_TR_PARAM = 0,     /* trainable weight (compute dtype) */
+    MGC_TR_GRAD,          /* gradient of a param (fp32 main grad) */
+    MGC_TR_ACTIVATION,    /* forward value */
+    MGC_TR_ACT_GRAD,      /* gradient of an activation */
+    MGC_TR_INPUT,         /* tokens, labels, loss mask */
+    MGC_TR_LOSS,
+    MGC_TR_WORKSPACE,
+} mgc_plan_tensor_role;
+
+/* One op of a chunk program: a compute kernel, a GEMM or a collective. */
+typedef struct mgc_plan_op {
+    uint16_t kind;        /* mgc_plan_op_kind */
+    uint16_t flags;       /* MGC_POF_* */
+    int32_t layer;        /* decoder layer; -1 embedding/head */
+    uint32_t name;        /* string table offset (module path) */
+    uint16_t n_in, n_out;
+    int32_t in[MGC_PLAN_MAX_IO];  /* chunk tensor indices */
+    int32_t out[MGC_PLAN_MAX_IO];
+    uint16_t group;       /* collectives: mgc_group_kind */
+    uint16_t pad_;
+    uint32_t seq;         /* collectives: sequence number within (group, microbatch, chunk pass) */
+    double fattr[4];      /* float attributes (eps, dropout p, scale, ...) */
+    int64_t iattr[4];     /* integer attributes (op-kind specific, docs/plan-format.md) */
+    uint64_t flops;       /* GEMM FLOPs as executed on this rank */
+} mgc_plan_op;
+
+typedef enum mgc_plan_op_kind {
+    /* forward compute: the IR op kinds, partitioned */
+    MGC_POP_EMBEDDING = 0, MGC_POP_DROPOUT, MGC_POP_NORM, MGC_POP_LINEAR, MGC_POP_QKV_SPLIT,
+    MGC_POP_ROPE, MGC_POP_ATTENTION, MGC_POP_DROPOUT_ADD, MGC_POP_GELU, MGC_POP_SWIGLU,
+    MGC_POP_ADD, MGC_POP_MOE_ROUTE, MGC_POP_MOE_DISPATCH, MGC_POP_GROUPED_LINEAR,
+    MGC_POP_MOE_COMBINE, MGC_POP_CROSS_ENTROPY,
+    /* backward compute */
+    MGC_POP_EMBEDDING_BWD = 32, MGC_POP_DROPOUT_BWD, MGC_POP_NORM_BWD, MGC_POP_LINEAR_DGRAD,
+    MGC_POP_LINEAR_WGRAD, MGC_POP_QKV_SPLIT_BWD, MGC_POP_ROPE_BWD, MGC_POP_ATTENTION_BWD,
+    MGC_POP_DROPOUT_ADD_BWD, MGC_POP_GELU_BWD, MGC_POP_SWIGLU_BWD, MGC_POP_ADD_BWD,
+    MGC_POP_MOE_ROUTE_BWD, MGC_POP_MOE_DISPATCH_BWD, MGC_POP_GROUPED_LINEAR_DGRAD,
+    MGC_POP_GROUPED_LINEAR_WGRAD, MGC_POP_MOE_COMBINE_BWD, MGC_POP_CROSS_ENTROPY_BWD,
+    /* collectives inserted by partitioning */
+    MGC_POP_ALL_REDUCE = 64, MGC_POP_ALL_GATHER, MGC_POP_REDUCE_SCATTER, MGC_POP_ALL_TO_ALL,
+    MGC_POP_BROADCAST,
+    MGC_POP__END
+} mgc_plan_op_kind;
+
+#define MGC_POF_RECOMPUTE 1u /* forward op re-run before the backward (recompute) */
+#define MGC_POF_SAVED 2u     /* its outputs are stashed for the backward */
+
+/* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
+const char *mgc_plan_op_name(mgc_plan_op_kind k);
+const char *mgc_tensor_role_name(mgc_plan_tensor_role r);
+
+typedef struct mgc_plan_chunk {
+    int32_t first_layer, num_layers; /* decoder layers in this chunk */
+    uint8_t embedding, loss;         /* holds the embedding / the head and loss */
+    uint8_t pad_[2];
+    int64_t n_tensors;
+    mgc_plan_tensor *tensors;        /* (n_tensors) */
+    int64_t n_fwd, n_bwd;
+    mgc_plan_op *fwd;                /* (n_fwd) forward program of one microbatch */
+    mgc_plan_op *bwd;                /* (n_bwd) backward program (recompute ops first, flagged) */
+    uint64_t stash_bytes;            /* activations one microbatch keeps from forward to backward */
+    uint64_t send_bytes;             /* activation sent to the next stage per microbatch */
+} mgc_plan_chunk;
+
+/* ---- the schedule: instruction stream of one pipeline rank ---------------- */
+
+typedef enum mgc_instr_op {
+    MGC_I_LOAD_BATCH = 0, /* read microbatch mb's tokens/labels */
+    MGC_I_FORWARD,        /* run chunk's fwd program for mb */
+    MGC_I_BACKWARD,       /* run chunk's bwd program for mb (recompute first when planned) */
+    MGC_I_SEND_ACT,       /* send (mb, chunk)'s output activation to pipeline rank `peer` */
+    MGC_I_RECV_ACT,       /* receive (mb, chunk)'s input activation from `peer` */
+    MGC_I_SEND_GRAD,      /* send the input-activation gradient of (mb, chunk) to `peer` */
+    MGC_I_RECV_GRAD,      /* receive the output-activation gradient of (mb, chunk) from `peer` */
+    MGC_I_REDUCE_GRADS,   /* data-parallel reduction of gradient bucket `arg` (all-reduce, or
+                             reduce-scatter with the distributed optimizer) */
+    MGC_I_EMBED_GRADS,    /* all-reduce the tied embedding's gradient over MGC_GROUP_EMBED */
+    MGC_I_OPTIMIZER,      /* clip + AdamW step on this rank's (shard of the) parameters */
+    MGC_I_GATHER_PARAMS,  /* distributed optimizer: all-gather updated bucket `arg` */
+    MGC_I__COUNT
+} mgc_instr_op;
+
+typedef struct mgc_instr {
+    uint16_t op;     /* mgc_instr_op */
+    uint16_t chunk;  /* model chunk on this rank (0..vp-1) */
+    int32_t mb;      /* microbatch, -1 when not per-microbatch */
+    int32_t peer;    /* pipeline rank of the peer (send/recv), -1 otherwise */
+    uint32_t arg;    /* bucket index, ... */
+    uint64_t seq;    /* send/recv: sequence number on the (this, peer) link; collectives: in its group */
+} mgc_instr;
+
+/* ---- the memory plan: one arena per pipeline rank ------------------------- */
+
+typedef enum mgc_buf_kind {
+    MGC_BUF_WEIGHT = 0,   /* parameters in compute dtype */
+    MGC_BUF_GRAD,         /* fp32 main gradients */
+    MGC_BUF_MASTER,       /* fp32 master weights (or shard) */
+    MGC_BUF_ADAM_M,       /* first moment (or shard) */
+    MGC_BUF_ADAM_V,       /* second moment (or shard) */
+    MGC_BUF_STASH,        /* activations kept from forward to backward for (mb, chunk) */
+    MGC_BUF_ACTIVATION,   /* transient activations and their gradients within one pass */
+    MGC_BUF_RECOMPUTE,    /* recompute outputs */
+    MGC_BUF_LOGITS,
+    MGC_BUF_WORKSPACE,    /* GEMM / kernel scratch */
+    MGC_BUF_COMM,         /* send/recv and collective staging */
+    MGC_BUF_INPUT,        /* tokens, labels, loss mask */
+    MGC_BUF__COUNT
+} mgc_buf_kind;
+
+const char *mgc_buf_kind_name(mgc_buf_kind k);
+
+typedef struct mgc_buffer {
+    uint32_t name;        /* string table offset */
+    uint16_t kind;        /* mgc_buf_kind */
+    uint16_t chunk;       /* owning chunk (0xffff: whole rank) */
+    int32_t mb;           /* microbatch for per-microbatch buffers, -1 persistent */
+    uint32_t pad_;
+    uint64_t bytes;       /* size */
+    uint64_t offset;      /* in the arena, aligned to MGC_PLAN_ALIGN */
+    int64_t live_begin;   /* first instruction index (in the stage's stream) it is live at */
+    int64_t live_end;     /* one past the last; persistent buffers span [0, n_instrs] */
+} mgc_buffer;
+
+#define MGC_PLAN_ALIGN 256u
+
+/* ---- one pipeline rank's program --------------------------------------- */
+
+typedef struct mgc_stage_program {
+    int64_t pp_rank;
+    int64_t n_chunks;              /* = grid.vp */
+    mgc_plan_chunk *chunks;        /* (n_chunks) */
+    int64_t n_instrs;
+    mgc_instr *instrs;             /* (n_instrs) */
+    int64_t n_buffers;
+    mgc_buffer *buffers;           /* (n_buffers) */
+    uint64_t arena_bytes;          /* the arena mgc-run allocates on every rank of this stage */
+    uint64_t by_kind[MGC_BUF__COUNT]; /* peak-time bytes per kind (see docs) */
+    int64_t max_in_flight;         /* most microbatches stashed at once */
+} mgc_stage_program;
+
+/* ---- the plan ------------------------------------------------------------ */
+
+typedef struct mgc_plan_kv {
+    uint32_t key;    /* string table offset: "model.hidden_size" */
+    uint16_t type;   /* 0 int, 1 float, 2 string */
+    uint16_t pad_;
+    int64_t i;       /* int / bool / enum index */
+    double f;
+    uint32_t s;      /* string table offset */
+    uint32_t pad2_;
+} mgc_plan_kv;
+
+typedef struct mgc_plan {
+    mgc_grid grid;
+    int64_t num_microbatches;   /* per step per data-parallel rank */
+    int64_t micro_batch_size;
+    int64_t seq_length;
+    int32_t schedule;           /* mgc_sched from config.h (0 gpipe, 1 1f1b, 2 interleaved) */
+    int32_t recompute;          /* 0 none, 1 selective, 2 full */
+    int32_t distributed_optimizer;
+    int32_t pad_;
+    double bubble_fraction;     /* idle / total, by the schedule simulator with uniform costs */
+    double model_flops_per_iter;
+    int64_t n_config;
+    mgc_plan_kv *config;        /* the resolved config (every schema key) */
+    int64_t n_stages;           /* = grid.pp */
+    mgc_stage_program *stages;  /* (n_stages) */
+    char *strings;              /* string table: NUL-terminated strings back to back;
+                                   offset 0 is always "" (the first byte is NUL) */
+    uint64_t strings_len;
+    uint64_t strings_cap;
+    /* private to plan.c: the intern index (open addressing, offset + 1 per
+     * slot, 0 empty); built lazily from the table, never written to a file */
+    uint32_t *str_index;
+    uint64_t str_index_cap;     /* slots, a power of two (0: not built) */
+    uint64_t str_index_used;
+} mgc_plan;
+
+/* A zeroed plan (NULL on OOM).  Free with mgc_plan_free, which frees every
+ * array the plan points to (nested ones included): allocate them with
+ * malloc/calloc.  mgc_plan_free(NULL) is a no-op. */
+mgc_plan *mgc_plan_new(void);
+void mgc_plan_free(mgc_plan *p);
+/* Intern a string in the table; returns its offset (or UINT32_MAX on OOM or
+ * when the table would pass 4 GiB).  Equal strings share one offset; "" and
+ * NULL give 0; a pointer into the table itself (from mgc_plan_strat) gives
+ * its own offset. */
+uint32_t mgc_plan_str(mgc_plan *p, const char *s);
+/* The string at `off`; "" for 0, NULL when off is outside the table. */
+const char *mgc_plan_strat(const mgc_plan *p, uint32_t off);
+
+/* Write atomically (temp file + rename: a failed write never leaves a
+ * half-written plan) and read with full validation.  `err` receives a
+ * one-line message naming the file, the problem and a hint (err may be NULL;
+ * the message is cut to errsz bytes). */
+mgc_plan_status mgc_plan_write(const mgc_plan *p, const char *path, char *err, size_t errsz);
+mgc_plan_status mgc_plan_read(const char *path, mgc_plan **out, char *err, size_t errsz);
+/* The same on memory (tests, fuzzing). *out_buf is malloc'd. */
+mgc_plan_status mgc_plan_encode(const mgc_plan *p, uint8_t **out_buf, size_t *out_len, char *err, size_t errsz);
+mgc_plan_status mgc_plan_decode(const uint8_t *buf, size_t len, const char *name, mgc_plan **out, char *err,
+                                size_t errsz);
+/* Structural invariants (indices in range, buffers inside the arena, ...),
+ * listed in docs/plan-format.md; mgc_plan_write and mgc_plan_decode run it.
+ * MGC_PLAN_ERR_INVALID with the first violation in err. */
+mgc_plan_status mgc_plan_validate(const mgc_plan *p, char *err, size_t errsz);
+/* "ok", "i/o error", ... for a status. */
+const char *mgc_plan_status_name(mgc_plan_status s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MGC_PLAN_H */
