@@ -88,8 +88,11 @@ void mgc_plan_print_summary(const mgc_plan *p, FILE *out) {
             p->schedule >= 0 && p->schedule < 3 ? sched_names[p->schedule] : "?", p->num_microbatches,
             p->num_microbatches == 1 ? "" : "es", p->micro_batch_size, p->seq_length, g->vp, g->vp == 1 ? "" : "s");
     double ideal = g->pp > 1 ? (double)(g->pp - 1) / (double)(g->vp * p->num_microbatches) : 0.0;
-    fprintf(out, "  bubble %.2f%% of each rank's step (simulated, uniform stage costs; Narayanan's (p-1)/(v*m) = %.4f)\n",
-            100.0 * p->bubble_fraction, ideal);
+    double ratio = p->bubble_fraction < 1.0 ? p->bubble_fraction / (1.0 - p->bubble_fraction) : 0.0;
+    fprintf(out,
+            "  bubble: idle %.2f%% of each rank's step, idle/compute %.4f (simulated with uniform stage\n"
+            "          costs; Narayanan et al. 2021: (p-1)/(v*m) = %.4f)\n",
+            100.0 * p->bubble_fraction, ratio, ideal);
     fprintf(out, "  recompute %s, distributed optimizer %s\n",
             p->recompute >= 0 && p->recompute < 3 ? recompute_names[p->recompute] : "?",
             p->distributed_optimizer ? "on" : "off");

@@ -18,10 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compile.h"
 #include "config.h"
 #include "diag.h"
+#include "ir.h"
 #include "memplan.h"
+#include "partition.h"
 #include "plan.h"
+#include "schedule.h"
 #include "testlib.h"
 
 /* ---- a deterministic generator (splitmix64) ----------------------------- */
@@ -751,8 +755,7 @@ static void pass_interval(const mgc_plan_op *ops, int64_t n, int32_t t, int64_t 
 }
 
 /* Checks that hold for any stage program, synthetic or from the real
- * partitioner and scheduler.  `stash_pairs`: the (mb, chunk) pairs with a
- * stash, -1 to skip that count. */
+ * partitioner and scheduler. */
 static void check_generic(const mgc_plan *p, int64_t r, const mgc_memplan_info *info) {
     const mgc_stage_program *sp = &p->stages[r];
     char what[64];
@@ -1034,6 +1037,7 @@ static void test_stage_programs(void) {
     synth f = a;
     f.dt = MGC_DT_F32;
     run_synth("1f1b fp32", &f, MGC_PREC_FP32, 0, 1, 1, 1, 0);
+    run_synth("1f1b fp32 distopt d=5", &f, MGC_PREC_FP32, 1, 5, 1, 5, 0);
     synth i = {4, 2, 8, 1, 64, 256, 16, 1, 512, 0, 1, MGC_DT_BF16};
     run_synth("interleaved bf16", &i, MGC_PREC_BF16, 0, 1, 1, 1, 0);
     i.pp = 3, i.vp = 3, i.M = 9;
@@ -1115,6 +1119,99 @@ static void test_malformed(void) {
     mgc_plan_free(p);
 }
 
+/* ---- the real partitioner and scheduler ---------------------------------------
+ * Models from models/ with parallel layouts set over them, partitioned and
+ * scheduled by compiler/partition.c and compiler/schedule.c as mgc compile
+ * does, then planned: the generic checks must hold on every pipeline rank. */
+
+static void run_real(const char *file, const char *const *sets, int nsets) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", MGC_SOURCE_DIR, file);
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_config *c = mgc_config_new();
+    mgc_config_load_file(c, path, &d);
+    for (int i = 0; i < nsets; i++) mgc_config_set(c, sets[i], "test", &d);
+    mgc_config_finalize(c, &d);
+    mgc_graph *g = d.errors ? NULL : mgc_ir_build(c, &d);
+    mgc_plan *p = mgc_plan_new();
+    mgc_schedule *sched = NULL;
+    T_CHECK(g != NULL);
+    if (!g) goto out;
+    mgc_compile_grid(c, &p->grid);
+    p->num_microbatches = c->derived.num_microbatches;
+    p->micro_batch_size = c->training.micro_batch_size;
+    p->seq_length = c->model.seq_length;
+    p->schedule = c->parallel.schedule;
+    p->recompute = c->training.recompute;
+    p->distributed_optimizer = c->parallel.distributed_optimizer;
+    p->n_stages = p->grid.pp;
+    p->stages = calloc((size_t)p->grid.pp, sizeof *p->stages);
+    for (int64_t r = 0; r < p->grid.pp; r++) {
+        mgc_stage_program *sp = &p->stages[r];
+        sp->pp_rank = r;
+        sp->n_chunks = p->grid.vp;
+        sp->chunks = calloc((size_t)sp->n_chunks, sizeof *sp->chunks);
+        T_CHECK(mgc_partition_build(c, g, &p->grid, r, p, sp->chunks, &d) == 0);
+    }
+    mgc_schedule_params prm;
+    mgc_schedule_params_from_config(c, 2, &prm);
+    T_CHECK(mgc_schedule_build(&prm, &sched, &d) == 0);
+    if (d.errors || !sched) goto out;
+    uint64_t peak = 0;
+    for (int64_t r = 0; r < p->grid.pp; r++) {
+        mgc_stage_program *sp = &p->stages[r];
+        sp->instrs = sched->ranks[r].instrs;
+        sp->n_instrs = sched->ranks[r].n;
+        sched->ranks[r].instrs = NULL;
+        sched->ranks[r].n = 0;
+        mgc_memplan_info info;
+        int rc = mgc_memplan_build_info(c, &p->grid, p, sp, &d, &info);
+        T_CHECK(rc == 0);
+        if (rc) break;
+        check_generic(p, r, &info);
+        if (sp->arena_bytes > peak) peak = sp->arena_bytes;
+        /* the optimizer state by Megatron's rate, up to the padding */
+        uint64_t P = info.param_elems, flat = P + info.param_pad_elems;
+        double bpp = (double)info.optimizer_bytes / (double)P;
+        double d_ = (double)info.shard_dense;
+        double want = c->training.precision == MGC_PREC_FP32 ? 8.0 + 8.0 / d_ : 6.0 + 12.0 / d_;
+        if (info.expert_param_elems == 0) {
+            T_CHECK(bpp >= want - 1e-9);
+            T_CHECK(bpp <= want * (double)flat / (double)P + 1e-9);
+        }
+    }
+    if (!d.errors) T_CHECK(validate_plan(p, file));
+    printf("%-34s pp %-3" PRId64 " vp %-2" PRId64 " m %-4" PRId64 " peak arena %10.3f MiB\n", file, p->grid.pp,
+           p->grid.vp, p->num_microbatches, (double)peak / 1048576.0);
+out:
+    if (d.errors) mgc_diags_print(&d, stderr);
+    T_EQ_I64(d.errors, 0);
+    mgc_schedule_free(sched);
+    mgc_plan_free(p);
+    mgc_ir_free(g);
+    mgc_config_free(c);
+    mgc_diags_free(&d);
+}
+
+static void test_real_programs(void) {
+    const char *gpt[] = {"parallel.pipeline=2", "parallel.tensor=2", "parallel.sequence_parallel=true",
+                         "parallel.world_size=8", "training.precision=bf16", "parallel.distributed_optimizer=true",
+                         "training.global_batch_size=16"};
+    run_real("models/tiny-gpt.yaml", gpt, 7);
+    const char *vpp[] = {"parallel.pipeline=2", "parallel.virtual_stages=2", "parallel.world_size=2",
+                         "training.global_batch_size=16", "training.recompute=selective"};
+    run_real("models/tiny-gpt.yaml", vpp, 5);
+    const char *full[] = {"parallel.pipeline=4", "parallel.world_size=4", "training.recompute=full",
+                          "training.precision=fp16", "training.global_batch_size=24"};
+    run_real("models/tiny-llama.yaml", full, 5);
+    const char *moe[] = {"parallel.pipeline=2", "parallel.expert=2", "parallel.world_size=4",
+                         "parallel.distributed_optimizer=true", "training.precision=bf16"};
+    run_real("models/tiny-moe.yaml", moe, 5);
+    const char *cp[] = {"parallel.context=2", "parallel.world_size=4", "parallel.pipeline=2"};
+    run_real("models/tiny-llama.yaml", cp, 3);
+}
+
 int main(void) {
     test_assign_basic();
     test_assign_segments();
@@ -1124,5 +1221,6 @@ int main(void) {
     test_stage_programs();
     test_large_pipeline();
     test_malformed();
+    test_real_programs();
     return t_summary("test_memplan");
 }
