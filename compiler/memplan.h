@@ -8,7 +8,8 @@
  *      an alignment and a lifetime [live_begin, live_end) on some integer
  *      timeline; two requests whose lifetimes overlap get disjoint byte
  *      ranges, others may share.  Greedy by size with best fit (Pisarchyk &
- *      Lee 2020, TFLite's "greedy by size"), deterministic.  It also reports
+ *      Lee 2020, TFLite's "greedy by size"), retried greedy by breadth and
+ *      in time order when it leaves waste; deterministic.  It also reports
  *      the lower bound (max over time of the live bytes), so the placement
  *      waste is visible.
  *
@@ -103,18 +104,21 @@ typedef struct mgc_memplan_stats {
  * multiple of its alignment.  *arena_bytes receives the end of the highest
  * buffer rounded up to MGC_PLAN_ALIGN (0 when nothing has bytes).  `stats`
  * may be NULL.  Deterministic: the same requests give the same offsets.
- * Cost O(n log n + sum_i k_i log n), k_i the placed requests whose lifetimes
- * overlap request i's; memory O(n). */
-mgc_memplan_status mgc_memplan_assign(const mgc_memreq *req, size_t n, uint64_t *offsets, uint64_t *arena_bytes,
-                                      mgc_memplan_stats *stats);
+ * Cost O(n log n + sum_i k_i log n) per placement order, k_i the placed requests
+ * whose lifetimes overlap request i's (up to three orders, the later two
+ * only while the arena exceeds the lower bound); memory O(n + T log T), T
+ * the distinct times. */
+mgc_memplan_status mgc_memplan_assign(const mgc_memreq *req, size_t n, uint64_t *offsets,
+                                      uint64_t *arena_bytes, mgc_memplan_stats *stats);
 
 /* The same with extra live intervals per request (see mgc_memseg). */
-mgc_memplan_status mgc_memplan_assign_segs(const mgc_memreq *req, size_t n, const mgc_memseg *extra, size_t n_extra,
-                                           uint64_t *offsets, uint64_t *arena_bytes, mgc_memplan_stats *stats);
+mgc_memplan_status mgc_memplan_assign_segs(const mgc_memreq *req, size_t n, const mgc_memseg *extra,
+                                           size_t n_extra, uint64_t *offsets, uint64_t *arena_bytes,
+                                           mgc_memplan_stats *stats);
 
 /* Only the lower bound (max over time of live bytes) of a request set. */
-mgc_memplan_status mgc_memplan_lower_bound(const mgc_memreq *req, size_t n, uint64_t *lower_bound_bytes,
-                                           int64_t *peak_time);
+mgc_memplan_status mgc_memplan_lower_bound(const mgc_memreq *req, size_t n,
+                                           uint64_t *lower_bound_bytes, int64_t *peak_time);
 
 /* ---- 2. one pipeline rank's memory plan ------------------------------- */
 
@@ -146,12 +150,12 @@ typedef struct mgc_memplan_info {
  * program is malformed (an instruction stream that does not pair forwards
  * with backwards, a tensor read by the backward that is neither stashed nor
  * recomputed, ...) or out of memory. */
-int mgc_memplan_build(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan, mgc_stage_program *sp,
-                      mgc_diags *d);
+int mgc_memplan_build(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
+                      mgc_stage_program *sp, mgc_diags *d);
 
 /* The same, also filling `info` (may be NULL). */
-int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan, mgc_stage_program *sp,
-                           mgc_diags *d, mgc_memplan_info *info);
+int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
+                           mgc_stage_program *sp, mgc_diags *d, mgc_memplan_info *info);
 
 /* Bytes of the activation passed between pipeline stages for one
  * microbatch: (s/cp) * b * h in the compute dtype, divided by tp with

@@ -126,10 +126,14 @@ void mgc_plan_print_memory(const mgc_plan *p, FILE *out) {
     char a[32], b[32];
     for (int64_t s = 0; s < p->n_stages; s++) {
         const mgc_stage_program *sp = &p->stages[s];
-        fprintf(out, "stage %" PRId64 ": arena %s (%" PRIu64 " bytes), %" PRId64 " buffers\n", s,
-                bytes_h(a, sizeof a, sp->arena_bytes), sp->arena_bytes, sp->n_buffers);
-        uint64_t total = 0;
+        uint64_t total = 0; /* bytes live at the peak instruction: a lower bound on any arena */
         for (int k = 0; k < MGC_BUF__COUNT; k++) total += sp->by_kind[k];
+        fprintf(out, "stage %" PRId64 ": arena %s (%" PRIu64 " bytes), %" PRId64 " buffers; live at the peak %s, "
+                     "placement waste %.1f%%\n",
+                s, bytes_h(a, sizeof a, sp->arena_bytes), sp->arena_bytes, sp->n_buffers, bytes_h(b, sizeof b, total),
+                sp->arena_bytes ? 100.0 * (double)(sp->arena_bytes - (total < sp->arena_bytes ? total : sp->arena_bytes)) /
+                                      (double)sp->arena_bytes
+                                : 0.0);
         for (int k = 0; k < MGC_BUF__COUNT; k++) {
             if (!sp->by_kind[k]) continue;
             fprintf(out, "  %-11s %14s  %5.1f%%\n", mgc_buf_kind_name((mgc_buf_kind)k),
