@@ -517,9 +517,9 @@ static void op(cbuild *cb, int bwd, int kind, int flags, int n_in, const int32_t
 /* A param and its fp32 grad, named "<name>" and "<name>.grad". */
 static int32_t param(cbuild *cb, const char *name, const synth *s, int64_t d0, int64_t d1,
                      int64_t d2, int32_t *grad) {
-    char gn[96];
+    char gn[160];
     int32_t p = tens(cb, name, MGC_TR_PARAM, s->dt, d0, d1, d2, 0);
-    snprintf(gn, sizeof gn, "%s.grad", name);
+    snprintf(gn, sizeof gn, "%.96s.grad", name);
     *grad = tens(cb, gn, MGC_TR_GRAD, MGC_DT_F32, d0, d1, d2, 0);
     return p;
 }
