@@ -9,19 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void mgc_compile_grid(const mgc_config *c, mgc_grid *grid) {
-    memset(grid, 0, sizeof *grid);
-    grid->world = c->parallel.world_size;
-    grid->tp = c->parallel.tensor;
-    grid->cp = c->parallel.context;
-    grid->dp = c->parallel.data;
-    grid->pp = c->parallel.pipeline;
-    grid->vp = c->parallel.virtual_stages;
-    grid->etp = c->parallel.expert_tensor;
-    grid->ep = c->parallel.expert;
-    grid->edp = c->derived.expert_data;
-}
-
 /* Append one key/value; 0 on success. */
 static int kv_add(mgc_plan *p, const char *key, int type, int64_t i, double f, const char *s) {
     if (p->n_config % 64 == 0) {
@@ -128,7 +115,7 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
     int64_t *buckets = NULL;
     mgc_plan *p = mgc_plan_new();
     if (!p) goto oom;
-    mgc_compile_grid(c, &p->grid);
+    mgc_partition_grid(c, &p->grid);
     p->num_microbatches = c->derived.num_microbatches;
     p->micro_batch_size = c->training.micro_batch_size;
     p->seq_length = c->model.seq_length;

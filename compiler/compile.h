@@ -22,9 +22,6 @@ extern "C" {
  * streams).  The caller frees with mgc_plan_free. */
 mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d);
 
-/* The dense and expert grid of a finalized config. */
-void mgc_compile_grid(const mgc_config *c, mgc_grid *grid);
-
 /* Store every schema key of the resolved config in plan->config (lists as
  * indexed keys: "hardware.cuda_archs[0]", "data.paths[1].weight"). 0 on success. */
 int mgc_compile_config_kv(const mgc_config *c, mgc_plan *plan);

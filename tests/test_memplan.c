@@ -1177,7 +1177,7 @@ static void run_real(const char *file, const char *const *sets, int nsets) {
     mgc_schedule *sched = NULL;
     T_CHECK(g != NULL);
     if (!g) goto out;
-    mgc_compile_grid(c, &p->grid);
+    mgc_partition_grid(c, &p->grid);
     p->num_microbatches = c->derived.num_microbatches;
     p->micro_batch_size = c->training.micro_batch_size;
     p->seq_length = c->model.seq_length;

@@ -1,0 +1,51 @@
+#!/bin/sh
+# cli_compile.sh MGC - `mgc compile` and `mgc inspect` as a user runs them:
+# a written plan is explained by inspect (text, --memory, --json that parses),
+# the timeline is an SVG, and bad inputs fail with status 1, a message, and no
+# output file left behind.  Prints "cli_compile: N passed, M failed".
+set -u
+mgc=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "cli_compile: FAIL: $*"; }
+
+"$mgc" compile models/tiny-moe.yaml --set parallel.pipeline=2 --set parallel.virtual_stages=2 \
+  --set parallel.world_size=2 --set model.num_layers=4 --set moe.first_dense_layers=0 \
+  --set training.global_batch_size=16 -o "$tmp/p.plan" --timeline "$tmp/t.svg" >"$tmp/out" 2>"$tmp/err" \
+  && ok || { bad "compile failed"; cat "$tmp/err"; }
+grep -q "interleaved-1f1b" "$tmp/out" && ok || bad "compile summary lacks the schedule"
+grep -q "peak memory per GPU" "$tmp/out" && ok || bad "compile summary lacks peak memory"
+head -c 5 "$tmp/t.svg" | grep -q "<svg\|<?xml" && ok || bad "timeline is not an SVG"
+grep -q "chunk 1" "$tmp/t.svg" && ok || bad "interleaved timeline shows no second chunk"
+
+"$mgc" inspect "$tmp/p.plan" >"$tmp/i" 2>&1 && ok || bad "inspect failed"
+# inspect explains the same plan compile reported (same per-stage arena lines)
+grep "peak memory" "$tmp/out" >"$tmp/a"; grep "peak memory" "$tmp/i" >"$tmp/b"
+cmp -s "$tmp/a" "$tmp/b" && ok || bad "inspect and compile disagree on peak memory"
+"$mgc" inspect --memory "$tmp/p.plan" | grep -q "placement waste" && ok || bad "inspect --memory lacks the breakdown"
+"$mgc" inspect --json --memory "$tmp/p.plan" >"$tmp/j" && ok || bad "inspect --json failed"
+if command -v python3 >/dev/null 2>&1; then
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["grid"]["pipeline"]==2 and len(d["stages"])==2 and d["stages"][0]["buffers"]' "$tmp/j" \
+    && ok || bad "inspect --json is not the expected JSON"
+fi
+
+# bad inputs: status 1, a message naming the file, no plan written
+"$mgc" compile tests/bad/heads-tensor.yaml -o "$tmp/no.plan" >/dev/null 2>"$tmp/e"; rc=$?
+[ $rc = 1 ] && ok || bad "invalid config: status $rc"
+[ ! -e "$tmp/no.plan" ] && ok || bad "invalid config left a plan"
+head -c 200 "$tmp/p.plan" >"$tmp/trunc.plan"
+"$mgc" inspect "$tmp/trunc.plan" 2>"$tmp/e" >/dev/null; rc=$?
+[ $rc = 1 ] && grep -q "truncated" "$tmp/e" && ok || bad "truncated plan: status $rc, $(cat "$tmp/e")"
+"$mgc" inspect models/tiny-gpt.yaml 2>"$tmp/e" >/dev/null; rc=$?
+[ $rc = 1 ] && grep -q "not an mgc plan" "$tmp/e" && ok || bad "YAML given to inspect: status $rc"
+"$mgc" compile models/tiny-gpt.yaml -o "$tmp/missing/dir/x.plan" >/dev/null 2>"$tmp/e"; rc=$?
+[ $rc = 1 ] && [ -z "$(ls "$tmp" | grep -v '^[a-z]*$\|\.plan$\|\.svg$')" ] && ok || bad "unwritable output: status $rc"
+cp "$tmp/p.plan" "$tmp/keep.plan"
+"$mgc" compile tests/bad/heads-tensor.yaml -o "$tmp/keep.plan" >/dev/null 2>&1
+cmp -s "$tmp/p.plan" "$tmp/keep.plan" && ok || bad "a failed compile changed an existing plan"
+
+echo "cli_compile: $pass passed, $fail failed"
+[ $fail = 0 ]
