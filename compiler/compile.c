@@ -90,22 +90,6 @@ static int64_t bucket_elems(const mgc_config *c) {
     return b > 40000000 ? b : 40000000;
 }
 
-/* Local trainable parameter elements of a pipeline rank's chunks. */
-static int64_t local_param_elems(const mgc_stage_program *sp) {
-    int64_t n = 0;
-    for (int64_t c = 0; c < sp->n_chunks; c++) {
-        const mgc_plan_chunk *ch = &sp->chunks[c];
-        for (int64_t t = 0; t < ch->n_tensors; t++) {
-            const mgc_plan_tensor *pt = &ch->tensors[t];
-            if (pt->role != MGC_TR_PARAM) continue;
-            int64_t e = 1;
-            for (int i = 0; i < pt->rank; i++) e *= pt->dim[i];
-            n += e;
-        }
-    }
-    return n;
-}
-
 mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
     int before = d->errors;
     mgc_loc at = c->file_loc;
@@ -138,9 +122,10 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
         sp->chunks = calloc((size_t)sp->n_chunks, sizeof *sp->chunks);
         if (!sp->chunks) goto oom;
         if (mgc_partition_build(c, g, &p->grid, r, p, sp->chunks, d) || d->errors != before) goto fail;
-        int64_t elems = local_param_elems(sp);
-        int64_t be = bucket_elems(c);
-        buckets[r] = elems ? (elems + be - 1) / be : 0;
+        /* the gradient buckets, from the flat parameter layout (memplan.h) */
+        if (mgc_memplan_buckets(c, &p->grid, sp, bucket_elems(c), &sp->buckets, &sp->n_buckets))
+            goto oom;
+        buckets[r] = sp->n_buckets;
     }
 
     /* 2. the schedule, checked by the simulator before anything is written */

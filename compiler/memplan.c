@@ -38,7 +38,6 @@ typedef struct use {
     int32_t first[2], last[2]; /* op index per pass (0 forward, 1 backward); -1 untouched */
     uint8_t first_read[2];     /* the first touch reads it: live from the pass start */
     uint8_t last_write[2];     /* the last touch writes it: live to the pass end */
-    uint8_t expert;            /* touched by a grouped (expert) linear */
 } use;
 
 typedef struct builder {
@@ -238,7 +237,6 @@ static int chunk_uses(builder *b, int64_t c) {
     for (int64_t t = 0; t < ch->n_tensors; t++) {
         u[t].first[0] = u[t].first[1] = u[t].last[0] = u[t].last[1] = -1;
         u[t].first_read[0] = u[t].first_read[1] = u[t].last_write[0] = u[t].last_write[1] = 0;
-        u[t].expert = 0;
     }
     for (int pass = 0; pass < 2; pass++) {
         int64_t n = pass ? ch->n_bwd : ch->n_fwd;
@@ -246,7 +244,6 @@ static int chunk_uses(builder *b, int64_t c) {
         if (n > INT32_MAX) return fail(b, BUG_HINT, "chunk %" PRId64 " has %" PRId64 " ops", c, n);
         for (int64_t i = 0; i < n; i++) {
             const mgc_plan_op *o = &ops[i];
-            uint8_t g = (uint8_t)is_grouped(o->kind);
             if (o->n_in > MGC_PLAN_MAX_IO || o->n_out > MGC_PLAN_MAX_IO)
                 return fail(b, BUG_HINT, "chunk %" PRId64 " op %" PRId64 " has too many operands",
                             c, i);
@@ -259,16 +256,10 @@ static int chunk_uses(builder *b, int64_t c) {
                                 " of %" PRId64,
                                 c, pass ? "backward" : "forward", i, t, ch->n_tensors);
                 touch(&u[t], pass, (int32_t)i, read);
-                u[t].expert |= g;
             }
         }
     }
     return 0;
-}
-
-static int is_expert_param(const mgc_plan_tensor *t, const use *u) {
-    return u->expert || t->split_group == MGC_GROUP_EP || t->split_group == MGC_GROUP_ETP ||
-           t->split_group == MGC_GROUP_EDP;
 }
 
 /* ---- parameters: the flat layout and the optimizer shards ----
@@ -277,7 +268,9 @@ static int is_expert_param(const mgc_plan_tensor *t, const use *u) {
  * padded to a multiple of D * that, D its shard divisor (dp*cp dense, edp
  * expert; 1 without the distributed optimizer), so it reduce-scatters in
  * place into D equal, aligned shards.  Weights (compute dtype) and main
- * grads (fp32) share element positions. */
+ * grads (fp32) share element positions.  flat_layout is the one statement of
+ * this rule: the stage builder places tensors with it and
+ * mgc_memplan_buckets cuts its sections into gradient buckets. */
 
 typedef struct param_layout {
     uint64_t flat;  /* padded elements of the flat weight / grad layout */
@@ -285,15 +278,116 @@ typedef struct param_layout {
     uint64_t elems, expert_elems;
 } param_layout;
 
+/* One section of the flat layout. */
+typedef struct psec {
+    int64_t chunk;
+    int expert;            /* 0 dense (reduced over dp x cp), 1 expert (over edp) */
+    uint64_t begin, count; /* elements, padding included (count a multiple of 128 * D) */
+    uint64_t D;            /* shard divisor */
+} psec;
+
+static uint64_t compute_dtype_bytes(const mgc_config *c) {
+    return c->training.precision == MGC_PREC_FP32 ? 4 : 2;
+}
+
+static void shard_divisors(const mgc_config *c, const mgc_grid *grid, uint64_t *d_dense,
+                           uint64_t *d_expert) {
+    *d_dense = *d_expert = 1;
+    if (!c->parallel.distributed_optimizer) return;
+    *d_dense = (uint64_t)(grid->dp > 0 ? grid->dp : 1) * (uint64_t)(grid->cp > 0 ? grid->cp : 1);
+    *d_expert = grid->edp > 0 ? (uint64_t)grid->edp : *d_dense;
+}
+
+/* flags[t] = 1 for the expert parameters of ch: split over the expert grid,
+ * or touched by a grouped (expert) linear of either pass.  0; -1 on OOM. */
+static int expert_flags(const mgc_plan_chunk *ch, uint8_t **flags) {
+    size_t nt = ch->n_tensors > 0 ? (size_t)ch->n_tensors : 1;
+    uint8_t *f = *flags = calloc(nt, 1);
+    if (!f) return -1;
+    for (int64_t t = 0; t < ch->n_tensors; t++) {
+        uint16_t g = ch->tensors[t].split_group;
+        f[t] = g == MGC_GROUP_EP || g == MGC_GROUP_ETP || g == MGC_GROUP_EDP;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+        const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+        for (int64_t i = 0; i < n; i++) {
+            const mgc_plan_op *o = &ops[i];
+            if (!is_grouped(o->kind)) continue;
+            for (int k = 0; k < o->n_in + o->n_out && k < 2 * MGC_PLAN_MAX_IO; k++) {
+                int32_t t = k < o->n_in ? o->in[k] : o->out[k - o->n_in];
+                if (t >= 0 && t < ch->n_tensors) f[t] = 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Lay out the parameters of sp's chunks: secs[2c + expert] (may be NULL)
+ * receives chunk c's sections (count 0 when empty), `place` (may be NULL)
+ * each parameter's element position with cat CAT_WEIGHT.  0; -1 on
+ * overflow; -2 out of memory. */
+static int flat_layout(const mgc_stage_program *sp, uint64_t wsize, uint64_t d_dense,
+                       uint64_t d_expert, tplace **place, psec *secs, param_layout *pl) {
+    const uint64_t A = MGC_MEMPLAN_PARAM_ALIGN_ELEMS;
+    memset(pl, 0, sizeof *pl);
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        uint8_t *expert;
+        if (expert_flags(ch, &expert)) return -2;
+        for (int grp = 0; grp < 2; grp++) {
+            uint64_t start = pl->flat, D = grp ? d_expert : d_dense;
+            for (int64_t t = 0; t < ch->n_tensors; t++) {
+                const mgc_plan_tensor *x = &ch->tensors[t];
+                if (x->role != MGC_TR_PARAM || expert[t] != grp) continue;
+                uint64_t el = x->bytes / wsize;
+                if (el > (UINT64_MAX >> 8) - pl->flat) {
+                    free(expert);
+                    return -1;
+                }
+                if (place) {
+                    place[c][t].cat = CAT_WEIGHT;
+                    place[c][t].off = pl->flat; /* elements */
+                }
+                pl->elems += el;
+                if (grp) pl->expert_elems += el;
+                pl->flat += align_up(el, A);
+            }
+            uint64_t sec = round_up(pl->flat - start, A * D);
+            if (sec > (UINT64_MAX >> 8) - start) {
+                free(expert);
+                return -1;
+            }
+            pl->flat = start + sec;
+            pl->shard += sec / D;
+            if (secs) secs[2 * c + grp] = (psec){c, grp, start, sec, D};
+        }
+        free(expert);
+    }
+    return 0;
+}
+
 static int grad_pair(builder *b, int64_t c, int64_t *params, int64_t np, int64_t *grads,
                      int64_t ng);
 
 static int layout_params(builder *b, param_layout *pl, uint64_t d_dense, uint64_t d_expert) {
-    const uint64_t A = MGC_MEMPLAN_PARAM_ALIGN_ELEMS;
     mgc_dtype want = b->c->training.precision == MGC_PREC_FP32   ? MGC_DT_F32
                      : b->c->training.precision == MGC_PREC_FP16 ? MGC_DT_F16
                                                                  : MGC_DT_BF16;
-    memset(pl, 0, sizeof *pl);
+    for (int64_t c = 0; c < b->V; c++) {
+        const mgc_plan_chunk *ch = &b->sp->chunks[c];
+        for (int64_t t = 0; t < ch->n_tensors; t++) {
+            const mgc_plan_tensor *x = &ch->tensors[t];
+            if (x->role == MGC_TR_PARAM && x->dtype != want)
+                return fail(b, "the partitioner gives every parameter the training precision",
+                            "parameter %s of chunk %" PRId64 " is %s, the training precision is %s",
+                            tensor_name(b, x), c, mgc_dtype_name((mgc_dtype)x->dtype),
+                            mgc_dtype_name(want));
+        }
+    }
+    int lrc = flat_layout(b->sp, b->wsize, d_dense, d_expert, b->place, NULL, pl);
+    if (lrc == -2) return oom(b);
+    if (lrc) return fail(b, NULL, "parameter bytes overflow");
     for (int64_t c = 0; c < b->V; c++) {
         mgc_plan_chunk *ch = &b->sp->chunks[c];
         size_t nt = ch->n_tensors > 0 ? (size_t)ch->n_tensors : 1;
@@ -303,36 +397,6 @@ static int layout_params(builder *b, param_layout *pl, uint64_t d_dense, uint64_
             free(params);
             free(grads);
             return oom(b);
-        }
-        for (int grp = 0; grp < 2; grp++) {
-            uint64_t start = pl->flat, D = grp ? d_expert : d_dense;
-            for (int64_t t = 0; t < ch->n_tensors; t++) {
-                const mgc_plan_tensor *x = &ch->tensors[t];
-                if (x->role != MGC_TR_PARAM || is_expert_param(x, &b->uses[c][t]) != grp) continue;
-                if (x->dtype != want) {
-                    free(params);
-                    free(grads);
-                    return fail(b, "the partitioner gives every parameter the training precision",
-                                "parameter %s of chunk %" PRId64
-                                " is %s, the training precision is %s",
-                                tensor_name(b, x), c, mgc_dtype_name((mgc_dtype)x->dtype),
-                                mgc_dtype_name(want));
-                }
-                uint64_t el = x->bytes / b->wsize;
-                if (el > (UINT64_MAX >> 8) - pl->flat) {
-                    free(params);
-                    free(grads);
-                    return fail(b, NULL, "parameter bytes overflow");
-                }
-                b->place[c][t].cat = CAT_WEIGHT;
-                b->place[c][t].off = pl->flat; /* elements for now; bytes below */
-                pl->elems += el;
-                if (grp) pl->expert_elems += el;
-                pl->flat += align_up(el, A);
-            }
-            uint64_t sec = round_up(pl->flat - start, A * D);
-            pl->flat = start + sec;
-            pl->shard += sec / D;
         }
         for (int64_t t = 0; t < ch->n_tensors; t++) {
             if (ch->tensors[t].role == MGC_TR_PARAM) params[np++] = t;
@@ -345,6 +409,66 @@ static int layout_params(builder *b, param_layout *pl, uint64_t d_dense, uint64_
         for (int64_t t = 0; t < ch->n_tensors; t++)
             if (b->place[c][t].cat == CAT_WEIGHT) b->place[c][t].off *= b->wsize;
     }
+    return 0;
+}
+
+/* ---- gradient buckets ----
+ * Each non-empty section is cut from its start into pieces of B elements, B
+ * the largest multiple of 128 * D not above bucket_elems (at least 128 * D),
+ * the last piece taking the rest; sections are multiples of 128 * D, so
+ * every bucket is too and reduce-scatters in place into D aligned shards.
+ * Buckets are numbered in reverse layout order: bucket 0 is the last piece
+ * of the last section, whose gradients the backward finishes first. */
+int mgc_memplan_buckets(const mgc_config *c, const mgc_grid *grid, const mgc_stage_program *sp,
+                        int64_t bucket_elems, mgc_bucket **out, int64_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    if (!sp || sp->n_chunks < 0 || sp->n_chunks >= 0xffff || (sp->n_chunks && !sp->chunks))
+        return -1;
+    uint64_t wsize = compute_dtype_bytes(c), d_dense, d_expert;
+    shard_divisors(c, grid, &d_dense, &d_expert);
+    size_t ns = sp->n_chunks > 0 ? 2 * (size_t)sp->n_chunks : 1;
+    psec *secs = calloc(ns, sizeof *secs);
+    if (!secs) return -1;
+    param_layout pl;
+    if (flat_layout(sp, wsize, d_dense, d_expert, NULL, secs, &pl)) {
+        free(secs);
+        return -1;
+    }
+    const uint64_t A = MGC_MEMPLAN_PARAM_ALIGN_ELEMS;
+    uint64_t want = bucket_elems > 0 ? (uint64_t)bucket_elems : 1, total = 0;
+    for (size_t i = 0; i < 2 * (size_t)sp->n_chunks; i++) {
+        uint64_t unit = A * secs[i].D, B = want / unit * unit;
+        if (!B) B = unit;
+        total += (secs[i].count + B - 1) / B;
+    }
+    mgc_bucket *v = total ? calloc((size_t)total, sizeof *v) : NULL;
+    if (total && !v) {
+        free(secs);
+        return -1;
+    }
+    uint64_t k = total;
+    for (size_t i = 0; i < 2 * (size_t)sp->n_chunks; i++) {
+        const psec *q = &secs[i];
+        uint64_t unit = A * q->D, B = want / unit * unit;
+        if (!B) B = unit;
+        for (uint64_t at = 0; at < q->count; at += B) {
+            mgc_bucket *x = &v[--k]; /* reverse layout order */
+            x->group = q->expert ? MGC_GROUP_EDP : MGC_GROUP_DPCP;
+            x->chunk = (uint16_t)q->chunk;
+            x->shards = (int64_t)q->D;
+            x->begin = q->begin + at;
+            x->count = q->count - at < B ? q->count - at : B;
+            x->grad_buffer = x->weight_buffer = -1; /* mgc_memplan_build sets them */
+            x->grad_offset = x->begin * 4;
+            x->grad_bytes = x->count * 4;
+            x->weight_offset = x->begin * wsize;
+            x->weight_bytes = x->count * wsize;
+        }
+    }
+    free(secs);
+    *out = v;
+    *n_out = (int64_t)total;
     return 0;
 }
 
@@ -588,6 +712,34 @@ static int add_comm(builder *b, const uint32_t *names, uint64_t in_bytes) {
     return 0;
 }
 
+/* The stage's gradient buckets (mgc_memplan_buckets, from the same layout)
+ * get the grad and weight buffers; they must tile the flat layout exactly. */
+static int bind_buckets(builder *b, const param_layout *pl, int64_t grad, int64_t weight) {
+    mgc_stage_program *sp = b->sp;
+    uint64_t covered = 0;
+    if (sp->n_buckets < 0 || (sp->n_buckets > 0 && !sp->buckets))
+        return fail(b, BUG_HINT, "%" PRId64 " gradient buckets without a table", sp->n_buckets);
+    for (int64_t i = 0; i < sp->n_buckets; i++) {
+        mgc_bucket *x = &sp->buckets[i];
+        uint64_t end = i ? sp->buckets[i - 1].begin : pl->flat;
+        if (x->begin > end || x->count != end - x->begin || grad < 0 || weight < 0 ||
+            x->weight_bytes != x->count * b->wsize)
+            return fail(b, BUG_HINT,
+                        "gradient bucket %" PRId64 " [%" PRIu64 ", +%" PRIu64
+                        ") does not tile the flat parameter layout of %" PRIu64
+                        " elements (compute the buckets with mgc_memplan_buckets)",
+                        i, x->begin, x->count, pl->flat);
+        x->grad_buffer = (int32_t)grad;
+        x->weight_buffer = (int32_t)weight;
+        covered += x->count;
+    }
+    if (covered != pl->flat && sp->n_buckets > 0)
+        return fail(b, BUG_HINT,
+                    "the gradient buckets cover %" PRIu64 " of %" PRIu64 " parameter elements",
+                    covered, pl->flat);
+    return 0;
+}
+
 static void free_builder(builder *b) {
     for (int64_t c = 0; b->uses && c < b->V; c++)
         free(b->uses[c]);
@@ -622,7 +774,7 @@ int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *
     b->loc = c->file_loc;
     b->n = sp->n_instrs;
     b->V = sp->n_chunks;
-    b->wsize = c->training.precision == MGC_PREC_FP32 ? 4 : 2;
+    b->wsize = compute_dtype_bytes(c);
     if (info) memset(info, 0, sizeof *info);
     int rc = -1;
     uint8_t *in_fwd = NULL, *in_bwd = NULL;
@@ -648,12 +800,8 @@ int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *
         if (chunk_uses(b, ch) || check_stash(b, ch)) goto out;
 
     /* parameters and optimizer state */
-    int dist = c->parallel.distributed_optimizer;
-    uint64_t d_dense = 1, d_expert = 1;
-    if (dist) {
-        d_dense = (uint64_t)(grid->dp > 0 ? grid->dp : 1) * (uint64_t)(grid->cp > 0 ? grid->cp : 1);
-        d_expert = grid->edp > 0 ? (uint64_t)grid->edp : d_dense;
-    }
+    uint64_t d_dense, d_expert;
+    shard_divisors(c, grid, &d_dense, &d_expert);
     param_layout pl;
     if (layout_params(b, &pl, d_dense, d_expert)) goto out;
 
@@ -754,6 +902,7 @@ int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *
     }
     for (int64_t i = 0; i < b->nb; i++)
         b->buf[i].offset = offsets[i];
+    if (bind_buckets(b, &pl, idx[CAT_GRAD], idx[CAT_WEIGHT])) goto out;
 
     /* tensors */
     for (int64_t ch = 0; ch < b->V; ch++) {

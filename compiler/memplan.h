@@ -19,6 +19,8 @@
  *      the pass workspace for transient activations, p2p staging, input
  *      batches and the GEMM workspace -- placed by the assigner on the
  *      instruction timeline; every tensor gets its (buffer, offset).
+ *      mgc_memplan_buckets cuts the same flat parameter layout into the
+ *      gradient buckets REDUCE_GRADS names (before the schedule exists).
  *
  * docs/memory-plan.md is the manual: what the arena holds, how lifetimes are
  * read off the instruction stream, padding rules, the comparison with
@@ -156,6 +158,24 @@ int mgc_memplan_build(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
 /* The same, also filling `info` (may be NULL). */
 int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
                            mgc_stage_program *sp, mgc_diags *d, mgc_memplan_info *info);
+
+/* The gradient buckets of one pipeline rank: what REDUCE_GRADS / GATHER_PARAMS
+ * `arg` names.  Needs only the partitioned chunks (sp->chunks; no stream
+ * yet): it lays the parameters out with the very routine mgc_memplan_build
+ * uses (docs/memory-plan.md, "Parameters") and cuts each chunk's dense and
+ * expert section into buckets of at most bucket_elems elements (at least
+ * 128 * D) on 128 * D boundaries from the section's start, D the section's
+ * shard divisor; so a bucket never mixes dense and expert parameters and
+ * splits into D equal, 256-byte-aligned shards.  Buckets are listed in
+ * reverse layout order (bucket 0 ends the flat space: the backward finishes
+ * the last layers' gradients first, as Megatron fills its buckets).  Fills
+ * group, chunk, shards, the element range and the byte ranges; grad_buffer
+ * and weight_buffer are -1 until mgc_memplan_build binds them (it checks the
+ * table tiles its layout).  *out is malloc'd (NULL when *n is 0: a rank
+ * without parameters).  0 on success; -1 on OOM, overflow or a malformed
+ * stage. */
+int mgc_memplan_buckets(const mgc_config *c, const mgc_grid *grid, const mgc_stage_program *sp,
+                        int64_t bucket_elems, mgc_bucket **out, int64_t *n);
 
 /* Bytes of the activation passed between pipeline stages for one
  * microbatch: (s/cp) * b * h in the compute dtype, divided by tp with

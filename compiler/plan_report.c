@@ -150,6 +150,23 @@ void mgc_plan_print_memory(const mgc_plan *p, FILE *out) {
                 }
             }
         }
+        if (sp->n_buckets) {
+            uint64_t elems[2] = {0, 0}, largest = 0;
+            int64_t count[2] = {0, 0}, shards[2] = {1, 1};
+            for (int64_t i = 0; i < sp->n_buckets; i++) {
+                const mgc_bucket *bk = &sp->buckets[i];
+                int e = bk->group == MGC_GROUP_EDP;
+                elems[e] += bk->count, count[e]++, shards[e] = bk->shards;
+                if (bk->count > largest) largest = bk->count;
+            }
+            fprintf(out, "  gradient buckets: %" PRId64 ", largest %" PRIu64 " elements\n", sp->n_buckets, largest);
+            for (int e = 0; e < 2; e++)
+                if (count[e])
+                    fprintf(out, "    %-6s %" PRId64 " bucket%s over %s, %" PRIu64 " elements, %" PRId64 " shard%s each\n",
+                            e ? "expert" : "dense", count[e], count[e] == 1 ? "" : "s",
+                            mgc_group_name(e ? MGC_GROUP_EDP : MGC_GROUP_DPCP), elems[e], shards[e],
+                            shards[e] == 1 ? "" : "s");
+        }
         fputs("  largest buffers:\n", out);
         for (int t = 0; t < 5 && top[t] >= 0; t++) {
             const mgc_buffer *bf = &sp->buffers[top[t]];
@@ -216,6 +233,20 @@ void mgc_plan_print_json(const mgc_plan *p, mgc_json *j, int memory) {
         mgc_json_obj_begin(j, "memory");
         for (int k = 0; k < MGC_BUF__COUNT; k++) mgc_json_u64(j, mgc_buf_kind_name((mgc_buf_kind)k), sp->by_kind[k]);
         mgc_json_obj_end(j);
+        mgc_json_arr_begin(j, "buckets");
+        for (int64_t i = 0; i < sp->n_buckets; i++) {
+            const mgc_bucket *bk = &sp->buckets[i];
+            mgc_json_obj_begin(j, NULL);
+            mgc_json_str(j, "group", mgc_group_name((mgc_group_kind)bk->group));
+            mgc_json_int(j, "chunk", bk->chunk);
+            mgc_json_int(j, "shards", bk->shards);
+            mgc_json_u64(j, "begin", bk->begin);
+            mgc_json_u64(j, "count", bk->count);
+            mgc_json_u64(j, "grad_offset", bk->grad_offset);
+            mgc_json_u64(j, "grad_bytes", bk->grad_bytes);
+            mgc_json_obj_end(j);
+        }
+        mgc_json_arr_end(j);
         if (memory) {
             mgc_json_arr_begin(j, "buffers");
             for (int64_t i = 0; i < sp->n_buffers; i++) {

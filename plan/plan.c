@@ -108,6 +108,7 @@ void mgc_plan_free(mgc_plan *p) {
             free(st->chunks);
             free(st->instrs);
             free(st->buffers);
+            free(st->buckets);
         }
     }
     free(p->stages);

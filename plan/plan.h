@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 1u
+#define MGC_PLAN_VERSION 2u /* 2: gradient buckets (BCKT); docs/plan-format.md */
 
 typedef enum mgc_plan_status {
     MGC_PLAN_OK = 0,
@@ -278,6 +278,33 @@ typedef struct mgc_buffer {
 
 #define MGC_PLAN_ALIGN 256u
 
+/* ---- gradient buckets ------------------------------------------------------
+ * What REDUCE_GRADS `arg` and GATHER_PARAMS `arg` name: a contiguous range of
+ * the stage's flat parameter element space (docs/memory-plan.md), inside one
+ * chunk's dense or expert section.  Dense buckets reduce over MGC_GROUP_DPCP,
+ * expert buckets over MGC_GROUP_EDP, so a bucket never mixes the two.  With
+ * the distributed optimizer a bucket is reduce-scattered in place into
+ * `shards` equal pieces (rank i of the group owns piece i) and all-gathered
+ * back after OPTIMIZER; without it it is all-reduced (shards = 1).  Buckets
+ * are listed in reverse layout order (bucket 0 ends the flat space): the
+ * backward produces the last layers' gradients first, as Megatron fills its
+ * buckets. */
+typedef struct mgc_bucket {
+    uint16_t group;         /* mgc_group_kind: MGC_GROUP_DPCP (dense) or MGC_GROUP_EDP (expert) */
+    uint16_t chunk;         /* the chunk whose section holds it (0..vp-1) */
+    uint32_t pad_;
+    int64_t shards;         /* D: reduce-scatter pieces (dp*cp or edp with the distributed
+                               optimizer, else 1); divides count */
+    uint64_t begin;         /* first element in the flat parameter space */
+    uint64_t count;         /* elements (padding included) */
+    int32_t grad_buffer;    /* the stage's GRAD buffer (index into buffers) */
+    int32_t weight_buffer;  /* the stage's WEIGHT buffer */
+    uint64_t grad_offset;   /* bytes inside grad_buffer = begin * 4 (fp32 main grads) */
+    uint64_t grad_bytes;    /* = count * 4 */
+    uint64_t weight_offset; /* bytes inside weight_buffer = begin * compute dtype size */
+    uint64_t weight_bytes;  /* = count * compute dtype size */
+} mgc_bucket;
+
 /* ---- one pipeline rank's program --------------------------------------- */
 
 typedef struct mgc_stage_program {
@@ -291,6 +318,8 @@ typedef struct mgc_stage_program {
     uint64_t arena_bytes;          /* the arena mgc-run allocates on every rank of this stage */
     uint64_t by_kind[MGC_BUF__COUNT]; /* peak-time bytes per kind (see docs) */
     int64_t max_in_flight;         /* most microbatches stashed at once */
+    int64_t n_buckets;             /* = the REDUCE_GRADS instructions of the stream */
+    mgc_bucket *buckets;           /* (n_buckets) gradient buckets, reverse layout order */
 } mgc_stage_program;
 
 /* ---- the plan ------------------------------------------------------------ */

@@ -115,6 +115,7 @@ enum section {
     S_STAG, /* per stage: 1 record */
     S_INST, /* per stage: instructions */
     S_BUFS, /* per stage: buffers */
+    S_BCKT, /* per stage: gradient buckets (version 2) */
     S_CHNK, /* per chunk: 1 record */
     S_TENS, /* per chunk: tensors */
     S_FWDO, /* per chunk: forward ops */
@@ -128,6 +129,7 @@ static const struct {
 } sections[S__COUNT] = {
     [S_GRID] = {"GRID", 144}, [S_CONF] = {"CONF", 32}, [S_STRS] = {"STRS", 1},
     [S_STAG] = {"STAG", 128}, [S_INST] = {"INST", 24}, [S_BUFS] = {"BUFS", 48},
+    [S_BCKT] = {"BCKT", 72},
     [S_CHNK] = {"CHNK", 32},  [S_TENS] = {"TENS", 72}, [S_FWDO] = {"FWDO", 144},
     [S_BWDO] = {"BWDO", 144},
 };
@@ -294,6 +296,34 @@ static void get_buffer(const uint8_t *r, mgc_buffer *b) {
     b->offset = ld64(r + 24);
     b->live_begin = ldi64(r + 32);
     b->live_end = ldi64(r + 40);
+}
+
+static void put_bucket(uint8_t *r, const mgc_bucket *b) {
+    st16(r + 0, b->group);
+    st16(r + 2, b->chunk);
+    /* 4: u32 reserved */
+    sti64(r + 8, b->shards);
+    st64(r + 16, b->begin);
+    st64(r + 24, b->count);
+    sti32(r + 32, b->grad_buffer);
+    sti32(r + 36, b->weight_buffer);
+    st64(r + 40, b->grad_offset);
+    st64(r + 48, b->grad_bytes);
+    st64(r + 56, b->weight_offset);
+    st64(r + 64, b->weight_bytes);
+}
+static void get_bucket(const uint8_t *r, mgc_bucket *b) {
+    b->group = ld16(r + 0);
+    b->chunk = ld16(r + 2);
+    b->shards = ldi64(r + 8);
+    b->begin = ld64(r + 16);
+    b->count = ld64(r + 24);
+    b->grad_buffer = ldi32(r + 32);
+    b->weight_buffer = ldi32(r + 36);
+    b->grad_offset = ld64(r + 40);
+    b->grad_bytes = ld64(r + 48);
+    b->weight_offset = ld64(r + 56);
+    b->weight_bytes = ld64(r + 64);
 }
 
 static void put_chunk(uint8_t *r, const mgc_plan_chunk *c) {
@@ -488,6 +518,69 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     return MGC_PLAN_OK;
 }
 
+/* [off, off + bytes) inside buffer `buf` of kind `kind` of stage st. */
+static int bucket_range_ok(const mgc_stage_program *st, int32_t buf, uint16_t kind, uint64_t off,
+                           uint64_t bytes) {
+    if (buf < 0 || buf >= st->n_buffers || st->buffers[buf].kind != kind) return 0;
+    return off <= st->buffers[buf].bytes && bytes <= st->buffers[buf].bytes - off;
+}
+
+/* The gradient buckets of stage s (docs/plan-format.md, BCKT). */
+static mgc_plan_status check_buckets(const mgc_plan *p, int64_t s, char *err, size_t errsz) {
+    const mgc_stage_program *st = &p->stages[s];
+    char where[96];
+    if (st->n_buckets < 0 || st->n_buckets > UINT32_MAX || (st->n_buckets > 0 && !st->buckets))
+        INVALID("stage %" PRId64 ": %" PRId64 " buckets without an array (at most 2^32-1)", s,
+                st->n_buckets);
+    const mgc_grid *g = &p->grid;
+    for (int64_t i = 0; i < st->n_buckets; i++) {
+        const mgc_bucket *b = &st->buckets[i];
+        snprintf(where, sizeof where, "stage %" PRId64 " bucket %" PRId64, s, i);
+        if (b->group != MGC_GROUP_DPCP && b->group != MGC_GROUP_EDP)
+            INVALID("%s: group %u is neither dp_cp (%d) nor edp (%d)", where, b->group,
+                    MGC_GROUP_DPCP, MGC_GROUP_EDP);
+        if (b->chunk >= st->n_chunks)
+            INVALID("%s: chunk %u outside 0..%" PRId64, where, b->chunk, st->n_chunks - 1);
+        int64_t want = !p->distributed_optimizer      ? 1
+                       : b->group == MGC_GROUP_DPCP ? g->dp * g->cp
+                                                    : g->edp;
+        if (b->shards != want)
+            INVALID("%s (%s): %" PRId64 " shards, expected %" PRId64
+                    " (the group's size with the distributed optimizer, else 1)",
+                    where, mgc_group_name((mgc_group_kind)b->group), b->shards, want);
+        if (b->count == 0 || b->count % (uint64_t)b->shards)
+            INVALID("%s: %" PRIu64 " elements, not a positive multiple of its %" PRId64 " shards",
+                    where, b->count, b->shards);
+        if (b->begin > UINT64_MAX / 8 || b->count > UINT64_MAX / 8 - b->begin)
+            INVALID("%s: element range [%" PRIu64 ", +%" PRIu64 ") overflows", where, b->begin,
+                    b->count);
+        if (i > 0 && b->begin + b->count > st->buckets[i - 1].begin)
+            INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") does not end at or before bucket %" PRId64
+                    " (at %" PRIu64 "): buckets are disjoint, in reverse layout order",
+                    where, b->begin, b->count, i - 1, st->buckets[i - 1].begin);
+        if (b->grad_offset != b->begin * 4 || b->grad_bytes != b->count * 4)
+            INVALID("%s: grad bytes [%" PRIu64 ", +%" PRIu64 ") are not elements [%" PRIu64
+                    ", +%" PRIu64 ") x 4",
+                    where, b->grad_offset, b->grad_bytes, b->begin, b->count);
+        uint64_t wsz = b->weight_bytes / b->count;
+        if ((wsz != 2 && wsz != 4) || b->weight_bytes != b->count * wsz ||
+            b->weight_offset != b->begin * wsz)
+            INVALID("%s: weight bytes [%" PRIu64 ", +%" PRIu64 ") are not elements [%" PRIu64
+                    ", +%" PRIu64 ") x 2 or 4",
+                    where, b->weight_offset, b->weight_bytes, b->begin, b->count);
+        if (!bucket_range_ok(st, b->grad_buffer, MGC_BUF_GRAD, b->grad_offset, b->grad_bytes))
+            INVALID("%s: grad bytes [%" PRIu64 ", +%" PRIu64 ") outside buffer %" PRId32
+                    ", or it is not a grad buffer",
+                    where, b->grad_offset, b->grad_bytes, b->grad_buffer);
+        if (!bucket_range_ok(st, b->weight_buffer, MGC_BUF_WEIGHT, b->weight_offset,
+                             b->weight_bytes))
+            INVALID("%s: weight bytes [%" PRIu64 ", +%" PRIu64 ") outside buffer %" PRId32
+                    ", or it is not a weight buffer",
+                    where, b->weight_offset, b->weight_bytes, b->weight_buffer);
+    }
+    return MGC_PLAN_OK;
+}
+
 static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size_t errsz) {
     const mgc_stage_program *st = &p->stages[s];
     char where[96];
@@ -524,10 +617,19 @@ static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size
             INVALID("%s: live range [%" PRId64 ", %" PRId64 ") outside [0, %" PRId64 "]", where,
                     b->live_begin, b->live_end, st->n_instrs);
     }
+    mgc_plan_status brc = check_buckets(p, s, err, errsz);
+    if (brc) return brc;
+    int64_t n_reduce = 0;
     for (int64_t i = 0; i < st->n_instrs; i++) {
         const mgc_instr *in = &st->instrs[i];
         snprintf(where, sizeof where, "stage %" PRId64 " instruction %" PRId64, s, i);
         if (in->op >= MGC_I__COUNT) INVALID("%s: op %u unknown", where, in->op);
+        if (in->op == MGC_I_REDUCE_GRADS || in->op == MGC_I_GATHER_PARAMS) {
+            n_reduce += in->op == MGC_I_REDUCE_GRADS;
+            if ((int64_t)in->arg >= st->n_buckets)
+                INVALID("%s (%s): bucket %" PRIu32 " outside the stage's %" PRId64 " buckets",
+                        where, instr_names[in->op], in->arg, st->n_buckets);
+        }
         const char *on = instr_names[in->op];
         if (in->chunk >= st->n_chunks)
             INVALID("%s (%s): chunk %u outside 0..%" PRId64, where, on, in->chunk,
@@ -544,6 +646,10 @@ static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size
                     where, on, in->peer);
         }
     }
+    if (n_reduce != st->n_buckets)
+        INVALID("stage %" PRId64 ": %" PRId64 " reduce_grads instructions for %" PRId64
+                " gradient buckets (one each)",
+                s, n_reduce, st->n_buckets);
     for (int64_t c = 0; c < st->n_chunks; c++) {
         const mgc_plan_chunk *ch = &st->chunks[c];
         snprintf(where, sizeof where, "stage %" PRId64 " chunk %" PRId64, s, c);
@@ -697,6 +803,10 @@ static void put_section(uint8_t *out, const dirent_ *e, const mgc_plan *p) {
         for (uint64_t i = 0; i < e->count; i++)
             put_buffer(out + i * sz, &st->buffers[i]);
         break;
+    case S_BCKT:
+        for (uint64_t i = 0; i < e->count; i++)
+            put_bucket(out + i * sz, &st->buckets[i]);
+        break;
     case S_CHNK:
         put_chunk(out, ch);
         break;
@@ -733,7 +843,7 @@ mgc_plan_status mgc_plan_encode(const mgc_plan *p, uint8_t **out_buf, size_t *ou
     /* the directory: plan-wide sections, then each stage's, then its chunks' */
     uint64_t n_sec = 3;
     for (int64_t s = 0; s < p->n_stages; s++)
-        n_sec += 3 + 4 * (uint64_t)p->stages[s].n_chunks;
+        n_sec += 4 + 4 * (uint64_t)p->stages[s].n_chunks;
     if (n_sec > UINT32_MAX) {
         set_err(err, errsz, "invalid plan: %" PRIu64 " sections, above 2^32-1", n_sec);
         return MGC_PLAN_ERR_INVALID;
@@ -753,6 +863,7 @@ mgc_plan_status mgc_plan_encode(const mgc_plan *p, uint8_t **out_buf, size_t *ou
         add_section(dir, &n, S_STAG, si, NO_INDEX, 1);
         add_section(dir, &n, S_INST, si, NO_INDEX, (uint64_t)st->n_instrs);
         add_section(dir, &n, S_BUFS, si, NO_INDEX, (uint64_t)st->n_buffers);
+        add_section(dir, &n, S_BCKT, si, NO_INDEX, (uint64_t)st->n_buckets);
         for (int64_t c = 0; c < st->n_chunks; c++) {
             const mgc_plan_chunk *ch = &st->chunks[c];
             uint32_t ci = (uint32_t)c;
@@ -851,6 +962,9 @@ static void advance(cursor *cur, const mgc_plan *p) {
         cur->kind = S_BUFS;
         return;
     case S_BUFS:
+        cur->kind = S_BCKT;
+        return;
+    case S_BCKT:
     case S_BWDO:
         cur->chunk++;
         if (cur->chunk >= p->stages[cur->stage].n_chunks) goto next_stage;
@@ -1038,8 +1152,8 @@ mgc_plan_status mgc_plan_decode(const uint8_t *buf, size_t len, const char *name
         case S_GRID:
             if (cnt != 1) CORRUPT("section %s holds %" PRIu64 " records, not 1", LABEL, cnt);
             get_grid(r, p);
-            /* each stage needs 3 more sections: no allocation beyond the file */
-            if (p->n_stages < 0 || p->n_stages > left / 3)
+            /* each stage needs 4 more sections: no allocation beyond the file */
+            if (p->n_stages < 0 || p->n_stages > left / 4)
                 CORRUPT("%" PRId64 " stages but %" PRIu32 " sections follow", p->n_stages, left);
             p->stages = alloc_records((uint64_t)p->n_stages, sizeof *p->stages);
             if (p->n_stages && !p->stages) goto nomem;
@@ -1087,6 +1201,13 @@ mgc_plan_status mgc_plan_decode(const uint8_t *buf, size_t len, const char *name
             st->n_buffers = (int64_t)cnt;
             for (uint64_t k = 0; k < cnt; k++)
                 get_buffer(r + k * sz, &st->buffers[k]);
+            break;
+        case S_BCKT:
+            st->buckets = alloc_records(cnt, sizeof *st->buckets);
+            if (cnt && !st->buckets) goto nomem;
+            st->n_buckets = (int64_t)cnt;
+            for (uint64_t k = 0; k < cnt; k++)
+                get_bucket(r + k * sz, &st->buckets[k]);
             break;
         case S_CHNK:
             if (cnt != 1) CORRUPT("section %s holds %" PRIu64 " records, not 1", LABEL, cnt);

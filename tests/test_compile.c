@@ -99,6 +99,21 @@ static int compile_one(const char *path, const char *const *sets, int *skipped) 
             T_EQ_I64(arena_violations(&p->stages[s]), 0);
             T_EQ_I64(tensor_violations(&p->stages[s]), 0);
             T_CHECK(p->stages[s].arena_bytes > 0);
+            /* buckets tile the GRAD buffer exactly, split evenly into shards,
+             * and the schedule reduces each once */
+            const mgc_stage_program *sp = &p->stages[s];
+            uint64_t grad = 0, tiled = 0;
+            for (int64_t b = 0; b < sp->n_buffers; b++)
+                if (sp->buffers[b].kind == MGC_BUF_GRAD) grad += sp->buffers[b].bytes;
+            int64_t reduces = 0;
+            for (int64_t i = 0; i < sp->n_instrs; i++) reduces += sp->instrs[i].op == MGC_I_REDUCE_GRADS;
+            for (int64_t b = 0; b < sp->n_buckets; b++) {
+                tiled += sp->buckets[b].grad_bytes;
+                T_CHECK(sp->buckets[b].shards >= 1 && sp->buckets[b].count % (uint64_t)sp->buckets[b].shards == 0);
+                T_CHECK(sp->buckets[b].group == MGC_GROUP_DPCP || sp->buckets[b].group == MGC_GROUP_EDP);
+            }
+            T_EQ_U64(tiled, grad);
+            T_EQ_I64(reduces, sp->n_buckets);
             T_CHECK(p->stages[s].n_instrs > 0);
         }
         /* round trip: decode(encode(p)) encodes to the same bytes */

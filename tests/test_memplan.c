@@ -1022,6 +1022,23 @@ static int validate_plan(mgc_plan *p, const char *label) {
     return 0;
 }
 
+/* The stage's gradient buckets (mgc_memplan_buckets), and its stream's tail
+ * of REDUCE_GRADS rewritten to one per bucket, as mgc_compile does. */
+static void set_buckets(const mgc_config *c, const mgc_grid *g, mgc_stage_program *sp,
+                        int64_t bucket_elems) {
+    free(sp->buckets);
+    T_CHECK(mgc_memplan_buckets(c, g, sp, bucket_elems, &sp->buckets, &sp->n_buckets) == 0);
+    int64_t keep = 0;
+    for (int64_t i = 0; i < sp->n_instrs; i++)
+        if (sp->instrs[i].op != MGC_I_REDUCE_GRADS && sp->instrs[i].op != MGC_I_OPTIMIZER)
+            sp->instrs[keep++] = sp->instrs[i];
+    sp->instrs = realloc(sp->instrs, (size_t)(keep + sp->n_buckets + 1) * sizeof *sp->instrs);
+    for (int64_t b = 0; b < sp->n_buckets; b++)
+        sp->instrs[keep++] = (mgc_instr){MGC_I_REDUCE_GRADS, 0, -1, -1, (uint32_t)b, (uint64_t)b};
+    sp->instrs[keep++] = (mgc_instr){MGC_I_OPTIMIZER, 0, -1, -1, 0, 0};
+    sp->n_instrs = keep;
+}
+
 static void free_plan_stages(mgc_plan *p) {
     mgc_plan_free(p);
 }
@@ -1036,8 +1053,10 @@ static void run_synth(const char *label, const synth *s, int precision, int dist
     mgc_diags d;
     mgc_diags_init(&d);
     uint64_t peak = 0;
+    p->distributed_optimizer = distopt;
     for (int64_t r = 0; r < s->pp; r++) {
         mgc_memplan_info info;
+        set_buckets(c, &g, &p->stages[r], 1 << 20);
         int rc = mgc_memplan_build_info(c, &g, p, &p->stages[r], &d, &info);
         T_CHECK(rc == 0);
         if (rc) {
@@ -1193,9 +1212,17 @@ static void run_real(const char *file, const char *const *sets, int nsets) {
         sp->chunks = calloc((size_t)sp->n_chunks, sizeof *sp->chunks);
         T_CHECK(mgc_partition_build(c, g, &p->grid, r, p, sp->chunks, &d) == 0);
     }
+    int64_t *nb = calloc((size_t)p->grid.pp, sizeof *nb);
+    for (int64_t r = 0; r < p->grid.pp; r++) {
+        mgc_stage_program *sp = &p->stages[r];
+        T_CHECK(mgc_memplan_buckets(c, &p->grid, sp, 40000000, &sp->buckets, &sp->n_buckets) == 0);
+        nb[r] = sp->n_buckets;
+    }
     mgc_schedule_params prm;
     mgc_schedule_params_from_config(c, 2, &prm);
+    prm.rank_buckets = nb;
     T_CHECK(mgc_schedule_build(&prm, &sched, &d) == 0);
+    free(nb);
     if (d.errors || !sched) goto out;
     uint64_t peak = 0;
     for (int64_t r = 0; r < p->grid.pp; r++) {

@@ -82,6 +82,94 @@ static void random_op(mgc_plan *p, mgc_plan_op *o, int64_t n_tensors, int bwd, i
     o->flops = rnd_nz();
 }
 
+/* Random gradient buckets for stage st: one per REDUCE_GRADS, in reverse
+ * element order inside buffers 0 (GRAD) and 1 (WEIGHT); without room, the
+ * bucket instructions become OPTIMIZER. */
+static void random_buckets(const mgc_plan *p, mgc_stage_program *st) {
+    int64_t nr = 0;
+    for (int64_t i = 0; i < st->n_instrs; i++)
+        nr += st->instrs[i].op == MGC_I_REDUCE_GRADS;
+    uint64_t wsz = rnd() % 2 ? 2 : 4, unit = 128 * 8, need = (uint64_t)nr * 5 * unit;
+    if (nr && (st->n_buffers < 2 || st->buffers[0].bytes < need * 4 ||
+               st->buffers[1].bytes < need * wsz))
+        nr = 0;
+    for (int64_t i = 0; i < st->n_instrs; i++) {
+        mgc_instr *in = &st->instrs[i];
+        if (in->op != MGC_I_REDUCE_GRADS && in->op != MGC_I_GATHER_PARAMS) continue;
+        if (!nr)
+            in->op = MGC_I_OPTIMIZER;
+        else
+            in->arg = (uint32_t)rnd_in(0, nr - 1);
+    }
+    st->n_buckets = nr;
+    if (!nr) return;
+    st->buffers[0].kind = MGC_BUF_GRAD;
+    st->buffers[1].kind = MGC_BUF_WEIGHT;
+    st->buckets = calloc((size_t)nr, sizeof *st->buckets);
+    uint64_t at = (uint64_t)rnd_in(0, 3) * unit;
+    for (int64_t k = nr - 1; k >= 0; k--) { /* ascending elements, descending index */
+        mgc_bucket *b = &st->buckets[k];
+        b->group = rnd() % 2 ? MGC_GROUP_DPCP : MGC_GROUP_EDP;
+        b->chunk = (uint16_t)rnd_in(0, st->n_chunks - 1);
+        b->shards = !p->distributed_optimizer ? 1
+                    : b->group == MGC_GROUP_DPCP ? p->grid.dp * p->grid.cp
+                                                 : p->grid.edp;
+        b->begin = at;
+        b->count = (uint64_t)rnd_in(1, 4) * 128 * (uint64_t)b->shards;
+        at += b->count + (uint64_t)rnd_in(0, 1) * 128;
+        b->grad_buffer = 0;
+        b->weight_buffer = 1;
+        b->grad_offset = b->begin * 4;
+        b->grad_bytes = b->count * 4;
+        b->weight_offset = b->begin * wsz;
+        b->weight_bytes = b->count * wsz;
+    }
+}
+
+/* Stage s gets exactly two buckets (bf16, shards 1; call with the
+ * distributed optimizer off or dp*cp = edp = 1) over two new buffers, GRAD
+ * and WEIGHT, and two REDUCE_GRADS at the end of its stream. */
+static void fixed_buckets(mgc_plan *p, int64_t s) {
+    mgc_stage_program *st = &p->stages[s];
+    for (int64_t i = 0; i < st->n_instrs; i++)
+        if (st->instrs[i].op == MGC_I_REDUCE_GRADS || st->instrs[i].op == MGC_I_GATHER_PARAMS)
+            st->instrs[i].op = MGC_I_OPTIMIZER, st->instrs[i].arg = 0;
+    st->instrs = realloc(st->instrs, (size_t)(st->n_instrs + 2) * sizeof *st->instrs);
+    for (int k = 0; k < 2; k++)
+        st->instrs[st->n_instrs++] = (mgc_instr){MGC_I_REDUCE_GRADS, 0, -1, -1, (uint32_t)k, 0};
+    st->buffers = realloc(st->buffers, (size_t)(st->n_buffers + 2) * sizeof *st->buffers);
+    uint64_t at = (st->arena_bytes + MGC_PLAN_ALIGN - 1) / MGC_PLAN_ALIGN * MGC_PLAN_ALIGN;
+    for (int k = 0; k < 2; k++) {
+        mgc_buffer *b = &st->buffers[st->n_buffers + k];
+        memset(b, 0, sizeof *b);
+        b->kind = k ? MGC_BUF_WEIGHT : MGC_BUF_GRAD;
+        b->chunk = 0xffffu;
+        b->mb = -1;
+        b->bytes = 1024 * (k ? 2 : 4);
+        b->offset = at;
+        b->live_end = st->n_instrs;
+        at += b->bytes;
+    }
+    st->arena_bytes = at;
+    free(st->buckets);
+    st->buckets = calloc(2, sizeof *st->buckets);
+    st->n_buckets = 2;
+    for (int k = 0; k < 2; k++) { /* bucket 0: elements [512, 1024), bucket 1: [0, 512) */
+        mgc_bucket *b = &st->buckets[k];
+        b->group = k ? MGC_GROUP_DPCP : MGC_GROUP_EDP;
+        b->shards = 1;
+        b->begin = k ? 0 : 512;
+        b->count = 512;
+        b->grad_buffer = (int32_t)st->n_buffers;
+        b->weight_buffer = (int32_t)st->n_buffers + 1;
+        b->grad_offset = b->begin * 4;
+        b->grad_bytes = b->count * 4;
+        b->weight_offset = b->begin * 2;
+        b->weight_bytes = b->count * 2;
+    }
+    st->n_buffers += 2;
+}
+
 /* A plan on grid g with up to `scale` of each list per stage/chunk. */
 static mgc_plan *random_plan(mgc_grid g, int64_t scale) {
     mgc_plan *p = mgc_plan_new();
@@ -153,6 +241,7 @@ static mgc_plan *random_plan(mgc_grid g, int64_t scale) {
             in->arg = (uint32_t)rnd_nz();
             in->seq = rnd_nz();
         }
+        random_buckets(p, st);
         for (int64_t c = 0; c < g.vp; c++) {
             mgc_plan_chunk *ch = &st->chunks[c];
             ch->first_layer = (int32_t)rnd_in(0, 1000);
@@ -290,6 +379,22 @@ static int compare_plans(const mgc_plan *a, const mgc_plan *b) {
             SAME(u->arg, v->arg);
             SAME(u->seq, v->seq);
         }
+        SAME(x->n_buckets, y->n_buckets);
+        for (int64_t i = 0; i < x->n_buckets && i < y->n_buckets; i++) {
+            const mgc_bucket *u = &x->buckets[i], *v = &y->buckets[i];
+            SAME(u->group, v->group);
+            SAME(u->chunk, v->chunk);
+            SAME(v->pad_, 0);
+            SAME(u->shards, v->shards);
+            SAME(u->begin, v->begin);
+            SAME(u->count, v->count);
+            SAME(u->grad_buffer, v->grad_buffer);
+            SAME(u->weight_buffer, v->weight_buffer);
+            SAME(u->grad_offset, v->grad_offset);
+            SAME(u->grad_bytes, v->grad_bytes);
+            SAME(u->weight_offset, v->weight_offset);
+            SAME(u->weight_bytes, v->weight_bytes);
+        }
         SAME(x->n_buffers, y->n_buffers);
         for (int64_t i = 0; i < x->n_buffers && i < y->n_buffers; i++) {
             const mgc_buffer *u = &x->buffers[i], *v = &y->buffers[i];
@@ -347,6 +452,10 @@ static uint32_t rd32(const uint8_t *p) {
 }
 static uint64_t rd64(const uint8_t *p) {
     return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32;
+}
+static void wr16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
 }
 static void wr32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++)
@@ -420,7 +529,7 @@ static uint8_t *build_file(const sec *s, size_t n, size_t *len) {
         pos = (pos + s[i].count * s[i].elem + 7) & ~(uint64_t)7;
     uint8_t *b = calloc(1, (size_t)pos);
     memcpy(b, "\x89MGC\r\n\x1a\n", 8);
-    wr32(b + 8, 1);
+    wr32(b + 8, MGC_PLAN_VERSION);
     wr64(b + 16, pos);
     wr32(b + 24, (uint32_t)n);
     wr32(b + 28, 48);
@@ -590,6 +699,10 @@ static void test_round_trip(void) {
     uint8_t *b1, *b2;
     size_t l1, l2;
     char err[512];
+    p->distributed_optimizer = 0; /* bucket shards stay 1 whatever the grid */
+    for (int64_t s = 0; s < p->n_stages; s++)
+        for (int64_t i = 0; i < p->stages[s].n_buckets; i++)
+            p->stages[s].buckets[i].shards = 1;
     T_EQ_I64(mgc_plan_encode(p, &b1, &l1, err, sizeof err), MGC_PLAN_OK);
     p->grid.dp = 4096;
     p->grid.edp = 4096;
@@ -671,6 +784,7 @@ static void test_corruption(void) {
 /* Files with valid checksums but hostile contents. */
 static void test_hostile(void) {
     mgc_plan *p = random_plan(grid_small, 3);
+    fixed_buckets(p, 0);
     uint8_t *orig;
     size_t len;
     char err[512];
@@ -686,12 +800,16 @@ static void test_hostile(void) {
            4);
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "not an mgc plan (it starts with 7f 45 4c 46");
     memcpy(b, orig, len);
-    wr32(b + 8, 2);
+    wr32(b + 8, 1); /* a version-1 plan (no gradient buckets) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 2, this mgc-run reads 1: recompile with mgc compile");
+                  "plan format version 1, this mgc-run reads 2: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 2); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 3);
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 3, this mgc-run reads 2");
+    memcpy(b, orig, len);
+    wr32(b + 8, 3); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
@@ -804,6 +922,27 @@ static void test_hostile(void) {
     wr64(bf0 + 24, UINT64_C(1) << 62); /* offset, aligned, outside the arena */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "outside the arena");
+    /* the gradient buckets (BCKT), damaged with valid checksums */
+    int64_t bckt = find_section(orig, "BCKT", 0, NONE);
+    T_CHECK(bckt >= 0 && rd64(entry(orig, (uint32_t)bckt) + 32) == 2 &&
+            rd32(entry(orig, (uint32_t)bckt) + 40) == 72);
+    uint8_t *bk0 = b + rd64(entry(orig, (uint32_t)bckt) + 16);
+    memcpy(b, orig, len);
+    wr16(bk0 + 0, MGC_GROUP_TP);
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "neither dp_cp");
+    memcpy(b, orig, len);
+    wr64(bk0 + 72 + 16, 512); /* bucket 1 overlaps bucket 0 */
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "does not end at or before bucket 0");
+    memcpy(b, orig, len);
+    wr64(bk0 + 48, 1u << 20); /* grad bytes */
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "grad bytes");
+    memcpy(b, orig, len);
+    wr32(entry(b, (uint32_t)bckt) + 40, 64); /* records shorter than version 2's */
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "records of");
     int64_t tns = find_section(orig, "TENS", 1, 0);
     uint8_t *t0 = b + rd64(entry(orig, (uint32_t)tns) + 16);
     memcpy(b, orig, len);
@@ -933,6 +1072,7 @@ static void test_validate(void) {
     st->instrs[0].op = MGC_I_FORWARD;
     st->instrs[0].mb = 0;
     st->instrs[0].peer = -1;
+    fixed_buckets(p, 1);
     T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
 
 #define BREAK(field, value, frag)                                                                  \
@@ -949,6 +1089,42 @@ static void test_validate(void) {
         T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);                              \
     } while (0)
 
+    /* gradient buckets and the instructions naming them */
+    {
+        mgc_bucket *bk = st->buckets;
+        int64_t last = st->n_instrs - 1;
+        BREAK(bk[0].group, MGC_GROUP_DP, "group 2 is neither dp_cp (4) nor edp (8)");
+        BREAK(bk[1].chunk, 1, "bucket 1: chunk 1 outside 0..0");
+        BREAK(bk[0].shards, 2, "2 shards, expected 1");
+        BREAK(bk[0].count, 0, "not a positive multiple");
+        BREAK(bk[1].begin, 256, "does not end at or before bucket 0");
+        BREAK(bk[1].count, 1024, "does not end at or before bucket 0");
+        BREAK(bk[0].grad_offset, 4, "grad bytes");
+        BREAK(bk[0].grad_bytes, 4, "grad bytes");
+        BREAK(bk[0].weight_bytes, 512 * 3, "weight bytes");
+        BREAK(bk[0].weight_offset, 0, "weight bytes");
+        BREAK(bk[0].grad_buffer, bk[0].weight_buffer, "not a grad buffer");
+        BREAK(bk[0].grad_buffer, -1, "not a grad buffer");
+        BREAK(bk[0].weight_buffer, (int32_t)st->n_buffers, "not a weight buffer");
+        BREAK(st->buffers[bk[0].grad_buffer].bytes, 2048, "outside buffer");
+        BREAK(st->n_buckets, -1, "-1 buckets");
+        BREAK(st->instrs[last].arg, 2, "bucket 2 outside the stage's 2 buckets");
+        BREAK(st->instrs[last].op, MGC_I_OPTIMIZER, "1 reduce_grads instructions for 2");
+        st->instrs[0].op = MGC_I_GATHER_PARAMS;
+        st->instrs[0].mb = -1;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+        BREAK(st->instrs[0].arg, 7, "(gather_params): bucket 7 outside");
+        st->instrs[0].op = MGC_I_FORWARD;
+        st->instrs[0].mb = 0;
+        /* a 4-byte weight dtype is also valid */
+        for (int k = 0; k < 2; k++) {
+            bk[k].weight_offset *= 2;
+            bk[k].weight_bytes *= 2;
+        }
+        st->buffers[bk[0].weight_buffer].bytes *= 2;
+        st->arena_bytes += 2048;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+    }
     BREAK(p->grid.world, 3, "grid world 3");
     BREAK(p->grid.vp, 0, "vp 0");
     BREAK(p->n_stages, 1, "1 stage programs for pp 2");
