@@ -14,6 +14,7 @@
 #include "codegen.h"
 #include "compile.h"
 #include "config.h"
+#include "data_cmd.h"
 #include "diag.h"
 #include "facts.h"
 #include "ir.h"
@@ -35,6 +36,7 @@ static void usage(FILE *out) {
           "  info FILE         model facts: parameters, FLOPs per iteration, layout\n"
           "  compile FILE      partition, schedule and memory-plan the model; -o PLAN writes the plan\n"
           "  inspect PLAN      explain a plan file (--memory: arena breakdown)\n"
+          "  data              build Megatron indexed datasets: data build, data synthetic, data info\n"
           "  schema            print the config schema (--json: JSON Schema, --markdown: key table)\n"
           "  version           print the version and the CUDA toolchain this build found\n"
           "\n"
@@ -446,6 +448,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "compile")) return cmd_compile(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) return cmd_schema(argc - 2, argv + 2);
+    if (!strcmp(cmd, "data")) return mgc_cmd_data(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) return usage(stdout), 0;
     fprintf(stderr, "mgc: unknown command '%s'\n", cmd);
