@@ -170,8 +170,13 @@ void mgc_plan_print_memory(const mgc_plan *p, FILE *out) {
         fputs("  largest buffers:\n", out);
         for (int t = 0; t < 5 && top[t] >= 0; t++) {
             const mgc_buffer *bf = &sp->buffers[top[t]];
+            char nm[96];
+            if (bf->mb >= 0) /* per-microbatch buffers share a name per chunk */
+                snprintf(nm, sizeof nm, "%s (mb %d)", mgc_plan_strat(p, bf->name), bf->mb);
+            else
+                snprintf(nm, sizeof nm, "%s", mgc_plan_strat(p, bf->name));
             fprintf(out, "    %-40s %-10s %12s at %14s  live [%" PRId64 ", %" PRId64 ")\n",
-                    mgc_plan_strat(p, bf->name), mgc_buf_kind_name((mgc_buf_kind)bf->kind),
+                    nm, mgc_buf_kind_name((mgc_buf_kind)bf->kind),
                     bytes_h(a, sizeof a, bf->bytes), bytes_h(b, sizeof b, bf->offset), bf->live_begin,
                     bf->live_end);
         }
