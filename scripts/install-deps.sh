@@ -4,7 +4,7 @@
 # run before every build.  The CUDA toolkit is optional and never installed
 # here (it lives under /usr/local/cuda where present).
 set -eu
-pkgs="build-essential cmake pkg-config libyaml-dev libopenblas-dev clang libclang-rt-dev python3 python3-pip python3-yaml python3-jsonschema"
+pkgs="build-essential cmake pkg-config libyaml-dev libopenblas-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev python3 python3-pip python3-yaml python3-jsonschema"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
