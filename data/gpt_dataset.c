@@ -27,7 +27,7 @@ uint64_t mgc_splitmix64(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
-void mgc_rng_seed(mgc_rng *r, uint64_t seed) {
+void mgc_data_rng_seed(mgc_data_rng *r, uint64_t seed) {
     uint64_t sm = seed;
     for (int i = 0; i < 4; i++)
         r->s[i] = mgc_splitmix64(&sm);
@@ -38,7 +38,7 @@ static uint64_t rotl(uint64_t x, int k) {
     return (x << k) | (x >> (64 - k));
 }
 
-uint64_t mgc_rng_next(mgc_rng *r) {
+uint64_t mgc_data_rng_next(mgc_data_rng *r) {
     uint64_t *s = r->s;
     uint64_t result = rotl(s[1] * 5, 7) * 9;
     uint64_t t = s[1] << 17;
@@ -51,17 +51,17 @@ uint64_t mgc_rng_next(mgc_rng *r) {
     return result;
 }
 
-uint64_t mgc_rng_below(mgc_rng *r, uint64_t bound) {
+uint64_t mgc_data_rng_below(mgc_data_rng *r, uint64_t bound) {
     uint64_t threshold = (0 - bound) % bound; /* 2^64 mod bound */
     for (;;) {
-        uint64_t x = mgc_rng_next(r);
+        uint64_t x = mgc_data_rng_next(r);
         if (x >= threshold) return x % bound;
     }
 }
 
-void mgc_rng_shuffle_i64(mgc_rng *r, int64_t *v, int64_t n) {
+void mgc_data_rng_shuffle_i64(mgc_data_rng *r, int64_t *v, int64_t n) {
     for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = (int64_t)mgc_rng_below(r, (uint64_t)i + 1);
+        int64_t j = (int64_t)mgc_data_rng_below(r, (uint64_t)i + 1);
         int64_t t = v[i];
         v[i] = v[j];
         v[j] = t;
@@ -194,16 +194,16 @@ mgc_data_status mgc_gpt_dataset_build(mgc_gpt_dataset **out, const mgc_indexed *
     }
 
     /* document index: E copies of the split, shuffled (last epoch apart when separate) */
-    mgc_rng rng;
-    mgc_rng_seed(&rng, cfg->seed);
+    mgc_data_rng rng;
+    mgc_data_rng_seed(&rng, cfg->seed);
     for (int64_t e = 0; e < epochs; e++)
         for (int64_t k = 0; k < n_docs; k++)
             g->doc_index[e * n_docs + k] = first + k;
     if (separate_final) {
-        mgc_rng_shuffle_i64(&rng, g->doc_index, (epochs - 1) * n_docs);
-        mgc_rng_shuffle_i64(&rng, g->doc_index + (epochs - 1) * n_docs, n_docs);
+        mgc_data_rng_shuffle_i64(&rng, g->doc_index, (epochs - 1) * n_docs);
+        mgc_data_rng_shuffle_i64(&rng, g->doc_index + (epochs - 1) * n_docs, n_docs);
     } else {
-        mgc_rng_shuffle_i64(&rng, g->doc_index, g->n_doc_index);
+        mgc_data_rng_shuffle_i64(&rng, g->doc_index, g->n_doc_index);
     }
 
     /* sample index: walk the document index seq_length tokens at a time */
@@ -235,8 +235,8 @@ mgc_data_status mgc_gpt_dataset_build(mgc_gpt_dataset **out, const mgc_indexed *
     int64_t head = separate_final ? samples_sans_final : g->n_samples;
     for (int64_t s = 0; s < g->n_samples; s++)
         g->shuffle_index[s] = s;
-    mgc_rng_shuffle_i64(&rng, g->shuffle_index, head);
-    mgc_rng_shuffle_i64(&rng, g->shuffle_index + head, g->n_samples - head);
+    mgc_data_rng_shuffle_i64(&rng, g->shuffle_index, head);
+    mgc_data_rng_shuffle_i64(&rng, g->shuffle_index + head, g->n_samples - head);
     *out = g;
     return MGC_DATA_OK;
 }

@@ -36,17 +36,17 @@ extern "C" {
 
 /* ---- PRNG: xoshiro256** (Blackman & Vigna), state seeded by splitmix64 ---- */
 
-typedef struct mgc_rng {
+typedef struct mgc_data_rng {
     uint64_t s[4]; /* xoshiro256** state, never all zero */
-} mgc_rng;
+} mgc_data_rng;
 
 uint64_t mgc_splitmix64(uint64_t *state); /* advances *state, returns the next output */
-void mgc_rng_seed(mgc_rng *r, uint64_t seed);
-uint64_t mgc_rng_next(mgc_rng *r);
+void mgc_data_rng_seed(mgc_data_rng *r, uint64_t seed);
+uint64_t mgc_data_rng_next(mgc_data_rng *r);
 /* Uniform in [0, bound), bound >= 1, unbiased (rejection). */
-uint64_t mgc_rng_below(mgc_rng *r, uint64_t bound);
+uint64_t mgc_data_rng_below(mgc_data_rng *r, uint64_t bound);
 /* Fisher-Yates: for i = n-1 .. 1 swap v[i] with v[below(i + 1)]. */
-void mgc_rng_shuffle_i64(mgc_rng *r, int64_t *v, int64_t n);
+void mgc_data_rng_shuffle_i64(mgc_data_rng *r, int64_t *v, int64_t n);
 
 /* ---- train / valid / test split ------------------------------------------ */
 

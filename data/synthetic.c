@@ -23,11 +23,11 @@ static void put(text *t, const char *fmt, ...) {
     if (k > 0) t->n += (size_t)k < room ? (size_t)k : room - 1;
 }
 
-static int64_t uniform(mgc_rng *r, int64_t lo, int64_t hi) { /* [lo, hi] */
-    return lo + (int64_t)mgc_rng_below(r, (uint64_t)(hi - lo + 1));
+static int64_t uniform(mgc_data_rng *r, int64_t lo, int64_t hi) { /* [lo, hi] */
+    return lo + (int64_t)mgc_data_rng_below(r, (uint64_t)(hi - lo + 1));
 }
 
-static void task_count(text *t, mgc_rng *r, int lines) {
+static void task_count(text *t, mgc_data_rng *r, int lines) {
     for (int l = 0; l < lines; l++) {
         int64_t step = uniform(r, 1, 3), from = uniform(r, 0, 60), k = uniform(r, 4, 9);
         int64_t to = from + step * (k - 1);
@@ -42,10 +42,10 @@ static void task_count(text *t, mgc_rng *r, int lines) {
     }
 }
 
-static void task_arith(text *t, mgc_rng *r, int lines) {
+static void task_arith(text *t, mgc_data_rng *r, int lines) {
     for (int l = 0; l < lines; l++) {
         int64_t a = uniform(r, 0, 99), b = uniform(r, 0, 99);
-        if (mgc_rng_below(r, 2))
+        if (mgc_data_rng_below(r, 2))
             put(t, "%lld+%lld=%lld\n", (long long)a, (long long)b, (long long)(a + b));
         else if (a >= b)
             put(t, "%lld-%lld=%lld\n", (long long)a, (long long)b, (long long)(a - b));
@@ -54,7 +54,7 @@ static void task_arith(text *t, mgc_rng *r, int lines) {
     }
 }
 
-static void task_lookup(text *t, mgc_rng *r, int lines) {
+static void task_lookup(text *t, mgc_data_rng *r, int lines) {
     char keys[6];
     int values[6];
     int n = (int)uniform(r, 3, 6);
@@ -62,33 +62,33 @@ static void task_lookup(text *t, mgc_rng *r, int lines) {
         char k;
         int dup;
         do { /* distinct keys */
-            k = (char)('a' + mgc_rng_below(r, 26));
+            k = (char)('a' + mgc_data_rng_below(r, 26));
             dup = 0;
             for (int j = 0; j < i; j++)
                 dup |= keys[j] == k;
         } while (dup);
         keys[i] = k;
-        values[i] = (int)mgc_rng_below(r, 10);
+        values[i] = (int)mgc_data_rng_below(r, 10);
     }
     put(t, "let");
     for (int i = 0; i < n; i++)
         put(t, " %c=%d", keys[i], values[i]);
     put(t, "\n");
     for (int l = 0; l < lines; l++) {
-        int i = (int)mgc_rng_below(r, (uint64_t)n);
+        int i = (int)mgc_data_rng_below(r, (uint64_t)n);
         put(t, "%c? %d\n", keys[i], values[i]);
     }
 }
 
-static void task_bracket(text *t, mgc_rng *r, int lines) {
+static void task_bracket(text *t, mgc_data_rng *r, int lines) {
     static const char open[] = "([{<", close[] = ")]}>";
     for (int l = 0; l < lines; l++) {
         char stack[4];
         int depth = 0, emitted = 0, len = (int)uniform(r, 2, 8); /* pairs */
         while (emitted < len || depth > 0) {
             int can_open = emitted < len && depth < 4;
-            if (can_open && (depth == 0 || mgc_rng_below(r, 2))) {
-                int k = (int)mgc_rng_below(r, 4);
+            if (can_open && (depth == 0 || mgc_data_rng_below(r, 2))) {
+                int k = (int)mgc_data_rng_below(r, 4);
                 stack[depth++] = close[k];
                 put(t, "%c", open[k]);
                 emitted++;
@@ -100,14 +100,14 @@ static void task_bracket(text *t, mgc_rng *r, int lines) {
     }
 }
 
-static void task_copy(text *t, mgc_rng *r, int lines) {
+static void task_copy(text *t, mgc_data_rng *r, int lines) {
     for (int l = 0; l < lines; l++) {
         char w[9];
         int n = (int)uniform(r, 2, 8);
         for (int i = 0; i < n; i++)
-            w[i] = (char)('a' + mgc_rng_below(r, 26));
+            w[i] = (char)('a' + mgc_data_rng_below(r, 26));
         w[n] = '\0';
-        if (mgc_rng_below(r, 2)) {
+        if (mgc_data_rng_below(r, 2)) {
             put(t, "copy %s|%s\n", w, w);
         } else {
             put(t, "rev %s|", w);
@@ -123,13 +123,13 @@ size_t mgc_synthetic_document(uint64_t seed, int64_t i, char *buf, size_t cap) {
     uint64_t sm = seed ^ 0x6d67632d64617461ull; /* "mgc-data" */
     uint64_t a = mgc_splitmix64(&sm);
     sm = a ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull);
-    mgc_rng r;
-    mgc_rng_seed(&r, mgc_splitmix64(&sm));
+    mgc_data_rng r;
+    mgc_data_rng_seed(&r, mgc_splitmix64(&sm));
     text t;
     t.n = 0;
     t.buf[0] = '\0';
     int lines = (int)uniform(&r, 6, 12);
-    switch (mgc_rng_below(&r, 5)) {
+    switch (mgc_data_rng_below(&r, 5)) {
     case 0:
         task_count(&t, &r, lines);
         break;

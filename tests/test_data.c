@@ -237,12 +237,12 @@ static void test_corrupt(void) {
 /* ---- round trip of random documents ------------------------------------------ */
 
 static void test_round_trip(void) {
-    mgc_rng r;
-    mgc_rng_seed(&r, 42);
+    mgc_data_rng r;
+    mgc_data_rng_seed(&r, 42);
     for (int trial = 0; trial < 6; trial++) {
         mgc_data_dtype dt = trial % 2 ? MGC_DTYPE_INT32 : MGC_DTYPE_UINT16;
         int32_t vocab = dt == MGC_DTYPE_INT32 ? 100000 : 65535;
-        int64_t n_docs = 1 + (int64_t)mgc_rng_below(&r, 200);
+        int64_t n_docs = 1 + (int64_t)mgc_data_rng_below(&r, 200);
         int64_t *lens = malloc((size_t)n_docs * sizeof *lens);
         int32_t **docs = malloc((size_t)n_docs * sizeof *docs);
         const char *prefix = path_of("rt");
@@ -252,10 +252,10 @@ static void test_round_trip(void) {
         int64_t total = 0;
         for (int64_t d = 0; d < n_docs; d++) {
             /* a quarter of the documents are empty */
-            lens[d] = mgc_rng_below(&r, 4) == 0 ? 0 : (int64_t)mgc_rng_below(&r, 300);
+            lens[d] = mgc_data_rng_below(&r, 4) == 0 ? 0 : (int64_t)mgc_data_rng_below(&r, 300);
             docs[d] = malloc((size_t)(lens[d] + 1) * sizeof(int32_t));
             for (int64_t i = 0; i < lens[d]; i++)
-                docs[d][i] = (int32_t)mgc_rng_below(&r, (uint64_t)vocab);
+                docs[d][i] = (int32_t)mgc_data_rng_below(&r, (uint64_t)vocab);
             T_CHECK(mgc_indexed_writer_add_document(w, docs[d], lens[d], &err) == MGC_DATA_OK);
             total += lens[d];
         }
@@ -328,14 +328,14 @@ static void test_tokenizer(void) {
 /* A dataset of `n_docs` random documents (some empty), token = (doc << 10) + i,
  * so every token says where it came from. */
 static mgc_indexed *make_dataset(const char *name, int64_t n_docs, uint64_t seed) {
-    mgc_rng r;
-    mgc_rng_seed(&r, seed);
+    mgc_data_rng r;
+    mgc_data_rng_seed(&r, seed);
     mgc_data_error err;
     mgc_indexed_writer *w;
     if (mgc_indexed_writer_open(&w, path_of(name), MGC_DTYPE_INT32, &err)) return NULL;
     int32_t t[64];
     for (int64_t d = 0; d < n_docs; d++) {
-        int64_t len = mgc_rng_below(&r, 5) == 0 ? 0 : 1 + (int64_t)mgc_rng_below(&r, 40);
+        int64_t len = mgc_data_rng_below(&r, 5) == 0 ? 0 : 1 + (int64_t)mgc_data_rng_below(&r, 40);
         for (int64_t i = 0; i < len; i++)
             t[i] = (int32_t)((d << 10) + i);
         mgc_indexed_writer_add_document(w, t, len, &err);
@@ -479,10 +479,10 @@ static void test_gpt(void) {
     /* PRNG reference values (splitmix64 from 0: the published first output) */
     uint64_t st = 0;
     T_EQ_U64(mgc_splitmix64(&st), 0xe220a8397b1dcdafull);
-    mgc_rng r1, r2;
-    mgc_rng_seed(&r1, 99);
-    mgc_rng_seed(&r2, 99);
-    T_EQ_U64(mgc_rng_next(&r1), mgc_rng_next(&r2));
+    mgc_data_rng r1, r2;
+    mgc_data_rng_seed(&r1, 99);
+    mgc_data_rng_seed(&r2, 99);
+    T_EQ_U64(mgc_data_rng_next(&r1), mgc_data_rng_next(&r2));
 }
 
 /* ---- splits and blending --------------------------------------------------------- */

@@ -1,0 +1,785 @@
+/* cpu_ops_tmpl.h - the CPU reference kernels, written once over R (float or double).
+ * Included by cpu_ops.c twice with R, FN(name), GEMM and SFX defined; see cpu_ops.h for the
+ * contracts and docs/cpu-backend.md for the math.  Not a public header. */
+#if !defined(R) || !defined(FN) || !defined(GEMM)
+#error "included by cpu_ops.c only"
+#endif
+
+/* ---- embedding ------------------------------------------------------------------------ */
+
+void FN(mgc_cpu_embedding_fwd)(R *out, const int32_t *tok, const R *wte, int64_t v0, int64_t V_l,
+                               const R *wpe, const int32_t *pos, int64_t s, int64_t b, int64_t h) {
+    for (int64_t i = 0; i < s; i++) {
+        int64_t p = pos ? pos[i] : i;
+        for (int64_t j = 0; j < b; j++) {
+            int64_t r = i * b + j, id = (int64_t)tok[r] - v0;
+            R *o = out + r * h;
+            const R *w = (id >= 0 && id < V_l) ? wte + id * h : NULL;
+            for (int64_t c = 0; c < h; c++)
+                o[c] = w ? w[c] : (R)0;
+            if (wpe)
+                for (int64_t c = 0; c < h; c++)
+                    o[c] += wpe[p * h + c];
+        }
+    }
+}
+
+void FN(mgc_cpu_embedding_bwd)(R *dwte, R *dwpe, const R *dout, const int32_t *tok, int64_t v0,
+                               int64_t V_l, const int32_t *pos, int64_t s, int64_t b, int64_t h) {
+    for (int64_t i = 0; i < s; i++) {
+        int64_t p = pos ? pos[i] : i;
+        for (int64_t j = 0; j < b; j++) {
+            int64_t r = i * b + j, id = (int64_t)tok[r] - v0;
+            const R *g = dout + r * h;
+            if (dwte && id >= 0 && id < V_l)
+                for (int64_t c = 0; c < h; c++)
+                    dwte[id * h + c] += g[c];
+            if (dwpe)
+                for (int64_t c = 0; c < h; c++)
+                    dwpe[p * h + c] += g[c];
+        }
+    }
+}
+
+/* ---- norms ---------------------------------------------------------------------------- */
+
+static void FN(ln_stats)(const R *x, int64_t h, double eps, R *mean, R *rstd) {
+    R m = 0, v = 0;
+    for (int64_t c = 0; c < h; c++)
+        m += x[c];
+    m /= (R)h;
+    for (int64_t c = 0; c < h; c++)
+        v += (x[c] - m) * (x[c] - m);
+    v /= (R)h;
+    *mean = m;
+    *rstd = (R)1 / sqrt(v + (R)eps);
+}
+
+void FN(mgc_cpu_layernorm_fwd)(R *y, R *mean, R *rstd, const R *x, const R *w, const R *bias,
+                               int64_t n, int64_t h, double eps) {
+    for (int64_t r = 0; r < n; r++) {
+        R m, rs;
+        FN(ln_stats)(x + r * h, h, eps, &m, &rs);
+        for (int64_t c = 0; c < h; c++)
+            y[r * h + c] = (x[r * h + c] - m) * rs * w[c] + (bias ? bias[c] : (R)0);
+        if (mean) mean[r] = m;
+        if (rstd) rstd[r] = rs;
+    }
+}
+
+/* dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w */
+void FN(mgc_cpu_layernorm_bwd)(R *dx, R *dw, R *db, const R *dy, const R *x, const R *w, int64_t n,
+                               int64_t h, double eps) {
+    for (int64_t r = 0; r < n; r++) {
+        const R *xr = x + r * h, *gr = dy + r * h;
+        R m, rs, sg = 0, sgx = 0;
+        FN(ln_stats)(xr, h, eps, &m, &rs);
+        for (int64_t c = 0; c < h; c++) {
+            R xh = (xr[c] - m) * rs, g = gr[c] * w[c];
+            sg += g;
+            sgx += g * xh;
+            dw[c] += gr[c] * xh;
+            if (db) db[c] += gr[c];
+        }
+        sg /= (R)h;
+        sgx /= (R)h;
+        for (int64_t c = 0; c < h; c++) {
+            R xh = (xr[c] - m) * rs;
+            dx[r * h + c] = rs * (gr[c] * w[c] - sg - xh * sgx);
+        }
+    }
+}
+
+static R FN(rms_rstd)(const R *x, int64_t h, double eps) {
+    R ss = 0;
+    for (int64_t c = 0; c < h; c++)
+        ss += x[c] * x[c];
+    return (R)1 / sqrt(ss / (R)h + (R)eps);
+}
+
+void FN(mgc_cpu_rmsnorm_fwd)(R *y, R *rstd, const R *x, const R *w, int64_t n, int64_t h,
+                             double eps) {
+    for (int64_t r = 0; r < n; r++) {
+        R rs = FN(rms_rstd)(x + r * h, h, eps);
+        for (int64_t c = 0; c < h; c++)
+            y[r * h + c] = x[r * h + c] * rs * w[c];
+        if (rstd) rstd[r] = rs;
+    }
+}
+
+/* dx = rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd */
+void FN(mgc_cpu_rmsnorm_bwd)(R *dx, R *dw, const R *dy, const R *x, const R *w, int64_t n,
+                             int64_t h, double eps) {
+    for (int64_t r = 0; r < n; r++) {
+        const R *xr = x + r * h, *gr = dy + r * h;
+        R rs = FN(rms_rstd)(xr, h, eps), sgx = 0;
+        for (int64_t c = 0; c < h; c++) {
+            R xh = xr[c] * rs;
+            sgx += gr[c] * w[c] * xh;
+            dw[c] += gr[c] * xh;
+        }
+        sgx /= (R)h;
+        for (int64_t c = 0; c < h; c++)
+            dx[r * h + c] = rs * (gr[c] * w[c] - xr[c] * rs * sgx);
+    }
+}
+
+/* ---- linear --------------------------------------------------------------------------- */
+
+void FN(mgc_cpu_linear_fwd)(R *y, const R *x, const R *W, const R *bias, int64_t n, int64_t N,
+                            int64_t K) {
+    if (n == 0 || N == 0) return;
+    if (K == 0) {
+        for (int64_t i = 0; i < n * N; i++)
+            y[i] = 0;
+    } else {
+        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)N, (int)K, (R)1, x, (int)K, W,
+             (int)K, (R)0, y, (int)N);
+    }
+    if (bias)
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t c = 0; c < N; c++)
+                y[r * N + c] += bias[c];
+}
+
+void FN(mgc_cpu_linear_dgrad)(R *dx, const R *dy, const R *W, int64_t n, int64_t N, int64_t K) {
+    if (n == 0 || K == 0) return;
+    if (N == 0) {
+        for (int64_t i = 0; i < n * K; i++)
+            dx[i] = 0;
+        return;
+    }
+    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)K, (int)N, (R)1, dy, (int)N, W,
+         (int)K, (R)0, dx, (int)K);
+}
+
+void FN(mgc_cpu_linear_wgrad)(R *dW, R *db, const R *dy, const R *x, int64_t n, int64_t N,
+                              int64_t K) {
+    if (n == 0) return;
+    if (N > 0 && K > 0)
+        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)n, (R)1, dy, (int)N, x,
+             (int)K, (R)1, dW, (int)K);
+    if (db)
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t c = 0; c < N; c++)
+                db[c] += dy[r * N + c];
+}
+
+void FN(mgc_cpu_grouped_linear_fwd)(R *y, const R *x, const R *W, const int32_t *counts,
+                                    int64_t E_l, int64_t N, int64_t K) {
+    int64_t r0 = 0;
+    for (int64_t e = 0; e < E_l; e++) {
+        FN(mgc_cpu_linear_fwd)(y + r0 * N, x + r0 * K, W + e * N * K, NULL, counts[e], N, K);
+        r0 += counts[e];
+    }
+}
+
+void FN(mgc_cpu_grouped_linear_dgrad)(R *dx, const R *dy, const R *W, const int32_t *counts,
+                                      int64_t E_l, int64_t N, int64_t K) {
+    int64_t r0 = 0;
+    for (int64_t e = 0; e < E_l; e++) {
+        FN(mgc_cpu_linear_dgrad)(dx + r0 * K, dy + r0 * N, W + e * N * K, counts[e], N, K);
+        r0 += counts[e];
+    }
+}
+
+void FN(mgc_cpu_grouped_linear_wgrad)(R *dW, const R *dy, const R *x, const int32_t *counts,
+                                      int64_t E_l, int64_t N, int64_t K) {
+    int64_t r0 = 0;
+    for (int64_t e = 0; e < E_l; e++) {
+        FN(mgc_cpu_linear_wgrad)(dW + e * N * K, NULL, dy + r0 * N, x + r0 * K, counts[e], N, K);
+        r0 += counts[e];
+    }
+}
+
+/* ---- pointwise ------------------------------------------------------------------------ */
+
+#define GELU_C ((R)0.7978845608028654) /* sqrt(2/pi) */
+
+void FN(mgc_cpu_gelu_fwd)(R *y, const R *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        R u = GELU_C * (x[i] + (R)0.044715 * x[i] * x[i] * x[i]);
+        y[i] = (R)0.5 * x[i] * ((R)1 + tanh(u));
+    }
+}
+
+void FN(mgc_cpu_gelu_bwd)(R *dx, const R *dy, const R *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        R xi = x[i], u = GELU_C * (xi + (R)0.044715 * xi * xi * xi), t = tanh(u);
+        R du = GELU_C * ((R)1 + (R)3 * (R)0.044715 * xi * xi);
+        dx[i] = dy[i] * ((R)0.5 * ((R)1 + t) + (R)0.5 * xi * ((R)1 - t * t) * du);
+    }
+}
+
+void FN(mgc_cpu_swiglu_fwd)(R *y, const R *x, int64_t n, int64_t f) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < f; c++) {
+            R g = x[r * 2 * f + c], u = x[r * 2 * f + f + c];
+            y[r * f + c] = g / ((R)1 + exp(-g)) * u;
+        }
+}
+
+void FN(mgc_cpu_swiglu_bwd)(R *dx, const R *dy, const R *x, int64_t n, int64_t f) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < f; c++) {
+            R g = x[r * 2 * f + c], u = x[r * 2 * f + f + c], sg = (R)1 / ((R)1 + exp(-g));
+            R d = dy[r * f + c];
+            dx[r * 2 * f + c] = d * u * sg * ((R)1 + g * ((R)1 - sg));
+            dx[r * 2 * f + f + c] = d * g * sg;
+        }
+}
+
+void FN(mgc_cpu_add_fwd)(R *y, const R *a, const R *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+}
+
+/* ---- dropout -------------------------------------------------------------------------- */
+
+/* keep flag of element i: the RNG word against the threshold, in integers so that the
+ * float and double variants make identical masks */
+static int FN(keep)(const mgc_dropout_rng *rng, uint32_t thr, uint64_t i) {
+    return mgc_rng_u32(rng->seed, rng->stream, rng->elem0 + i) >= thr;
+}
+
+void FN(mgc_cpu_dropout_fwd)(R *y, uint8_t *mask, const R *x, int64_t n, double p,
+                             const mgc_dropout_rng *rng) {
+    uint32_t thr = mgc_rng_drop_threshold(p);
+    R sc = (R)(1.0 / (1.0 - p));
+    for (int64_t i = 0; i < n; i++) {
+        int kp = p > 0 ? FN(keep)(rng, thr, (uint64_t)i) : 1;
+        y[i] = kp ? (p > 0 ? x[i] * sc : x[i]) : (R)0;
+        if (mask) mask[i] = (uint8_t)kp;
+    }
+}
+
+void FN(mgc_cpu_dropout_bwd)(R *dx, const R *dy, const uint8_t *mask, int64_t n, double p,
+                             const mgc_dropout_rng *rng) {
+    uint32_t thr = mgc_rng_drop_threshold(p);
+    R sc = (R)(1.0 / (1.0 - p));
+    for (int64_t i = 0; i < n; i++) {
+        if (!(p > 0)) {
+            dx[i] = dy[i];
+            continue;
+        }
+        int kp = mask ? mask[i] != 0 : FN(keep)(rng, thr, (uint64_t)i);
+        dx[i] = kp ? dy[i] * sc : (R)0;
+    }
+}
+
+void FN(mgc_cpu_dropout_add_fwd)(R *y, uint8_t *mask, const R *x, const R *residual, int64_t n,
+                                 double p, const mgc_dropout_rng *rng) {
+    FN(mgc_cpu_dropout_fwd)(y, mask, x, n, p, rng);
+    for (int64_t i = 0; i < n; i++)
+        y[i] += residual[i];
+}
+
+/* ---- qkv split ------------------------------------------------------------------------ */
+
+static void FN(qkv_move)(R *qkv, R *q, R *k, R *v, int64_t n, int64_t G, int64_t per, int64_t d,
+                         int to_qkv) {
+    int64_t w = G * (per + 2) * d;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t g = 0; g < G; g++) {
+            R *src = qkv + r * w + g * (per + 2) * d;
+            R *dst[3] = {q + (r * G * per + g * per) * d, k + (r * G + g) * d, v + (r * G + g) * d};
+            int64_t len[3] = {per * d, d, d}, off = 0;
+            for (int part = 0; part < 3; part++) {
+                for (int64_t c = 0; c < len[part]; c++) {
+                    if (to_qkv)
+                        src[off + c] = dst[part][c];
+                    else
+                        dst[part][c] = src[off + c];
+                }
+                off += len[part];
+            }
+        }
+}
+
+void FN(mgc_cpu_qkv_split_fwd)(R *q, R *k, R *v, const R *qkv, int64_t n, int64_t G, int64_t per,
+                               int64_t d) {
+    FN(qkv_move)((R *)qkv, q, k, v, n, G, per, d, 0); /* reads qkv only */
+}
+
+void FN(mgc_cpu_qkv_split_bwd)(R *dqkv, const R *dq, const R *dk, const R *dv, int64_t n, int64_t G,
+                               int64_t per, int64_t d) {
+    FN(qkv_move)(dqkv, (R *)dq, (R *)dk, (R *)dv, n, G, per, d, 1); /* reads dq, dk, dv only */
+}
+
+/* ---- rotary --------------------------------------------------------------------------- */
+
+static void FN(rope)(R *y, const R *x, const int32_t *pos, int64_t s, int64_t b, int64_t H,
+                     int64_t d, int64_t rot_dim, double theta, double sign) {
+    int64_t half = rot_dim / 2;
+    for (int64_t i = 0; i < s; i++) {
+        double p = pos ? pos[i] : (double)i;
+        for (int64_t f = 0; f < half; f++) {
+            double ang = p * pow(theta, -2.0 * (double)f / (double)rot_dim);
+            R cs = (R)cos(ang), sn = (R)(sign * sin(ang));
+            for (int64_t bh = 0; bh < b * H; bh++) {
+                const R *xr = x + (i * b * H + bh) * d;
+                R *yr = y + (i * b * H + bh) * d;
+                R x0 = xr[f], x1 = xr[f + half];
+                yr[f] = x0 * cs - x1 * sn;
+                yr[f + half] = x1 * cs + x0 * sn;
+            }
+        }
+        if (y != x)
+            for (int64_t bh = 0; bh < b * H; bh++)
+                for (int64_t c = rot_dim; c < d; c++)
+                    y[(i * b * H + bh) * d + c] = x[(i * b * H + bh) * d + c];
+    }
+}
+
+void FN(mgc_cpu_rope_fwd)(R *y, const R *x, const int32_t *pos, int64_t s, int64_t b, int64_t H,
+                          int64_t d, int64_t rot_dim, double theta) {
+    FN(rope)(y, x, pos, s, b, H, d, rot_dim, theta, 1.0);
+}
+
+void FN(mgc_cpu_rope_bwd)(R *dx, const R *dy, const int32_t *pos, int64_t s, int64_t b, int64_t H,
+                          int64_t d, int64_t rot_dim, double theta) {
+    FN(rope)(dx, dy, pos, s, b, H, d, rot_dim, theta, -1.0);
+}
+
+/* ---- attention ------------------------------------------------------------------------ */
+
+static int FN(visible)(int causal, const int32_t *qpos, const int32_t *kpos, int64_t i, int64_t j) {
+    if (!causal) return 1;
+    int64_t qp = qpos ? qpos[i] : i, kp = kpos ? kpos[j] : j;
+    return kp <= qp;
+}
+
+/* dropout multiplier of probability (bi, a, i, j): 0 or 1/(1-p) */
+static R FN(attn_keep)(const mgc_dropout_rng *rng, double p, uint32_t thr, int64_t bi, int64_t a,
+                       int64_t i, int64_t j, int64_t A, int64_t sq, int64_t sk) {
+    if (!(p > 0)) return (R)1;
+    uint64_t e = (uint64_t)(((bi * A + a) * sq + i) * sk + j);
+    return FN(keep)(rng, thr, e) ? (R)(1.0 / (1.0 - p)) : (R)0;
+}
+
+void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *v, int64_t sq,
+                               int64_t sk, int64_t b, int64_t A, int64_t G, int64_t d, double scale,
+                               int causal, const int32_t *qpos, const int32_t *kpos,
+                               double dropout_p, const mgc_dropout_rng *rng, R *work) {
+    uint32_t thr = mgc_rng_drop_threshold(dropout_p);
+    int64_t per = A / G;
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t a = 0; a < A; a++) {
+            int64_t g = a / per;
+            for (int64_t i = 0; i < sq; i++) {
+                const R *qr = q + ((i * b + bi) * A + a) * d;
+                R *o = out + ((i * b + bi) * A + a) * d;
+                R mx = -INFINITY;
+                for (int64_t j = 0; j < sk; j++) {
+                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
+                    const R *kr = k + ((j * b + bi) * G + g) * d;
+                    R sc = 0;
+                    for (int64_t c = 0; c < d; c++)
+                        sc += qr[c] * kr[c];
+                    work[j] = sc * (R)scale;
+                    if (work[j] > mx) mx = work[j];
+                }
+                for (int64_t c = 0; c < d; c++)
+                    o[c] = 0;
+                R *l = lse + (i * b + bi) * A + a;
+                if (mx == -INFINITY) {
+                    *l = -INFINITY;
+                    continue;
+                }
+                R sum = 0;
+                for (int64_t j = 0; j < sk; j++)
+                    if (FN(visible)(causal, qpos, kpos, i, j)) sum += exp(work[j] - mx);
+                *l = mx + log(sum);
+                for (int64_t j = 0; j < sk; j++) {
+                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
+                    R pj = exp(work[j] - *l) *
+                           FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
+                    const R *vr = v + ((j * b + bi) * G + g) * d;
+                    for (int64_t c = 0; c < d; c++)
+                        o[c] += pj * vr[c];
+                }
+            }
+        }
+}
+
+void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, const R *k,
+                               const R *v, const R *out, const R *lse, int64_t sq, int64_t sk,
+                               int64_t b, int64_t A, int64_t G, int64_t d, double scale, int causal,
+                               const int32_t *qpos, const int32_t *kpos, double dropout_p,
+                               const mgc_dropout_rng *rng, R *work) {
+    uint32_t thr = mgc_rng_drop_threshold(dropout_p);
+    int64_t per = A / G;
+    R *pr = work, *dp = work + sk;
+    for (int64_t i = 0; i < sk * b * G * d; i++)
+        dk[i] = dv[i] = 0;
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t a = 0; a < A; a++) {
+            int64_t g = a / per;
+            for (int64_t i = 0; i < sq; i++) {
+                int64_t row = (i * b + bi) * A + a;
+                const R *qr = q + row * d, *dor = dout + row * d, *orow = out + row * d;
+                R *dqr = dq + row * d;
+                for (int64_t c = 0; c < d; c++)
+                    dqr[c] = 0;
+                R l = lse[row];
+                if (l == -INFINITY) continue;
+                R D = 0;
+                for (int64_t c = 0; c < d; c++)
+                    D += dor[c] * orow[c];
+                for (int64_t j = 0; j < sk; j++) {
+                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
+                    const R *kr = k + ((j * b + bi) * G + g) * d;
+                    const R *vr = v + ((j * b + bi) * G + g) * d;
+                    R sc = 0, dpj = 0;
+                    for (int64_t c = 0; c < d; c++) {
+                        sc += qr[c] * kr[c];
+                        dpj += dor[c] * vr[c];
+                    }
+                    pr[j] = exp(sc * (R)scale - l);
+                    dp[j] = dpj;
+                }
+                for (int64_t j = 0; j < sk; j++) {
+                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
+                    R z = FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
+                    R ds = pr[j] * (dp[j] * z - D) * (R)scale;
+                    const R *kr = k + ((j * b + bi) * G + g) * d;
+                    R *dkr = dk + ((j * b + bi) * G + g) * d,
+                      *dvr = dv + ((j * b + bi) * G + g) * d;
+                    for (int64_t c = 0; c < d; c++) {
+                        dqr[c] += ds * kr[c];
+                        dkr[c] += ds * qr[c];
+                        dvr[c] += pr[j] * z * dor[c];
+                    }
+                }
+            }
+        }
+}
+
+/* ---- cross-entropy -------------------------------------------------------------------- */
+
+void FN(mgc_cpu_ce_max)(R *mx, const R *logits, int64_t n, int64_t V_l) {
+    for (int64_t r = 0; r < n; r++) {
+        R m = -INFINITY;
+        for (int64_t c = 0; c < V_l; c++)
+            if (logits[r * V_l + c] > m) m = logits[r * V_l + c];
+        mx[r] = m;
+    }
+}
+
+void FN(mgc_cpu_ce_sums)(R *sumexp, R *tgt, const R *logits, const R *mx, const int32_t *labels,
+                         int64_t v0, int64_t n, int64_t V_l) {
+    for (int64_t r = 0; r < n; r++) {
+        R s = 0;
+        for (int64_t c = 0; c < V_l; c++)
+            s += exp(logits[r * V_l + c] - mx[r]);
+        sumexp[r] = s;
+        int64_t id = (int64_t)labels[r] - v0;
+        tgt[r] = (id >= 0 && id < V_l) ? logits[r * V_l + id] : (R)0;
+    }
+}
+
+void FN(mgc_cpu_ce_finish)(R *lse, R *loss, R *token_loss, const R *mx, const R *sumexp,
+                           const R *tgt, const R *mask, int64_t n) {
+    R tot = 0, cnt = 0;
+    for (int64_t r = 0; r < n; r++) {
+        lse[r] = mx[r] + log(sumexp[r]);
+        R m = mask ? mask[r] : (R)1, tl = lse[r] - tgt[r];
+        if (token_loss) token_loss[r] = tl;
+        if (m != 0) tot += m * tl; /* a masked-out token never contributes, even inf/nan */
+        cnt += m;
+    }
+    loss[0] = tot;
+    loss[1] = cnt;
+}
+
+void FN(mgc_cpu_ce_fwd)(R *lse, R *loss, R *token_loss, const R *logits, const int32_t *labels,
+                        const R *mask, int64_t n, int64_t V, R *work) {
+    R *mx = work, *se = work + n, *tg = work + 2 * n;
+    FN(mgc_cpu_ce_max)(mx, logits, n, V);
+    FN(mgc_cpu_ce_sums)(se, tg, logits, mx, labels, 0, n, V);
+    FN(mgc_cpu_ce_finish)(lse, loss, token_loss, mx, se, tg, mask, n);
+}
+
+void FN(mgc_cpu_ce_bwd)(R *dlogits, const R *logits, const R *lse, const int32_t *labels,
+                        const R *mask, double dloss, int64_t v0, int64_t n, int64_t V_l) {
+    for (int64_t r = 0; r < n; r++) {
+        R m = (mask ? mask[r] : (R)1) * (R)dloss;
+        int64_t id = (int64_t)labels[r] - v0;
+        for (int64_t c = 0; c < V_l; c++) {
+            R g = m == 0 ? (R)0 : m * (exp(logits[r * V_l + c] - lse[r]) - (c == id ? (R)1 : (R)0));
+            dlogits[r * V_l + c] = g;
+        }
+    }
+}
+
+/* ---- MoE router ----------------------------------------------------------------------- */
+
+static R FN(sigm)(R x) {
+    return (R)1 / ((R)1 + exp(-x));
+}
+
+/* top-k of row l (E) into ex (k): descending logit, ties to the lower expert index */
+static void FN(topk)(int32_t *ex, const R *l, int64_t E, int64_t k) {
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t u = 0; u < j; u++)
+                taken |= ex[u] == e;
+            if (taken) continue;
+            if (best < 0 || l[e] > l[best]) best = e;
+        }
+        ex[j] = (int32_t)best;
+    }
+}
+
+/* full-distribution scores p (E) of row l: softmax, or sigmoid normalised over E */
+static R FN(full_scores)(R *p, const R *l, int64_t E, mgc_router_score score) {
+    R lse = -INFINITY;
+    if (score == MGC_ROUTER_SIGMOID) {
+        R s = 0;
+        for (int64_t e = 0; e < E; e++)
+            s += (p[e] = FN(sigm)(l[e]));
+        for (int64_t e = 0; e < E; e++)
+            p[e] /= s;
+    }
+    R mx = -INFINITY, s = 0;
+    for (int64_t e = 0; e < E; e++)
+        if (l[e] > mx) mx = l[e];
+    for (int64_t e = 0; e < E; e++)
+        s += exp(l[e] - mx);
+    lse = mx + log(s);
+    if (score != MGC_ROUTER_SIGMOID)
+        for (int64_t e = 0; e < E; e++)
+            p[e] = exp(l[e] - lse);
+    return lse;
+}
+
+void FN(mgc_cpu_moe_route_fwd)(R *probs, int32_t *experts, int32_t *counts, R *z, const R *logits,
+                               int64_t n, int64_t E, int64_t k, mgc_router_score score,
+                               double scale, double z_coeff) {
+    R zs = 0;
+    for (int64_t e = 0; e < E; e++)
+        counts[e] = 0;
+    for (int64_t t = 0; t < n; t++) {
+        const R *l = logits + t * E;
+        int32_t *ex = experts + t * k;
+        R *pr = probs + t * k;
+        FN(topk)(ex, l, E, k);
+        R mx = -INFINITY, s = 0, lse = 0;
+        for (int64_t e = 0; e < E; e++)
+            if (l[e] > mx) mx = l[e];
+        for (int64_t e = 0; e < E; e++)
+            s += exp(l[e] - mx);
+        lse = mx + log(s);
+        zs += lse * lse;
+        if (score == MGC_ROUTER_SOFTMAX_PRE) {
+            for (int64_t j = 0; j < k; j++)
+                pr[j] = exp(l[ex[j]] - lse);
+        } else if (score == MGC_ROUTER_SOFTMAX) {
+            R ss = 0; /* l[ex[0]] is the max of the chosen */
+            for (int64_t j = 0; j < k; j++)
+                ss += (pr[j] = exp(l[ex[j]] - l[ex[0]]));
+            for (int64_t j = 0; j < k; j++)
+                pr[j] /= ss;
+        } else {
+            R ss = 0;
+            for (int64_t j = 0; j < k; j++)
+                ss += (pr[j] = FN(sigm)(l[ex[j]]));
+            if (k > 1)
+                for (int64_t j = 0; j < k; j++)
+                    pr[j] /= ss;
+        }
+        for (int64_t j = 0; j < k; j++) {
+            pr[j] *= (R)scale;
+            counts[ex[j]]++;
+        }
+    }
+    if (z) *z = n > 0 ? (R)z_coeff * zs / (R)n : (R)0;
+}
+
+R FN(mgc_cpu_moe_aux_loss)(const R *logits, const int32_t *counts, int64_t n, int64_t E, int64_t k,
+                           int64_t T, mgc_router_score score, double coeff) {
+    R acc = 0;
+    for (int64_t t = 0; t < n; t++) {
+        R p[E > 0 ? E : 1];
+        FN(full_scores)(p, logits + t * E, E, score);
+        for (int64_t e = 0; e < E; e++)
+            acc += p[e] * (R)counts[e];
+    }
+    return (R)(coeff * (double)E / ((double)k * (double)T * (double)T)) * acc;
+}
+
+void FN(mgc_cpu_moe_route_bwd)(R *dlogits, const R *dprobs, const R *logits, const int32_t *experts,
+                               const int32_t *counts, int64_t n, int64_t E, int64_t k, int64_t T,
+                               mgc_router_score score, double scale, double aux_coeff, double daux,
+                               double z_coeff, double dz) {
+    R K = (R)(daux * aux_coeff * (double)E / ((double)k * (double)T * (double)T));
+    R zk = n > 0 ? (R)(dz * z_coeff * 2.0 / (double)n) : (R)0;
+    for (int64_t t = 0; t < n; t++) {
+        const R *l = logits + t * E;
+        const int32_t *ex = experts + t * k;
+        const R *dp = dprobs + t * k;
+        R *dl = dlogits + t * E;
+        R p[E > 0 ? E : 1], sm[E > 0 ? E : 1], h[E > 0 ? E : 1];
+        for (int64_t e = 0; e < E; e++)
+            dl[e] = 0;
+        /* the probabilities */
+        if (score == MGC_ROUTER_SOFTMAX_PRE) {
+            FN(full_scores)(sm, l, E, MGC_ROUTER_SOFTMAX);
+            for (int64_t e = 0; e < E; e++)
+                h[e] = 0;
+            for (int64_t j = 0; j < k; j++)
+                h[ex[j]] = (R)scale * dp[j];
+            R dot = 0;
+            for (int64_t e = 0; e < E; e++)
+                dot += sm[e] * h[e];
+            for (int64_t e = 0; e < E; e++)
+                dl[e] += sm[e] * (h[e] - dot);
+        } else if (score == MGC_ROUTER_SOFTMAX) {
+            R q[k > 0 ? k : 1], ss = 0, dot = 0;
+            for (int64_t j = 0; j < k; j++)
+                ss += (q[j] = exp(l[ex[j]] - l[ex[0]]));
+            for (int64_t j = 0; j < k; j++)
+                dot += (q[j] /= ss) * (R)scale * dp[j];
+            for (int64_t j = 0; j < k; j++)
+                dl[ex[j]] += q[j] * ((R)scale * dp[j] - dot);
+        } else {
+            R sg[k > 0 ? k : 1], ss = 0, dot = 0;
+            for (int64_t j = 0; j < k; j++)
+                ss += (sg[j] = FN(sigm)(l[ex[j]]));
+            if (k > 1) {
+                for (int64_t j = 0; j < k; j++)
+                    dot += sg[j] / ss * (R)scale * dp[j];
+                for (int64_t j = 0; j < k; j++)
+                    dl[ex[j]] += ((R)scale * dp[j] - dot) / ss * sg[j] * ((R)1 - sg[j]);
+            } else {
+                for (int64_t j = 0; j < k; j++)
+                    dl[ex[j]] += (R)scale * dp[j] * sg[j] * ((R)1 - sg[j]);
+            }
+        }
+        /* the aux loss: d/dp_{t,e} = K c_e through the full-distribution scores */
+        if (K != 0) {
+            FN(full_scores)(p, l, E, score);
+            R dot = 0;
+            for (int64_t e = 0; e < E; e++)
+                dot += p[e] * K * (R)counts[e];
+            if (score == MGC_ROUTER_SIGMOID) {
+                R s = 0;
+                for (int64_t e = 0; e < E; e++)
+                    s += FN(sigm)(l[e]);
+                for (int64_t e = 0; e < E; e++) {
+                    R se = FN(sigm)(l[e]);
+                    dl[e] += (K * (R)counts[e] - dot) / s * se * ((R)1 - se);
+                }
+            } else {
+                for (int64_t e = 0; e < E; e++)
+                    dl[e] += p[e] * (K * (R)counts[e] - dot);
+            }
+        }
+        /* the z-loss: d/dl = zk lse softmax */
+        if (zk != 0) {
+            R lse = FN(full_scores)(sm, l, E, MGC_ROUTER_SOFTMAX);
+            for (int64_t e = 0; e < E; e++)
+                dl[e] += zk * lse * sm[e];
+        }
+    }
+}
+
+/* ---- MoE dispatch / combine ----------------------------------------------------------- */
+
+/* a before b in the "probs" drop order: higher prob first, then lower assignment index */
+static int FN(before)(const R *probs, int32_t a, int32_t b) {
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+}
+
+int64_t FN(mgc_cpu_moe_dispatch_map)(int32_t *row_src, int32_t *row_of, int32_t *counts,
+                                     const int32_t *experts, const R *probs, int64_t n, int64_t k,
+                                     int64_t E, int64_t capacity, mgc_drop_policy policy) {
+    int64_t nk = n * k, R0 = 0;
+    for (int64_t a = 0; a < nk; a++)
+        row_of[a] = -1;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t c = 0;
+        for (int64_t a = 0; a < nk; a++)
+            if (experts[a] == e) row_src[R0 + c++] = (int32_t)a;
+        if (capacity > 0 && c > capacity) {
+            int32_t *seg = row_src + R0;
+            if (policy == MGC_DROP_PROBS) {
+                for (int64_t u = 1; u < c; u++) /* insertion sort by drop order */
+                    for (int64_t w = u; w > 0 && FN(before)(probs, seg[w], seg[w - 1]); w--) {
+                        int32_t tmp = seg[w];
+                        seg[w] = seg[w - 1];
+                        seg[w - 1] = tmp;
+                    }
+                for (int64_t u = 1; u < capacity; u++) /* kept ones back to assignment order */
+                    for (int64_t w = u; w > 0 && seg[w] < seg[w - 1]; w--) {
+                        int32_t tmp = seg[w];
+                        seg[w] = seg[w - 1];
+                        seg[w - 1] = tmp;
+                    }
+            }
+            c = capacity;
+        }
+        for (int64_t u = 0; u < c; u++)
+            row_of[row_src[R0 + u]] = (int32_t)(R0 + u);
+        counts[e] = (int32_t)c;
+        R0 += c;
+    }
+    return R0;
+}
+
+void FN(mgc_cpu_moe_permute)(R *rows, const R *x, const int32_t *row_src, int64_t Rn, int64_t k,
+                             int64_t h) {
+    for (int64_t r = 0; r < Rn; r++) {
+        const R *src = x + (row_src[r] / k) * h;
+        for (int64_t c = 0; c < h; c++)
+            rows[r * h + c] = src[c];
+    }
+}
+
+void FN(mgc_cpu_moe_permute_bwd)(R *dx, const R *drows, const int32_t *row_of, int64_t n, int64_t k,
+                                 int64_t h) {
+    for (int64_t t = 0; t < n; t++) {
+        R *o = dx + t * h;
+        for (int64_t c = 0; c < h; c++)
+            o[c] = 0;
+        for (int64_t j = 0; j < k; j++) {
+            int32_t r = row_of[t * k + j];
+            if (r < 0) continue;
+            for (int64_t c = 0; c < h; c++)
+                o[c] += drows[r * h + c];
+        }
+    }
+}
+
+void FN(mgc_cpu_moe_combine)(R *y, const R *rows, const R *probs, const int32_t *row_of, int64_t n,
+                             int64_t k, int64_t h) {
+    for (int64_t t = 0; t < n; t++) {
+        R *o = y + t * h;
+        for (int64_t c = 0; c < h; c++)
+            o[c] = 0;
+        for (int64_t j = 0; j < k; j++) {
+            int32_t r = row_of[t * k + j];
+            if (r < 0) continue;
+            for (int64_t c = 0; c < h; c++)
+                o[c] += probs[t * k + j] * rows[r * h + c];
+        }
+    }
+}
+
+void FN(mgc_cpu_moe_combine_bwd)(R *drows, R *dprobs, const R *dy, const R *rows, const R *probs,
+                                 const int32_t *row_of, int64_t n, int64_t k, int64_t h) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t r = row_of[t * k + j];
+            R dot = 0;
+            if (r >= 0) {
+                for (int64_t c = 0; c < h; c++) {
+                    dot += dy[t * h + c] * rows[r * h + c];
+                    drows[r * h + c] = probs[t * k + j] * dy[t * h + c];
+                }
+            }
+            dprobs[t * k + j] = dot;
+        }
+}

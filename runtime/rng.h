@@ -1,0 +1,48 @@
+/* rng.h - counter-based random numbers (Philox-4x32-10, Salmon et al., SC'11).
+ *
+ * A counter-based generator has no state: the random word is a pure function of
+ * (key, counter), so any element's number can be produced on its own, in any order,
+ * on any rank, and recompute regenerates exactly the mask the forward used.
+ *
+ *     key     = the 64-bit training seed (two 32-bit words)
+ *     counter = (element index lo, hi, stream lo, hi)
+ *     stream  = mgc_rng_stream(layer, site, microbatch)
+ *
+ * One Philox call yields four 32-bit words; element i uses word i % 4 of counter i / 4.
+ * The helpers below are pure functions: no globals, no threads, bit-identical everywhere. */
+#ifndef MGC_RNG_H
+#define MGC_RNG_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The 10-round Philox-4x32 bijection: out = philox(key, ctr). */
+void mgc_rng_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* A stream id for one dropout site: (layer + 1) in bits 40..63 (layer -1 = embedding / head),
+ * site (0..255: which dropout of the layer) in bits 32..39, microbatch in bits 0..31. */
+uint64_t mgc_rng_stream(int32_t layer, uint32_t site, uint32_t microbatch);
+
+/* The 32-bit random word of element `index` of `stream` under `seed`. */
+uint32_t mgc_rng_u32(uint64_t seed, uint64_t stream, uint64_t index);
+
+/* Fill out[0..n) with the words of elements elem0 .. elem0+n-1 (the same values as
+ * mgc_rng_u32 one by one; elem0 lets a shard regenerate its slice of a global mask). */
+void mgc_rng_fill_u32(uint32_t *out, int64_t n, uint64_t seed, uint64_t stream, uint64_t elem0);
+
+/* Dropout keep threshold: an element is kept iff its word >= mgc_rng_drop_threshold(p),
+ * i.e. with probability 1 - p (exact to 2^-32). p in [0, 1). */
+uint32_t mgc_rng_drop_threshold(double p);
+
+/* The word as a uniform float in [0, 1) with 24 random bits. */
+static inline float mgc_rng_uniform_f32(uint32_t w) {
+    return (float)(w >> 8) * (1.0f / 16777216.0f);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif
