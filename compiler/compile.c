@@ -123,8 +123,11 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
         if (!sp->chunks) goto oom;
         if (mgc_partition_build(c, g, &p->grid, r, p, sp->chunks, d) || d->errors != before) goto fail;
         /* the gradient buckets, from the flat parameter layout (memplan.h) */
-        if (mgc_memplan_buckets(c, &p->grid, sp, bucket_elems(c), &sp->buckets, &sp->n_buckets))
-            goto oom;
+        if (mgc_memplan_buckets(c, &p->grid, sp, bucket_elems(c), &sp->buckets, &sp->n_buckets)) {
+            mgc_diag(d, MGC_SEV_ERROR, at, "out of memory, or a bug in mgc: please report it with the config",
+                     "cannot lay out the gradient buckets of pipeline rank %lld", (long long)r);
+            goto fail;
+        }
         buckets[r] = sp->n_buckets;
     }
 
