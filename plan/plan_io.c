@@ -447,74 +447,98 @@ static int instr_p2p(uint16_t op) {
     return op >= MGC_I_SEND_ACT && op <= MGC_I_RECV_GRAD;
 }
 
+/* Where a validation problem is: formatted only when a check fails, since
+ * validation visits every record of the plan (millions for large plans). */
+typedef struct wloc {
+    int64_t stage;    /* pipeline stage */
+    int64_t chunk;    /* chunk, -1 when the record is not inside one */
+    int64_t index;    /* record index, -1 for the chunk itself */
+    const char *kind; /* "buffer", "instruction", "tensor", "fwd op", ... */
+} wloc;
+
+static const char *wloc_str(const wloc *w, char *buf, size_t n) {
+    if (w->chunk < 0)
+        snprintf(buf, n, "stage %" PRId64 " %s %" PRId64, w->stage, w->kind, w->index);
+    else if (w->index < 0)
+        snprintf(buf, n, "stage %" PRId64 " chunk %" PRId64, w->stage, w->chunk);
+    else
+        snprintf(buf, n, "stage %" PRId64 " chunk %" PRId64 " %s %" PRId64, w->stage, w->chunk,
+                 w->kind, w->index);
+    return buf;
+}
+
+#define WH wloc_str(wl, wbuf, sizeof wbuf)
+
 static mgc_plan_status check_tensor(const mgc_plan *p, const mgc_stage_program *st,
                                     const mgc_plan_chunk *c, const mgc_plan_tensor *t,
-                                    const char *where, char *err, size_t errsz) {
+                                    const wloc *wl, char *err, size_t errsz) {
+    char wbuf[96];
     if (!str_ok(p, t->name))
-        INVALID("%s: name offset %" PRIu32 " outside the string table", where, t->name);
-    if (t->dtype >= MGC_DT__COUNT) INVALID("%s: dtype %u unknown", where, t->dtype);
+        INVALID("%s: name offset %" PRIu32 " outside the string table", WH, t->name);
+    if (t->dtype >= MGC_DT__COUNT) INVALID("%s: dtype %u unknown", WH, t->dtype);
     if (t->rank > MGC_PLAN_MAX_RANK)
-        INVALID("%s: rank %u above %d", where, t->rank, MGC_PLAN_MAX_RANK);
-    if (t->role > MGC_TR_WORKSPACE) INVALID("%s: role %u unknown", where, t->role);
+        INVALID("%s: rank %u above %d", WH, t->rank, MGC_PLAN_MAX_RANK);
+    if (t->role > MGC_TR_WORKSPACE) INVALID("%s: role %u unknown", WH, t->role);
     uint64_t elems = 1;
     for (int i = 0; i < t->rank; i++) {
-        if (t->dim[i] < 1) INVALID("%s: dim %d is %" PRId64 ", below 1", where, i, t->dim[i]);
-        if ((uint64_t)t->dim[i] > UINT64_MAX / elems) INVALID("%s: element count overflows", where);
+        if (t->dim[i] < 1) INVALID("%s: dim %d is %" PRId64 ", below 1", WH, i, t->dim[i]);
+        if ((uint64_t)t->dim[i] > UINT64_MAX / elems) INVALID("%s: element count overflows", WH);
         elems *= (uint64_t)t->dim[i];
     }
     uint64_t esz = mgc_dtype_size((mgc_dtype)t->dtype);
     if (elems > UINT64_MAX / esz || t->bytes != elems * esz)
-        INVALID("%s: bytes %" PRIu64 " != %" PRIu64 " elements x %" PRIu64 " bytes", where,
+        INVALID("%s: bytes %" PRIu64 " != %" PRIu64 " elements x %" PRIu64 " bytes", WH,
                 t->bytes, elems, esz);
     if (t->split_axis != MGC_PLAN_NO_SPLIT) {
         if (t->split_axis >= t->rank)
-            INVALID("%s: split axis %u outside rank %u", where, t->split_axis, t->rank);
+            INVALID("%s: split axis %u outside rank %u", WH, t->split_axis, t->rank);
         if (t->split_group >= MGC_GROUP__COUNT)
-            INVALID("%s: split group %u unknown", where, t->split_group);
+            INVALID("%s: split group %u unknown", WH, t->split_group);
     }
     if (t->buffer < MGC_PLAN_BUF_STASH || t->buffer >= st->n_buffers)
-        INVALID("%s: buffer %" PRId32 " outside %d..%" PRId64, where, t->buffer, MGC_PLAN_BUF_STASH,
+        INVALID("%s: buffer %" PRId32 " outside %d..%" PRId64, WH, t->buffer, MGC_PLAN_BUF_STASH,
                 st->n_buffers - 1);
     if (t->buffer == MGC_PLAN_BUF_STASH && (t->offset > c->stash_bytes || t->bytes > c->stash_bytes - t->offset))
-        INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") outside the chunk's stash of %" PRIu64 " bytes", where,
+        INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") outside the chunk's stash of %" PRIu64 " bytes", WH,
                 t->offset, t->bytes, c->stash_bytes);
     if (t->buffer >= 0) {
         const mgc_buffer *b = &st->buffers[t->buffer];
         if (t->offset > b->bytes || t->bytes > b->bytes - t->offset)
             INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") outside its buffer %" PRId32 " of %" PRIu64
                     " bytes",
-                    where, t->offset, t->bytes, t->buffer, b->bytes);
+                    WH, t->offset, t->bytes, t->buffer, b->bytes);
     }
     return MGC_PLAN_OK;
 }
 
 static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, const mgc_plan_op *o,
-                                int bwd, const char *where, char *err, size_t errsz) {
-    if (!op_kind_ok(o->kind)) INVALID("%s: op kind %u unknown", where, o->kind);
+                                int bwd, const wloc *wl, char *err, size_t errsz) {
+    char wbuf[96];
+    if (!op_kind_ok(o->kind)) INVALID("%s: op kind %u unknown", WH, o->kind);
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
     if (o->flags & ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED))
-        INVALID("%s (%s): unknown flags 0x%x", where, kn, o->flags);
+        INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
     int fwd_kind = o->kind <= MGC_POP_CROSS_ENTROPY,
         bwd_kind = o->kind >= MGC_POP_EMBEDDING_BWD && o->kind < MGC_POP_ALL_REDUCE;
-    if (!bwd && bwd_kind) INVALID("%s: backward op %s in a forward program", where, kn);
+    if (!bwd && bwd_kind) INVALID("%s: backward op %s in a forward program", WH, kn);
     if (bwd && fwd_kind && !(o->flags & MGC_POF_RECOMPUTE))
-        INVALID("%s: forward op %s in a backward program without the recompute flag", where, kn);
-    if (o->layer < -1) INVALID("%s (%s): layer %" PRId32 " below -1", where, kn, o->layer);
+        INVALID("%s: forward op %s in a backward program without the recompute flag", WH, kn);
+    if (o->layer < -1) INVALID("%s (%s): layer %" PRId32 " below -1", WH, kn, o->layer);
     if (!str_ok(p, o->name))
-        INVALID("%s (%s): name offset %" PRIu32 " outside the string table", where, kn, o->name);
+        INVALID("%s (%s): name offset %" PRIu32 " outside the string table", WH, kn, o->name);
     if (o->n_in > MGC_PLAN_MAX_IO || o->n_out > MGC_PLAN_MAX_IO)
-        INVALID("%s (%s): %u inputs, %u outputs, at most %d each", where, kn, o->n_in, o->n_out,
+        INVALID("%s (%s): %u inputs, %u outputs, at most %d each", WH, kn, o->n_in, o->n_out,
                 MGC_PLAN_MAX_IO);
     for (int i = 0; i < o->n_in; i++)
         if (o->in[i] < 0 || o->in[i] >= c->n_tensors)
-            INVALID("%s (%s): input %d is tensor %" PRId32 ", outside 0..%" PRId64, where, kn, i,
+            INVALID("%s (%s): input %d is tensor %" PRId32 ", outside 0..%" PRId64, WH, kn, i,
                     o->in[i], c->n_tensors - 1);
     for (int i = 0; i < o->n_out; i++)
         if (o->out[i] < 0 || o->out[i] >= c->n_tensors)
-            INVALID("%s (%s): output %d is tensor %" PRId32 ", outside 0..%" PRId64, where, kn, i,
+            INVALID("%s (%s): output %d is tensor %" PRId32 ", outside 0..%" PRId64, WH, kn, i,
                     o->out[i], c->n_tensors - 1);
     if (o->kind >= MGC_POP_ALL_REDUCE && o->group >= MGC_GROUP__COUNT)
-        INVALID("%s (%s): group %u unknown", where, kn, o->group);
+        INVALID("%s (%s): group %u unknown", WH, kn, o->group);
     return MGC_PLAN_OK;
 }
 
@@ -528,62 +552,66 @@ static int bucket_range_ok(const mgc_stage_program *st, int32_t buf, uint16_t ki
 /* The gradient buckets of stage s (docs/plan-format.md, BCKT). */
 static mgc_plan_status check_buckets(const mgc_plan *p, int64_t s, char *err, size_t errsz) {
     const mgc_stage_program *st = &p->stages[s];
-    char where[96];
+    wloc wl_ = {s, -1, -1, ""};
+    const wloc *wl = &wl_;
+    char wbuf[96];
     if (st->n_buckets < 0 || st->n_buckets > UINT32_MAX || (st->n_buckets > 0 && !st->buckets))
         INVALID("stage %" PRId64 ": %" PRId64 " buckets without an array (at most 2^32-1)", s,
                 st->n_buckets);
     const mgc_grid *g = &p->grid;
     for (int64_t i = 0; i < st->n_buckets; i++) {
         const mgc_bucket *b = &st->buckets[i];
-        snprintf(where, sizeof where, "stage %" PRId64 " bucket %" PRId64, s, i);
+        wl_ = (wloc){s, -1, i, "bucket"};
         if (b->group != MGC_GROUP_DPCP && b->group != MGC_GROUP_EDP)
-            INVALID("%s: group %u is neither dp_cp (%d) nor edp (%d)", where, b->group,
+            INVALID("%s: group %u is neither dp_cp (%d) nor edp (%d)", WH, b->group,
                     MGC_GROUP_DPCP, MGC_GROUP_EDP);
         if (b->chunk >= st->n_chunks)
-            INVALID("%s: chunk %u outside 0..%" PRId64, where, b->chunk, st->n_chunks - 1);
+            INVALID("%s: chunk %u outside 0..%" PRId64, WH, b->chunk, st->n_chunks - 1);
         int64_t want = !p->distributed_optimizer      ? 1
                        : b->group == MGC_GROUP_DPCP ? g->dp * g->cp
                                                     : g->edp;
         if (b->shards != want)
             INVALID("%s (%s): %" PRId64 " shards, expected %" PRId64
                     " (the group's size with the distributed optimizer, else 1)",
-                    where, mgc_group_name((mgc_group_kind)b->group), b->shards, want);
+                    WH, mgc_group_name((mgc_group_kind)b->group), b->shards, want);
         if (b->count == 0 || b->count % (uint64_t)b->shards)
             INVALID("%s: %" PRIu64 " elements, not a positive multiple of its %" PRId64 " shards",
-                    where, b->count, b->shards);
+                    WH, b->count, b->shards);
         if (b->begin > UINT64_MAX / 8 || b->count > UINT64_MAX / 8 - b->begin)
-            INVALID("%s: element range [%" PRIu64 ", +%" PRIu64 ") overflows", where, b->begin,
+            INVALID("%s: element range [%" PRIu64 ", +%" PRIu64 ") overflows", WH, b->begin,
                     b->count);
         if (i > 0 && b->begin + b->count > st->buckets[i - 1].begin)
             INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") does not end at or before bucket %" PRId64
                     " (at %" PRIu64 "): buckets are disjoint, in reverse layout order",
-                    where, b->begin, b->count, i - 1, st->buckets[i - 1].begin);
+                    WH, b->begin, b->count, i - 1, st->buckets[i - 1].begin);
         if (b->grad_offset != b->begin * 4 || b->grad_bytes != b->count * 4)
             INVALID("%s: grad bytes [%" PRIu64 ", +%" PRIu64 ") are not elements [%" PRIu64
                     ", +%" PRIu64 ") x 4",
-                    where, b->grad_offset, b->grad_bytes, b->begin, b->count);
+                    WH, b->grad_offset, b->grad_bytes, b->begin, b->count);
         uint64_t wsz = b->weight_bytes / b->count;
         if ((wsz != 2 && wsz != 4) || b->weight_bytes != b->count * wsz ||
             b->weight_offset != b->begin * wsz)
             INVALID("%s: weight bytes [%" PRIu64 ", +%" PRIu64 ") are not elements [%" PRIu64
                     ", +%" PRIu64 ") x 2 or 4",
-                    where, b->weight_offset, b->weight_bytes, b->begin, b->count);
+                    WH, b->weight_offset, b->weight_bytes, b->begin, b->count);
         if (!bucket_range_ok(st, b->grad_buffer, MGC_BUF_GRAD, b->grad_offset, b->grad_bytes))
             INVALID("%s: grad bytes [%" PRIu64 ", +%" PRIu64 ") outside buffer %" PRId32
                     ", or it is not a grad buffer",
-                    where, b->grad_offset, b->grad_bytes, b->grad_buffer);
+                    WH, b->grad_offset, b->grad_bytes, b->grad_buffer);
         if (!bucket_range_ok(st, b->weight_buffer, MGC_BUF_WEIGHT, b->weight_offset,
                              b->weight_bytes))
             INVALID("%s: weight bytes [%" PRIu64 ", +%" PRIu64 ") outside buffer %" PRId32
                     ", or it is not a weight buffer",
-                    where, b->weight_offset, b->weight_bytes, b->weight_buffer);
+                    WH, b->weight_offset, b->weight_bytes, b->weight_buffer);
     }
     return MGC_PLAN_OK;
 }
 
 static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size_t errsz) {
     const mgc_stage_program *st = &p->stages[s];
-    char where[96];
+    wloc wl_ = {s, -1, -1, ""};
+    const wloc *wl = &wl_;
+    char wbuf[96];
     if (st->pp_rank != s)
         INVALID("stage %" PRId64 ": pp_rank %" PRId64 ", expected %" PRId64, s, st->pp_rank, s);
     if (st->n_chunks != p->grid.vp || !st->chunks)
@@ -598,23 +626,23 @@ static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size
         INVALID("stage %" PRId64 ": max_in_flight %" PRId64 " below 0", s, st->max_in_flight);
     for (int64_t i = 0; i < st->n_buffers; i++) {
         const mgc_buffer *b = &st->buffers[i];
-        snprintf(where, sizeof where, "stage %" PRId64 " buffer %" PRId64, s, i);
+        wl_ = (wloc){s, -1, i, "buffer"};
         if (!str_ok(p, b->name))
-            INVALID("%s: name offset %" PRIu32 " outside the string table", where, b->name);
-        if (b->kind >= MGC_BUF__COUNT) INVALID("%s: kind %u unknown", where, b->kind);
+            INVALID("%s: name offset %" PRIu32 " outside the string table", WH, b->name);
+        if (b->kind >= MGC_BUF__COUNT) INVALID("%s: kind %u unknown", WH, b->kind);
         if (b->chunk != 0xffffu && b->chunk >= st->n_chunks)
-            INVALID("%s: chunk %u outside 0..%" PRId64, where, b->chunk, st->n_chunks - 1);
+            INVALID("%s: chunk %u outside 0..%" PRId64, WH, b->chunk, st->n_chunks - 1);
         if (b->mb < -1 || b->mb >= p->num_microbatches)
-            INVALID("%s: microbatch %" PRId32 " outside -1..%" PRId64, where, b->mb,
+            INVALID("%s: microbatch %" PRId32 " outside -1..%" PRId64, WH, b->mb,
                     p->num_microbatches - 1);
         if (b->offset % MGC_PLAN_ALIGN)
-            INVALID("%s: offset %" PRIu64 " not a multiple of %u", where, b->offset,
+            INVALID("%s: offset %" PRIu64 " not a multiple of %u", WH, b->offset,
                     MGC_PLAN_ALIGN);
         if (b->offset > st->arena_bytes || b->bytes > st->arena_bytes - b->offset)
-            INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") outside the arena of %" PRIu64 " bytes", where,
+            INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") outside the arena of %" PRIu64 " bytes", WH,
                     b->offset, b->bytes, st->arena_bytes);
         if (b->live_begin < 0 || b->live_begin > b->live_end || b->live_end > st->n_instrs)
-            INVALID("%s: live range [%" PRId64 ", %" PRId64 ") outside [0, %" PRId64 "]", where,
+            INVALID("%s: live range [%" PRId64 ", %" PRId64 ") outside [0, %" PRId64 "]", WH,
                     b->live_begin, b->live_end, st->n_instrs);
     }
     mgc_plan_status brc = check_buckets(p, s, err, errsz);
@@ -622,28 +650,28 @@ static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size
     int64_t n_reduce = 0;
     for (int64_t i = 0; i < st->n_instrs; i++) {
         const mgc_instr *in = &st->instrs[i];
-        snprintf(where, sizeof where, "stage %" PRId64 " instruction %" PRId64, s, i);
-        if (in->op >= MGC_I__COUNT) INVALID("%s: op %u unknown", where, in->op);
+        wl_ = (wloc){s, -1, i, "instruction"};
+        if (in->op >= MGC_I__COUNT) INVALID("%s: op %u unknown", WH, in->op);
         if (in->op == MGC_I_REDUCE_GRADS || in->op == MGC_I_GATHER_PARAMS) {
             n_reduce += in->op == MGC_I_REDUCE_GRADS;
             if ((int64_t)in->arg >= st->n_buckets)
                 INVALID("%s (%s): bucket %" PRIu32 " outside the stage's %" PRId64 " buckets",
-                        where, instr_names[in->op], in->arg, st->n_buckets);
+                        WH, instr_names[in->op], in->arg, st->n_buckets);
         }
         const char *on = instr_names[in->op];
         if (in->chunk >= st->n_chunks)
-            INVALID("%s (%s): chunk %u outside 0..%" PRId64, where, on, in->chunk,
+            INVALID("%s (%s): chunk %u outside 0..%" PRId64, WH, on, in->chunk,
                     st->n_chunks - 1);
         if (in->mb < (instr_per_mb(in->op) ? 0 : -1) || in->mb >= p->num_microbatches)
-            INVALID("%s (%s): microbatch %" PRId32 " outside %d..%" PRId64, where, on, in->mb,
+            INVALID("%s (%s): microbatch %" PRId32 " outside %d..%" PRId64, WH, on, in->mb,
                     instr_per_mb(in->op) ? 0 : -1, p->num_microbatches - 1);
         if (instr_p2p(in->op)) {
             if (in->peer < 0 || in->peer >= p->n_stages || in->peer == s)
                 INVALID("%s (%s): peer %" PRId32 " is not another pipeline rank of 0..%" PRId64,
-                        where, on, in->peer, p->n_stages - 1);
+                        WH, on, in->peer, p->n_stages - 1);
         } else if (in->peer != -1) {
             INVALID("%s (%s): peer %" PRId32 " on an instruction without a peer (must be -1)",
-                    where, on, in->peer);
+                    WH, on, in->peer);
         }
     }
     if (n_reduce != st->n_buckets)
@@ -652,32 +680,30 @@ static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size
                 s, n_reduce, st->n_buckets);
     for (int64_t c = 0; c < st->n_chunks; c++) {
         const mgc_plan_chunk *ch = &st->chunks[c];
-        snprintf(where, sizeof where, "stage %" PRId64 " chunk %" PRId64, s, c);
+        wl_ = (wloc){s, c, -1, ""};
         if (ch->first_layer < 0 || ch->num_layers < 0)
-            INVALID("%s: layers %" PRId32 " + %" PRId32 " negative", where, ch->first_layer,
+            INVALID("%s: layers %" PRId32 " + %" PRId32 " negative", WH, ch->first_layer,
                     ch->num_layers);
         if (ch->embedding > 1 || ch->loss > 1)
-            INVALID("%s: embedding/loss flags must be 0 or 1", where);
+            INVALID("%s: embedding/loss flags must be 0 or 1", WH);
         if (ch->n_tensors < 0 || ch->n_tensors > INT32_MAX || (ch->n_tensors > 0 && !ch->tensors))
-            INVALID("%s: %" PRId64 " tensors without an array (at most 2^31-1)", where,
+            INVALID("%s: %" PRId64 " tensors without an array (at most 2^31-1)", WH,
                     ch->n_tensors);
         if (ch->n_fwd < 0 || (ch->n_fwd > 0 && !ch->fwd))
-            INVALID("%s: %" PRId64 " forward ops without an array", where, ch->n_fwd);
+            INVALID("%s: %" PRId64 " forward ops without an array", WH, ch->n_fwd);
         if (ch->n_bwd < 0 || (ch->n_bwd > 0 && !ch->bwd))
-            INVALID("%s: %" PRId64 " backward ops without an array", where, ch->n_bwd);
+            INVALID("%s: %" PRId64 " backward ops without an array", WH, ch->n_bwd);
         for (int64_t i = 0; i < ch->n_tensors; i++) {
-            snprintf(where, sizeof where, "stage %" PRId64 " chunk %" PRId64 " tensor %" PRId64, s,
-                     c, i);
-            mgc_plan_status rc = check_tensor(p, st, ch, &ch->tensors[i], where, err, errsz);
+            wl_ = (wloc){s, c, i, "tensor"};
+            mgc_plan_status rc = check_tensor(p, st, ch, &ch->tensors[i], wl, err, errsz);
             if (rc) return rc;
         }
         for (int pass = 0; pass < 2; pass++) {
             int64_t n = pass ? ch->n_bwd : ch->n_fwd;
             const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
             for (int64_t i = 0; i < n; i++) {
-                snprintf(where, sizeof where, "stage %" PRId64 " chunk %" PRId64 " %s op %" PRId64,
-                         s, c, pass ? "bwd" : "fwd", i);
-                mgc_plan_status rc = check_op(p, ch, &ops[i], pass, where, err, errsz);
+                wl_ = (wloc){s, c, i, pass ? "bwd op" : "fwd op"};
+                mgc_plan_status rc = check_op(p, ch, &ops[i], pass, wl, err, errsz);
                 if (rc) return rc;
             }
         }
