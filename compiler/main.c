@@ -7,6 +7,7 @@
  *
  * Exit status: 0 success, 1 an input has errors, 2 bad usage. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "data_cmd.h"
 #include "diag.h"
 #include "facts.h"
+#include "partition.h"
 #include "ir.h"
 #include "json.h"
 #include "plan.h"
@@ -49,6 +51,7 @@ static void usage(FILE *out) {
           "  --config          info: print the resolved config (every key, defaults filled in)\n"
           "  -o PLAN           compile: write the plan to PLAN (atomically)\n"
           "  --memory          compile, inspect: per-stage arena breakdown\n"
+          "  --ops             inspect: list every chunk's tensors and forward/backward ops\n"
           "  --timeline SVG    compile, inspect: draw the pipeline schedule as an SVG Gantt chart\n"
           "\n"
           "exit status: 0 ok, 1 an input has errors, 2 usage error\n",
@@ -60,7 +63,7 @@ typedef struct opts {
     int nsets;
     const char **files;
     int nfiles;
-    int json, github, quiet, ir, config, memory;
+    int json, github, quiet, ir, config, memory, ops;
     const char *output;   /* -o */
     const char *timeline; /* --timeline */
 } opts;
@@ -94,6 +97,8 @@ static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
             o->config = 1;
         } else if (!strcmp(a, "--memory")) {
             o->memory = 1;
+        } else if (!strcmp(a, "--ops")) {
+            o->ops = 1;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--timeline")) {
             if (i + 1 >= argc) return fprintf(stderr, "mgc %s: %s needs a file name\n", cmd, a), 0;
             if (!strcmp(a, "--timeline")) o->timeline = argv[++i];
@@ -395,7 +400,7 @@ static int cmd_inspect(int argc, char **argv) {
     opts o;
     if (!parse_opts(argc, argv, &o, "inspect")) return free_opts(&o), 2;
     if (o.nfiles != 1 || o.nsets) {
-        fputs("mgc inspect: give exactly one plan (usage: mgc inspect PLAN [--json] [--memory] [--timeline SVG])\n",
+        fputs("mgc inspect: give exactly one plan (usage: mgc inspect PLAN [--json] [--memory] [--ops] [--timeline SVG])\n",
               stderr);
         free_opts(&o);
         return 2;
@@ -408,6 +413,12 @@ static int cmd_inspect(int argc, char **argv) {
         rc = 1;
     } else {
         plan_report(p, &o, o.files[0]);
+        if (o.ops)
+            for (int64_t s = 0; s < p->n_stages; s++)
+                for (int64_t c = 0; c < p->stages[s].n_chunks; c++) {
+                    printf("# stage %" PRId64 " chunk %" PRId64 "\n", s, c);
+                    mgc_partition_print(p, &p->stages[s].chunks[c], stdout);
+                }
         if (o.timeline) rc = write_timeline(p, o.timeline);
     }
     mgc_plan_free(p);

@@ -46,6 +46,12 @@ static void print_ops(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
             print_tensor(p, ch, o->out[k], out);
         }
         fputc(')', out);
+        if (o->kind < MGC_POP_ALL_REDUCE) {
+            fprintf(out, " i[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "]", o->iattr[0], o->iattr[1],
+                    o->iattr[2], o->iattr[3]);
+            if (o->fattr[0] || o->fattr[1] || o->fattr[2] || o->fattr[3])
+                fprintf(out, " f[%g %g %g %g]", o->fattr[0], o->fattr[1], o->fattr[2], o->fattr[3]);
+        }
         if (o->flops) fprintf(out, " flops=%" PRIu64, o->flops);
         fputc('\n', out);
     }

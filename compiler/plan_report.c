@@ -7,23 +7,6 @@
 static const char *const sched_names[] = {"gpipe", "1f1b", "interleaved-1f1b"};
 static const char *const recompute_names[] = {"none", "selective", "full"};
 
-int mgc_plan_config_int(const mgc_plan *p, const char *key, int64_t *out) {
-    for (int64_t i = 0; i < p->n_config; i++) {
-        if (p->config[i].type == 0 && !strcmp(mgc_plan_strat(p, p->config[i].key), key)) {
-            *out = p->config[i].i;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-const char *mgc_plan_config_str(const mgc_plan *p, const char *key) {
-    for (int64_t i = 0; i < p->n_config; i++)
-        if (p->config[i].type == 2 && !strcmp(mgc_plan_strat(p, p->config[i].key), key))
-            return mgc_plan_strat(p, p->config[i].s);
-    return NULL;
-}
-
 /* "12.34 GiB" style, binary units. */
 static const char *bytes_h(char *buf, size_t n, uint64_t b) {
     static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

@@ -23,8 +23,6 @@ void mgc_plan_print_memory(const mgc_plan *p, FILE *out);
 void mgc_plan_print_json(const mgc_plan *p, mgc_json *j, int memory);
 
 /* Look up a config value the compiler stored (0 when absent). */
-int mgc_plan_config_int(const mgc_plan *p, const char *key, int64_t *out);
-const char *mgc_plan_config_str(const mgc_plan *p, const char *key);
 
 #ifdef __cplusplus
 }

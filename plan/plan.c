@@ -219,3 +219,32 @@ const char *mgc_plan_strat(const mgc_plan *p, uint32_t off) {
     if (!p->strings || off >= p->strings_len) return NULL;
     return p->strings + off;
 }
+
+/* ---- config lookups ---------------------------------------------------------- */
+
+static const mgc_plan_kv *config_find(const mgc_plan *p, const char *key) {
+    for (int64_t i = 0; i < p->n_config; i++) {
+        const char *k = mgc_plan_strat(p, p->config[i].key);
+        if (k && !strcmp(k, key)) return &p->config[i];
+    }
+    return NULL;
+}
+
+int mgc_plan_config_int(const mgc_plan *p, const char *key, int64_t *out) {
+    const mgc_plan_kv *v = config_find(p, key);
+    if (!v || v->type != 0) return 0;
+    *out = v->i;
+    return 1;
+}
+
+int mgc_plan_config_float(const mgc_plan *p, const char *key, double *out) {
+    const mgc_plan_kv *v = config_find(p, key);
+    if (!v || v->type > 1) return 0;
+    *out = v->type == 1 ? v->f : (double)v->i;
+    return 1;
+}
+
+const char *mgc_plan_config_str(const mgc_plan *p, const char *key) {
+    const mgc_plan_kv *v = config_find(p, key);
+    return v && v->type == 2 ? mgc_plan_strat(p, v->s) : NULL;
+}

@@ -373,6 +373,14 @@ uint32_t mgc_plan_str(mgc_plan *p, const char *s);
 /* The string at `off`; "" for 0, NULL when off is outside the table. */
 const char *mgc_plan_strat(const mgc_plan *p, uint32_t off);
 
+/* The resolved config value of `key` ("model.hidden_size"): 1 and *out set when
+ * present with that type (int also covers bool and enum index; float accepts an
+ * int entry), 0 when absent.  _str returns NULL when absent.  Linear scans: for
+ * start-up, not inner loops. */
+int mgc_plan_config_int(const mgc_plan *p, const char *key, int64_t *out);
+int mgc_plan_config_float(const mgc_plan *p, const char *key, double *out);
+const char *mgc_plan_config_str(const mgc_plan *p, const char *key);
+
 /* Write atomically (temp file + rename: a failed write never leaves a
  * half-written plan) and read with full validation.  `err` receives a
  * one-line message naming the file, the problem and a hint (err may be NULL;

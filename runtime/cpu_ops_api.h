@@ -154,12 +154,17 @@ void MGC_FN(mgc_cpu_attention_bwd)(MGC_REAL *dq, MGC_REAL *dk, MGC_REAL *dv, con
  *                 label is in the shard else 0    AR(sum) over TP of both
  *   2 ce_finish-> lse = mx + log sumexp, loss[0] = sum_t mask_t (lse_t - tgt_t),
  *                 loss[1] = sum_t mask_t (mask NULL = all ones; token losses optional)
- * With tp = 1 the phases compose (mgc_cpu_ce_fwd does that). */
-void MGC_FN(mgc_cpu_ce_max)(MGC_REAL *mx /* (n) */, const MGC_REAL *logits /* (n,V_l) */, int64_t n,
-                            int64_t V_l);
+ * With tp = 1 the phases compose (mgc_cpu_ce_fwd does that).
+ * Rows are `ld` apart; only the first V_l columns of a row take part: the columns
+ * [V_l, ld) are vocabulary padding (rows past model.vocab_size), left out of the softmax and
+ * given a zero gradient, so the padding -- which differs between tensor-parallel
+ * degrees -- never changes the loss. */
+void MGC_FN(mgc_cpu_ce_max)(MGC_REAL *mx /* (n) */, const MGC_REAL *logits /* (n,ld) */, int64_t n,
+                            int64_t V_l, int64_t ld);
 void MGC_FN(mgc_cpu_ce_sums)(MGC_REAL *sumexp /* (n) */, MGC_REAL *tgt /* (n) */,
                              const MGC_REAL *logits, const MGC_REAL *mx,
-                             const int32_t *labels /* (n) */, int64_t v0, int64_t n, int64_t V_l);
+                             const int32_t *labels /* (n) */, int64_t v0, int64_t n, int64_t V_l,
+                             int64_t ld);
 void MGC_FN(mgc_cpu_ce_finish)(MGC_REAL *lse /* (n) */, MGC_REAL *loss /* (2) */,
                                MGC_REAL *token_loss /* (n) or NULL */, const MGC_REAL *mx,
                                const MGC_REAL *sumexp, const MGC_REAL *tgt,
@@ -167,12 +172,12 @@ void MGC_FN(mgc_cpu_ce_finish)(MGC_REAL *lse /* (n) */, MGC_REAL *loss /* (2) */
 /* tp = 1: the three phases; work: 3n scratch elements. */
 void MGC_FN(mgc_cpu_ce_fwd)(MGC_REAL *lse, MGC_REAL *loss /* (2) */, MGC_REAL *token_loss,
                             const MGC_REAL *logits, const int32_t *labels, const MGC_REAL *mask,
-                            int64_t n, int64_t V, MGC_REAL *work);
+                            int64_t n, int64_t V, int64_t ld, MGC_REAL *work);
 /* dlogits = (softmax - onehot(label)) * mask * dloss (dloss: d loss / d loss[0], e.g.
  * 1/count), from the saved lse (the global one). */
 void MGC_FN(mgc_cpu_ce_bwd)(MGC_REAL *dlogits /* (n,V_l) */, const MGC_REAL *logits,
                             const MGC_REAL *lse, const int32_t *labels, const MGC_REAL *mask,
-                            double dloss, int64_t v0, int64_t n, int64_t V_l);
+                            double dloss, int64_t v0, int64_t n, int64_t V_l, int64_t ld);
 
 /* ---- mixture of experts --------------------------------------------------------------- */
 

@@ -457,24 +457,24 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
 
 /* ---- cross-entropy -------------------------------------------------------------------- */
 
-void FN(mgc_cpu_ce_max)(R *mx, const R *logits, int64_t n, int64_t V_l) {
+void FN(mgc_cpu_ce_max)(R *mx, const R *logits, int64_t n, int64_t V_l, int64_t ld) {
     for (int64_t r = 0; r < n; r++) {
         R m = -INFINITY;
         for (int64_t c = 0; c < V_l; c++)
-            if (logits[r * V_l + c] > m) m = logits[r * V_l + c];
+            if (logits[r * ld + c] > m) m = logits[r * ld + c];
         mx[r] = m;
     }
 }
 
 void FN(mgc_cpu_ce_sums)(R *sumexp, R *tgt, const R *logits, const R *mx, const int32_t *labels,
-                         int64_t v0, int64_t n, int64_t V_l) {
+                         int64_t v0, int64_t n, int64_t V_l, int64_t ld) {
     for (int64_t r = 0; r < n; r++) {
         R s = 0;
         for (int64_t c = 0; c < V_l; c++)
-            s += exp(logits[r * V_l + c] - mx[r]);
+            s += exp(logits[r * ld + c] - mx[r]);
         sumexp[r] = s;
         int64_t id = (int64_t)labels[r] - v0;
-        tgt[r] = (id >= 0 && id < V_l) ? logits[r * V_l + id] : (R)0;
+        tgt[r] = (id >= 0 && id < V_l) ? logits[r * ld + id] : (R)0;
     }
 }
 
@@ -493,22 +493,25 @@ void FN(mgc_cpu_ce_finish)(R *lse, R *loss, R *token_loss, const R *mx, const R 
 }
 
 void FN(mgc_cpu_ce_fwd)(R *lse, R *loss, R *token_loss, const R *logits, const int32_t *labels,
-                        const R *mask, int64_t n, int64_t V, R *work) {
+                        const R *mask, int64_t n, int64_t V, int64_t ld, R *work) {
     R *mx = work, *se = work + n, *tg = work + 2 * n;
-    FN(mgc_cpu_ce_max)(mx, logits, n, V);
-    FN(mgc_cpu_ce_sums)(se, tg, logits, mx, labels, 0, n, V);
+    FN(mgc_cpu_ce_max)(mx, logits, n, V, ld);
+    FN(mgc_cpu_ce_sums)(se, tg, logits, mx, labels, 0, n, V, ld);
     FN(mgc_cpu_ce_finish)(lse, loss, token_loss, mx, se, tg, mask, n);
 }
 
 void FN(mgc_cpu_ce_bwd)(R *dlogits, const R *logits, const R *lse, const int32_t *labels,
-                        const R *mask, double dloss, int64_t v0, int64_t n, int64_t V_l) {
+                        const R *mask, double dloss, int64_t v0, int64_t n, int64_t V_l,
+                        int64_t ld) {
     for (int64_t r = 0; r < n; r++) {
         R m = (mask ? mask[r] : (R)1) * (R)dloss;
         int64_t id = (int64_t)labels[r] - v0;
         for (int64_t c = 0; c < V_l; c++) {
-            R g = m == 0 ? (R)0 : m * (exp(logits[r * V_l + c] - lse[r]) - (c == id ? (R)1 : (R)0));
-            dlogits[r * V_l + c] = g;
+            R g = m == 0 ? (R)0 : m * (exp(logits[r * ld + c] - lse[r]) - (c == id ? (R)1 : (R)0));
+            dlogits[r * ld + c] = g;
         }
+        for (int64_t c = V_l; c < ld; c++)
+            dlogits[r * ld + c] = 0;
     }
 }
 

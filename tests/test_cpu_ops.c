@@ -862,7 +862,7 @@ typedef struct ce_ctx {
 } ce_ctx;
 static void ce_fwd(void *p) {
     ce_ctx *c = p;
-    mgc_cpu_ce_fwd_f64(c->lse, c->loss, NULL, c->logits, c->labels, c->mask, c->n, c->V, c->work);
+    mgc_cpu_ce_fwd_f64(c->lse, c->loss, NULL, c->logits, c->labels, c->mask, c->n, c->V, c->V, c->work);
 }
 
 static void test_cross_entropy(void) {
@@ -882,7 +882,7 @@ static void test_cross_entropy(void) {
     fd_loss(&fc);
     pd(lse, n);
     pd(tl, n);
-    mgc_cpu_ce_fwd_f64(lse, loss, tl, logits, labels, mask, n, V, c.work);
+    mgc_cpu_ce_fwd_f64(lse, loss, tl, logits, labels, mask, n, V, V, c.work);
     no_nan_d("ce lse", lse, n);
     /* by hand */
     double tot = 0, cnt = 0;
@@ -899,7 +899,7 @@ static void test_cross_entropy(void) {
     T_NEAR_REL(loss[1], cnt, 0);
     double *dl = D(n * V);
     pd(dl, n * V);
-    mgc_cpu_ce_bwd_f64(dl, logits, lse, labels, mask, r2[0], 0, n, V);
+    mgc_cpu_ce_bwd_f64(dl, logits, lse, labels, mask, r2[0], 0, n, V, V);
     fd_check("ce dlogits", &fc, logits, n * V, dl);
 
     /* tp = 2: the shards compute phase statistics, combined by hand like the all-reduces */
@@ -910,12 +910,12 @@ static void test_cross_entropy(void) {
     double *m0 = D(n), *m1 = D(n), *s0 = D(n), *s1 = D(n), *t0 = D(n), *t1 = D(n), *lse2 = D(n),
            *loss2 = D(2);
     pd(m0, n), pd(m1, n), pd(s0, n), pd(s1, n), pd(t0, n), pd(t1, n), pd(lse2, n), pd(loss2, 2);
-    mgc_cpu_ce_max_f64(m0, L0, n, V0);
-    mgc_cpu_ce_max_f64(m1, L1, n, V1);
+    mgc_cpu_ce_max_f64(m0, L0, n, V0, V0);
+    mgc_cpu_ce_max_f64(m1, L1, n, V1, V1);
     for (int64_t i = 0; i < n; i++)
         m0[i] = m1[i] = fmax(m0[i], m1[i]); /* AR(max) */
-    mgc_cpu_ce_sums_f64(s0, t0, L0, m0, labels, 0, n, V0);
-    mgc_cpu_ce_sums_f64(s1, t1, L1, m1, labels, V0, n, V1);
+    mgc_cpu_ce_sums_f64(s0, t0, L0, m0, labels, 0, n, V0, V0);
+    mgc_cpu_ce_sums_f64(s1, t1, L1, m1, labels, V0, n, V1, V1);
     for (int64_t i = 0; i < n; i++) { /* AR(sum) */
         s0[i] = s1[i] = s0[i] + s1[i];
         t0[i] = t1[i] = t0[i] + t1[i];
@@ -926,21 +926,41 @@ static void test_cross_entropy(void) {
     double *d0 = D(n * V0), *d1 = D(n * V1);
     pd(d0, n * V0);
     pd(d1, n * V1);
-    mgc_cpu_ce_bwd_f64(d0, L0, lse, labels, mask, r2[0], 0, n, V0);
-    mgc_cpu_ce_bwd_f64(d1, L1, lse, labels, mask, r2[0], V0, n, V1);
+    mgc_cpu_ce_bwd_f64(d0, L0, lse, labels, mask, r2[0], 0, n, V0, V0);
+    mgc_cpu_ce_bwd_f64(d1, L1, lse, labels, mask, r2[0], V0, n, V1, V1);
     double *dj = D(n * V);
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < V; j++)
             dj[i * V + j] = j < V0 ? d0[i * V0 + j] : d1[i * V1 + j - V0];
     same_bits("ce tp2 dlogits = tp1", dj, dl, (size_t)(n * V) * sizeof(double));
 
+    /* vocabulary padding: 3 extra columns per row holding large random values are left out
+     * of the softmax (same loss, bit for bit) and get a zero gradient */
+    {
+        int64_t ld = V + 3;
+        double *Lp = D(n * ld), *lsep = D(n), *lossp = D(2), *wp = D(3 * n), *dp = D(n * ld);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < ld; j++)
+                Lp[i * ld + j] = j < V ? logits[i * V + j] : 50.0 + 10.0 * urand();
+        pd(lsep, n), pd(lossp, 2), pd(dp, n * ld);
+        mgc_cpu_ce_fwd_f64(lsep, lossp, NULL, Lp, labels, mask, n, V, ld, wp);
+        same_bits("ce padded lse = unpadded", lsep, lse, (size_t)n * sizeof(double));
+        same_bits("ce padded loss = unpadded", lossp, loss, 2 * sizeof(double));
+        mgc_cpu_ce_bwd_f64(dp, Lp, lsep, labels, mask, r2[0], 0, n, V, ld);
+        int ok = 1;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < ld; j++)
+                ok &= dp[i * ld + j] == (j < V ? dl[i * V + j] : 0.0);
+        T_CHECK(ok);
+    }
+
     /* f32 */
     float *lf = F(logits, n * V), *mf = F(mask, n), *lsef = Fn(n), *lossf = Fn(2), *wf = Fn(3 * n),
           *dlf = Fn(n * V), *dlf2 = Fn(n * V);
     pf(lsef, n), pf(lossf, 2), pf(dlf, n * V), pf(dlf2, n * V);
-    mgc_cpu_ce_fwd_f32(lsef, lossf, NULL, lf, labels, mf, n, V, wf);
-    mgc_cpu_ce_bwd_f32(dlf, lf, lsef, labels, mf, r2[0], 0, n, V);
-    mgc_cpu_ce_bwd_f32(dlf2, lf, lsef, labels, mf, r2[0], 0, n, V);
+    mgc_cpu_ce_fwd_f32(lsef, lossf, NULL, lf, labels, mf, n, V, V, wf);
+    mgc_cpu_ce_bwd_f32(dlf, lf, lsef, labels, mf, r2[0], 0, n, V, V);
+    mgc_cpu_ce_bwd_f32(dlf2, lf, lsef, labels, mf, r2[0], 0, n, V, V);
     near_fd("ce f32 lse", lsef, lse, n, F32_TOL);
     near_fd("ce f32 loss", lossf, loss, 2, F32_TOL);
     near_fd("ce f32 dlogits", dlf, dl, n * V, F32_TOL);

@@ -1,0 +1,97 @@
+/* backend.h - the interface a compute backend implements for the executor.
+ *
+ * The executor (exec.h) walks a rank's instruction stream; everything that
+ * touches tensor memory goes through a backend: the arena allocation, one call
+ * per compute op of a chunk program (MGC_POP_* below MGC_POP_ALL_REDUCE), the
+ * copies between staging buffers and boundary tensors, and the optimizer's
+ * element-wise kernels.  Collectives go to the communicator (comm.h) on the
+ * same arena pointers, so a backend whose memory a communicator can read
+ * (host memory for local/mpi, device memory for nccl) needs nothing more.
+ *
+ *     mgc_backend *be = NULL;
+ *     mgc_backend_cpu_open(&be, err, sizeof err);     // or the CUDA one (issue 5)
+ *     ... mgc_exec_open(&x, plan, world, be, ...) ...
+ *     mgc_backend_close(be);
+ *
+ * A backend is { iface, context } as in ggml: the iface is a const table of
+ * function pointers, the wrappers below call through it.  Every slot is
+ * required.  A slot returns 0 on success, -1 with a message in be->err. */
+#ifndef MGC_BACKEND_H
+#define MGC_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Everything one compute op needs beyond its tensors' addresses: the op and
+ * its chunk (shapes, dtypes, attributes), the rank's place in the grid (shard
+ * offsets: vocabulary start, positions, experts), and the step's counters. */
+typedef struct mgc_op_call {
+    const mgc_plan *plan;
+    const mgc_plan_chunk *chunk;
+    const mgc_plan_op *op;
+    void *in[MGC_PLAN_MAX_IO];  /* addresses of op->in[i] for this (microbatch, chunk) */
+    void *out[MGC_PLAN_MAX_IO]; /* addresses of op->out[i] */
+    mgc_coords co;              /* this rank's coordinates */
+    int64_t grid_tp, grid_cp;   /* tensor and context degrees */
+    int32_t router_score;       /* moe.router_score (0 softmax, 1 sigmoid) */
+    int32_t drop_policy;        /* moe.drop_policy (capacity mode) */
+    int64_t vocab_size;         /* model.vocab_size: logits past it are padding */
+    int64_t seq_length;         /* the whole sequence (s); rows hold s / cp of it */
+    uint64_t seed;              /* training.seed (dropout) */
+    int64_t iteration;          /* the step being run (dropout streams) */
+    int64_t microbatch;         /* global microbatch index within the step (dropout streams) */
+    double dloss;               /* cross-entropy backward: d(training loss)/d(loss sum) is
+                                   dloss / count, count = the microbatch's loss[1] */
+} mgc_op_call;
+
+typedef struct mgc_backend mgc_backend;
+
+typedef struct mgc_backend_iface {
+    const char *name; /* "cpu", "cuda" */
+    /* One allocation of `bytes` (256-aligned), zeroed. */
+    int (*arena_alloc)(mgc_backend *be, uint64_t bytes, void **out);
+    void (*arena_free)(mgc_backend *be, void *arena);
+    /* Run one compute op of a chunk program. */
+    int (*run_op)(mgc_backend *be, const mgc_op_call *call);
+    /* Byte copies: arena to arena, host to arena, arena to host; and zeroing. */
+    int (*copy)(mgc_backend *be, void *dst, const void *src, size_t bytes);
+    int (*upload)(mgc_backend *be, void *dst, const void *host, size_t bytes);
+    int (*download)(mgc_backend *be, void *host, const void *src, size_t bytes);
+    int (*zero)(mgc_backend *be, void *dst, size_t bytes);
+    /* Optimizer kernels on fp32 arena arrays. */
+    int (*sumsq)(mgc_backend *be, const float *g, int64_t n, double *out); /* out = sum g^2 */
+    int (*scale)(mgc_backend *be, float *x, int64_t n, double s);           /* x *= s */
+    /* AdamW step `step` (1-based) on n elements: g is scaled by grad_scale first;
+     * decoupled weight decay when decay != 0. */
+    int (*adamw)(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                 double lr, double beta1, double beta2, double eps, double weight_decay,
+                 int decay, int64_t step, double grad_scale);
+    /* Set the compute threads (CPU); 0 = the backend's default. */
+    int (*set_threads)(mgc_backend *be, int threads);
+    void (*close)(mgc_backend *be);
+} mgc_backend_iface;
+
+#define MGC_BACKEND_ERR_MAX 1024
+
+struct mgc_backend {
+    const mgc_backend_iface *iface;
+    void *context;
+    char err[MGC_BACKEND_ERR_MAX]; /* the last failure: what, where, a hint */
+};
+
+/* The CPU reference backend (cpu_backend.c): fp32 kernels of cpu_ops.h,
+ * OpenBLAS GEMMs.  Plans in bf16/fp16 are refused by mgc_exec_open. */
+int mgc_backend_cpu_open(mgc_backend **out, char *err, size_t err_size);
+/* Closes any backend; NULL is a no-op. */
+void mgc_backend_close(mgc_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MGC_BACKEND_H */

@@ -1,0 +1,207 @@
+/* mgc_run.c - mgc-run, the lean runtime: reads a plan file (never the YAML:
+ * no libyaml, no compiler code is linked) and trains it.
+ *
+ *     mgc-run PLAN [--local-ranks N] [--backend cpu] [--threads N]
+ *                  [--iterations N] [--log-interval N] [--metrics FILE] [-q]
+ *     mpirun -np N mgc-run PLAN ...            # one process per rank
+ *
+ * Every check that can fail on bad input (the plan, the launch size, the
+ * dataset, the metrics path) runs before the first step; exit status 0 ok,
+ * 1 an error, 2 a usage error.  docs/runtime.md is the manual. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "plan.h"
+#include "train.h"
+#include "train_data.h"
+
+static void usage(FILE *out) {
+    fputs("usage: mgc-run PLAN [options]\n"
+          "       mpirun -np N mgc-run PLAN [options]\n"
+          "\n"
+          "Trains the plan `mgc compile` wrote (docs/runtime.md, docs/getting-started.md).\n"
+          "\n"
+          "options:\n"
+          "  --local-ranks N    run N ranks as threads of this process (N = the plan's world size;\n"
+          "                     default 1 outside mpirun)\n"
+          "  --backend NAME     cpu (the reference backend; the only one in this build)\n"
+          "  --threads N        BLAS threads per rank (default 1)\n"
+          "  --iterations N     steps to run (default: the plan's training.iterations)\n"
+          "  --log-interval N   steps between progress lines (default: training.log_interval)\n"
+          "  --metrics FILE     write one JSON object per step (JSON lines, docs/runtime.md)\n"
+          "  -q, --quiet        no progress lines\n"
+          "\n"
+          "exit status: 0 ok, 1 error, 2 usage error\n",
+          out);
+}
+
+static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || !end || *end || end == s || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int under_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+int main(int argc, char **argv) {
+    const char *plan_path = NULL, *metrics_path = NULL, *backend = "cpu";
+    int64_t local = 0, threads = 1, iters = 0, log_every = 0;
+    int quiet = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int64_t *target = NULL, lo = 1, hi = 4096;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            quiet = 1;
+            continue;
+        }
+        if (!strcmp(a, "--local-ranks")) target = &local;
+        else if (!strcmp(a, "--threads")) target = &threads, hi = 1024;
+        else if (!strcmp(a, "--iterations")) target = &iters, hi = INT64_MAX / 2;
+        else if (!strcmp(a, "--log-interval")) target = &log_every, hi = INT64_MAX / 2;
+        else if (!strcmp(a, "--metrics") || !strcmp(a, "--backend")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "mgc-run: %s needs a value (see mgc-run --help)\n", a);
+                return 2;
+            }
+            if (!strcmp(a, "--metrics")) metrics_path = argv[++i];
+            else backend = argv[++i];
+            continue;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "mgc-run: unknown option '%s' (see mgc-run --help)\n", a);
+            return 2;
+        } else {
+            if (plan_path) {
+                fprintf(stderr, "mgc-run: give one plan file (got '%s' and '%s')\n", plan_path, a);
+                return 2;
+            }
+            plan_path = a;
+            continue;
+        }
+        if (i + 1 >= argc || parse_int(argv[i + 1], lo, hi, target)) {
+            fprintf(stderr, "mgc-run: %s needs an integer in %" PRId64 "..%" PRId64 "%s%s%s\n", a, lo,
+                    hi, i + 1 < argc ? " (got '" : "", i + 1 < argc ? argv[i + 1] : "",
+                    i + 1 < argc ? "')" : "");
+            return 2;
+        }
+        i++;
+    }
+    if (!plan_path) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(backend, "cpu") && strcmp(backend, "auto")) {
+        fprintf(stderr,
+                "mgc-run: --backend %s: this build has the cpu backend only (the CUDA backend "
+                "comes with the GPU build)\n",
+                backend);
+        return 2;
+    }
+    char err[4096];
+    mgc_plan *plan = NULL;
+    if (mgc_plan_read(plan_path, &plan, err, sizeof err) != MGC_PLAN_OK) {
+        fprintf(stderr, "mgc-run: %s\n", err);
+        return 1;
+    }
+    int use_mpi = !local && under_mpi();
+    mgc_comm *world = NULL;
+    int rank = 0;
+    if (use_mpi) {
+        mgc_comm_config cc = MGC_COMM_CONFIG_INIT;
+        if (mgc_comm_mpi_world_create(&cc, &world, err, sizeof err) != MGC_COMM_OK) {
+            fprintf(stderr, "mgc-run: %s\n", err);
+            mgc_plan_free(plan);
+            return 1;
+        }
+        rank = mgc_comm_world_rank(world);
+        if (mgc_comm_size(world) != plan->grid.world) {
+            if (rank == 0)
+                fprintf(stderr,
+                        "mgc-run: %s: the plan is for %" PRId64 " ranks but mpirun started %d: "
+                        "run mpirun -np %" PRId64 " (or recompile with parallel.world_size %d)\n",
+                        plan_path, plan->grid.world, mgc_comm_size(world), plan->grid.world,
+                        mgc_comm_size(world));
+            mgc_comm_free(world);
+            mgc_plan_free(plan);
+            return 1;
+        }
+    } else {
+        if (!local) local = 1;
+        if (local != plan->grid.world) {
+            fprintf(stderr,
+                    "mgc-run: %s: the plan is for %" PRId64 " ranks (tensor %" PRId64
+                    " x context %" PRId64 " x data %" PRId64 " x pipeline %" PRId64
+                    ") but %" PRId64 " %s launched: run --local-ranks %" PRId64
+                    " or mpirun -np %" PRId64 ", or recompile with parallel.world_size %" PRId64 "\n",
+                    plan_path, plan->grid.world, plan->grid.tp, plan->grid.cp, plan->grid.dp,
+                    plan->grid.pp, local, local == 1 ? "was" : "were", plan->grid.world,
+                    plan->grid.world, local);
+            mgc_plan_free(plan);
+            return 1;
+        }
+    }
+    int64_t run_iters = iters;
+    if (run_iters <= 0) mgc_plan_config_int(plan, "training.iterations", &run_iters);
+    mgc_train_data *data = NULL;
+    if (mgc_train_data_open(&data, plan, run_iters, err, sizeof err)) {
+        if (rank == 0) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
+        mgc_comm_free(world);
+        mgc_plan_free(plan);
+        return 1;
+    }
+    /* the metrics go to FILE.partial and become FILE when the run succeeds */
+    FILE *metrics = NULL;
+    char partial[4200] = "";
+    if (metrics_path && rank == 0) {
+        snprintf(partial, sizeof partial, "%s.partial", metrics_path);
+        metrics = fopen(partial, "w");
+        if (!metrics) {
+            fprintf(stderr, "mgc-run: cannot write the metrics file %s: %s (choose a writable path "
+                            "with --metrics)\n",
+                    partial, strerror(errno));
+            mgc_train_data_free(data);
+            mgc_comm_free(world);
+            mgc_plan_free(plan);
+            return 1;
+        }
+    }
+    if (rank == 0 && !quiet)
+        printf("mgc-run: %s: data: %s\n", plan_path, mgc_train_data_describe(data));
+    mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+    o.iterations = iters;
+    o.log_interval = log_every;
+    o.threads = (int)threads;
+    o.log = quiet ? NULL : stdout;
+    o.metrics = metrics;
+    int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
+                     : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
+    if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
+    if (metrics) {
+        long written = ftell(metrics);
+        int bad = fclose(metrics) != 0;
+        if (!rc && !bad && rename(partial, metrics_path)) bad = 1;
+        if (!rc && bad) {
+            fprintf(stderr, "mgc-run: cannot finish the metrics file %s: %s\n", metrics_path,
+                    strerror(errno));
+            rc = -1;
+        } else if (rc && written <= 0) {
+            remove(partial); /* nothing was trained: leave nothing behind */
+        } else if (rc) {
+            fprintf(stderr, "mgc-run: the steps that completed are in %s\n", partial);
+        }
+    }
+    mgc_train_data_free(data);
+    if (world) mgc_comm_free(world);
+    mgc_plan_free(plan);
+    return rc ? 1 : 0;
+}

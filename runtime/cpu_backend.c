@@ -1,0 +1,735 @@
+/* cpu_backend.c - the CPU reference backend: every compute op of a chunk
+ * program on the fp32 kernels of cpu_ops.h (GEMMs through OpenBLAS).
+ *
+ * The arena is one aligned host allocation.  Index arrays the kernels take
+ * as int32 (tokens, labels, expert counts, position ids, the MoE dispatch
+ * map) are converted into a private scratch area that grows to the largest
+ * op's need at the first step and is then reused; its size is reported by
+ * mgc-run next to the arena (docs/cpu-backend.md). */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "backend.h"
+#include "cpu_ops.h"
+
+typedef struct cpu_ctx {
+    unsigned char *scratch;
+    size_t scratch_bytes;
+} cpu_ctx;
+
+static int fail(mgc_backend *be, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(be->err, sizeof be->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Scratch of at least `bytes`, 64-byte aligned pieces carved by the caller. */
+static void *scratch(mgc_backend *be, size_t bytes) {
+    cpu_ctx *c = be->context;
+    if (bytes > c->scratch_bytes) {
+        size_t n = bytes + bytes / 2 + 4096;
+        void *p = NULL;
+        if (posix_memalign(&p, 64, n)) return NULL;
+        free(c->scratch);
+        c->scratch = p;
+        c->scratch_bytes = n;
+    }
+    return c->scratch;
+}
+
+static uint64_t numel(const mgc_plan_tensor *t) {
+    uint64_t n = 1;
+    for (int i = 0; i < t->rank; i++)
+        n *= (uint64_t)t->dim[i];
+    return n;
+}
+
+static const mgc_plan_tensor *tin(const mgc_op_call *c, int i) {
+    return &c->chunk->tensors[c->op->in[i]];
+}
+static const mgc_plan_tensor *tout(const mgc_op_call *c, int i) {
+    return &c->chunk->tensors[c->op->out[i]];
+}
+
+/* int64 -> int32 (token ids, labels, counts: all far below 2^31). */
+static void to_i32(int32_t *dst, const void *src, mgc_dtype dt, int64_t n) {
+    if (dt == MGC_DT_I32) {
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+        return;
+    }
+    const int64_t *s = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = (int32_t)s[i];
+}
+
+static void from_i32(void *dst, mgc_dtype dt, const int32_t *src, int64_t n) {
+    if (dt == MGC_DT_I32) {
+        memcpy(dst, src, (size_t)n * sizeof *src);
+        return;
+    }
+    int64_t *d = dst;
+    for (int64_t i = 0; i < n; i++)
+        d[i] = src[i];
+}
+
+/* Positions of the rows a context rank holds: chunks r and 2cp-1-r of the
+ * 2cp equal chunks of the sequence (docs/partitioning.md), rows in order. */
+static void ctx_positions(int32_t *pos, int64_t rows, int64_t s, int64_t cp, int64_t r) {
+    if (cp <= 1) {
+        for (int64_t i = 0; i < rows; i++)
+            pos[i] = (int32_t)i;
+        return;
+    }
+    int64_t half = s / (2 * cp);
+    for (int64_t i = 0; i < rows; i++)
+        pos[i] = (int32_t)(i < half ? r * half + i : (2 * cp - 1 - r) * half + (i - half));
+}
+
+/* Positions of k/v rows all-gathered over CP: rank q's rows for q = 0..cp-1. */
+static void gathered_positions(int32_t *pos, int64_t rows, int64_t s, int64_t cp) {
+    int64_t per = rows / cp;
+    for (int64_t q = 0; q < cp; q++)
+        ctx_positions(pos + q * per, per, s, cp, q);
+}
+
+/* FNV-1a 64 of the op's name: the dropout stream's site. */
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; s && *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static mgc_dropout_rng drop_rng(const mgc_op_call *c, uint64_t elem0) {
+    mgc_dropout_rng r;
+    r.seed = c->seed;
+    r.stream = fnv1a(mgc_plan_strat(c->plan, c->op->name)) ^
+               ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^
+               ((uint64_t)c->microbatch << 32);
+    r.elem0 = elem0;
+    return r;
+}
+
+/* Global index of a sequence-split tensor's first element (SP shards of the
+ * residual stream are contiguous along dim 0; with CP the rows are two
+ * chunks, so a CP shard's masks are its own draw -- see docs/cpu-backend.md). */
+static uint64_t shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t) {
+    if (t->split_axis != 0) return 0;
+    int64_t r = 0;
+    if (t->split_group == MGC_GROUP_TP) r = c->co.tp;
+    else if (t->split_group == MGC_GROUP_TPCP) r = c->co.tp + c->co.cp * c->grid_tp;
+    else if (t->split_group == MGC_GROUP_CP) r = c->co.cp;
+    return (uint64_t)r * numel(t);
+}
+
+/* ---- the ops ---------------------------------------------------------------------- */
+
+#define F(p) ((float *)(p))
+#define CF(p) ((const float *)(p))
+
+static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    const mgc_plan_tensor *tok = tin(c, 0), *y = tout(c, 0);
+    int64_t s = tok->dim[0], b = tok->dim[1], h = y->dim[2], V_l = op->iattr[0];
+    int32_t *t32 = scratch(be, (size_t)(s * b + s) * 4);
+    if (!t32) return fail(be, "out of memory");
+    int32_t *pos = t32 + s * b;
+    to_i32(t32, c->in[0], (mgc_dtype)tok->dtype, s * b);
+    ctx_positions(pos, s, c->seq_length, op->iattr[3] > 0 ? op->iattr[3] : 1, c->co.cp);
+    int with_pos = op->iattr[1] && (!op->iattr[2] || c->co.tp == 0);
+    int64_t v0 = c->co.tp * V_l;
+    if (op->kind == MGC_POP_EMBEDDING) {
+        mgc_cpu_embedding_fwd_f32(F(c->out[0]), t32, CF(c->in[1]), v0, V_l,
+                                  with_pos ? CF(c->in[2]) : NULL, with_pos ? pos : NULL, s, b, h);
+    } else { /* in: tokens, dy; out: dword (+ dpos) */
+        float *dpos = op->n_out > 1 ? F(c->out[1]) : NULL;
+        /* positions' gradient: complete on every tensor rank (dy is complete) */
+        mgc_cpu_embedding_bwd_f32(F(c->out[0]), dpos, CF(c->in[1]), t32, v0, V_l,
+                                  dpos ? pos : NULL, s, b, h);
+    }
+    return 0;
+}
+
+static int op_norm(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t rows = op->iattr[1], h = op->iattr[2];
+    double eps = op->fattr[0];
+    int rms = op->iattr[0] == 1;
+    (void)be;
+    if (op->kind == MGC_POP_NORM) {
+        if (rms)
+            mgc_cpu_rmsnorm_fwd_f32(F(c->out[0]), NULL, CF(c->in[0]), CF(c->in[1]), rows, h, eps);
+        else
+            mgc_cpu_layernorm_fwd_f32(F(c->out[0]), NULL, NULL, CF(c->in[0]), CF(c->in[1]),
+                                      op->n_in > 2 ? CF(c->in[2]) : NULL, rows, h, eps);
+        return 0;
+    }
+    /* in: x, w, dy; out: dx, dw, (db) */
+    if (rms)
+        mgc_cpu_rmsnorm_bwd_f32(F(c->out[0]), F(c->out[1]), CF(c->in[2]), CF(c->in[0]),
+                                CF(c->in[1]), rows, h, eps);
+    else
+        mgc_cpu_layernorm_bwd_f32(F(c->out[0]), F(c->out[1]), op->n_out > 2 ? F(c->out[2]) : NULL,
+                                  CF(c->in[2]), CF(c->in[0]), CF(c->in[1]), rows, h, eps);
+    return 0;
+}
+
+#define LIN_ROW        8
+#define LIN_BIAS_RANK0 16
+
+static int op_linear(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
+    (void)be;
+    switch (op->kind) {
+    case MGC_POP_LINEAR: {
+        const float *bias = op->n_in > 2 ? CF(c->in[2]) : NULL;
+        if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0) bias = NULL;
+        mgc_cpu_linear_fwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), bias, M, N, K);
+        return 0;
+    }
+    case MGC_POP_LINEAR_DGRAD:
+        mgc_cpu_linear_dgrad_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), M, N, K);
+        return 0;
+    default: /* WGRAD: in dy, x; out dW (+ db) */
+        mgc_cpu_linear_wgrad_f32(F(c->out[0]), op->n_out > 1 ? F(c->out[1]) : NULL, CF(c->in[0]),
+                                 CF(c->in[1]), M, N, K);
+        return 0;
+    }
+}
+
+static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t G = op->iattr[0], per = op->iattr[1], d = op->iattr[2];
+    (void)be;
+    if (op->kind == MGC_POP_QKV_SPLIT) {
+        const mgc_plan_tensor *x = tin(c, 0);
+        int64_t n = (int64_t)(numel(x) / (uint64_t)(G * (per + 2) * d));
+        mgc_cpu_qkv_split_fwd_f32(F(c->out[0]), F(c->out[1]), F(c->out[2]), CF(c->in[0]), n, G,
+                                  per, d);
+    } else {
+        const mgc_plan_tensor *x = tout(c, 0);
+        int64_t n = (int64_t)(numel(x) / (uint64_t)(G * (per + 2) * d));
+        mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), CF(c->in[2]), n, G,
+                                  per, d);
+    }
+    return 0;
+}
+
+static int op_rope(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    const mgc_plan_tensor *x = tin(c, 0);
+    int64_t s = x->dim[0], b = x->dim[1], H = x->dim[2], d = x->dim[3];
+    int32_t *pos = scratch(be, (size_t)s * 4);
+    if (!pos) return fail(be, "out of memory");
+    ctx_positions(pos, s, c->seq_length, op->iattr[1] > 0 ? op->iattr[1] : 1, c->co.cp);
+    if (op->kind == MGC_POP_ROPE)
+        mgc_cpu_rope_fwd_f32(F(c->out[0]), CF(c->in[0]), pos, s, b, H, d, op->iattr[0],
+                             op->fattr[0]);
+    else
+        mgc_cpu_rope_bwd_f32(F(c->out[0]), CF(c->in[0]), pos, s, b, H, d, op->iattr[0],
+                             op->fattr[0]);
+    return 0;
+}
+
+static int op_attention(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    const mgc_plan_tensor *q = tin(c, 0), *k = tin(c, 1);
+    int64_t sq = q->dim[0], b = q->dim[1], A = q->dim[2], d = q->dim[3];
+    int64_t sk = k->dim[0], G = k->dim[2], cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
+    size_t need = (size_t)(sq + sk) * 4 + (size_t)(2 * sk) * 4 + (size_t)(sq * b * A) * 4 + 256;
+    unsigned char *w = scratch(be, need);
+    if (!w) return fail(be, "out of memory");
+    int32_t *qpos = (int32_t *)w, *kpos = qpos + sq;
+    float *work = (float *)(kpos + sk);
+    float *lse_tmp = work + 2 * sk;
+    ctx_positions(qpos, sq, c->seq_length, cp, c->co.cp);
+    gathered_positions(kpos, sk, c->seq_length, sk == sq ? 1 : cp);
+    if (sk == sq && cp > 1) ctx_positions(kpos, sk, c->seq_length, cp, c->co.cp);
+    mgc_dropout_rng rng = drop_rng(c, 0);
+    if (op->kind == MGC_POP_ATTENTION) {
+        float *lse = op->n_out > 1 ? F(c->out[1]) : lse_tmp;
+        mgc_cpu_attention_fwd_f32(F(c->out[0]), lse, CF(c->in[0]), CF(c->in[1]), CF(c->in[2]), sq,
+                                  sk, b, A, G, d, op->fattr[0], (int)op->iattr[0], qpos, kpos,
+                                  op->fattr[1], &rng, work);
+    } else { /* in: q, k, v, out, lse, dout; out: dq, dk, dv */
+        mgc_cpu_attention_bwd_f32(F(c->out[0]), F(c->out[1]), F(c->out[2]), CF(c->in[5]),
+                                  CF(c->in[0]), CF(c->in[1]), CF(c->in[2]), CF(c->in[3]),
+                                  CF(c->in[4]), sq, sk, b, A, G, d, op->fattr[0],
+                                  (int)op->iattr[0], qpos, kpos, op->fattr[1], &rng, work);
+    }
+    return 0;
+}
+
+static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    (void)be;
+    switch (op->kind) {
+    case MGC_POP_DROPOUT: {
+        int64_t n = (int64_t)numel(tin(c, 0));
+        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tin(c, 0)));
+        mgc_cpu_dropout_fwd_f32(F(c->out[0]), op->n_out > 1 ? (uint8_t *)c->out[1] : NULL,
+                                CF(c->in[0]), n, op->fattr[0], &r);
+        return 0;
+    }
+    case MGC_POP_DROPOUT_BWD: {
+        int64_t n = (int64_t)numel(tout(c, 0));
+        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tout(c, 0)));
+        mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]), (const uint8_t *)c->in[1], n,
+                                op->fattr[0], &r);
+        return 0;
+    }
+    case MGC_POP_DROPOUT_ADD: {
+        int64_t n = (int64_t)numel(tout(c, 0));
+        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tout(c, 0)));
+        mgc_cpu_dropout_add_fwd_f32(F(c->out[0]), op->n_out > 1 ? (uint8_t *)c->out[1] : NULL,
+                                    CF(c->in[0]), CF(c->in[1]), n, op->fattr[0], &r);
+        return 0;
+    }
+    case MGC_POP_DROPOUT_ADD_BWD: {
+        int64_t n = (int64_t)numel(tout(c, 0));
+        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tout(c, 0)));
+        mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]), (const uint8_t *)c->in[1], n,
+                                op->fattr[0], &r);
+        return 0;
+    }
+    case MGC_POP_GELU:
+        mgc_cpu_gelu_fwd_f32(F(c->out[0]), CF(c->in[0]), (int64_t)numel(tout(c, 0)));
+        return 0;
+    case MGC_POP_GELU_BWD: /* in: x, dy */
+        mgc_cpu_gelu_bwd_f32(F(c->out[0]), CF(c->in[1]), CF(c->in[0]), (int64_t)numel(tout(c, 0)));
+        return 0;
+    case MGC_POP_SWIGLU: {
+        const mgc_plan_tensor *y = tout(c, 0);
+        int64_t f = y->dim[y->rank - 1];
+        mgc_cpu_swiglu_fwd_f32(F(c->out[0]), CF(c->in[0]), (int64_t)numel(y) / f, f);
+        return 0;
+    }
+    case MGC_POP_SWIGLU_BWD: { /* in: x (n,2f), dy (n,f) */
+        const mgc_plan_tensor *dy = tin(c, 1);
+        int64_t f = dy->dim[dy->rank - 1];
+        mgc_cpu_swiglu_bwd_f32(F(c->out[0]), CF(c->in[1]), CF(c->in[0]), (int64_t)numel(dy) / f, f);
+        return 0;
+    }
+    case MGC_POP_ADD:
+    case MGC_POP_ADD_BWD: /* the transpose of a fan-out: sum of two contributions */
+        mgc_cpu_add_fwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), (int64_t)numel(tout(c, 0)));
+        return 0;
+    default:
+        return fail(be, "not a pointwise op");
+    }
+}
+
+/* Logit columns of this tensor rank that are real vocabulary entries. */
+static int64_t valid_columns(const mgc_op_call *c, int64_t V_l) {
+    int64_t v0 = c->co.tp * V_l, valid = c->vocab_size - v0;
+    return valid < 0 ? 0 : valid > V_l ? V_l : valid;
+}
+
+static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t V_l = op->iattr[1], v0 = c->co.tp * V_l, Vv = valid_columns(c, V_l);
+    if (op->kind == MGC_POP_CROSS_ENTROPY_BWD) {
+        /* in: logits, lse, labels, mask, loss; out: dlogits */
+        const mgc_plan_tensor *lab = tin(c, 2);
+        int64_t n = (int64_t)numel(lab);
+        int32_t *l32 = scratch(be, (size_t)n * 4);
+        if (!l32) return fail(be, "out of memory");
+        to_i32(l32, c->in[2], (mgc_dtype)lab->dtype, n);
+        double count = CF(c->in[4])[1];
+        double dloss = count > 0 ? c->dloss / count : 0.0;
+        mgc_cpu_ce_bwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), l32, CF(c->in[3]), dloss, v0,
+                           n, Vv, V_l);
+        return 0;
+    }
+    switch (op->iattr[0]) {
+    case 0: { /* in: logits; out: row max */
+        int64_t n = (int64_t)numel(tout(c, 0));
+        mgc_cpu_ce_max_f32(F(c->out[0]), CF(c->in[0]), n, Vv, V_l);
+        return 0;
+    }
+    case 1: { /* in: logits, max, labels; out: (n, 2) = (sum exp, target logit) */
+        const mgc_plan_tensor *lab = tin(c, 2);
+        int64_t n = (int64_t)numel(lab);
+        unsigned char *w = scratch(be, (size_t)n * 12);
+        if (!w) return fail(be, "out of memory");
+        int32_t *l32 = (int32_t *)w;
+        float *se = (float *)(w + n * 4), *tg = se + n;
+        to_i32(l32, c->in[2], (mgc_dtype)lab->dtype, n);
+        mgc_cpu_ce_sums_f32(se, tg, CF(c->in[0]), CF(c->in[1]), l32, v0, n, Vv, V_l);
+        float *o = F(c->out[0]);
+        for (int64_t i = 0; i < n; i++)
+            o[2 * i] = se[i], o[2 * i + 1] = tg[i];
+        return 0;
+    }
+    case 2: { /* in: max, sums (n,2), mask; out: lse, loss[2] */
+        int64_t n = (int64_t)numel(tin(c, 0));
+        float *w = scratch(be, (size_t)n * 8);
+        if (!w) return fail(be, "out of memory");
+        const float *sm = CF(c->in[1]);
+        for (int64_t i = 0; i < n; i++)
+            w[i] = sm[2 * i], w[n + i] = sm[2 * i + 1];
+        mgc_cpu_ce_finish_f32(F(c->out[0]), F(c->out[1]), NULL, CF(c->in[0]), w, w + n,
+                              CF(c->in[2]), n);
+        return 0;
+    }
+    default: { /* 3 fused; in: logits, labels, mask; out: lse, loss[2] */
+        const mgc_plan_tensor *lab = tin(c, 1);
+        int64_t n = (int64_t)numel(lab);
+        unsigned char *w = scratch(be, (size_t)n * 16);
+        if (!w) return fail(be, "out of memory");
+        int32_t *l32 = (int32_t *)w;
+        to_i32(l32, c->in[1], (mgc_dtype)lab->dtype, n);
+        mgc_cpu_ce_fwd_f32(F(c->out[0]), F(c->out[1]), NULL, CF(c->in[0]), l32, CF(c->in[2]), n,
+                           Vv, V_l, (float *)(w + n * 4));
+        return 0;
+    }
+    }
+}
+
+/* ---- mixture of experts ---------------------------------------------------------- */
+
+static mgc_router_score router_score(int64_t s) {
+    return s == 1 ? MGC_ROUTER_SIGMOID : MGC_ROUTER_SOFTMAX; /* config's mgc_score */
+}
+
+/* The dispatch map of n tokens' k choices (recomputed from ids and probs by
+ * every op that needs it: it is a pure function of them). */
+typedef struct dmap {
+    int32_t *ids, *row_src, *row_of, *counts;
+    int64_t R;
+} dmap;
+
+static int build_map(mgc_backend *be, dmap *m, const void *ids, const float *probs, int64_t n,
+                     int64_t k, int64_t E, int64_t capacity, int64_t policy, unsigned char *w) {
+    (void)be;
+    m->ids = (int32_t *)w;
+    m->row_src = m->ids + n * k;
+    m->row_of = m->row_src + n * k;
+    m->counts = m->row_of + n * k;
+    memcpy(m->ids, ids, (size_t)(n * k) * 4);
+    m->R = mgc_cpu_moe_dispatch_map_f32(m->row_src, m->row_of, m->counts, m->ids, probs, n, k, E,
+                                        capacity, (mgc_drop_policy)policy);
+    return 0;
+}
+
+static size_t map_bytes(int64_t n, int64_t k, int64_t E) {
+    return (size_t)(3 * n * k + E) * 4 + 64;
+}
+
+/* Rows grouped by source chunk then local expert <-> by local expert then chunk. */
+static void sort_rows(float *dst, const float *src, const int64_t *counts, int64_t chunks,
+                      int64_t E_l, int64_t h, int inverse) {
+    int64_t src_off = 0;
+    /* offsets of (chunk, expert) blocks in the chunk-major order */
+    for (int64_t e = 0, dst_off = 0; e < E_l; e++)
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            int64_t cm = 0; /* chunk-major offset of block (ch, e) */
+            for (int64_t q = 0; q < ch * E_l + e; q++)
+                cm += counts[q];
+            int64_t cnt = counts[ch * E_l + e];
+            if (cnt) {
+                if (!inverse)
+                    memcpy(dst + dst_off * h, src + cm * h, (size_t)(cnt * h) * 4);
+                else
+                    memcpy(dst + cm * h, src + dst_off * h, (size_t)(cnt * h) * 4);
+            }
+            dst_off += cnt;
+        }
+    (void)src_off;
+}
+
+static int op_moe(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t tp = c->grid_tp, cp = c->grid_cp;
+    switch (op->kind) {
+    case MGC_POP_MOE_ROUTE: {
+        int64_t E = op->iattr[1], k = op->iattr[2];
+        const mgc_plan_tensor *lg = tin(c, 0);
+        int64_t n = (int64_t)(numel(lg) / (uint64_t)E);
+        if (op->iattr[0] == 1) { /* aux loss from the global counts */
+            int32_t *c32 = scratch(be, (size_t)E * 4);
+            if (!c32) return fail(be, "out of memory");
+            to_i32(c32, c->in[1], (mgc_dtype)tin(c, 1)->dtype, E);
+            /* the score function of the route op is not repeated here: softmax unless the
+             * model says sigmoid (the exec passes it) */
+            F(c->out[0])[0] = mgc_cpu_moe_aux_loss_f32(CF(c->in[0]), c32, n, E, k, op->iattr[3],
+                                                       router_score(c->router_score), op->fattr[0]);
+            return 0;
+        }
+        unsigned char *w = scratch(be, (size_t)(n * k + E) * 4 + 64);
+        if (!w) return fail(be, "out of memory");
+        int32_t *ids = (int32_t *)c->out[1], *c32 = (int32_t *)w;
+        float *z = NULL, zval = 0;
+        void *counts = NULL;
+        for (int i = 2; i < op->n_out; i++) {
+            if (tout(c, i)->dtype == MGC_DT_F32) z = F(c->out[i]);
+            else counts = c->out[i];
+        }
+        mgc_cpu_moe_route_fwd_f32(F(c->out[0]), ids, c32, z ? &zval : NULL, CF(c->in[0]), n, E, k,
+                                  router_score(op->iattr[3]), 1.0, op->fattr[1]);
+        if (z) *z = zval;
+        if (counts) from_i32(counts, (mgc_dtype)MGC_DT_I64, c32, E);
+        return 0;
+    }
+    case MGC_POP_MOE_ROUTE_BWD: { /* in: logits, ids, dprobs, (global counts); out: dlogits */
+        int64_t E = op->iattr[1], k = op->iattr[2];
+        int64_t n = (int64_t)(numel(tin(c, 0)) / (uint64_t)E);
+        int32_t *c32 = scratch(be, (size_t)E * 4);
+        if (!c32) return fail(be, "out of memory");
+        int has_aux = op->n_in > 3;
+        if (has_aux) to_i32(c32, c->in[3], (mgc_dtype)tin(c, 3)->dtype, E);
+        else memset(c32, 0, (size_t)E * 4);
+        /* the training loss adds the aux loss summed over tensor x context ranks and the
+         * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
+        mgc_cpu_moe_route_bwd_f32(F(c->out[0]), CF(c->in[2]), CF(c->in[0]), (const int32_t *)c->in[1],
+                                  c32, n, E, k, n * tp * cp, router_score(op->iattr[3]), 1.0,
+                                  has_aux ? op->fattr[0] : 0.0, c->dloss, op->fattr[1],
+                                  c->dloss / (double)(tp * cp));
+        return 0;
+    }
+    case MGC_POP_MOE_DISPATCH: {
+        if (op->iattr[0] == 0) { /* in: x, ids, probs; out: rows, counts */
+            int64_t E = op->iattr[1];
+            const mgc_plan_tensor *ids = tin(c, 1), *x = tin(c, 0);
+            int64_t n = ids->dim[0], k = ids->dim[1], h = x->dim[x->rank - 1];
+            unsigned char *w = scratch(be, map_bytes(n, k, E));
+            if (!w) return fail(be, "out of memory");
+            dmap m;
+            build_map(be, &m, c->in[1], CF(c->in[2]), n, k, E, op->iattr[2], op->iattr[3], w);
+            mgc_cpu_moe_permute_f32(F(c->out[0]), CF(c->in[0]), m.row_src, m.R, k, h);
+            from_i32(c->out[1], (mgc_dtype)tout(c, 1)->dtype, m.counts, E);
+            return 0;
+        }
+        /* .sort; in: rows by source chunk, counts; out: rows by local expert, per-expert counts */
+        int64_t E_l = op->iattr[1], chunks = op->iattr[2];
+        const int64_t *cnt = c->in[1];
+        const mgc_plan_tensor *x = tin(c, 0);
+        int64_t h = x->dim[1];
+        sort_rows(F(c->out[0]), CF(c->in[0]), cnt, chunks, E_l, h, 0);
+        int64_t *tpe = c->out[1];
+        for (int64_t e = 0; e < E_l; e++) {
+            tpe[e] = 0;
+            for (int64_t ch = 0; ch < chunks; ch++)
+                tpe[e] += cnt[ch * E_l + e];
+        }
+        return 0;
+    }
+    case MGC_POP_MOE_DISPATCH_BWD: {
+        if (op->iattr[0] == 0) { /* in: drows, ids, probs; out: dx */
+            int64_t E = op->iattr[1];
+            const mgc_plan_tensor *ids = tin(c, 1), *dx = tout(c, 0);
+            int64_t n = ids->dim[0], k = ids->dim[1], h = dx->dim[dx->rank - 1];
+            unsigned char *w = scratch(be, map_bytes(n, k, E));
+            if (!w) return fail(be, "out of memory");
+            dmap m;
+            build_map(be, &m, c->in[1], CF(c->in[2]), n, k, E, op->iattr[2], op->iattr[3], w);
+            mgc_cpu_moe_permute_bwd_f32(F(c->out[0]), CF(c->in[0]), m.row_of, n, k, h);
+            return 0;
+        }
+        /* the sort's transpose: in dy (by local expert), counts; out dx (by chunk) */
+        const mgc_plan_tensor *dy = tin(c, 0);
+        sort_rows(F(c->out[0]), CF(c->in[0]), c->in[1], op->iattr[2], op->iattr[1], dy->dim[1], 1);
+        return 0;
+    }
+    case MGC_POP_MOE_COMBINE: {
+        if (op->iattr[0] == 0) { /* .unsort; in: rows by local expert, counts; out: by chunk */
+            const mgc_plan_tensor *x = tin(c, 0);
+            sort_rows(F(c->out[0]), CF(c->in[0]), c->in[1], op->iattr[2], op->iattr[1], x->dim[1], 1);
+            return 0;
+        }
+        /* in: rows, probs, ids; out: y (n, h) */
+        int64_t E = op->iattr[1], k = op->iattr[2];
+        const mgc_plan_tensor *y = tout(c, 0);
+        int64_t h = y->dim[y->rank - 1], n = (int64_t)(numel(y) / (uint64_t)h);
+        unsigned char *w = scratch(be, map_bytes(n, k, E));
+        if (!w) return fail(be, "out of memory");
+        dmap m;
+        build_map(be, &m, c->in[2], CF(c->in[1]), n, k, E, op->iattr[3], c->drop_policy, w);
+        mgc_cpu_moe_combine_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), m.row_of, n, k, h);
+        return 0;
+    }
+    case MGC_POP_MOE_COMBINE_BWD: {
+        if (op->iattr[0] == 0) { /* the unsort's transpose: in dy (by chunk), counts */
+            const mgc_plan_tensor *dy = tin(c, 0);
+            sort_rows(F(c->out[0]), CF(c->in[0]), c->in[1], op->iattr[2], op->iattr[1], dy->dim[1], 0);
+            return 0;
+        }
+        /* in: dy, rows, probs, ids; out: drows, dprobs */
+        int64_t E = op->iattr[1], k = op->iattr[2];
+        const mgc_plan_tensor *dy = tin(c, 0);
+        int64_t h = dy->dim[dy->rank - 1], n = (int64_t)(numel(dy) / (uint64_t)h);
+        unsigned char *w = scratch(be, map_bytes(n, k, E));
+        if (!w) return fail(be, "out of memory");
+        dmap m;
+        build_map(be, &m, c->in[3], CF(c->in[2]), n, k, E, op->iattr[3], c->drop_policy, w);
+        /* rows past the routed ones (the buffer holds the dropless bound) stay untouched */
+        mgc_cpu_moe_combine_bwd_f32(F(c->out[0]), F(c->out[1]), CF(c->in[0]), CF(c->in[1]),
+                                    CF(c->in[2]), m.row_of, n, k, h);
+        return 0;
+    }
+    case MGC_POP_GROUPED_LINEAR:
+    case MGC_POP_GROUPED_LINEAR_DGRAD:
+    case MGC_POP_GROUPED_LINEAR_WGRAD: {
+        int64_t N = op->iattr[1], K = op->iattr[2];
+        const mgc_plan_tensor *w = op->kind == MGC_POP_GROUPED_LINEAR_WGRAD ? tout(c, 0) : tin(c, 1);
+        int64_t E_l = w->dim[0];
+        int tpe_in = op->kind == MGC_POP_GROUPED_LINEAR ? 2 : 2;
+        int32_t *c32 = scratch(be, (size_t)E_l * 4);
+        if (!c32) return fail(be, "out of memory");
+        to_i32(c32, c->in[tpe_in], (mgc_dtype)tin(c, tpe_in)->dtype, E_l);
+        if (op->kind == MGC_POP_GROUPED_LINEAR)
+            mgc_cpu_grouped_linear_fwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), c32, E_l, N, K);
+        else if (op->kind == MGC_POP_GROUPED_LINEAR_DGRAD)
+            mgc_cpu_grouped_linear_dgrad_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), c32, E_l, N,
+                                             K);
+        else
+            mgc_cpu_grouped_linear_wgrad_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), c32, E_l, N,
+                                             K);
+        return 0;
+    }
+    default:
+        return fail(be, "not a MoE op");
+    }
+}
+
+static int cpu_run_op(mgc_backend *be, const mgc_op_call *c) {
+    switch ((mgc_plan_op_kind)c->op->kind) {
+    case MGC_POP_EMBEDDING:
+    case MGC_POP_EMBEDDING_BWD: return op_embedding(be, c);
+    case MGC_POP_NORM:
+    case MGC_POP_NORM_BWD: return op_norm(be, c);
+    case MGC_POP_LINEAR:
+    case MGC_POP_LINEAR_DGRAD:
+    case MGC_POP_LINEAR_WGRAD: return op_linear(be, c);
+    case MGC_POP_QKV_SPLIT:
+    case MGC_POP_QKV_SPLIT_BWD: return op_qkv(be, c);
+    case MGC_POP_ROPE:
+    case MGC_POP_ROPE_BWD: return op_rope(be, c);
+    case MGC_POP_ATTENTION:
+    case MGC_POP_ATTENTION_BWD: return op_attention(be, c);
+    case MGC_POP_DROPOUT:
+    case MGC_POP_DROPOUT_BWD:
+    case MGC_POP_DROPOUT_ADD:
+    case MGC_POP_DROPOUT_ADD_BWD:
+    case MGC_POP_GELU:
+    case MGC_POP_GELU_BWD:
+    case MGC_POP_SWIGLU:
+    case MGC_POP_SWIGLU_BWD:
+    case MGC_POP_ADD:
+    case MGC_POP_ADD_BWD: return op_pointwise(be, c);
+    case MGC_POP_CROSS_ENTROPY:
+    case MGC_POP_CROSS_ENTROPY_BWD: return op_cross_entropy(be, c);
+    case MGC_POP_MOE_ROUTE:
+    case MGC_POP_MOE_ROUTE_BWD:
+    case MGC_POP_MOE_DISPATCH:
+    case MGC_POP_MOE_DISPATCH_BWD:
+    case MGC_POP_MOE_COMBINE:
+    case MGC_POP_MOE_COMBINE_BWD:
+    case MGC_POP_GROUPED_LINEAR:
+    case MGC_POP_GROUPED_LINEAR_DGRAD:
+    case MGC_POP_GROUPED_LINEAR_WGRAD: return op_moe(be, c);
+    default:
+        return fail(be, "cpu backend: op %s (kind %u) '%s' is not a compute op",
+                    mgc_plan_op_name((mgc_plan_op_kind)c->op->kind), (unsigned)c->op->kind,
+                    mgc_plan_strat(c->plan, c->op->name));
+    }
+}
+
+/* ---- memory and the optimizer ------------------------------------------------------ */
+
+static int cpu_arena_alloc(mgc_backend *be, uint64_t bytes, void **out) {
+    void *p = NULL;
+    size_t n = bytes ? (size_t)bytes : 256;
+    if ((uint64_t)n != (bytes ? bytes : 256) || posix_memalign(&p, 256, n))
+        return fail(be, "cannot allocate the %" PRIu64 "-byte arena on the host: %s", bytes,
+                    strerror(ENOMEM));
+    memset(p, 0, n);
+    *out = p;
+    return 0;
+}
+
+static void cpu_arena_free(mgc_backend *be, void *arena) {
+    (void)be;
+    free(arena);
+}
+
+static int cpu_copy(mgc_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes && dst != src) memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_zero(mgc_backend *be, void *dst, size_t bytes) {
+    (void)be;
+    if (bytes) memset(dst, 0, bytes);
+    return 0;
+}
+
+static int cpu_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
+    (void)be;
+    *out = mgc_cpu_sumsq(g, n);
+    return 0;
+}
+
+static int cpu_scale(mgc_backend *be, float *x, int64_t n, double s) {
+    (void)be;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(x[i] * s);
+    return 0;
+}
+
+static int cpu_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                     double lr, double beta1, double beta2, double eps, double weight_decay,
+                     int decay, int64_t step, double grad_scale) {
+    (void)be;
+    mgc_adamw_cfg cfg = {beta1, beta2, eps, weight_decay};
+    mgc_cpu_adamw(p, g, m, v, n, &cfg, step, lr, grad_scale, decay);
+    return 0;
+}
+
+static int cpu_set_threads(mgc_backend *be, int threads) {
+    (void)be;
+    if (threads > 0) openblas_set_num_threads(threads);
+    return 0;
+}
+
+static void cpu_close(mgc_backend *be) {
+    cpu_ctx *c = be->context;
+    if (c) free(c->scratch);
+    free(c);
+    free(be);
+}
+
+static const mgc_backend_iface cpu_iface = {
+    "cpu",     cpu_arena_alloc, cpu_arena_free, cpu_run_op, cpu_copy,        cpu_copy, cpu_copy,
+    cpu_zero,  cpu_sumsq,       cpu_scale,      cpu_adamw,  cpu_set_threads, cpu_close,
+};
+
+int mgc_backend_cpu_open(mgc_backend **out, char *err, size_t err_size) {
+    *out = NULL;
+    mgc_backend *be = calloc(1, sizeof *be);
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be), free(c);
+        if (err && err_size) snprintf(err, err_size, "cpu backend: out of memory");
+        return -1;
+    }
+    be->iface = &cpu_iface;
+    be->context = c;
+    *out = be;
+    return 0;
+}
+
+void mgc_backend_close(mgc_backend *be) {
+    if (be) be->iface->close(be);
+}

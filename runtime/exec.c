@@ -1,0 +1,1025 @@
+/* exec.c - the executor (exec.h): a rank's instruction stream on a backend
+ * and its communicators.  docs/runtime.md describes the numbers it keeps. */
+#include "exec.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h" /* the LR schedule (pure arithmetic, no kernel) */
+#include "rng.h"
+
+#define LIN_TIED     1
+#define LIN_FP32_OUT 2
+#define PCOLL_MAX      1
+#define PCOLL_VARIABLE 16
+
+typedef struct pentry {        /* one parameter of the stage */
+    mgc_exec_param pub;
+    int32_t tensor, grad_tensor;
+    int64_t elem;              /* first element in the flat space */
+    uint8_t decay;             /* weight decay applies (2-D and up: not norms, not biases) */
+    uint8_t tp_dup;            /* replicated over TP: counted once (tp rank 0) in the norm */
+    uint8_t shared_copy;       /* the tied embedding's copy on the last stage: not in the norm */
+    uint8_t tp_partial;        /* gradient partial over TP: summed over TP before the norm */
+    uint8_t vocab;             /* rows are vocabulary entries (padding rows past vocab_size) */
+    uint8_t glu;               /* rows are [gate | up] halves, each split the same way */
+    uint8_t expert;
+    uint8_t scaled;            /* output projection: std / sqrt(2 L) */
+} pentry;
+
+typedef struct seg {           /* a range of the flat space */
+    int64_t elem, n;
+    int64_t moment;            /* adam: offset in the moments */
+    int decay;
+} seg;
+
+typedef struct chunk_rt {
+    int32_t *stash;            /* (mb) buffer index of the stash of (mb, this chunk) */
+    int32_t *comm[4];          /* (mb) send_act, recv_act, send_grad, recv_grad staging */
+    int32_t in_act, in_grad, out_act, out_grad; /* boundary tensors, -1 when none */
+    int32_t loss, aux, z;      /* forward tensors read after the pass (-1 none) */
+    int32_t *aux_all;          /* aux-loss and z-loss tensors (several MoE layers) */
+    int n_aux_all;
+} chunk_rt;
+
+struct mgc_exec {
+    const mgc_plan *plan;
+    const mgc_stage_program *sp;
+    mgc_backend *be;
+    mgc_comm *world;
+    mgc_comm *group[MGC_GROUP__COUNT];
+    mgc_grid grid;
+    mgc_coords co;
+    int64_t rank;
+    unsigned char *arena;
+    chunk_rt *chunks;
+    int32_t *input_buf;        /* (mb) INPUT buffer index */
+    int64_t slot_tokens, slot_labels, slot_mask; /* byte offsets in an input buffer, -1 none */
+    int32_t grad_buf, weight_buf, m_buf, v_buf;
+    pentry *params;
+    int64_t n_params;
+    seg *adam, *norm, *partial, *embed;
+    int64_t n_adam, n_norm, n_partial, n_embed;
+    /* config */
+    int64_t vocab_size, seq_length, num_layers, dp, mb_count, mbs;
+    uint64_t seed;
+    double init_std, lr, min_lr, beta1, beta2, eps, wd, clip;
+    int64_t warmup, decay_iters, iterations;
+    int decay_style;
+    int32_t router_score, drop_policy;
+    /* per step */
+    double loss_sum, aux_sum, z_sum;
+    int64_t iteration;
+    int32_t *tok;              /* (seq_length + 1) */
+    char err[2048];
+};
+
+static int xfail(mgc_exec *x, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->err, sizeof x->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int be_fail(mgc_exec *x, const char *what) {
+    return xfail(x, "rank %" PRId64 ": %s: %s", x->rank, what, x->be->err);
+}
+
+static int comm_fail(mgc_exec *x, mgc_comm *c, mgc_comm_status s, const char *what) {
+    const char *e = c ? mgc_comm_error(c) : "";
+    return xfail(x, "rank %" PRId64 ": %s: %s%s%s", x->rank, what, mgc_comm_status_name(s),
+                 e[0] ? ": " : "", e);
+}
+
+const char *mgc_exec_error(const mgc_exec *x) {
+    return x ? x->err : "";
+}
+uint64_t mgc_exec_arena_bytes(const mgc_exec *x) {
+    return x->sp->arena_bytes;
+}
+int64_t mgc_exec_rank(const mgc_exec *x) {
+    return x->rank;
+}
+int64_t mgc_exec_param_count(const mgc_exec *x) {
+    return x->n_params;
+}
+const mgc_exec_param *mgc_exec_param_at(const mgc_exec *x, int64_t i) {
+    return &x->params[i].pub;
+}
+mgc_backend *mgc_exec_backend(const mgc_exec *x) {
+    return x->be;
+}
+
+static uint64_t tnumel(const mgc_plan_tensor *t) {
+    uint64_t n = 1;
+    for (int i = 0; i < t->rank; i++)
+        n *= (uint64_t)t->dim[i];
+    return n;
+}
+
+static const char *sname(const mgc_exec *x, uint32_t off) {
+    const char *s = mgc_plan_strat(x->plan, off);
+    return s ? s : "?";
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* ---- addresses ---------------------------------------------------------------------- */
+
+static unsigned char *buf_addr(const mgc_exec *x, int32_t b) {
+    return x->arena + x->sp->buffers[b].offset;
+}
+
+/* Address of tensor t of chunk c while running microbatch mb (NULL: not materialised). */
+static void *taddr(const mgc_exec *x, int c, int32_t t, int32_t mb) {
+    const mgc_plan_tensor *T = &x->sp->chunks[c].tensors[t];
+    if (T->buffer == MGC_PLAN_BUF_STASH) {
+        int32_t b = mb >= 0 ? x->chunks[c].stash[mb] : -1;
+        return b >= 0 ? buf_addr(x, b) + T->offset : NULL;
+    }
+    if (T->buffer < 0) return NULL;
+    const mgc_buffer *B = &x->sp->buffers[T->buffer];
+    if (B->kind == MGC_BUF_INPUT) {
+        int32_t b = mb >= 0 ? x->input_buf[mb] : -1;
+        return b >= 0 ? buf_addr(x, b) + T->offset : NULL;
+    }
+    return buf_addr(x, T->buffer) + T->offset;
+}
+
+/* ---- setup --------------------------------------------------------------------------- */
+
+static int64_t cfg_i(const mgc_plan *p, const char *k, int64_t dflt) {
+    int64_t v;
+    return mgc_plan_config_int(p, k, &v) ? v : dflt;
+}
+static double cfg_f(const mgc_plan *p, const char *k, double dflt) {
+    double v;
+    return mgc_plan_config_float(p, k, &v) ? v : dflt;
+}
+
+static int64_t group_rank_of(const mgc_exec *x, uint16_t g) {
+    switch (g) {
+    case MGC_GROUP_TP: return x->co.tp;
+    case MGC_GROUP_CP: return x->co.cp;
+    case MGC_GROUP_DP: return x->co.dp;
+    case MGC_GROUP_EP: return x->co.ep;
+    case MGC_GROUP_ETP: return x->co.etp;
+    case MGC_GROUP_EDP: return x->co.edp;
+    case MGC_GROUP_TPCP: return x->co.tp + x->co.cp * x->grid.tp;
+    case MGC_GROUP_DPCP: return mgc_grid_group_rank(&x->grid, MGC_GROUP_DPCP, x->rank);
+    default: return 0;
+    }
+}
+
+static int64_t group_size_of(const mgc_exec *x, uint16_t g) {
+    switch (g) {
+    case MGC_GROUP_TP: return x->grid.tp;
+    case MGC_GROUP_CP: return x->grid.cp;
+    case MGC_GROUP_DP: return x->grid.dp;
+    case MGC_GROUP_EP: return x->grid.ep;
+    case MGC_GROUP_ETP: return x->grid.etp;
+    case MGC_GROUP_EDP: return x->grid.edp;
+    case MGC_GROUP_TPCP: return x->grid.tp * x->grid.cp;
+    case MGC_GROUP_DPCP: return x->grid.dp * x->grid.cp;
+    default: return 1;
+    }
+}
+
+static int find_comm_buf(const mgc_exec *x, const char *prefix, int c, int32_t mb) {
+    char want[64];
+    snprintf(want, sizeof want, "%s.c%d", prefix, c);
+    for (int64_t b = 0; b < x->sp->n_buffers; b++) {
+        const mgc_buffer *B = &x->sp->buffers[b];
+        if (B->kind == MGC_BUF_COMM && B->chunk == c && B->mb == mb && !strcmp(sname(x, B->name), want))
+            return (int)b;
+    }
+    return -1;
+}
+
+static int setup_buffers(mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    int64_t m = x->plan->num_microbatches;
+    x->chunks = calloc((size_t)sp->n_chunks, sizeof *x->chunks);
+    x->input_buf = malloc((size_t)m * sizeof *x->input_buf);
+    if (!x->chunks || !x->input_buf) return xfail(x, "out of memory");
+    x->grad_buf = x->weight_buf = x->m_buf = x->v_buf = -1;
+    for (int64_t i = 0; i < m; i++)
+        x->input_buf[i] = -1;
+    for (int64_t b = 0; b < sp->n_buffers; b++) {
+        const mgc_buffer *B = &sp->buffers[b];
+        if (B->kind == MGC_BUF_INPUT && B->mb >= 0) x->input_buf[B->mb] = (int32_t)b;
+        if (B->kind == MGC_BUF_GRAD) x->grad_buf = (int32_t)b;
+        if (B->kind == MGC_BUF_WEIGHT) x->weight_buf = (int32_t)b;
+        if (B->kind == MGC_BUF_ADAM_M) x->m_buf = (int32_t)b;
+        if (B->kind == MGC_BUF_ADAM_V) x->v_buf = (int32_t)b;
+    }
+    static const char *const comm_names[4] = {"send_act", "recv_act", "send_grad", "recv_grad"};
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        chunk_rt *r = &x->chunks[c];
+        r->stash = malloc((size_t)m * sizeof *r->stash);
+        for (int k = 0; k < 4; k++)
+            r->comm[k] = malloc((size_t)m * sizeof *r->comm[k]);
+        if (!r->stash || !r->comm[0] || !r->comm[1] || !r->comm[2] || !r->comm[3])
+            return xfail(x, "out of memory");
+        for (int64_t i = 0; i < m; i++) {
+            r->stash[i] = -1;
+            for (int k = 0; k < 4; k++)
+                r->comm[k][i] = (int32_t)find_comm_buf(x, comm_names[k], (int)c, (int32_t)i);
+        }
+    }
+    for (int64_t b = 0; b < sp->n_buffers; b++) {
+        const mgc_buffer *B = &sp->buffers[b];
+        if (B->kind == MGC_BUF_STASH && B->chunk < sp->n_chunks && B->mb >= 0)
+            x->chunks[B->chunk].stash[B->mb] = (int32_t)b;
+    }
+    /* boundary tensors (docs/partitioning.md, "Conventions of a chunk") */
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        chunk_rt *r = &x->chunks[c];
+        r->in_act = r->in_grad = r->out_act = r->out_grad = r->loss = r->aux = r->z = -1;
+        int32_t next = 0;
+        if (!ch->embedding) r->in_act = 0, r->in_grad = 1, next = 2;
+        if (!ch->loss) {
+            if (ch->n_fwd == 0 && ch->n_tensors == 2) /* an empty virtual stage */
+                r->out_act = 0, r->out_grad = 1;
+            else
+                r->out_act = next, r->out_grad = next + 1;
+        }
+        if (ch->n_tensors < next + (ch->loss || (ch->n_fwd == 0 && ch->n_tensors == 2) ? 0 : 2))
+            return xfail(x, "stage %" PRId64 " chunk %" PRId64 ": too few tensors for its boundary",
+                         sp->pp_rank, c);
+        /* the loss: the cross-entropy root's second output, or its CP all-reduce */
+        r->aux_all = calloc((size_t)(ch->n_fwd + 1), sizeof *r->aux_all);
+        if (!r->aux_all) return xfail(x, "out of memory");
+        for (int64_t i = 0; i < ch->n_fwd; i++) {
+            const mgc_plan_op *op = &ch->fwd[i];
+            if (op->kind == MGC_POP_CROSS_ENTROPY && op->n_out == 2 &&
+                (op->iattr[0] == 2 || op->iattr[0] == 3))
+                r->loss = op->out[1];
+            if (op->kind == MGC_POP_ALL_REDUCE && r->loss >= 0 && op->in[0] == r->loss)
+                r->loss = op->out[0];
+            if (op->kind == MGC_POP_MOE_ROUTE)
+                for (int k = 0; k < op->n_out; k++) {
+                    const mgc_plan_tensor *t = &ch->tensors[op->out[k]];
+                    if (t->dtype == MGC_DT_F32 && t->rank == 0) r->aux_all[r->n_aux_all++] = op->out[k];
+                }
+        }
+    }
+    /* input slots: one per distinct (name, bytes) in order of first appearance */
+    x->slot_tokens = x->slot_labels = x->slot_mask = -1;
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        for (int64_t t = 0; t < ch->n_tensors; t++) {
+            const mgc_plan_tensor *T = &ch->tensors[t];
+            if (T->role != MGC_TR_INPUT) continue;
+            if (T->buffer == MGC_PLAN_BUF_STASH)
+                return xfail(x, "stage %" PRId64 ": input '%s' is stashed; this runtime reads "
+                                "inputs from their INPUT slot only (recompile with this mgc)",
+                             sp->pp_rank, sname(x, T->name));
+            if (T->buffer < 0) continue;
+            const char *n = sname(x, T->name);
+            int64_t off = (int64_t)T->offset;
+            if (!strcmp(n, "tokens")) x->slot_tokens = off;
+            else if (!strcmp(n, "labels")) x->slot_labels = off;
+            else if (!strcmp(n, "loss_mask")) x->slot_mask = off;
+        }
+    }
+    return 0;
+}
+
+/* Which tensors feed which ops: GLU weights, vocabulary weights. */
+static void mark_param_uses(mgc_exec *x, int c, uint8_t *glu, uint8_t *vocab, uint8_t *tied) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    for (int64_t i = 0; i < ch->n_fwd; i++) {
+        const mgc_plan_op *op = &ch->fwd[i];
+        if (op->kind == MGC_POP_EMBEDDING && op->n_in > 1) vocab[op->in[1]] = 1;
+        if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & (LIN_TIED | LIN_FP32_OUT))) {
+            vocab[op->in[1]] = 1;
+            if (op->iattr[3] & LIN_TIED) tied[op->in[1]] = 1;
+        }
+        if (op->kind == MGC_POP_SWIGLU)
+            for (int64_t j = 0; j < ch->n_fwd; j++) {
+                const mgc_plan_op *l = &ch->fwd[j];
+                if ((l->kind == MGC_POP_LINEAR || l->kind == MGC_POP_GROUPED_LINEAR) &&
+                    l->out[0] == op->in[0]) {
+                    glu[l->in[1]] = 1;
+                    int bi = l->kind == MGC_POP_LINEAR ? 2 : 3;
+                    if (l->n_in > bi) glu[l->in[bi]] = 1;
+                }
+            }
+    }
+}
+
+static int seg_push(seg **a, int64_t *n, int64_t *cap, seg s) {
+    if (s.n <= 0) return 0;
+    if (*n == *cap) {
+        int64_t nc = *cap ? *cap * 2 : 64;
+        seg *p = realloc(*a, (size_t)nc * sizeof *p);
+        if (!p) return -1;
+        *a = p, *cap = nc;
+    }
+    (*a)[(*n)++] = s;
+    return 0;
+}
+
+static int setup_params(mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    int64_t total = 0;
+    for (int64_t c = 0; c < sp->n_chunks; c++)
+        for (int64_t t = 0; t < sp->chunks[c].n_tensors; t++)
+            total += sp->chunks[c].tensors[t].role == MGC_TR_PARAM;
+    x->params = calloc((size_t)(total ? total : 1), sizeof *x->params);
+    if (!x->params) return xfail(x, "out of memory");
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        uint8_t *marks = calloc((size_t)(3 * ch->n_tensors + 3), 1);
+        if (!marks) return xfail(x, "out of memory");
+        uint8_t *glu = marks, *vocab = marks + ch->n_tensors, *tied = marks + 2 * ch->n_tensors;
+        mark_param_uses(x, (int)c, glu, vocab, tied);
+        for (int64_t t = 0; t < ch->n_tensors; t++) {
+            const mgc_plan_tensor *T = &ch->tensors[t];
+            if (T->role != MGC_TR_PARAM) continue;
+            if (T->buffer < 0) continue; /* not used on this stage */
+            if (T->buffer != x->weight_buf || T->dtype != MGC_DT_F32) {
+                free(marks);
+                return xfail(x, "stage %" PRId64 ": parameter '%s' is not an fp32 weight in the "
+                                "weights buffer",
+                             sp->pp_rank, sname(x, T->name));
+            }
+            int32_t g = -1;
+            if (t + 1 < ch->n_tensors && ch->tensors[t + 1].role == MGC_TR_GRAD) g = (int32_t)t + 1;
+            if (g < 0 || ch->tensors[g].buffer != x->grad_buf) {
+                free(marks);
+                return xfail(x, "stage %" PRId64 ": parameter '%s' has no gradient after it",
+                             sp->pp_rank, sname(x, T->name));
+            }
+            pentry *e = &x->params[x->n_params++];
+            const char *nm = sname(x, T->name);
+            e->pub.name = nm;
+            e->pub.chunk = (int)c;
+            e->pub.rank = T->rank;
+            for (int i = 0; i < T->rank && i < 4; i++)
+                e->pub.dim[i] = T->dim[i];
+            e->pub.numel = (int64_t)tnumel(T);
+            e->pub.weight = (float *)taddr(x, (int)c, (int32_t)t, -1);
+            e->pub.grad = (float *)taddr(x, (int)c, g, -1);
+            e->tensor = (int32_t)t;
+            e->grad_tensor = g;
+            e->elem = (int64_t)(T->offset / 4);
+            e->decay = T->rank >= 2;
+            e->expert = T->split_group == MGC_GROUP_EP && T->split_axis == 0;
+            e->tp_dup = !e->expert && T->split_axis == MGC_PLAN_NO_SPLIT && x->grid.tp > 1;
+            e->shared_copy = tied[t] && !ch->embedding;
+            const mgc_plan_tensor *G = &ch->tensors[g];
+            e->tp_partial = G->split_axis == MGC_PLAN_NO_SPLIT && G->split_group == MGC_GROUP_TP &&
+                            x->grid.tp > 1;
+            e->vocab = vocab[t];
+            e->glu = glu[t];
+            e->scaled = ends_with(nm, "linear_proj.weight") || ends_with(nm, "linear_fc2.weight");
+            if (e->expert && x->grid.etp > 1) {
+                free(marks);
+                return xfail(x, "'%s': expert tensor parallelism (parallel.expert_tensor > 1) is "
+                                "not supported by this runtime yet: use expert_tensor 1",
+                             nm);
+            }
+        }
+        free(marks);
+    }
+    /* kv-replicated QKV (tensor > query groups) needs a gradient sum this runtime lacks */
+    int64_t groups = cfg_i(x->plan, "model.num_query_groups", 0);
+    if (groups > 0 && x->grid.tp > groups)
+        return xfail(x, "parallel.tensor %" PRId64 " exceeds model.num_query_groups %" PRId64
+                        ": key/value heads replicated over tensor ranks are not supported by this "
+                        "runtime yet; use a tensor degree that divides the query groups",
+                     x->grid.tp, groups);
+    /* optimizer and norm segments from the buckets, in layout order */
+    int64_t ca = 0, cn = 0, cpt = 0, ce = 0, moment = 0;
+    for (int64_t bi = sp->n_buckets - 1; bi >= 0; bi--) {
+        const mgc_bucket *B = &sp->buckets[bi];
+        int64_t D = B->shards, gr = group_rank_of(x, B->group), piece = (int64_t)B->count / D;
+        int64_t lo = (int64_t)B->begin + (D > 1 ? gr * piece : 0), hi = lo + piece;
+        int counted = D > 1 || gr == 0; /* replicas over the group count once */
+        /* split the owned range at parameter boundaries */
+        int64_t at = lo;
+        while (at < hi) {
+            const pentry *in = NULL;
+            int64_t next = hi;
+            for (int64_t i = 0; i < x->n_params; i++) {
+                const pentry *e = &x->params[i];
+                if (e->elem <= at && at < e->elem + e->pub.numel) in = e;
+                else if (e->elem > at && e->elem < next) next = e->elem;
+            }
+            int64_t end = in ? (in->elem + in->pub.numel < hi ? in->elem + in->pub.numel : hi) : next;
+            seg s = {at, end - at, moment + (at - lo), in ? in->decay : 0};
+            if (seg_push(&x->adam, &x->n_adam, &ca, s)) return xfail(x, "out of memory");
+            if (in && counted && !(in->tp_dup && x->co.tp != 0) && !in->shared_copy)
+                if (seg_push(&x->norm, &x->n_norm, &cn, s)) return xfail(x, "out of memory");
+            at = end;
+        }
+        moment += piece;
+    }
+    for (int64_t i = 0; i < x->n_params; i++) {
+        const pentry *e = &x->params[i];
+        seg s = {e->elem, e->pub.numel, 0, 0};
+        if (e->tp_partial && seg_push(&x->partial, &x->n_partial, &cpt, s))
+            return xfail(x, "out of memory");
+        if (e->vocab && (e->shared_copy || sp->chunks[e->pub.chunk].embedding) &&
+            cfg_i(x->plan, "model.tie_embeddings", 0) &&
+            seg_push(&x->embed, &x->n_embed, &ce, s))
+            return xfail(x, "out of memory");
+    }
+    if (x->m_buf >= 0 && (uint64_t)moment * 4 > sp->buffers[x->m_buf].bytes)
+        return xfail(x, "stage %" PRId64 ": optimizer shard of %" PRId64
+                        " elements does not fit the adam_m buffer (%" PRIu64 " bytes)",
+                     sp->pp_rank, moment, sp->buffers[x->m_buf].bytes);
+    return 0;
+}
+
+int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_backend *be,
+                  char *err, size_t errsz) {
+    *out = NULL;
+    mgc_exec *x = calloc(1, sizeof *x);
+    if (!x) {
+        snprintf(err, errsz, "out of memory");
+        return -1;
+    }
+    x->plan = plan;
+    x->be = be;
+    x->world = world;
+    x->grid = plan->grid;
+    x->rank = mgc_comm_world_rank(world);
+    int rc = -1;
+    if (mgc_comm_size(world) != plan->grid.world) {
+        xfail(x, "the plan is for %" PRId64 " ranks (world = tensor %" PRId64 " x context %" PRId64
+                 " x data %" PRId64 " x pipeline %" PRId64 ") but %d were launched: run it with "
+                 "--local-ranks %" PRId64 " or mpirun -np %" PRId64 ", or recompile for %d",
+              plan->grid.world, plan->grid.tp, plan->grid.cp, plan->grid.dp, plan->grid.pp,
+              mgc_comm_size(world), plan->grid.world, plan->grid.world, mgc_comm_size(world));
+        goto done;
+    }
+    int64_t prec = cfg_i(plan, "training.precision", 0);
+    if (prec != 0 && !strcmp(be->iface->name, "cpu")) {
+        xfail(x, "the plan computes in %s but the CPU backend computes in fp32: compile with "
+                 "--set training.precision=fp32 (or run on a GPU)",
+              prec == 1 ? "bf16" : "fp16");
+        goto done;
+    }
+    if (mgc_grid_coords(&x->grid, x->rank, &x->co)) {
+        xfail(x, "rank %" PRId64 " is outside the plan's grid", x->rank);
+        goto done;
+    }
+    x->sp = &plan->stages[x->co.pp];
+    x->vocab_size = cfg_i(plan, "model.vocab_size", 0);
+    x->seq_length = plan->seq_length;
+    x->num_layers = cfg_i(plan, "model.num_layers", 1);
+    x->dp = plan->grid.dp;
+    x->mb_count = plan->num_microbatches;
+    x->mbs = plan->micro_batch_size;
+    x->seed = (uint64_t)cfg_i(plan, "training.seed", 1234);
+    x->init_std = cfg_f(plan, "model.init_method_std", 0.02);
+    x->lr = cfg_f(plan, "optimizer.lr", 3e-4);
+    x->min_lr = cfg_f(plan, "optimizer.min_lr", 0);
+    x->beta1 = cfg_f(plan, "optimizer.beta1", 0.9);
+    x->beta2 = cfg_f(plan, "optimizer.beta2", 0.95);
+    x->eps = cfg_f(plan, "optimizer.eps", 1e-8);
+    x->wd = cfg_f(plan, "optimizer.weight_decay", 0.1);
+    x->clip = cfg_f(plan, "optimizer.clip_grad", 1.0);
+    x->warmup = cfg_i(plan, "optimizer.warmup_iterations", 0);
+    x->iterations = cfg_i(plan, "training.iterations", 1);
+    x->decay_iters = cfg_i(plan, "optimizer.decay_iterations", x->iterations);
+    x->decay_style = (int)cfg_i(plan, "optimizer.decay_style", 0);
+    x->router_score = (int32_t)cfg_i(plan, "moe.router_score", 0);
+    x->drop_policy = (int32_t)cfg_i(plan, "moe.drop_policy", 0);
+    x->tok = malloc((size_t)(x->seq_length + 1) * sizeof *x->tok);
+    if (!x->tok) {
+        xfail(x, "out of memory");
+        goto done;
+    }
+    for (int k = 0; k < MGC_GROUP__COUNT; k++) {
+        mgc_comm_status s = mgc_comm_group(world, &x->grid, (mgc_group_kind)k, &x->group[k]);
+        if (s != MGC_COMM_OK) {
+            comm_fail(x, world, s, "creating process groups");
+            goto done;
+        }
+    }
+    if (be->iface->arena_alloc(be, x->sp->arena_bytes, (void **)&x->arena)) {
+        be_fail(x, "allocating the arena");
+        goto done;
+    }
+    if (setup_buffers(x) || setup_params(x)) goto done;
+    rc = 0;
+done:
+    if (rc) {
+        snprintf(err, errsz, "%s", x->err);
+        mgc_exec_free(x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+void mgc_exec_free(mgc_exec *x) {
+    if (!x) return;
+    for (int k = 0; k < MGC_GROUP__COUNT; k++)
+        mgc_comm_free(x->group[k]);
+    if (x->arena) x->be->iface->arena_free(x->be, x->arena);
+    if (x->chunks)
+        for (int64_t c = 0; c < x->sp->n_chunks; c++) {
+            free(x->chunks[c].stash);
+            for (int k = 0; k < 4; k++)
+                free(x->chunks[c].comm[k]);
+            free(x->chunks[c].aux_all);
+        }
+    free(x->chunks);
+    free(x->input_buf);
+    free(x->params);
+    free(x->adam), free(x->norm), free(x->partial), free(x->embed);
+    free(x->tok);
+    free(x);
+}
+
+/* ---- parameter initialisation -------------------------------------------------------- */
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* A standard normal from two counter-based words (Box-Muller). */
+static double normal_at(uint64_t seed, uint64_t stream, uint64_t i) {
+    uint32_t a = mgc_rng_u32(seed, stream, 2 * i), b = mgc_rng_u32(seed, stream, 2 * i + 1);
+    double u1 = ((double)a + 1.0) / 4294967296.0, u2 = (double)b / 4294967296.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* The global (unpartitioned) row-major index of local element `li` of param e,
+ * and its global row along dim 0 (for vocabulary padding). */
+static uint64_t global_index(const mgc_exec *x, const pentry *e, const mgc_plan_tensor *T,
+                             int64_t li, int64_t *row0) {
+    int64_t idx[4] = {0, 0, 0, 0}, gdim[4] = {1, 1, 1, 1};
+    int r = T->rank;
+    for (int d = r - 1; d >= 0; d--) {
+        idx[d] = li % T->dim[d];
+        li /= T->dim[d];
+        gdim[d] = T->dim[d];
+    }
+    if (T->split_axis != MGC_PLAN_NO_SPLIT && T->split_axis < r) {
+        int a = T->split_axis;
+        int64_t n = group_size_of(x, T->split_group), g = group_rank_of(x, T->split_group);
+        int64_t L = T->dim[a];
+        gdim[a] = L * n;
+        if (e->glu && a == (e->expert ? 1 : 0)) { /* [gate | up]: each half split alike */
+            int64_t half = L / 2;
+            idx[a] = idx[a] < half ? g * half + idx[a] : n * half + g * half + (idx[a] - half);
+        } else {
+            idx[a] += g * L;
+        }
+    }
+    *row0 = idx[0];
+    uint64_t gi = 0;
+    for (int d = 0; d < r; d++)
+        gi = gi * (uint64_t)gdim[d] + (uint64_t)idx[d];
+    return gi;
+}
+
+int mgc_exec_init_params(mgc_exec *x) {
+    int64_t maxn = 0;
+    for (int64_t i = 0; i < x->n_params; i++)
+        if (x->params[i].pub.numel > maxn) maxn = x->params[i].pub.numel;
+    float *host = malloc((size_t)(maxn ? maxn : 1) * sizeof *host);
+    if (!host) return xfail(x, "out of memory");
+    for (int64_t i = 0; i < x->n_params; i++) {
+        const pentry *e = &x->params[i];
+        const mgc_plan_tensor *T = &x->sp->chunks[e->pub.chunk].tensors[e->tensor];
+        uint64_t stream = fnv1a(e->pub.name);
+        double std = x->init_std * (e->scaled ? 1.0 / sqrt(2.0 * (double)x->num_layers) : 1.0);
+        for (int64_t li = 0; li < e->pub.numel; li++) {
+            if (T->rank < 2) { /* norms 1, biases 0 */
+                host[li] = ends_with(e->pub.name, ".weight") ? 1.0f : 0.0f;
+                continue;
+            }
+            int64_t row;
+            uint64_t gi = global_index(x, e, T, li, &row);
+            if (e->vocab && row >= x->vocab_size) host[li] = 0.0f;
+            else host[li] = (float)(std * normal_at(x->seed, stream, gi));
+        }
+        if (x->be->iface->upload(x->be, e->pub.weight, host, (size_t)e->pub.numel * 4)) {
+            free(host);
+            return be_fail(x, "uploading parameters");
+        }
+    }
+    free(host);
+    /* the weights are the master copy (fp32); the moments start at zero */
+    if (x->m_buf >= 0 && x->be->iface->zero(x->be, buf_addr(x, x->m_buf), x->sp->buffers[x->m_buf].bytes))
+        return be_fail(x, "zeroing the optimizer state");
+    if (x->v_buf >= 0 && x->be->iface->zero(x->be, buf_addr(x, x->v_buf), x->sp->buffers[x->v_buf].bytes))
+        return be_fail(x, "zeroing the optimizer state");
+    return 0;
+}
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, void *ctx) {
+    int32_t b = x->input_buf[mb];
+    if (b < 0) return xfail(x, "stage %" PRId64 ": no input buffer for microbatch %d", x->sp->pp_rank, mb);
+    int64_t s = x->seq_length, cp = x->grid.cp, sc = s / cp, half = s / (2 * cp), B = x->mbs;
+    int64_t *tok = NULL, *lab = NULL;
+    float *mask = NULL;
+    size_t n = (size_t)(sc * B);
+    unsigned char *host = malloc(n * 20 + 64);
+    if (!host) return xfail(x, "out of memory");
+    tok = (int64_t *)host;
+    lab = tok + n;
+    mask = (float *)(lab + n);
+    int64_t gbs = B * x->mb_count * x->dp;
+    for (int64_t bi = 0; bi < B; bi++) {
+        int64_t sample = x->iteration * gbs + ((int64_t)mb * x->dp + x->co.dp) * B + bi;
+        char e[512] = "";
+        if (fn(ctx, sample, x->tok, e, sizeof e)) {
+            free(host);
+            return xfail(x, "rank %" PRId64 ": reading sample %" PRId64 ": %s", x->rank, sample, e);
+        }
+        for (int64_t i = 0; i < sc; i++) {
+            int64_t p = cp <= 1 ? i : i < half ? x->co.cp * half + i : (2 * cp - 1 - x->co.cp) * half + (i - half);
+            tok[i * B + bi] = x->tok[p];
+            lab[i * B + bi] = x->tok[p + 1];
+            mask[i * B + bi] = 1.0f;
+        }
+    }
+    unsigned char *base = buf_addr(x, b);
+    int rc = 0;
+    if ((what & 1) && x->slot_tokens >= 0)
+        rc |= x->be->iface->upload(x->be, base + x->slot_tokens, tok, n * 8);
+    if ((what & 2) && x->slot_labels >= 0)
+        rc |= x->be->iface->upload(x->be, base + x->slot_labels, lab, n * 8);
+    if ((what & 2) && x->slot_mask >= 0)
+        rc |= x->be->iface->upload(x->be, base + x->slot_mask, mask, n * 4);
+    free(host);
+    return rc ? be_fail(x, "loading a microbatch") : 0;
+}
+
+/* ---- collectives of a chunk program --------------------------------------------------- */
+
+/* Per-peer element counts of a variable all-to-all: block j of `counts`
+ * (rows per (peer, local expert)) summed, times the row width. */
+static int a2a_counts(const int64_t *counts, int64_t n_counts, int peers, int64_t width,
+                      size_t *out) {
+    if (n_counts % peers) return -1;
+    int64_t per = n_counts / peers;
+    for (int j = 0; j < peers; j++) {
+        int64_t s = 0;
+        for (int64_t e = 0; e < per; e++)
+            s += counts[j * per + e];
+        out[j] = (size_t)(s * width);
+    }
+    return 0;
+}
+
+static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    mgc_comm *g = op->group < MGC_GROUP__COUNT ? x->group[op->group] : NULL;
+    if (!g) return xfail(x, "rank %" PRId64 ": '%s' needs a %s group this rank is not in", x->rank,
+                         sname(x, op->name), mgc_group_name((mgc_group_kind)op->group));
+    void *in = taddr(x, c, op->in[0], mb), *out = taddr(x, c, op->out[0], mb);
+    if (!in || !out) return xfail(x, "'%s': tensor not materialised", sname(x, op->name));
+    mgc_dtype dt = (mgc_dtype)op->iattr[2];
+    size_t n_in = (size_t)op->iattr[0], n_out = (size_t)op->iattr[1];
+    mgc_comm_status s = MGC_COMM_OK;
+    int size = mgc_comm_size(g);
+    switch (op->kind) {
+    case MGC_POP_ALL_REDUCE: {
+        mgc_comm_red red = (op->iattr[3] & PCOLL_MAX) ? MGC_COMM_MAX : MGC_COMM_SUM;
+        if (dt == MGC_DT_F32) {
+            s = mgc_comm_all_reduce(g, in, out, n_in, dt, red);
+        } else if (dt == MGC_DT_I64) { /* token counts: exact in fp32 below 2^24 */
+            float *f = malloc(n_in * sizeof *f);
+            if (!f) return xfail(x, "out of memory");
+            const int64_t *a = in;
+            for (size_t i = 0; i < n_in; i++)
+                f[i] = (float)a[i];
+            s = mgc_comm_all_reduce(g, f, f, n_in, MGC_DT_F32, red);
+            int64_t *o = out;
+            for (size_t i = 0; i < n_in && s == MGC_COMM_OK; i++)
+                o[i] = (int64_t)f[i];
+            free(f);
+        } else {
+            return xfail(x, "'%s': all-reduce of %s is not supported", sname(x, op->name),
+                         mgc_dtype_name(dt));
+        }
+        break;
+    }
+    case MGC_POP_ALL_GATHER:
+        if (op->iattr[3] & PCOLL_VARIABLE)
+            return xfail(x, "'%s': variable all-gather is not supported yet", sname(x, op->name));
+        s = mgc_comm_all_gather(g, in, out, n_in, dt);
+        break;
+    case MGC_POP_REDUCE_SCATTER:
+        if (op->iattr[3] & PCOLL_VARIABLE)
+            return xfail(x, "'%s': variable reduce-scatter is not supported yet", sname(x, op->name));
+        s = mgc_comm_reduce_scatter(g, in, out, n_out, dt, MGC_COMM_SUM);
+        break;
+    case MGC_POP_ALL_TO_ALL: {
+        size_t *cnt = calloc((size_t)(2 * size), sizeof *cnt);
+        if (!cnt) return xfail(x, "out of memory");
+        if (op->n_in > 2) {
+            const mgc_plan_tensor *t = &ch->tensors[op->in[0]], *sc = &ch->tensors[op->in[1]],
+                                  *rc = &ch->tensors[op->in[2]];
+            int64_t width = t->dim[t->rank - 1];
+            const int64_t *sa = taddr(x, c, op->in[1], mb), *ra = taddr(x, c, op->in[2], mb);
+            if (!sa || !ra || a2a_counts(sa, (int64_t)tnumel(sc), size, width, cnt) ||
+                a2a_counts(ra, (int64_t)tnumel(rc), size, width, cnt + size)) {
+                free(cnt);
+                return xfail(x, "'%s': bad row counts", sname(x, op->name));
+            }
+        } else {
+            for (int j = 0; j < size; j++)
+                cnt[j] = n_in / (size_t)size, cnt[size + j] = n_out / (size_t)size;
+        }
+        s = mgc_comm_all_to_all_v(g, in, cnt, NULL, out, cnt + size, NULL, dt);
+        free(cnt);
+        break;
+    }
+    case MGC_POP_BROADCAST:
+        if (in != out) x->be->iface->copy(x->be, out, in, n_in * mgc_dtype_size(dt));
+        s = mgc_comm_broadcast(g, out, n_in, dt, 0);
+        break;
+    default:
+        return xfail(x, "op kind %u is not a collective", op->kind);
+    }
+    if (s != MGC_COMM_OK) {
+        char what[300];
+        snprintf(what, sizeof what, "%s '%s' (microbatch %d, chunk %d)",
+                 mgc_plan_op_name((mgc_plan_op_kind)op->kind), sname(x, op->name), mb, c);
+        return comm_fail(x, g, s, what);
+    }
+    return 0;
+}
+
+/* ---- passes ------------------------------------------------------------------------------ */
+
+static int run_ops(mgc_exec *x, int c, const mgc_plan_op *ops, int64_t n, int32_t mb) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    mgc_op_call call;
+    memset(&call, 0, sizeof call);
+    call.plan = x->plan;
+    call.chunk = ch;
+    call.co = x->co;
+    call.grid_tp = x->grid.tp;
+    call.grid_cp = x->grid.cp;
+    call.router_score = x->router_score;
+    call.drop_policy = x->drop_policy;
+    call.vocab_size = x->vocab_size;
+    call.seq_length = x->seq_length;
+    call.seed = x->seed;
+    call.iteration = x->iteration;
+    call.microbatch = (int64_t)mb * x->dp + x->co.dp;
+    call.dloss = 1.0 / (double)(x->mb_count * x->dp);
+    for (int64_t i = 0; i < n; i++) {
+        const mgc_plan_op *op = &ops[i];
+        if (op->kind >= MGC_POP_ALL_REDUCE) {
+            if (run_collective(x, c, op, mb)) return -1;
+            continue;
+        }
+        call.op = op;
+        for (int k = 0; k < op->n_in; k++)
+            if (!(call.in[k] = taddr(x, c, op->in[k], mb)))
+                return xfail(x, "'%s' input %d (%s) has no memory", sname(x, op->name), k,
+                             sname(x, ch->tensors[op->in[k]].name));
+        for (int k = 0; k < op->n_out; k++)
+            if (!(call.out[k] = taddr(x, c, op->out[k], mb)))
+                return xfail(x, "'%s' output %d (%s) has no memory", sname(x, op->name), k,
+                             sname(x, ch->tensors[op->out[k]].name));
+        if (x->be->iface->run_op(x->be, &call)) {
+            char what[300];
+            snprintf(what, sizeof what, "%s '%s' (microbatch %d, chunk %d)",
+                     mgc_plan_op_name((mgc_plan_op_kind)op->kind), sname(x, op->name), mb, c);
+            return be_fail(x, what);
+        }
+    }
+    return 0;
+}
+
+static int copy_tensor(mgc_exec *x, int c, int32_t t, int32_t mb, int32_t staging, int into) {
+    if (t < 0 || staging < 0)
+        return xfail(x, "stage %" PRId64 " chunk %d microbatch %d: no boundary staging buffer",
+                     x->sp->pp_rank, c, mb);
+    void *a = taddr(x, c, t, mb);
+    const mgc_plan_tensor *T = &x->sp->chunks[c].tensors[t];
+    if (!a) return xfail(x, "boundary tensor '%s' has no memory", sname(x, T->name));
+    uint64_t bytes = T->bytes < x->sp->buffers[staging].bytes ? T->bytes : x->sp->buffers[staging].bytes;
+    int rc = into ? x->be->iface->copy(x->be, a, buf_addr(x, staging), bytes)
+                  : x->be->iface->copy(x->be, buf_addr(x, staging), a, bytes);
+    return rc ? be_fail(x, "boundary copy") : 0;
+}
+
+static int forward(mgc_exec *x, int c, int32_t mb) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    chunk_rt *r = &x->chunks[c];
+    if (r->in_act >= 0 && copy_tensor(x, c, r->in_act, mb, r->comm[1][mb], 1)) return -1;
+    if (run_ops(x, c, ch->fwd, ch->n_fwd, mb)) return -1;
+    if (r->out_act >= 0 && copy_tensor(x, c, r->out_act, mb, r->comm[0][mb], 0)) return -1;
+    float v[2];
+    if (r->loss >= 0) {
+        if (x->be->iface->download(x->be, v, taddr(x, c, r->loss, mb), sizeof v))
+            return be_fail(x, "reading the loss");
+        if (x->co.tp == 0 && x->co.cp == 0) x->loss_sum += v[1] > 0 ? v[0] / v[1] : 0.0;
+    }
+    for (int i = 0; i < r->n_aux_all; i++) {
+        int32_t t = r->aux_all[i];
+        if (x->be->iface->download(x->be, v, taddr(x, c, t, mb), sizeof v[0]))
+            return be_fail(x, "reading a MoE loss");
+        const char *nm = sname(x, ch->tensors[t].name);
+        /* aux: per-rank terms sum to the layer's loss; z: per-rank means average */
+        if (strstr(nm, "z_loss")) x->z_sum += v[0] / (double)(x->grid.tp * x->grid.cp);
+        else x->aux_sum += v[0];
+    }
+    return 0;
+}
+
+static int backward(mgc_exec *x, int c, int32_t mb) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    chunk_rt *r = &x->chunks[c];
+    if (r->out_grad >= 0 && copy_tensor(x, c, r->out_grad, mb, r->comm[3][mb], 1)) return -1;
+    if (run_ops(x, c, ch->bwd, ch->n_bwd, mb)) return -1;
+    if (r->in_grad >= 0 && copy_tensor(x, c, r->in_grad, mb, r->comm[2][mb], 0)) return -1;
+    return 0;
+}
+
+static int p2p(mgc_exec *x, const mgc_instr *in) {
+    int k = in->op == MGC_I_SEND_ACT ? 0 : in->op == MGC_I_RECV_ACT ? 1 : in->op == MGC_I_SEND_GRAD ? 2 : 3;
+    int32_t b = x->chunks[in->chunk].comm[k][in->mb];
+    if (b < 0) return xfail(x, "stage %" PRId64 ": no staging buffer for a transfer", x->sp->pp_rank);
+    mgc_comm *g = x->group[MGC_GROUP_PP];
+    size_t n = (size_t)x->sp->buffers[b].bytes;
+    mgc_comm_status s = (k & 1) ? mgc_comm_recv(g, buf_addr(x, b), n, MGC_DT_U8, in->peer)
+                                : mgc_comm_send(g, buf_addr(x, b), n, MGC_DT_U8, in->peer);
+    if (s != MGC_COMM_OK) {
+        char what[160];
+        snprintf(what, sizeof what, "%s of microbatch %d chunk %u with pipeline rank %d",
+                 k == 0 ? "send_act" : k == 1 ? "recv_act" : k == 2 ? "send_grad" : "recv_grad",
+                 in->mb, in->chunk, in->peer);
+        return comm_fail(x, g, s, what);
+    }
+    return 0;
+}
+
+/* ---- gradients and the optimizer ----------------------------------------------------------- */
+
+static float *gptr(const mgc_exec *x, int64_t elem) {
+    return (float *)buf_addr(x, x->grad_buf) + elem;
+}
+static float *wptr(const mgc_exec *x, int64_t elem) {
+    return (float *)buf_addr(x, x->weight_buf) + elem;
+}
+
+static int reduce_grads(mgc_exec *x, uint32_t bi) {
+    const mgc_bucket *B = &x->sp->buckets[bi];
+    mgc_comm *g = x->group[B->group];
+    size_t count = (size_t)B->count;
+    mgc_comm_status s;
+    if (B->shards > 1) {
+        size_t piece = count / (size_t)B->shards;
+        float *base = gptr(x, (int64_t)B->begin);
+        s = mgc_comm_reduce_scatter(g, base, base + (size_t)mgc_comm_rank(g) * piece, piece,
+                                    MGC_DT_F32, MGC_COMM_SUM);
+    } else {
+        s = mgc_comm_all_reduce(g, gptr(x, (int64_t)B->begin), gptr(x, (int64_t)B->begin), count,
+                                MGC_DT_F32, MGC_COMM_SUM);
+    }
+    if (s != MGC_COMM_OK) {
+        char what[96];
+        snprintf(what, sizeof what, "gradient bucket %u reduction", bi);
+        return comm_fail(x, g, s, what);
+    }
+    return 0;
+}
+
+static int gather_params(mgc_exec *x, uint32_t bi) {
+    const mgc_bucket *B = &x->sp->buckets[bi];
+    if (B->shards <= 1) return 0;
+    mgc_comm *g = x->group[B->group];
+    size_t piece = (size_t)B->count / (size_t)B->shards;
+    float *base = wptr(x, (int64_t)B->begin);
+    mgc_comm_status s =
+        mgc_comm_all_gather(g, base + (size_t)mgc_comm_rank(g) * piece, base, piece, MGC_DT_F32);
+    if (s != MGC_COMM_OK) return comm_fail(x, g, s, "parameter all-gather");
+    return 0;
+}
+
+static int embed_grads(mgc_exec *x) {
+    mgc_comm *g = x->group[MGC_GROUP_EMBED];
+    if (!g) return 0;
+    for (int64_t i = 0; i < x->n_embed; i++) {
+        mgc_comm_status s = mgc_comm_all_reduce(g, gptr(x, x->embed[i].elem), gptr(x, x->embed[i].elem),
+                                                (size_t)x->embed[i].n, MGC_DT_F32, MGC_COMM_SUM);
+        if (s != MGC_COMM_OK) return comm_fail(x, g, s, "tied embedding gradient all-reduce");
+    }
+    return 0;
+}
+
+static double lr_at(const mgc_exec *x, int64_t it) {
+    mgc_lr_sched s;
+    s.max_lr = x->lr;
+    s.min_lr = x->min_lr;
+    s.warmup_steps = x->warmup;
+    s.decay_steps = x->decay_iters;
+    s.decay = x->decay_style == 0 ? MGC_LR_COSINE : x->decay_style == 1 ? MGC_LR_LINEAR : MGC_LR_CONSTANT;
+    return mgc_cpu_lr(&s, it);
+}
+
+static int optimizer(mgc_exec *x, mgc_step_stats *st) {
+    mgc_backend *be = x->be;
+    /* gradients partial over TP (norms and the router under SP): sum them */
+    for (int64_t i = 0; i < x->n_partial; i++) {
+        mgc_comm_status s = mgc_comm_all_reduce(x->group[MGC_GROUP_TP], gptr(x, x->partial[i].elem),
+                                                gptr(x, x->partial[i].elem), (size_t)x->partial[i].n,
+                                                MGC_DT_F32, MGC_COMM_SUM);
+        if (s != MGC_COMM_OK) return comm_fail(x, x->group[MGC_GROUP_TP], s, "partial gradient sum");
+    }
+    /* global norm: each element counted on exactly one rank, summed over the world */
+    double local = 0;
+    for (int64_t i = 0; i < x->n_norm; i++) {
+        double v;
+        if (be->iface->sumsq(be, gptr(x, x->norm[i].elem), x->norm[i].n, &v))
+            return be_fail(x, "gradient norm");
+        local += v;
+    }
+    float part = (float)local, total = 0;
+    mgc_comm_status s = mgc_comm_all_reduce(x->world, &part, &total, 1, MGC_DT_F32, MGC_COMM_SUM);
+    if (s != MGC_COMM_OK) return comm_fail(x, x->world, s, "gradient norm all-reduce");
+    double norm = sqrt((double)total);
+    st->grad_norm = norm;
+    double scale = (x->clip > 0 && norm > x->clip) ? x->clip / (norm + 1e-6) : 1.0;
+    if (!isfinite(norm))
+        return xfail(x, "rank %" PRId64 ": the gradient norm is %g at step %" PRId64
+                        ": training diverged (lower optimizer.lr or check the data)",
+                     x->rank, norm, x->iteration);
+    double lr = lr_at(x, x->iteration);
+    st->lr = lr;
+    float *m = (float *)buf_addr(x, x->m_buf), *v = (float *)buf_addr(x, x->v_buf);
+    for (int64_t i = 0; i < x->n_adam; i++) {
+        const seg *g = &x->adam[i];
+        if (be->iface->adamw(be, wptr(x, g->elem), gptr(x, g->elem), m + g->moment, v + g->moment, g->n,
+                             lr, x->beta1, x->beta2, x->eps, x->wd, g->decay, x->iteration + 1, scale))
+            return be_fail(x, "AdamW");
+    }
+    return 0;
+}
+
+/* ---- a step -------------------------------------------------------------------------------- */
+
+int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, mgc_step_stats *st) {
+    memset(st, 0, sizeof *st);
+    x->iteration = iteration;
+    x->loss_sum = x->aux_sum = x->z_sum = 0;
+    const mgc_stage_program *sp = x->sp;
+    if (x->be->iface->zero(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes))
+        return be_fail(x, "zeroing gradients");
+    int did_opt = 0;
+    for (int64_t i = 0; i < sp->n_instrs; i++) {
+        const mgc_instr *in = &sp->instrs[i];
+        int rc = 0;
+        switch ((mgc_instr_op)in->op) {
+        case MGC_I_LOAD_BATCH: rc = load_batch(x, in->mb, in->arg, fn, ctx); break;
+        case MGC_I_FORWARD: rc = forward(x, in->chunk, in->mb); break;
+        case MGC_I_BACKWARD: rc = backward(x, in->chunk, in->mb); break;
+        case MGC_I_SEND_ACT:
+        case MGC_I_RECV_ACT:
+        case MGC_I_SEND_GRAD:
+        case MGC_I_RECV_GRAD: rc = p2p(x, in); break;
+        case MGC_I_REDUCE_GRADS: rc = reduce_grads(x, in->arg); break;
+        case MGC_I_EMBED_GRADS: rc = embed_grads(x); break;
+        case MGC_I_OPTIMIZER: rc = optimizer(x, st), did_opt = 1; break;
+        case MGC_I_GATHER_PARAMS: rc = gather_params(x, in->arg); break;
+        default: rc = xfail(x, "instruction %" PRId64 ": unknown op %u", i, in->op);
+        }
+        if (rc) {
+            mgc_comm_abort(x->world, x->err);
+            return -1;
+        }
+    }
+    if (!did_opt) return xfail(x, "stage %" PRId64 ": the schedule has no optimizer step", sp->pp_rank);
+    /* the step's losses, from the ranks that computed them, to every rank */
+    float part[3] = {(float)x->loss_sum, (float)x->aux_sum, (float)x->z_sum}, tot[3];
+    /* aux and z are counted on tp/cp ranks alike; keep one data-parallel copy each */
+    mgc_comm_status s = mgc_comm_all_reduce(x->world, part, tot, 3, MGC_DT_F32, MGC_COMM_SUM);
+    if (s != MGC_COMM_OK) return comm_fail(x, x->world, s, "loss all-reduce");
+    double denom = (double)(x->mb_count * x->dp);
+    /* MoE losses were added on every expert-data replica of the dense grid: every rank of a
+     * (dp) group computes its own tokens' terms, so the world sum covers each token once */
+    st->loss = tot[0] / denom;
+    st->aux_loss = tot[1] / denom;
+    st->z_loss = tot[2] / denom;
+    st->tokens = x->mbs * x->mb_count * x->dp * x->seq_length;
+    return 0;
+}

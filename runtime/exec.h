@@ -1,0 +1,93 @@
+/* exec.h - the executor: runs one rank's part of a plan.
+ *
+ * An executor binds a plan (plan.h) to one rank of the world: it opens that
+ * rank's process groups, allocates the stage's arena through the backend,
+ * resolves every tensor of the stage's chunks to an address inside it, and
+ * then runs training steps by walking the stage's instruction stream (the
+ * pipeline schedule): loading microbatches, running chunk programs (compute
+ * ops on the backend, collectives on the communicators), pipeline transfers,
+ * data-parallel gradient reduction and the optimizer.
+ *
+ *     mgc_exec *x = NULL;
+ *     if (mgc_exec_open(&x, plan, world, backend, err, sizeof err)) ...;
+ *     mgc_exec_init_params(x);                          // from training.seed
+ *     for (int64_t it = 0; it < iters; it++) {
+ *         mgc_step_stats st;
+ *         if (mgc_exec_step(x, it, sample_fn, data, &st)) ... mgc_exec_error(x) ...;
+ *     }
+ *     mgc_exec_free(x);
+ *
+ * Every rank of the world calls the same functions in the same order (the
+ * collective parts are over the world).  Numbers follow docs/runtime.md:
+ * the training loss is the mean over microbatches and data-parallel ranks of
+ * each microbatch's masked-mean token loss; gradients are the exact gradient
+ * of it (sums over data-parallel ranks, no averaging after the fact). */
+#ifndef MGC_EXEC_H
+#define MGC_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mgc_exec mgc_exec;
+
+/* Fills tokens[0 .. seq_length] (seq_length + 1 tokens) of training sample
+ * `sample` (a global index: the step's samples are it*global_batch ..); 0 on
+ * success, -1 with a message in err. */
+typedef int (*mgc_sample_fn)(void *ctx, int64_t sample, int32_t *tokens, char *err, size_t errsz);
+
+typedef struct mgc_step_stats {
+    double loss;      /* LM loss: mean over the step's microbatches (all data-parallel ranks) */
+    double aux_loss;  /* MoE load-balancing loss (summed over MoE layers), same averaging */
+    double z_loss;    /* MoE router z-loss, same averaging */
+    double grad_norm; /* global L2 norm of the gradient before clipping */
+    double lr;        /* learning rate of this step */
+    int64_t tokens;   /* tokens the step trained on (global batch x seq_length) */
+} mgc_step_stats;
+
+/* Opens rank mgc_comm_world_rank(world) of the plan.  Collective over world.
+ * Checks that the world size matches the plan and that the backend can run
+ * it (the CPU backend computes in fp32).  0, or -1 with the reason in err. */
+int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_backend *be,
+                  char *err, size_t errsz);
+/* Initialises the parameters from training.seed: every element is a function
+ * of (seed, parameter name, global element index), so every layout starts
+ * from the same model.  Weights N(0, std) (output projections std/sqrt(2L)),
+ * biases 0, norm weights 1, vocabulary padding rows 0. */
+int mgc_exec_init_params(mgc_exec *x);
+/* Runs training step `iteration` (0-based).  Collective over the world. */
+int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx,
+                  mgc_step_stats *st);
+const char *mgc_exec_error(const mgc_exec *x);
+uint64_t mgc_exec_arena_bytes(const mgc_exec *x);
+int64_t mgc_exec_rank(const mgc_exec *x);
+
+/* Parameters, for checkpoints and tests: the stage's flat fp32 parameter
+ * space (weights) and the Adam moments of this rank's shard.  Pointers are
+ * arena addresses; use the backend's download/upload. */
+typedef struct mgc_exec_param {
+    const char *name;  /* module path: decoder.layers.0.mlp.linear_fc1.weight */
+    int chunk;
+    int rank;          /* dims used */
+    int64_t dim[4];    /* local shape */
+    int64_t numel;
+    float *weight;     /* arena address */
+    float *grad;
+} mgc_exec_param;
+int64_t mgc_exec_param_count(const mgc_exec *x);
+const mgc_exec_param *mgc_exec_param_at(const mgc_exec *x, int64_t i);
+mgc_backend *mgc_exec_backend(const mgc_exec *x);
+
+void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MGC_EXEC_H */

@@ -1,0 +1,180 @@
+/* train.c - see train.h. */
+#include "train.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "exec.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static const char *mib(char *buf, size_t n, uint64_t b) {
+    snprintf(buf, n, "%.2f MiB", (double)b / (1024.0 * 1024.0));
+    return buf;
+}
+
+int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
+                   const mgc_train_opts *o, char *err, size_t errsz) {
+    mgc_backend *be = NULL;
+    mgc_exec *x = NULL;
+    int rc = -1;
+    char berr[512];
+    if (mgc_backend_cpu_open(&be, berr, sizeof berr)) {
+        snprintf(err, errsz, "%s", berr);
+        mgc_comm_abort(world, err);
+        return -1;
+    }
+    be->iface->set_threads(be, o->threads > 0 ? o->threads : 1);
+    if (mgc_exec_open(&x, plan, world, be, err, errsz)) {
+        mgc_comm_abort(world, err);
+        goto done;
+    }
+    if (mgc_exec_init_params(x)) {
+        snprintf(err, errsz, "%s", mgc_exec_error(x));
+        mgc_comm_abort(world, err);
+        goto done;
+    }
+    int64_t iters = o->iterations, log_every = o->log_interval;
+    if (iters <= 0) mgc_plan_config_int(plan, "training.iterations", &iters);
+    if (log_every <= 0) mgc_plan_config_int(plan, "training.log_interval", &log_every);
+    if (log_every <= 0) log_every = 10;
+    int lead = mgc_exec_rank(x) == 0;
+    char a[32];
+    if (lead && o->log)
+        fprintf(o->log,
+                "mgc-run: %" PRId64 " rank%s (%s backend, %s communicator), arena %s per rank of "
+                "stage 0 (%" PRIu64 " bytes), %" PRId64 " steps\n",
+                plan->grid.world, plan->grid.world > 1 ? "s" : "", be->iface->name,
+                mgc_comm_transport(world), mib(a, sizeof a, plan->stages[0].arena_bytes),
+                plan->stages[0].arena_bytes, iters);
+    double t_start = now_s(), t_log = t_start, log_loss = 0;
+    int64_t log_n = 0, log_tokens = 0;
+    for (int64_t it = 0; it < iters; it++) {
+        mgc_step_stats st;
+        double t0 = now_s();
+        if (mgc_exec_step(x, it, mgc_train_data_sample, data, &st)) {
+            snprintf(err, errsz, "step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
+            goto done;
+        }
+        double dt = now_s() - t0;
+        if (o->losses) o->losses[it] = st.loss;
+        if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
+        log_loss += st.loss;
+        log_n++;
+        log_tokens += st.tokens;
+        if (lead && o->metrics) {
+            fprintf(o->metrics,
+                    "{\"step\": %" PRId64 ", \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                    "\"tokens\": %" PRId64 ", \"tokens_per_s\": %.6g, \"step_ms\": %.6g, "
+                    "\"arena_bytes\": %" PRIu64,
+                    it + 1, st.loss, st.lr, st.grad_norm, st.tokens, (double)st.tokens / dt,
+                    dt * 1e3, mgc_exec_arena_bytes(x));
+            if (st.aux_loss != 0 || st.z_loss != 0)
+                fprintf(o->metrics, ", \"aux_loss\": %.9g, \"z_loss\": %.9g", st.aux_loss, st.z_loss);
+            fputs("}\n", o->metrics);
+            fflush(o->metrics);
+        }
+        if (lead && o->log && ((it + 1) % log_every == 0 || it + 1 == iters || it == 0)) {
+            double t = now_s(), span = t - t_log;
+            fprintf(o->log,
+                    "step %6" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | grad norm %.3f | %8.0f "
+                    "tokens/s | %7.1f ms/step | arena %s",
+                    it + 1, iters, log_loss / (double)log_n, st.lr, st.grad_norm,
+                    span > 0 ? (double)log_tokens / span : 0.0, span * 1e3 / (double)log_n,
+                    mib(a, sizeof a, mgc_exec_arena_bytes(x)));
+            if (st.aux_loss != 0 || st.z_loss != 0)
+                fprintf(o->log, " | aux %.4f | z %.5f", st.aux_loss, st.z_loss);
+            fputc('\n', o->log);
+            fflush(o->log);
+            t_log = t, log_loss = 0, log_n = 0, log_tokens = 0;
+        }
+    }
+    if (lead && o->log) {
+        double t = now_s() - t_start;
+        fprintf(o->log, "mgc-run: %" PRId64 " steps in %.2f s\n", iters, t);
+    }
+    rc = 0;
+done:
+    mgc_exec_free(x);
+    mgc_backend_close(be);
+    return rc;
+}
+
+typedef struct job {
+    const mgc_plan *plan;
+    mgc_train_data *data;
+    mgc_comm *world;
+    const mgc_train_opts *o;
+    int rc;
+    char err[2048];
+} job;
+
+static void *rank_main(void *arg) {
+    job *j = arg;
+    j->rc = mgc_train_rank(j->plan, j->data, j->world, j->o, j->err, sizeof j->err);
+    mgc_comm_free(j->world);
+    return NULL;
+}
+
+int mgc_train_local(const mgc_plan *plan, mgc_train_data *data, int n, const mgc_train_opts *o,
+                    char *err, size_t errsz) {
+    if (n != plan->grid.world) {
+        snprintf(err, errsz,
+                 "the plan is for %" PRId64 " ranks but --local-ranks is %d: use --local-ranks "
+                 "%" PRId64 " (or recompile with parallel.world_size %d)",
+                 plan->grid.world, n, plan->grid.world, n);
+        return -1;
+    }
+    mgc_comm **ranks = calloc((size_t)n, sizeof *ranks);
+    job *jobs = calloc((size_t)n, sizeof *jobs);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    if (!ranks || !jobs || !th) {
+        free(ranks), free(jobs), free(th);
+        snprintf(err, errsz, "out of memory");
+        return -1;
+    }
+    mgc_comm_config cc = MGC_COMM_CONFIG_INIT;
+    cc.timeout_ms = o->timeout_ms;
+    if (mgc_comm_local_world_create(n, &cc, ranks, err, errsz) != MGC_COMM_OK) {
+        free(ranks), free(jobs), free(th);
+        return -1;
+    }
+    int started = 0;
+    for (int r = 0; r < n; r++) {
+        jobs[r] = (job){plan, data, ranks[r], o, -1, ""};
+        /* rank 0 reports; the others compute silently */
+        if (pthread_create(&th[r], NULL, rank_main, &jobs[r])) {
+            mgc_comm_abort(ranks[r], "cannot start a rank thread");
+            for (int q = r; q < n; q++)
+                mgc_comm_free(ranks[q]);
+            break;
+        }
+        started++;
+    }
+    int rc = started == n ? 0 : -1;
+    if (rc) snprintf(err, errsz, "cannot start %d rank threads", n);
+    for (int r = 0; r < started; r++)
+        pthread_join(th[r], NULL);
+    /* the first failure names the cause; later ones are usually "aborted" echoes */
+    for (int r = 0; r < started && rc == 0; r++)
+        if (jobs[r].rc) {
+            rc = -1;
+            int pick = r;
+            for (int q = 0; q < started; q++)
+                if (jobs[q].rc && !strstr(jobs[q].err, "aborted")) {
+                    pick = q;
+                    break;
+                }
+            snprintf(err, errsz, "%s", jobs[pick].err);
+        }
+    free(ranks), free(jobs), free(th);
+    return rc;
+}

@@ -1,0 +1,49 @@
+/* train.h - the training loop of mgc-run: one rank's steps (mgc_train_rank)
+ * and a whole job of local ranks as threads of this process (mgc_train_local).
+ *
+ *     mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+ *     o.iterations = 10;
+ *     o.losses = losses;                         // (iterations) per-step losses out
+ *     if (mgc_train_local(plan, data, 4, &o, err, sizeof err)) ... err ...;
+ *
+ * Rank 0 prints the progress lines and writes the metrics (docs/runtime.md). */
+#ifndef MGC_TRAIN_H
+#define MGC_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "comm.h"
+#include "plan.h"
+#include "train_data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mgc_train_opts {
+    size_t size;           /* sizeof(mgc_train_opts) */
+    int64_t iterations;    /* steps to run; <= 0: the plan's training.iterations */
+    int64_t log_interval;  /* <= 0: the plan's training.log_interval */
+    int threads;           /* BLAS threads per rank; <= 0: 1 */
+    FILE *log;             /* progress lines (rank 0); NULL: none */
+    FILE *metrics;         /* JSON lines, one per step (rank 0); NULL: none */
+    double *losses;        /* (iterations) per-step LM losses, or NULL */
+    double *grad_norms;    /* (iterations) or NULL */
+    int64_t timeout_ms;    /* communicator timeout; <= 0 default */
+} mgc_train_opts;
+
+#define MGC_TRAIN_OPTS_INIT                                                                        \
+    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0 }
+
+/* One rank's whole run over `world` (a world communicator of plan->grid.world ranks). */
+int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
+                   const mgc_train_opts *o, char *err, size_t errsz);
+/* `n` ranks as threads of this process over the local transport. */
+int mgc_train_local(const mgc_plan *plan, mgc_train_data *data, int n, const mgc_train_opts *o,
+                    char *err, size_t errsz);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
