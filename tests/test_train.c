@@ -1,0 +1,162 @@
+/* test_train.c - every parallel layout computes the same function.
+ *
+ * The tiny dense GPT, the tiny LLaMA-style model and the tiny MoE (models/)
+ * train 10 optimizer steps on one rank; then under each layout the plan names
+ * -- tensor 2 with and without sequence parallelism, pipeline 2 with 1F1B,
+ * interleaved and GPipe schedules, data 2 with and without the distributed
+ * optimizer, expert 2, context 2, full and selective recompute, and tensor 2 x
+ * pipeline 2 x data 2 -- with ranks as threads (the local communicator).
+ * Every step's loss must be within 1e-5 relative of the single rank's, and a
+ * second run of the layout must give bit-identical losses and gradient norms.
+ * The same through mpirun is tests/train_mpi.sh.
+ *
+ * The models run at seq_length 32 and micro-batch 2 (the layouts are what is
+ * tested; the shapes keep every split legal). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile.h"
+#include "config.h"
+#include "diag.h"
+#include "ir.h"
+#include "plan.h"
+#include "testlib.h"
+#include "train.h"
+#include "train_data.h"
+
+#define STEPS 10
+
+static const char *const common[] = {
+    "training.iterations=10", "optimizer.warmup_iterations=2", "model.seq_length=32",
+    "training.micro_batch_size=2", "training.global_batch_size=4", NULL};
+
+static mgc_plan *compile(const char *path, const char *const *sets) {
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_config *c = mgc_config_new();
+    mgc_config_load_file(c, path, &d);
+    for (int i = 0; common[i]; i++)
+        mgc_config_set(c, common[i], "--set", &d);
+    for (int i = 0; sets && sets[i]; i++)
+        mgc_config_set(c, sets[i], "--set", &d);
+    if (d.errors == 0) mgc_config_finalize(c, &d);
+    mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
+    mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
+    if (!p) {
+        fprintf(stderr, "%s: cannot compile:", path);
+        for (int i = 0; sets && sets[i]; i++)
+            fprintf(stderr, " --set %s", sets[i]);
+        fputc('\n', stderr);
+        mgc_diags_print(&d, stderr);
+    }
+    mgc_ir_free(g);
+    mgc_config_free(c);
+    mgc_diags_free(&d);
+    return p;
+}
+
+/* Trains the plan; losses and norms out.  0 on success. */
+static int train(const mgc_plan *p, double *loss, double *norm) {
+    char err[4096];
+    mgc_train_data *data = NULL;
+    if (mgc_train_data_open(&data, p, STEPS, err, sizeof err)) {
+        fprintf(stderr, "data: %s\n", err);
+        return -1;
+    }
+    mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+    o.iterations = STEPS;
+    o.losses = loss;
+    o.grad_norms = norm;
+    o.timeout_ms = 120000;
+    for (int i = 0; i < STEPS; i++)
+        loss[i] = norm[i] = NAN; /* poisoned: every step must write its own */
+    int rc = mgc_train_local(p, data, (int)p->grid.world, &o, err, sizeof err);
+    if (rc) fprintf(stderr, "train: %s\n", err);
+    mgc_train_data_free(data);
+    return rc;
+}
+
+typedef struct layout {
+    const char *name;
+    const char *sets[8];
+} layout;
+
+static void check_model(const char *path, const layout *lays, int n) {
+    double base[STEPS], bnorm[STEPS];
+    mgc_plan *p = compile(path, NULL);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    T_EQ_I64(train(p, base, bnorm), 0);
+    mgc_plan_free(p);
+    /* the model learns: the last step's loss is below the first */
+    T_CHECK(base[STEPS - 1] < base[0] - 0.1);
+    printf("%s: single rank: loss %.6f -> %.6f\n", path, base[0], base[STEPS - 1]);
+    for (int l = 0; l < n; l++) {
+        p = compile(path, lays[l].sets);
+        T_CHECK(p != NULL);
+        if (!p) continue;
+        double a[STEPS], an[STEPS], b[STEPS], bn[STEPS];
+        int rc = train(p, a, an);
+        T_EQ_I64(rc, 0);
+        int rc2 = train(p, b, bn);
+        T_EQ_I64(rc2, 0);
+        double worst = 0;
+        for (int i = 0; i < STEPS && rc == 0; i++) {
+            T_NEAR_REL(a[i], base[i], 1e-5);
+            double r = fabs(a[i] - base[i]) / fabs(base[i]);
+            if (r > worst) worst = r;
+        }
+        if (rc == 0 && rc2 == 0) {
+            T_CHECK(memcmp(a, b, sizeof a) == 0);
+            T_CHECK(memcmp(an, bn, sizeof an) == 0);
+        }
+        printf("%s: %-18s world %2lld: worst relative loss difference %.2e%s\n", path,
+               lays[l].name, (long long)p->grid.world, worst,
+               memcmp(a, b, sizeof a) ? " (rerun differs!)" : ", rerun bit-identical");
+        mgc_plan_free(p);
+    }
+}
+
+#define W(n) "parallel.world_size=" #n
+
+static const layout dense[] = {
+    {"tp2", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=false"}},
+    {"tp2+sp", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true"}},
+    {"pp2 1f1b", {W(2), "parallel.pipeline=2", "parallel.schedule=1f1b"}},
+    {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+    {"pp2 gpipe", {W(2), "parallel.pipeline=2", "parallel.schedule=gpipe"}},
+    {"dp2", {W(2), "parallel.data=2"}},
+    {"dp2 dist-opt", {W(2), "parallel.data=2", "parallel.distributed_optimizer=true"}},
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"recompute full", {"training.recompute=full"}},
+    {"recompute sel", {"training.recompute=selective"}},
+    {"tp2 pp2 dp2", {W(8), "parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2"}},
+};
+
+static const layout moe[] = {
+    {"tp2+sp", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                "parallel.expert_tensor=1"}},
+    {"pp2 1f1b", {W(2), "parallel.pipeline=2", "parallel.schedule=1f1b"}},
+    {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+    {"pp2 gpipe", {W(2), "parallel.pipeline=2", "parallel.schedule=gpipe"}},
+    {"dp2", {W(2), "parallel.data=2"}},
+    {"dp2 dist-opt", {W(2), "parallel.data=2", "parallel.distributed_optimizer=true"}},
+    {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
+    {"ep2 dist-opt", {W(2), "parallel.data=2", "parallel.expert=2",
+                      "parallel.distributed_optimizer=true"}},
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"recompute full", {"training.recompute=full"}},
+    {"recompute sel", {"training.recompute=selective"}},
+    {"tp2 pp2 dp2 ep2", {W(8), "parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2",
+                         "parallel.sequence_parallel=true", "parallel.expert_tensor=1",
+                         "parallel.expert=2"}},
+};
+
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : NULL;
+    if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", dense, 11);
+    if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", dense, 11);
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", moe, 12);
+    return t_summary("test_train");
+}

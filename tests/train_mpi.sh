@@ -1,0 +1,40 @@
+#!/bin/sh
+# train_mpi.sh MGC MGC_RUN MPIEXEC - the layout equivalence through mpirun:
+# each model trains 10 steps on one rank, then under a multi-rank layout as
+# separate processes (mpiexec -n N mgc-run PLAN); every step's loss must be
+# within 1e-5 relative of the single rank's, and a second mpirun must
+# reproduce the losses digit for digit.  Exit 77 (skipped) without mpiexec.
+set -u
+mgc=$1 run=$2 mpiexec=${3:-}
+[ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null 2>&1 || { echo "no mpiexec: skipped"; exit 77; }
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+common="--set training.iterations=10 --set optimizer.warmup_iterations=2 --set model.seq_length=32 --set training.micro_batch_size=2 --set training.global_batch_size=4"
+fail=0
+losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
+case_() { # name model nranks sets...
+    name=$1 model=$2 n=$3; shift 3
+    # shellcheck disable=SC2086
+    "$mgc" compile "$model" $common -o "$tmp/base.plan" >/dev/null 2>&1 || { echo "$name: base compile failed"; fail=1; return; }
+    # shellcheck disable=SC2086
+    "$mgc" compile "$model" $common "$@" -o "$tmp/$name.plan" >/dev/null 2>&1 || { echo "$name: compile failed"; fail=1; return; }
+    "$run" "$tmp/base.plan" -q --metrics "$tmp/base.jsonl" || { echo "$name: single-rank run failed"; fail=1; return; }
+    for k in 1 2; do
+        "$mpiexec" -n "$n" "$run" "$tmp/$name.plan" -q --metrics "$tmp/$name.$k.jsonl" \
+            || { echo "$name: mpiexec -n $n mgc-run failed"; fail=1; return; }
+    done
+    python3 - "$tmp/base.jsonl" "$tmp/$name.1.jsonl" "$tmp/$name.2.jsonl" "$name" <<'PY' || fail=1
+import json, sys
+rd = lambda p: [json.loads(l)["loss"] for l in open(p)]
+base, a, b, name = rd(sys.argv[1]), rd(sys.argv[2]), rd(sys.argv[3]), sys.argv[4]
+ok = len(base) == len(a) == 10 and a == b
+worst = max(abs(x - y) / abs(y) for x, y in zip(a, base)) if ok else float("inf")
+ok = ok and worst <= 1e-5
+print("%s: worst relative loss difference %.2e, rerun %s -> %s" % (name, worst, "identical" if a == b else "DIFFERS", "ok" if ok else "FAIL"))
+sys.exit(0 if ok else 1)
+PY
+}
+case_ gpt-tp2-pp2-dp2 examples/tiny-gpt.yaml 8 --set parallel.world_size=8 --set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.data=2
+case_ llama-cp2-tp2 models/tiny-llama.yaml 4 --set parallel.world_size=4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
+case_ moe-ep2-dist-opt models/tiny-moe.yaml 2 --set parallel.world_size=2 --set parallel.data=2 --set parallel.expert=2 --set parallel.distributed_optimizer=true
+exit $fail
