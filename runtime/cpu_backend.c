@@ -246,15 +246,17 @@ static int op_attention(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_tensor *q = tin(c, 0), *k = tin(c, 1);
     int64_t sq = q->dim[0], b = q->dim[1], A = q->dim[2], d = q->dim[3];
     int64_t sk = k->dim[0], G = k->dim[2], cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
-    size_t need = (size_t)(sq + sk) * 4 + (size_t)(2 * sk) * 4 + (size_t)(sq * b * A) * 4 + 256;
+    size_t need = (size_t)(sq + sk) * 4 + (size_t)mgc_cpu_attention_work_f32(sq, sk, d) * 4 +
+                  (size_t)(sq * b * A) * 4 + 256;
     unsigned char *w = scratch(be, need);
     if (!w) return fail(be, "out of memory");
     int32_t *qpos = (int32_t *)w, *kpos = qpos + sq;
     float *work = (float *)(kpos + sk);
-    float *lse_tmp = work + 2 * sk;
+    float *lse_tmp = work + mgc_cpu_attention_work_f32(sq, sk, d);
     ctx_positions(qpos, sq, c->seq_length, cp, c->co.cp);
     gathered_positions(kpos, sk, c->seq_length, sk == sq ? 1 : cp);
     if (sk == sq && cp > 1) ctx_positions(kpos, sk, c->seq_length, cp, c->co.cp);
+    if (cp <= 1) qpos = kpos = NULL; /* rows are positions: the kernels' fast path */
     mgc_dropout_rng rng = drop_rng(c, 0);
     if (op->kind == MGC_POP_ATTENTION) {
         float *lse = op->n_out > 1 ? F(c->out[1]) : lse_tmp;

@@ -4,24 +4,48 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <string.h>
 #include <tgmath.h>
+
+/* exp for the f32 kernels' inner loops: Cody-Waite reduction to |r| <= ln2/2 and a
+ * degree-7 Taylor polynomial (truncation 6e-9, a few ulp in all), branch-free so loops
+ * over it vectorise -- libm's expf does not.  Inputs below -87 give e^-87 (~1e-38)
+ * instead of 0 and above 88 give e^88, which no kernel reaches; NaN stays NaN.  The file
+ * is compiled with -fno-trapping-math (runtime/CMakeLists.txt), which lets GCC if-convert
+ * the clamps; nothing here reads the floating-point exception flags. */
+static inline float fast_expf(float x) {
+    float c = x > 88.0f ? 88.0f : x;
+    c = c < -87.0f ? -87.0f : c;
+    float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = c - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
+                      r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    union { int32_t i; float f; } sc;
+    sc.i = ((int32_t)n + 127) << 23;
+    float y = p * sc.f;
+    return x != x ? x : y;
+}
 
 #define R        float
 #define FN(name) name##_f32
 #define GEMM     cblas_sgemm
+#define FEXP(x)  fast_expf(x)
 #include "cpu_ops_tmpl.h"
 #undef R
 #undef FN
 #undef GEMM
+#undef FEXP
 #undef GELU_C
 
 #define R        double
 #define FN(name) name##_f64
 #define GEMM     cblas_dgemm
+#define FEXP(x)  exp(x)
 #include "cpu_ops_tmpl.h"
 #undef R
 #undef FN
 #undef GEMM
+#undef FEXP
 #undef GELU_C
 
 /* ---- optimizer ------------------------------------------------------------------------ */

@@ -123,12 +123,16 @@ void MGC_FN(mgc_cpu_rope_bwd)(MGC_REAL *dx, const MGC_REAL *dy, const int32_t *p
 
 /* ---- attention ------------------------------------------------------------------------ */
 
+/* Scratch elements the attention kernels take as `work`: the score block of one head and
+ * packed copies of its rows (2 sq sk + 4 sq d + 4 sk d). */
+int64_t MGC_FN(mgc_cpu_attention_work)(int64_t sq, int64_t sk, int64_t d);
+
 /* Attention with grouped-query heads: query head a_i uses kv head a_i / (A/G) (A % G == 0).
  * scores = scale q.k; causal: key j is visible to query i iff kpos[j] <= qpos[i]
  * (qpos (sq), kpos (sk), NULL = 0..); probabilities softmax over the visible keys, saved as
  * lse (sq,b,A) = logsumexp of the scores; attention dropout p > 0 drops probabilities with
  * the RNG at element ((bi*A + a)*sq + i)*sk + j (rng->elem0 added). A row with no visible
- * key gets out = 0 and lse = -inf. work: sk scratch elements. */
+ * key gets out = 0 and lse = -inf. */
 void MGC_FN(mgc_cpu_attention_fwd)(MGC_REAL *out /* (sq,b,A,d) */, MGC_REAL *lse /* (sq,b,A) */,
                                    const MGC_REAL *q /* (sq,b,A,d) */,
                                    const MGC_REAL *k /* (sk,b,G,d) */,
@@ -136,16 +140,16 @@ void MGC_FN(mgc_cpu_attention_fwd)(MGC_REAL *out /* (sq,b,A,d) */, MGC_REAL *lse
                                    int64_t b, int64_t A, int64_t G, int64_t d, double scale,
                                    int causal, const int32_t *qpos, const int32_t *kpos,
                                    double dropout_p, const mgc_dropout_rng *rng,
-                                   MGC_REAL *work /* (sk) */);
+                                   MGC_REAL *work /* (mgc_cpu_attention_work) */);
 /* dq written; dk, dv written (summed over the query heads of their group, fixed order).
- * Recomputes probabilities from q, k, lse; D_i = rowsum(dout * out). work: 2*sk elements. */
+ * Recomputes probabilities from q, k, lse; D_i = rowsum(dout * out). */
 void MGC_FN(mgc_cpu_attention_bwd)(MGC_REAL *dq, MGC_REAL *dk, MGC_REAL *dv, const MGC_REAL *dout,
                                    const MGC_REAL *q, const MGC_REAL *k, const MGC_REAL *v,
                                    const MGC_REAL *out, const MGC_REAL *lse, int64_t sq, int64_t sk,
                                    int64_t b, int64_t A, int64_t G, int64_t d, double scale,
                                    int causal, const int32_t *qpos, const int32_t *kpos,
                                    double dropout_p, const mgc_dropout_rng *rng,
-                                   MGC_REAL *work /* (2 sk) */);
+                                   MGC_REAL *work /* (mgc_cpu_attention_work) */);
 
 /* ---- vocab-parallel cross-entropy ------------------------------------------------------
  * logits (n,V_l) hold vocabulary columns [v0, v0+V_l). Phases, with TP all-reduces between:

@@ -1,7 +1,7 @@
 /* cpu_ops_tmpl.h - the CPU reference kernels, written once over R (float or double).
  * Included by cpu_ops.c twice with R, FN(name), GEMM and SFX defined; see cpu_ops.h for the
  * contracts and docs/cpu-backend.md for the math.  Not a public header. */
-#if !defined(R) || !defined(FN) || !defined(GEMM)
+#if !defined(R) || !defined(FN) || !defined(GEMM) || !defined(FEXP)
 #error "included by cpu_ops.c only"
 #endif
 
@@ -196,16 +196,24 @@ void FN(mgc_cpu_grouped_linear_wgrad)(R *dW, const R *dy, const R *x, const int3
 
 #define GELU_C ((R)0.7978845608028654) /* sqrt(2/pi) */
 
+/* f32: tanh through one exp (libm's tanhf goes through expm1f and is 2x slower here),
+ * exact at the limits (exp overflowing gives 1, underflowing -1); its absolute error near
+ * 0 is an ulp of 1, which is all GELU's (1 + tanh) keeps anyway. */
+static inline R FN(tanh_exp)(R u) {
+    if (sizeof(R) > 4) return tanh(u); /* f64 keeps libm's: the reference is exact */
+    return (R)1 - (R)2 / (FEXP((R)2 * u) + (R)1);
+}
+
 void FN(mgc_cpu_gelu_fwd)(R *y, const R *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         R u = GELU_C * (x[i] + (R)0.044715 * x[i] * x[i] * x[i]);
-        y[i] = (R)0.5 * x[i] * ((R)1 + tanh(u));
+        y[i] = (R)0.5 * x[i] * ((R)1 + FN(tanh_exp)(u));
     }
 }
 
 void FN(mgc_cpu_gelu_bwd)(R *dx, const R *dy, const R *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        R xi = x[i], u = GELU_C * (xi + (R)0.044715 * xi * xi * xi), t = tanh(u);
+        R xi = x[i], u = GELU_C * (xi + (R)0.044715 * xi * xi * xi), t = FN(tanh_exp)(u);
         R du = GELU_C * ((R)1 + (R)3 * (R)0.044715 * xi * xi);
         dx[i] = dy[i] * ((R)0.5 * ((R)1 + t) + (R)0.5 * xi * ((R)1 - t * t) * du);
     }
@@ -215,14 +223,14 @@ void FN(mgc_cpu_swiglu_fwd)(R *y, const R *x, int64_t n, int64_t f) {
     for (int64_t r = 0; r < n; r++)
         for (int64_t c = 0; c < f; c++) {
             R g = x[r * 2 * f + c], u = x[r * 2 * f + f + c];
-            y[r * f + c] = g / ((R)1 + exp(-g)) * u;
+            y[r * f + c] = g / ((R)1 + FEXP(-g)) * u;
         }
 }
 
 void FN(mgc_cpu_swiglu_bwd)(R *dx, const R *dy, const R *x, int64_t n, int64_t f) {
     for (int64_t r = 0; r < n; r++)
         for (int64_t c = 0; c < f; c++) {
-            R g = x[r * 2 * f + c], u = x[r * 2 * f + f + c], sg = (R)1 / ((R)1 + exp(-g));
+            R g = x[r * 2 * f + c], u = x[r * 2 * f + f + c], sg = (R)1 / ((R)1 + FEXP(-g));
             R d = dy[r * f + c];
             dx[r * 2 * f + c] = d * u * sg * ((R)1 + g * ((R)1 - sg));
             dx[r * 2 * f + f + c] = d * g * sg;
@@ -357,51 +365,86 @@ static R FN(attn_keep)(const mgc_dropout_rng *rng, double p, uint32_t thr, int64
     return FN(keep)(rng, thr, e) ? (R)(1.0 / (1.0 - p)) : (R)0;
 }
 
+int64_t FN(mgc_cpu_attention_work)(int64_t sq, int64_t sk, int64_t d) {
+    return 2 * sq * sk + 4 * sq * d + 4 * sk * d;
+}
+
+/* Gather head h of x (s,b,H,d) for batch row bi into a packed (s,d) matrix, and back. */
+static void FN(pack_head)(R *dst, const R *x, int64_t s, int64_t b, int64_t H, int64_t d,
+                          int64_t bi, int64_t h) {
+    for (int64_t i = 0; i < s; i++)
+        memcpy(dst + i * d, x + ((i * b + bi) * H + h) * d, (size_t)d * sizeof(R));
+}
+static void FN(unpack_head)(R *x, const R *src, int64_t s, int64_t b, int64_t H, int64_t d,
+                            int64_t bi, int64_t h) {
+    for (int64_t i = 0; i < s; i++)
+        memcpy(x + ((i * b + bi) * H + h) * d, src + i * d, (size_t)d * sizeof(R));
+}
+
+/* Per (batch row, head): S = scale Q K^T (GEMM), a masked softmax row by row,
+ * O = P V (GEMM).  The (sq, sk) score block lives in `work` only: memory is
+ * linear in the sequence outside this call, as with flash attention. */
 void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *v, int64_t sq,
                                int64_t sk, int64_t b, int64_t A, int64_t G, int64_t d, double scale,
                                int causal, const int32_t *qpos, const int32_t *kpos,
                                double dropout_p, const mgc_dropout_rng *rng, R *work) {
     uint32_t thr = mgc_rng_drop_threshold(dropout_p);
     int64_t per = A / G;
+    R *S = work, *Qc = S + 2 * sq * sk, *Oc = Qc + sq * d, *Kc = Oc + 3 * sq * d, *Vc = Kc + sk * d;
     for (int64_t bi = 0; bi < b; bi++)
-        for (int64_t a = 0; a < A; a++) {
-            int64_t g = a / per;
-            for (int64_t i = 0; i < sq; i++) {
-                const R *qr = q + ((i * b + bi) * A + a) * d;
-                R *o = out + ((i * b + bi) * A + a) * d;
-                R mx = -INFINITY;
-                for (int64_t j = 0; j < sk; j++) {
-                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
-                    const R *kr = k + ((j * b + bi) * G + g) * d;
-                    R sc = 0;
-                    for (int64_t c = 0; c < d; c++)
-                        sc += qr[c] * kr[c];
-                    work[j] = sc * (R)scale;
-                    if (work[j] > mx) mx = work[j];
+        for (int64_t g = 0; g < G; g++) {
+            FN(pack_head)(Kc, k, sk, b, G, d, bi, g);
+            FN(pack_head)(Vc, v, sk, b, G, d, bi, g);
+            for (int64_t a = g * per; a < (g + 1) * per; a++) {
+                FN(pack_head)(Qc, q, sq, b, A, d, bi, a);
+                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)sq, (int)sk, (int)d, (R)scale, Qc,
+                     (int)d, Kc, (int)d, (R)0, S, (int)sk);
+                for (int64_t i = 0; i < sq; i++) {
+                    R *row = S + i * sk, mx = -INFINITY;
+                    int64_t qp = qpos ? qpos[i] : i;
+                    /* key j is visible iff !causal or its position <= the query's; without
+                     * kpos the visible keys are a prefix, and the loops vectorise */
+                    int64_t lim = kpos || !causal ? sk : (qp + 1 < sk ? qp + 1 : sk);
+                    if (lim < 0) lim = 0;
+                    if (kpos && causal)
+                        for (int64_t j = 0; j < sk; j++)
+                            row[j] = kpos[j] <= qp ? row[j] : -INFINITY;
+                    for (int64_t j = 0; j < lim; j++)
+                        mx = row[j] > mx ? row[j] : mx;
+                    R *l = lse + (i * b + bi) * A + a;
+                    if (mx == -INFINITY) { /* no visible key: out 0, lse -inf */
+                        *l = -INFINITY;
+                        for (int64_t j = 0; j < sk; j++)
+                            row[j] = 0;
+                        continue;
+                    }
+                    R sum = 0;
+                    for (int64_t j = 0; j < lim; j++) {
+                        R e = FEXP(row[j] - mx);
+                        e = row[j] == -INFINITY ? (R)0 : e;
+                        row[j] = e;
+                        sum += e;
+                    }
+                    for (int64_t j = lim; j < sk; j++)
+                        row[j] = 0;
+                    *l = mx + log(sum);
+                    R inv = (R)1 / sum;
+                    for (int64_t j = 0; j < sk; j++)
+                        row[j] *= inv;
+                    if (dropout_p > 0)
+                        for (int64_t j = 0; j < sk; j++)
+                            row[j] *= FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
                 }
-                for (int64_t c = 0; c < d; c++)
-                    o[c] = 0;
-                R *l = lse + (i * b + bi) * A + a;
-                if (mx == -INFINITY) {
-                    *l = -INFINITY;
-                    continue;
-                }
-                R sum = 0;
-                for (int64_t j = 0; j < sk; j++)
-                    if (FN(visible)(causal, qpos, kpos, i, j)) sum += exp(work[j] - mx);
-                *l = mx + log(sum);
-                for (int64_t j = 0; j < sk; j++) {
-                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
-                    R pj = exp(work[j] - *l) *
-                           FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
-                    const R *vr = v + ((j * b + bi) * G + g) * d;
-                    for (int64_t c = 0; c < d; c++)
-                        o[c] += pj * vr[c];
-                }
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)sq, (int)d, (int)sk, (R)1, S,
+                     (int)sk, Vc, (int)d, (R)0, Oc, (int)d);
+                FN(unpack_head)(out, Oc, sq, b, A, d, bi, a);
             }
         }
 }
 
+/* The backward per (batch row, kv group): P from the saved lse, dV += (P Z)^T dO,
+ * dP = dO V^T, dS = P (dP Z - rowsum(dO O)) scale, dQ = dS K, dK += dS^T Q; the
+ * group's query heads are summed in order into dK and dV. */
 void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, const R *k,
                                const R *v, const R *out, const R *lse, int64_t sq, int64_t sk,
                                int64_t b, int64_t A, int64_t G, int64_t d, double scale, int causal,
@@ -409,49 +452,69 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                                const mgc_dropout_rng *rng, R *work) {
     uint32_t thr = mgc_rng_drop_threshold(dropout_p);
     int64_t per = A / G;
-    R *pr = work, *dp = work + sk;
-    for (int64_t i = 0; i < sk * b * G * d; i++)
-        dk[i] = dv[i] = 0;
+    R *P = work, *dP = P + sq * sk, *Qc = dP + sq * sk, *dOc = Qc + sq * d, *Oc = dOc + sq * d,
+      *dQc = Oc + sq * d, *Kc = dQc + sq * d, *Vc = Kc + sk * d, *dKc = Vc + sk * d,
+      *dVc = dKc + sk * d;
     for (int64_t bi = 0; bi < b; bi++)
-        for (int64_t a = 0; a < A; a++) {
-            int64_t g = a / per;
-            for (int64_t i = 0; i < sq; i++) {
-                int64_t row = (i * b + bi) * A + a;
-                const R *qr = q + row * d, *dor = dout + row * d, *orow = out + row * d;
-                R *dqr = dq + row * d;
-                for (int64_t c = 0; c < d; c++)
-                    dqr[c] = 0;
-                R l = lse[row];
-                if (l == -INFINITY) continue;
-                R D = 0;
-                for (int64_t c = 0; c < d; c++)
-                    D += dor[c] * orow[c];
-                for (int64_t j = 0; j < sk; j++) {
-                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
-                    const R *kr = k + ((j * b + bi) * G + g) * d;
-                    const R *vr = v + ((j * b + bi) * G + g) * d;
-                    R sc = 0, dpj = 0;
-                    for (int64_t c = 0; c < d; c++) {
-                        sc += qr[c] * kr[c];
-                        dpj += dor[c] * vr[c];
+        for (int64_t g = 0; g < G; g++) {
+            FN(pack_head)(Kc, k, sk, b, G, d, bi, g);
+            FN(pack_head)(Vc, v, sk, b, G, d, bi, g);
+            memset(dKc, 0, (size_t)(2 * sk * d) * sizeof(R));
+            for (int64_t a = g * per; a < (g + 1) * per; a++) {
+                FN(pack_head)(Qc, q, sq, b, A, d, bi, a);
+                FN(pack_head)(dOc, dout, sq, b, A, d, bi, a);
+                FN(pack_head)(Oc, out, sq, b, A, d, bi, a);
+                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)sq, (int)sk, (int)d, (R)scale, Qc,
+                     (int)d, Kc, (int)d, (R)0, P, (int)sk);
+                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)sq, (int)sk, (int)d, (R)1, dOc,
+                     (int)d, Vc, (int)d, (R)0, dP, (int)sk);
+                for (int64_t i = 0; i < sq; i++) {
+                    R l = lse[(i * b + bi) * A + a], D = 0, *pr = P + i * sk, *dpr = dP + i * sk;
+                    int64_t qp = qpos ? qpos[i] : i;
+                    for (int64_t c = 0; c < d; c++)
+                        D += dOc[i * d + c] * Oc[i * d + c];
+                    if (l == -INFINITY) { /* no visible key: no gradient */
+                        for (int64_t j = 0; j < sk; j++)
+                            pr[j] = dpr[j] = 0;
+                        continue;
                     }
-                    pr[j] = exp(sc * (R)scale - l);
-                    dp[j] = dpj;
-                }
-                for (int64_t j = 0; j < sk; j++) {
-                    if (!FN(visible)(causal, qpos, kpos, i, j)) continue;
-                    R z = FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
-                    R ds = pr[j] * (dp[j] * z - D) * (R)scale;
-                    const R *kr = k + ((j * b + bi) * G + g) * d;
-                    R *dkr = dk + ((j * b + bi) * G + g) * d,
-                      *dvr = dv + ((j * b + bi) * G + g) * d;
-                    for (int64_t c = 0; c < d; c++) {
-                        dqr[c] += ds * kr[c];
-                        dkr[c] += ds * qr[c];
-                        dvr[c] += pr[j] * z * dor[c];
+                    if (dropout_p > 0) {
+                        for (int64_t j = 0; j < sk; j++) {
+                            if (!FN(visible)(causal, qpos, kpos, i, j)) {
+                                pr[j] = dpr[j] = 0;
+                                continue;
+                            }
+                            R pj = FEXP(pr[j] - l);
+                            R z = FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
+                            dpr[j] = pj * (dpr[j] * z - D) * (R)scale; /* dS */
+                            pr[j] = pj * z;                           /* dropped-out P for dV */
+                        }
+                        continue;
                     }
+                    int64_t lim = kpos || !causal ? sk : (qp + 1 < sk ? qp + 1 : sk);
+                    if (lim < 0) lim = 0;
+                    if (kpos && causal)
+                        for (int64_t j = 0; j < sk; j++)
+                            pr[j] = kpos[j] <= qp ? pr[j] : -INFINITY;
+                    for (int64_t j = 0; j < lim; j++) {
+                        R pj = FEXP(pr[j] - l);
+                        pj = pr[j] == -INFINITY ? (R)0 : pj;
+                        dpr[j] = pj * (dpr[j] - D) * (R)scale; /* dS */
+                        pr[j] = pj;
+                    }
+                    for (int64_t j = lim; j < sk; j++)
+                        pr[j] = dpr[j] = 0;
                 }
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)sk, (int)d, (int)sq, (R)1, P,
+                     (int)sk, dOc, (int)d, (R)1, dVc, (int)d);
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)sq, (int)d, (int)sk, (R)1, dP,
+                     (int)sk, Kc, (int)d, (R)0, dQc, (int)d);
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)sk, (int)d, (int)sq, (R)1, dP,
+                     (int)sk, Qc, (int)d, (R)1, dKc, (int)d);
+                FN(unpack_head)(dq, dQc, sq, b, A, d, bi, a);
             }
+            FN(unpack_head)(dk, dKc, sk, b, G, d, bi, g);
+            FN(unpack_head)(dv, dVc, sk, b, G, d, bi, g);
         }
 }
 
@@ -471,7 +534,7 @@ void FN(mgc_cpu_ce_sums)(R *sumexp, R *tgt, const R *logits, const R *mx, const 
     for (int64_t r = 0; r < n; r++) {
         R s = 0;
         for (int64_t c = 0; c < V_l; c++)
-            s += exp(logits[r * ld + c] - mx[r]);
+            s += FEXP(logits[r * ld + c] - mx[r]);
         sumexp[r] = s;
         int64_t id = (int64_t)labels[r] - v0;
         tgt[r] = (id >= 0 && id < V_l) ? logits[r * ld + id] : (R)0;
@@ -507,7 +570,7 @@ void FN(mgc_cpu_ce_bwd)(R *dlogits, const R *logits, const R *lse, const int32_t
         R m = (mask ? mask[r] : (R)1) * (R)dloss;
         int64_t id = (int64_t)labels[r] - v0;
         for (int64_t c = 0; c < V_l; c++) {
-            R g = m == 0 ? (R)0 : m * (exp(logits[r * ld + c] - lse[r]) - (c == id ? (R)1 : (R)0));
+            R g = m == 0 ? (R)0 : m * (FEXP(logits[r * ld + c] - lse[r]) - (c == id ? (R)1 : (R)0));
             dlogits[r * ld + c] = g;
         }
         for (int64_t c = V_l; c < ld; c++)

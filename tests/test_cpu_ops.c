@@ -785,7 +785,7 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
     double *q = Drand(nq), *k = Drand(nk), *v = Drand(nk), *out = D(nq), *lse = D(nl);
     for (int64_t i = 0; i < nq; i++)
         q[i] = (double)(float)(q[i] * 2); /* peaky softmax */
-    attn_ctx c = {out, lse, q, k, v, D(2 * sk), qpos, kpos, sq, sk, b, A, G, d, causal, p, &rng};
+    attn_ctx c = {out, lse, q, k, v, D(mgc_cpu_attention_work_f64(sq, sk, d)), qpos, kpos, sq, sk, b, A, G, d, causal, p, &rng};
     double *r = Drand(nq);
     fd_case fc = {attn_fwd, &c, {{out, r, nq}}, 1};
     fd_loss(&fc);
@@ -811,7 +811,7 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
     snprintf(buf, sizeof buf, "attention %s dv", nm);
     fd_check(buf, &fc, v, nk, dv);
     /* f32: forward and backward against f64, twice bit-identical */
-    float *qf = F(q, nq), *kf = F(k, nk), *vf = F(v, nk), *rf = F(r, nq), *wf = Fn(2 * sk);
+    float *qf = F(q, nq), *kf = F(k, nk), *vf = F(v, nk), *rf = F(r, nq), *wf = Fn(mgc_cpu_attention_work_f32(sq, sk, d));
     float *of[2], *lf[2], *dqf[2], *dkf[2], *dvf[2];
     for (int rep = 0; rep < 2; rep++) {
         of[rep] = Fn(nq), lf[rep] = Fn(nl), dqf[rep] = Fn(nq), dkf[rep] = Fn(nk), dvf[rep] = Fn(nk);
@@ -844,7 +844,7 @@ static void test_attention(uint64_t seed) {
     /* a query row with no visible key: out 0, lse -inf, gradients 0 */
     int64_t d = 3;
     double q[3] = {1, 2, 3}, k[6] = {1, 0, 1, 0, 1, 0}, v[6] = {1, 2, 3, 4, 5, 6}, out[3], lse[1],
-           w[4], dq[3], dk[6], dv[6], dout[3] = {1, 1, 1};
+           w[64], dq[3], dk[6], dv[6], dout[3] = {1, 1, 1}; /* w: 2*1*2 + 4*1*3 + 4*2*3 = 40 */
     int32_t qp[1] = {0}, kp[2] = {1, 2};
     mgc_cpu_attention_fwd_f64(out, lse, q, k, v, 1, 2, 1, 1, 1, d, 1.0, 1, qp, kp, 0, NULL, w);
     T_CHECK(out[0] == 0 && out[1] == 0 && out[2] == 0 && isinf(lse[0]) && lse[0] < 0);
