@@ -393,13 +393,6 @@ static int setup_params(mgc_exec *x) {
         }
         free(marks);
     }
-    /* kv-replicated QKV (tensor > query groups) needs a gradient sum this runtime lacks */
-    int64_t groups = cfg_i(x->plan, "model.num_query_groups", 0);
-    if (groups > 0 && x->grid.tp > groups)
-        return xfail(x, "parallel.tensor %" PRId64 " exceeds model.num_query_groups %" PRId64
-                        ": key/value heads replicated over tensor ranks are not supported by this "
-                        "runtime yet; use a tensor degree that divides the query groups",
-                     x->grid.tp, groups);
     /* optimizer and norm segments from the buckets, in layout order */
     int64_t ca = 0, cn = 0, cpt = 0, ce = 0, moment = 0;
     for (int64_t bi = sp->n_buckets - 1; bi >= 0; bi--) {
@@ -443,6 +436,36 @@ static int setup_params(mgc_exec *x) {
     return 0;
 }
 
+int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, size_t errsz) {
+    int64_t prec = cfg_i(plan, "training.precision", 0);
+    if (prec != 0 && !strcmp(backend, "cpu")) {
+        snprintf(err, errsz,
+                 "the plan computes in %s but the CPU backend computes in fp32: compile with "
+                 "--set training.precision=fp32 (or run on a GPU)",
+                 prec == 1 ? "bf16" : "fp16");
+        return -1;
+    }
+    /* kv-replicated QKV (tensor > query groups) needs a gradient sum this runtime lacks */
+    int64_t groups = cfg_i(plan, "model.num_query_groups", 0);
+    if (groups > 0 && plan->grid.tp > groups) {
+        snprintf(err, errsz,
+                 "parallel.tensor %" PRId64 " exceeds model.num_query_groups %" PRId64
+                 ": key/value heads replicated over tensor ranks are not supported by this "
+                 "runtime yet; use a tensor degree that divides the query groups",
+                 plan->grid.tp, groups);
+        return -1;
+    }
+    if (cfg_i(plan, "moe.num_experts", 0) > 0 && plan->grid.etp > 1) {
+        snprintf(err, errsz,
+                 "parallel.expert_tensor is %" PRId64 ": expert tensor parallelism is not "
+                 "supported by this runtime yet; compile with --set parallel.expert_tensor=1 "
+                 "(it defaults to parallel.tensor)",
+                 plan->grid.etp);
+        return -1;
+    }
+    return 0;
+}
+
 int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_backend *be,
                   char *err, size_t errsz) {
     *out = NULL;
@@ -465,13 +488,7 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
               mgc_comm_size(world), plan->grid.world, plan->grid.world, mgc_comm_size(world));
         goto done;
     }
-    int64_t prec = cfg_i(plan, "training.precision", 0);
-    if (prec != 0 && !strcmp(be->iface->name, "cpu")) {
-        xfail(x, "the plan computes in %s but the CPU backend computes in fp32: compile with "
-                 "--set training.precision=fp32 (or run on a GPU)",
-              prec == 1 ? "bf16" : "fp16");
-        goto done;
-    }
+    if (mgc_exec_check_plan(plan, be->iface->name, x->err, sizeof x->err)) goto done;
     if (mgc_grid_coords(&x->grid, x->rank, &x->co)) {
         xfail(x, "rank %" PRId64 " is outside the plan's grid", x->rank);
         goto done;
@@ -1008,7 +1025,11 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
             return -1;
         }
     }
-    if (!did_opt) return xfail(x, "stage %" PRId64 ": the schedule has no optimizer step", sp->pp_rank);
+    if (!did_opt) {
+        xfail(x, "stage %" PRId64 ": the schedule has no optimizer step", sp->pp_rank);
+        mgc_comm_abort(x->world, x->err);
+        return -1;
+    }
     /* the step's losses, from the ranks that computed them, to every rank */
     float part[3] = {(float)x->loss_sum, (float)x->aux_sum, (float)x->z_sum}, tot[3];
     /* aux and z are counted on tp/cp ranks alike; keep one data-parallel copy each */

@@ -52,6 +52,11 @@ typedef struct mgc_step_stats {
     int64_t tokens;   /* tokens the step trained on (global batch x seq_length) */
 } mgc_step_stats;
 
+/* What can be refused without starting: a precision the backend ("cpu") does
+ * not compute in, layouts this runtime does not run yet.  0, or -1 with the
+ * reason and a hint in err.  mgc_exec_open runs it too. */
+int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, size_t errsz);
+
 /* Opens rank mgc_comm_world_rank(world) of the plan.  Collective over world.
  * Checks that the world size matches the plan and that the backend can run
  * it (the CPU backend computes in fp32).  0, or -1 with the reason in err. */

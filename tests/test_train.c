@@ -31,13 +31,15 @@ static const char *const common[] = {
     "training.iterations=10", "optimizer.warmup_iterations=2", "model.seq_length=32",
     "training.micro_batch_size=2", "training.global_batch_size=4", NULL};
 
-static mgc_plan *compile(const char *path, const char *const *sets) {
+static mgc_plan *compile(const char *path, const char *const *base, const char *const *sets) {
     mgc_diags d;
     mgc_diags_init(&d);
     mgc_config *c = mgc_config_new();
     mgc_config_load_file(c, path, &d);
     for (int i = 0; common[i]; i++)
         mgc_config_set(c, common[i], "--set", &d);
+    for (int i = 0; base && base[i]; i++)
+        mgc_config_set(c, base[i], "--set", &d);
     for (int i = 0; sets && sets[i]; i++)
         mgc_config_set(c, sets[i], "--set", &d);
     if (d.errors == 0) mgc_config_finalize(c, &d);
@@ -82,18 +84,19 @@ typedef struct layout {
     const char *sets[8];
 } layout;
 
-static void check_model(const char *path, const layout *lays, int n) {
+static void check_model(const char *path, const char *const *extra, const layout *lays, int n) {
     double base[STEPS], bnorm[STEPS];
-    mgc_plan *p = compile(path, NULL);
+    mgc_plan *p = compile(path, extra, NULL);
     T_CHECK(p != NULL);
     if (!p) return;
     T_EQ_I64(train(p, base, bnorm), 0);
     mgc_plan_free(p);
     /* the model learns: the last step's loss is below the first */
     T_CHECK(base[STEPS - 1] < base[0] - 0.1);
-    printf("%s: single rank: loss %.6f -> %.6f\n", path, base[0], base[STEPS - 1]);
+    printf("%s%s: single rank: loss %.6f -> %.6f\n", path, extra ? " (capacity)" : "", base[0],
+           base[STEPS - 1]);
     for (int l = 0; l < n; l++) {
-        p = compile(path, lays[l].sets);
+        p = compile(path, extra, lays[l].sets);
         T_CHECK(p != NULL);
         if (!p) continue;
         double a[STEPS], an[STEPS], b[STEPS], bn[STEPS];
@@ -153,10 +156,19 @@ static const layout moe[] = {
                          "parallel.expert=2"}},
 };
 
+/* Capacity mode: drops are decided per source rank over its microbatch's tokens, so layouts
+ * that keep a microbatch's tokens together (data, expert, pipeline) drop the same ones. */
+static const char *const capacity[] = {"moe.capacity_factor=1.0", NULL};
+static const layout moe_capacity[] = {
+    {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
+    {"pp2 1f1b", {W(2), "parallel.pipeline=2"}},
+};
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
-    if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", dense, 11);
-    if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", dense, 11);
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", moe, 12);
+    if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
+    if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", NULL, moe, 12);
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", capacity, moe_capacity, 2);
     return t_summary("test_train");
 }

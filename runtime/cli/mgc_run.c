@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "exec.h"
 #include "plan.h"
 #include "train.h"
 #include "train_data.h"
@@ -113,6 +114,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mgc-run: %s\n", err);
         return 1;
     }
+    if (mgc_exec_check_plan(plan, "cpu", err, sizeof err)) {
+        fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
+        mgc_plan_free(plan);
+        return 1;
+    }
+    const char *ckpt = mgc_plan_config_str(plan, "checkpoint.directory");
+    if (ckpt && *ckpt)
+        fprintf(stderr, "mgc-run: warning: %s: checkpoint.directory is '%s' but this mgc-run does "
+                        "not write or resume checkpoints yet: the run starts from step 1 and "
+                        "saves nothing\n",
+                plan_path, ckpt);
     int use_mpi = !local && under_mpi();
     mgc_comm *world = NULL;
     int rank = 0;

@@ -1,0 +1,79 @@
+#!/bin/sh
+# cli_run.sh MGC MGC_RUN - mgc-run on bad input: every case must fail before
+# the first step with exit status 1 (2 for usage), a message naming the file
+# and the problem, and leave no metrics file behind; a good run writes one
+# JSON line per step.
+set -u
+mgc=$1 run=$2
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fail=1; }
+small="--set training.iterations=3 --set optimizer.warmup_iterations=1 --set model.seq_length=32"
+# expect NAME STATUS PATTERN -- CMD...: exit status, stderr matching PATTERN, no metrics left
+expect() {
+    name=$1 want=$2 pat=$3; shift 4
+    rm -f "$tmp/m.jsonl" "$tmp/m.jsonl.partial"
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    got=$?
+    if [ "$got" != "$want" ]; then bad "$name: exit $got, expected $want"; cat "$tmp/err"; return; fi
+    if ! grep -q -- "$pat" "$tmp/err"; then bad "$name: stderr lacks '$pat'"; cat "$tmp/err"; return; fi
+    if [ -e "$tmp/m.jsonl" ] || [ -e "$tmp/m.jsonl.partial" ]; then bad "$name: a metrics file was left"; return; fi
+    if grep -q "^step " "$tmp/out"; then bad "$name: a step ran"; return; fi
+    ok "$name"
+}
+# shellcheck disable=SC2086
+$mgc compile examples/tiny-gpt.yaml $small -o "$tmp/one.plan" >/dev/null || { echo "compile failed"; exit 1; }
+# shellcheck disable=SC2086
+$mgc compile examples/tiny-gpt.yaml $small --set parallel.tensor=2 --set parallel.world_size=2 -o "$tmp/two.plan" >/dev/null || exit 1
+
+expect "usage: no plan" 2 "usage: mgc-run" -- "$run"
+expect "usage: bad option" 2 "unknown option '--frobnicate'" -- "$run" "$tmp/one.plan" --frobnicate
+expect "usage: bad integer" 2 "--local-ranks needs an integer" -- "$run" "$tmp/one.plan" --local-ranks x
+expect "missing plan" 1 "nope.plan" -- "$run" "$tmp/nope.plan" --metrics "$tmp/m.jsonl"
+printf 'model:\n  name: x\n' >"$tmp/yaml.plan"
+expect "not a plan" 1 "not an mgc plan" -- "$run" "$tmp/yaml.plan" --metrics "$tmp/m.jsonl"
+cp "$tmp/one.plan" "$tmp/corrupt.plan"
+printf '\377' | dd of="$tmp/corrupt.plan" bs=1 seek=300 conv=notrunc 2>/dev/null
+expect "corrupt plan" 1 "corrupt plan" -- "$run" "$tmp/corrupt.plan" --metrics "$tmp/m.jsonl"
+expect "world too small" 1 "the plan is for 2 ranks" -- "$run" "$tmp/two.plan" --metrics "$tmp/m.jsonl"
+expect "world too large" 1 "the plan is for 1 ranks" -- "$run" "$tmp/one.plan" --local-ranks 3 --metrics "$tmp/m.jsonl"
+# shellcheck disable=SC2086
+$mgc compile examples/tiny-gpt.yaml $small --set training.precision=bf16 -o "$tmp/bf16.plan" >/dev/null || exit 1
+expect "bf16 on the cpu" 1 "CPU backend computes in fp32" -- "$run" "$tmp/bf16.plan" --metrics "$tmp/m.jsonl"
+expect "metrics path unwritable" 1 "cannot write the metrics file" -- "$run" "$tmp/one.plan" --metrics "$tmp/no/such/dir/m.jsonl"
+
+# datasets: missing, corrupt, too small
+mplan() { # OUT PATH...: a megatron-format plan over the given prefixes
+    out=$1; shift
+    list=$(printf '%s' "$*" | sed 's/ /, /g')
+    # shellcheck disable=SC2086
+    $mgc compile examples/tiny-gpt.yaml $small --set data.format=megatron --set "data.paths=[$list]" \
+        --set data.split=100,0,0 -o "$out" >/dev/null
+}
+mplan "$tmp/missing.plan" "$tmp/absent" || exit 1
+expect "missing dataset" 1 "absent" -- "$run" "$tmp/missing.plan" --metrics "$tmp/m.jsonl"
+$mgc data synthetic "$tmp/syn" --documents 50 >/dev/null || exit 1
+cp "$tmp/syn.idx" "$tmp/cut.idx"
+head -c 1000 "$tmp/syn.bin" >"$tmp/cut.bin"
+mplan "$tmp/cut.plan" "$tmp/cut" || exit 1
+expect "truncated dataset" 1 "cut" -- "$run" "$tmp/cut.plan" --metrics "$tmp/m.jsonl"
+printf 'just a few words\n' >"$tmp/tiny.txt"
+$mgc data build "$tmp/tiny" "$tmp/tiny.txt" >/dev/null || exit 1
+mplan "$tmp/tiny.plan" "$tmp/tiny" || exit 1
+expect "too few tokens" 1 "fewer than one sample" -- "$run" "$tmp/tiny.plan" --metrics "$tmp/m.jsonl"
+
+# a good run: one JSON line per step, the .partial renamed
+rm -f "$tmp/m.jsonl"
+if "$run" "$tmp/one.plan" -q --metrics "$tmp/m.jsonl" >"$tmp/out" 2>"$tmp/err" &&
+    [ "$(wc -l <"$tmp/m.jsonl")" -eq 3 ] && [ ! -e "$tmp/m.jsonl.partial" ] &&
+    grep -q '"step": 3, "loss": ' "$tmp/m.jsonl"; then
+    ok "good run writes 3 metrics lines"
+else
+    bad "good run"; cat "$tmp/err"
+fi
+# the same data as a megatron dataset trains too
+mplan "$tmp/syn.plan" "$tmp/syn" || exit 1
+if "$run" "$tmp/syn.plan" -q >/dev/null 2>"$tmp/err"; then ok "megatron dataset run"; else bad "megatron dataset run"; cat "$tmp/err"; fi
+exit $fail
