@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codegen.h"
 #include "compile.h"
@@ -18,6 +19,8 @@
 #include "data_cmd.h"
 #include "diag.h"
 #include "facts.h"
+#include "kernels.h"
+#include "nvrtc.h"
 #include "partition.h"
 #include "ir.h"
 #include "json.h"
@@ -52,6 +55,9 @@ static void usage(FILE *out) {
           "  -o PLAN           compile: write the plan to PLAN (atomically)\n"
           "  --memory          compile, inspect: per-stage arena breakdown\n"
           "  --ops             inspect: list every chunk's tensors and forward/backward ops\n"
+          "  --arch 80,90      compile: GPU architectures of the plan's kernels (default:\n"
+          "                    hardware.cuda_archs)\n"
+          "  --no-kernels      compile: no CUDA kernels in the plan (mgc-run JIT-compiles them)\n"
           "  --timeline SVG    compile, inspect: draw the pipeline schedule as an SVG Gantt chart\n"
           "\n"
           "exit status: 0 ok, 1 an input has errors, 2 usage error\n",
@@ -63,7 +69,8 @@ typedef struct opts {
     int nsets;
     const char **files;
     int nfiles;
-    int json, github, quiet, ir, config, memory, ops;
+    int json, github, quiet, ir, config, memory, ops, no_kernels;
+    const char *archs;    /* --arch */
     const char *output;   /* -o */
     const char *timeline; /* --timeline */
 } opts;
@@ -99,6 +106,11 @@ static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
             o->memory = 1;
         } else if (!strcmp(a, "--ops")) {
             o->ops = 1;
+        } else if (!strcmp(a, "--no-kernels")) {
+            o->no_kernels = 1;
+        } else if (!strcmp(a, "--arch")) {
+            if (i + 1 >= argc) return fprintf(stderr, "mgc %s: --arch needs a list, e.g. 80,90\n", cmd), 0;
+            o->archs = argv[++i];
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--timeline")) {
             if (i + 1 >= argc) return fprintf(stderr, "mgc %s: %s needs a file name\n", cmd, a), 0;
             if (!strcmp(a, "--timeline")) o->timeline = argv[++i];
@@ -358,12 +370,64 @@ static void plan_report(const mgc_plan *p, const opts *o, const char *file) {
     if (o->memory) mgc_plan_print_memory(p, stdout);
 }
 
+/* The plan's CUDA kernels, compiled with NVRTC (when it is installed) for the
+ * architectures of --arch or hardware.cuda_archs; a one-line report in line. */
+static int add_kernels(mgc_plan *p, const opts *o, char *line, size_t n) {
+    int archs[16], na = 0;
+    if (o->archs) {
+        const char *s = o->archs;
+        while (*s && na < 16) {
+            char *end = NULL;
+            long v = strtol(s, &end, 10);
+            if (end == s || v < 50 || v > 1000) {
+                fprintf(stderr, "mgc compile: --arch %s: expected numbers like 80,90 (sm_80, sm_90)\n",
+                        o->archs);
+                return 2;
+            }
+            archs[na++] = (int)v;
+            s = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',') {
+                fprintf(stderr, "mgc compile: --arch %s: expected numbers like 80,90\n", o->archs);
+                return 2;
+            }
+        }
+    } else {
+        na = mgc_plan_cuda_archs(p, archs, 16);
+    }
+    if (na == 0) return 0;
+    if (!mgc_nvrtc_available()) {
+        snprintf(line, n, "kernels: none (NVRTC not found: install the CUDA toolkit, or let mgc-run "
+                          "JIT-compile them on the GPU machine)");
+        return 0;
+    }
+    mgc_kernel_stats st;
+    char err[4096];
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (mgc_compile_kernels(p, archs, na, cpus > 0 ? (int)cpus : 1, &st, err, sizeof err)) {
+        fprintf(stderr, "mgc compile: CUDA kernels: %s\n", err);
+        return 1;
+    }
+    int k = snprintf(line, n, "kernels: %d specs x %d archs (", st.specs, st.archs);
+    for (int i = 0; i < na && k > 0 && (size_t)k < n; i++)
+        k += snprintf(line + k, n - (size_t)k, "%ssm_%d", i ? ", " : "", archs[i]);
+    if (k > 0 && (size_t)k < n)
+        snprintf(line + k, n - (size_t)k,
+                 "), %d compiled + %d cached in %.1f s, %.2f MiB of cubins, max %ld registers, %ld "
+                 "spill bytes",
+                 st.compiled, st.cached, st.seconds, (double)st.cubin_bytes / 1048576.0,
+                 st.max_registers, st.max_spill_bytes);
+    if (st.max_spill_bytes > 0)
+        fprintf(stderr, "mgc compile: warning: %s spills %ld bytes to local memory\n", st.worst_spill,
+                st.max_spill_bytes);
+    return 0;
+}
+
 static int cmd_compile(int argc, char **argv) {
     opts o;
     if (!parse_opts(argc, argv, &o, "compile")) return free_opts(&o), 2;
     if (o.nfiles != 1) {
         fputs("mgc compile: give exactly one config (usage: mgc compile FILE [-o PLAN] [--json] [--memory] "
-              "[--timeline SVG] [--set K=V]...)\n",
+              "[--timeline SVG] [--arch 80,90] [--no-kernels] [--set K=V]...)\n",
               stderr);
         free_opts(&o);
         return 2;
@@ -378,7 +442,9 @@ static int cmd_compile(int argc, char **argv) {
     }
     mgc_diags_print(&L.diags, stderr);
     int rc = p ? 0 : 1;
-    if (p && o.output) {
+    char kline[512] = "";
+    if (p && o.output && !o.no_kernels) rc = add_kernels(p, &o, kline, sizeof kline);
+    if (p && o.output && rc == 0) {
         char err[1024];
         if (mgc_plan_write(p, o.output, err, sizeof err) != MGC_PLAN_OK) {
             fprintf(stderr, "mgc compile: %s\n", err);
@@ -387,6 +453,7 @@ static int cmd_compile(int argc, char **argv) {
     }
     if (p && rc == 0) {
         plan_report(p, &o, o.files[0]);
+        if (kline[0] && !o.json) printf("%s\n", kline);
         if (o.output && !o.json) printf("wrote %s\n", o.output);
         if (o.timeline) rc = write_timeline(p, o.timeline);
     }

@@ -112,6 +112,8 @@ void mgc_plan_free(mgc_plan *p) {
         }
     }
     free(p->stages);
+    free(p->kernels);
+    free(p->kbin);
     free(p->config);
     free(p->strings);
     free(p->str_index);

@@ -334,6 +334,19 @@ typedef struct mgc_plan_kv {
     uint32_t pad2_;
 } mgc_plan_kv;
 
+/* ---- compiled kernels (optional) ------------------------------------------
+ * The cubins NVRTC made at `mgc compile` for each kernel spec of the plan
+ * (codegen/kspec.h) and each target architecture; `name` is the spec's name,
+ * which is also the kernel's symbol in its cubin.  Stored in the optional
+ * plan-wide sections KERN (the table) and KBIN (the bytes) after the stages;
+ * a plan compiled without kernels has none (docs/plan-format.md). */
+typedef struct mgc_plan_kernel {
+    uint32_t name;   /* string table offset: "mgc_layernorm_fwd_bf16_H1024" */
+    uint32_t arch;   /* compute capability x 10 + minor: 80, 90 */
+    uint64_t offset; /* into kbin */
+    uint64_t bytes;  /* cubin size */
+} mgc_plan_kernel;
+
 typedef struct mgc_plan {
     mgc_grid grid;
     int64_t num_microbatches;   /* per step per data-parallel rank */
@@ -353,6 +366,10 @@ typedef struct mgc_plan {
                                    offset 0 is always "" (the first byte is NUL) */
     uint64_t strings_len;
     uint64_t strings_cap;
+    int64_t n_kernels;          /* compiled kernels (0: the plan carries none) */
+    mgc_plan_kernel *kernels;   /* (n_kernels) */
+    uint8_t *kbin;              /* (kbin_len) the cubins back to back, 8-aligned */
+    uint64_t kbin_len;
     /* private to plan.c: the intern index (open addressing, offset + 1 per
      * slot, 0 empty); built lazily from the table, never written to a file */
     uint32_t *str_index;

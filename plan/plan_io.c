@@ -107,6 +107,7 @@ static const uint8_t plan_magic[8] = {0x89, 'M', 'G', 'C', '\r', '\n', 0x1a, '\n
 #define HEADER_CRC_AT   60u         /* CRC-32C of bytes [0, 60) */
 #define DIR_ENTRY_BYTES 48u         /* v1 directory entry (entries may grow at the end) */
 #define NO_INDEX        0xffffffffu /* stage/chunk of plan-wide sections */
+#define KERN_BYTES      24u         /* KERN record: name, arch, offset, bytes */
 
 enum section {
     S_GRID, /* grid and plan scalars: 1 record */
@@ -762,6 +763,21 @@ mgc_plan_status mgc_plan_validate(const mgc_plan *p, char *err, size_t errsz) {
         mgc_plan_status rc = check_stage(p, s, err, errsz);
         if (rc) return rc;
     }
+    if (p->n_kernels < 0 || (p->n_kernels > 0 && (!p->kernels || !p->kbin)))
+        INVALID("%" PRId64 " kernels without their arrays", p->n_kernels);
+    for (int64_t i = 0; i < p->n_kernels; i++) {
+        const mgc_plan_kernel *k = &p->kernels[i];
+        if (!str_ok(p, k->name) || k->name == 0 || p->strings[k->name] == '\0')
+            INVALID("kernel %" PRId64 ": name offset %" PRIu32 " not a name in the string table", i,
+                    k->name);
+        if (k->arch < 50 || k->arch > 1000)
+            INVALID("kernel %" PRId64 " (%s): architecture %" PRIu32 " outside 50..1000", i,
+                    p->strings + k->name, k->arch);
+        if (k->bytes == 0 || k->offset > p->kbin_len || k->bytes > p->kbin_len - k->offset)
+            INVALID("kernel %" PRId64 " (%s): bytes [%" PRIu64 ", +%" PRIu64
+                    ") outside the %" PRIu64 "-byte kernel binaries",
+                    i, p->strings + k->name, k->offset, k->bytes, p->kbin_len);
+    }
     return MGC_PLAN_OK;
 }
 
@@ -803,6 +819,21 @@ static void add_section(dirent_ *d, size_t *n, int kind, uint32_t stage, uint32_
 
 /* Serialize the section described by e (its kind, stage, chunk) at out. */
 static void put_section(uint8_t *out, const dirent_ *e, const mgc_plan *p) {
+    if (e->id == fourcc("KERN")) {
+        for (uint64_t i = 0; i < e->count; i++) {
+            const mgc_plan_kernel *k = &p->kernels[i];
+            uint8_t *r = out + i * KERN_BYTES;
+            st32(r + 0, k->name);
+            st32(r + 4, k->arch);
+            st64(r + 8, k->offset);
+            st64(r + 16, k->bytes);
+        }
+        return;
+    }
+    if (e->id == fourcc("KBIN")) {
+        if (e->count) memcpy(out, p->kbin, (size_t)e->count);
+        return;
+    }
     int kind = section_of(e->id);
     const mgc_stage_program *st = e->stage != NO_INDEX ? &p->stages[e->stage] : NULL;
     const mgc_plan_chunk *ch = st && e->chunk != NO_INDEX ? &st->chunks[e->chunk] : NULL;
@@ -867,7 +898,7 @@ mgc_plan_status mgc_plan_encode(const mgc_plan *p, uint8_t **out_buf, size_t *ou
         return MGC_PLAN_ERR_INVALID;
     }
     /* the directory: plan-wide sections, then each stage's, then its chunks' */
-    uint64_t n_sec = 3;
+    uint64_t n_sec = 3 + (p->n_kernels > 0 ? 2 : 0);
     for (int64_t s = 0; s < p->n_stages; s++)
         n_sec += 4 + 4 * (uint64_t)p->stages[s].n_chunks;
     if (n_sec > UINT32_MAX) {
@@ -898,6 +929,20 @@ mgc_plan_status mgc_plan_encode(const mgc_plan *p, uint8_t **out_buf, size_t *ou
             add_section(dir, &n, S_FWDO, si, ci, (uint64_t)ch->n_fwd);
             add_section(dir, &n, S_BWDO, si, ci, (uint64_t)ch->n_bwd);
         }
+    }
+    if (p->n_kernels > 0) { /* the optional trailing sections */
+        dirent_ *e = &dir[n++];
+        memset(e, 0, sizeof *e);
+        e->id = fourcc("KERN");
+        e->stage = e->chunk = NO_INDEX;
+        e->count = (uint64_t)p->n_kernels;
+        e->elem_bytes = KERN_BYTES;
+        e = &dir[n++];
+        memset(e, 0, sizeof *e);
+        e->id = fourcc("KBIN");
+        e->stage = e->chunk = NO_INDEX;
+        e->count = p->kbin_len;
+        e->elem_bytes = 1;
     }
     uint64_t pos = HEADER_BYTES + n * DIR_ENTRY_BYTES;
     for (size_t i = 0; i < n; i++) {
@@ -1157,6 +1202,39 @@ mgc_plan_status mgc_plan_decode(const uint8_t *buf, size_t len, const char *name
     cursor cur = {S_GRID, -1, -1};
     for (uint32_t i = 0; i < n_sec; i++) {
         const dirent_ *e = &dir[i];
+        if (e->id == fourcc("KERN") || e->id == fourcc("KBIN")) { /* optional, after the stages */
+            if (cur.kind != S__COUNT)
+                CORRUPT("section %" PRIu32 " %s before the last stage's sections", i, LABEL);
+            if (e->stage != NO_INDEX || e->chunk != NO_INDEX)
+                CORRUPT("section %" PRIu32 " %s is not plan-wide", i, LABEL);
+            const uint8_t *r = buf + e->offset;
+            if (e->id == fourcc("KBIN")) {
+                if (e->elem_bytes != 1 || p->kbin)
+                    CORRUPT("section %" PRIu32 " %s: a second one, or records of %" PRIu32 " bytes", i,
+                            LABEL, e->elem_bytes);
+                if (e->count) {
+                    p->kbin = malloc((size_t)e->count);
+                    if (!p->kbin) goto nomem;
+                    memcpy(p->kbin, r, (size_t)e->count);
+                }
+                p->kbin_len = e->count;
+            } else {
+                if (e->elem_bytes < KERN_BYTES || p->kernels)
+                    CORRUPT("section %" PRIu32 " %s: a second one, or records of %" PRIu32 " bytes", i,
+                            LABEL, e->elem_bytes);
+                p->kernels = alloc_records(e->count, sizeof *p->kernels);
+                if (e->count && !p->kernels) goto nomem;
+                p->n_kernels = (int64_t)e->count;
+                for (uint64_t k = 0; k < e->count; k++) {
+                    const uint8_t *q = r + k * e->elem_bytes;
+                    p->kernels[k].name = ld32(q + 0);
+                    p->kernels[k].arch = ld32(q + 4);
+                    p->kernels[k].offset = ld64(q + 8);
+                    p->kernels[k].bytes = ld64(q + 16);
+                }
+            }
+            continue;
+        }
         int kind = section_of(e->id);
         if (kind < 0) continue; /* a later addition: skip */
         if (cur.kind == S__COUNT) CORRUPT("section %" PRIu32 " %s after the last stage", i, LABEL);

@@ -57,6 +57,10 @@ typedef struct mgc_backend_iface {
     /* One allocation of `bytes` (256-aligned), zeroed. */
     int (*arena_alloc)(mgc_backend *be, uint64_t bytes, void **out);
     void (*arena_free)(mgc_backend *be, void *arena);
+    /* Called once the arena exists: the plan and the rank's stage program, so a backend can
+     * load the plan's kernels and find its GEMM workspace (the stage's WORKSPACE buffer). */
+    int (*bind)(mgc_backend *be, const mgc_plan *plan, const mgc_stage_program *stage,
+                void *arena);
     /* Run one compute op of a chunk program. */
     int (*run_op)(mgc_backend *be, const mgc_op_call *call);
     /* Byte copies: arena to arena, host to arena, arena to host; and zeroing. */
@@ -68,10 +72,15 @@ typedef struct mgc_backend_iface {
     int (*sumsq)(mgc_backend *be, const float *g, int64_t n, double *out); /* out = sum g^2 */
     int (*scale)(mgc_backend *be, float *x, int64_t n, double s);           /* x *= s */
     /* AdamW step `step` (1-based) on n elements: g is scaled by grad_scale first;
-     * decoupled weight decay when decay != 0. */
+     * decoupled weight decay when decay != 0.  copy_bf16: when not NULL, the updated
+     * fp32 weights are also written there rounded to bf16 (mixed precision). */
     int (*adamw)(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                  double lr, double beta1, double beta2, double eps, double weight_decay,
-                 int decay, int64_t step, double grad_scale);
+                 int decay, int64_t step, double grad_scale, uint16_t *copy_bf16);
+    /* dst[i] = bf16(src[i]) (round to nearest even). */
+    int (*cast_bf16)(mgc_backend *be, uint16_t *dst, const float *src, int64_t n);
+    /* Wait for the backend's queued work (the step's end; timing). */
+    int (*sync)(mgc_backend *be);
     /* Set the compute threads (CPU); 0 = the backend's default. */
     int (*set_threads)(mgc_backend *be, int threads);
     void (*close)(mgc_backend *be);
@@ -88,6 +97,12 @@ struct mgc_backend {
 /* The CPU reference backend (cpu_backend.c): fp32 kernels of cpu_ops.h,
  * OpenBLAS GEMMs.  Plans in bf16/fp16 are refused by mgc_exec_open. */
 int mgc_backend_cpu_open(mgc_backend **out, char *err, size_t err_size);
+/* The CUDA backend (cuda_backend.c, built with the CUDA toolkit): device
+ * `device` (-1: local rank modulo the visible devices, chosen by the caller).
+ * Fails with a clear message where there is no GPU or no CUDA build. */
+int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_size);
+/* 1 when this build has the CUDA backend and a CUDA device is visible. */
+int mgc_backend_cuda_available(void);
 /* Closes any backend; NULL is a no-op. */
 void mgc_backend_close(mgc_backend *be);
 

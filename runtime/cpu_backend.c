@@ -692,10 +692,26 @@ static int cpu_scale(mgc_backend *be, float *x, int64_t n, double s) {
 
 static int cpu_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                      double lr, double beta1, double beta2, double eps, double weight_decay,
-                     int decay, int64_t step, double grad_scale) {
-    (void)be;
+                     int decay, int64_t step, double grad_scale, uint16_t *copy_bf16) {
+    if (copy_bf16) return fail(be, "cpu backend: bf16 weights are not supported (fp32 only)");
     mgc_adamw_cfg cfg = {beta1, beta2, eps, weight_decay};
     mgc_cpu_adamw(p, g, m, v, n, &cfg, step, lr, grad_scale, decay);
+    return 0;
+}
+
+static int cpu_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_program *stage,
+                    void *arena) {
+    (void)be, (void)plan, (void)stage, (void)arena;
+    return 0;
+}
+
+static int cpu_cast_bf16(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    (void)dst, (void)src, (void)n;
+    return fail(be, "cpu backend: bf16 is not supported (fp32 only)");
+}
+
+static int cpu_sync(mgc_backend *be) {
+    (void)be;
     return 0;
 }
 
@@ -713,8 +729,22 @@ static void cpu_close(mgc_backend *be) {
 }
 
 static const mgc_backend_iface cpu_iface = {
-    "cpu",     cpu_arena_alloc, cpu_arena_free, cpu_run_op, cpu_copy,        cpu_copy, cpu_copy,
-    cpu_zero,  cpu_sumsq,       cpu_scale,      cpu_adamw,  cpu_set_threads, cpu_close,
+    .name = "cpu",
+    .arena_alloc = cpu_arena_alloc,
+    .arena_free = cpu_arena_free,
+    .bind = cpu_bind,
+    .run_op = cpu_run_op,
+    .copy = cpu_copy,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .zero = cpu_zero,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+    .adamw = cpu_adamw,
+    .cast_bf16 = cpu_cast_bf16,
+    .sync = cpu_sync,
+    .set_threads = cpu_set_threads,
+    .close = cpu_close,
 };
 
 int mgc_backend_cpu_open(mgc_backend **out, char *err, size_t err_size) {
@@ -735,3 +765,19 @@ int mgc_backend_cpu_open(mgc_backend **out, char *err, size_t err_size) {
 void mgc_backend_close(mgc_backend *be) {
     if (be) be->iface->close(be);
 }
+
+#ifndef MGC_HAVE_CUDA_BACKEND
+/* This build has no CUDA backend (no CUDA toolkit at configure time). */
+int mgc_backend_cuda_available(void) {
+    return 0;
+}
+
+int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_size) {
+    (void)device;
+    *out = NULL;
+    if (err && err_size)
+        snprintf(err, err_size, "this mgc-run was built without the CUDA toolkit, so it has no CUDA "
+                                "backend: rebuild where /usr/local/cuda exists, or use --backend cpu");
+    return -1;
+}
+#endif

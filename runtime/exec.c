@@ -59,7 +59,8 @@ struct mgc_exec {
     chunk_rt *chunks;
     int32_t *input_buf;        /* (mb) INPUT buffer index */
     int64_t slot_tokens, slot_labels, slot_mask; /* byte offsets in an input buffer, -1 none */
-    int32_t grad_buf, weight_buf, m_buf, v_buf;
+    int32_t grad_buf, weight_buf, master_buf, m_buf, v_buf;
+    int wbf16;                 /* weights are bf16 (fp32 master copy in master_buf) */
     pentry *params;
     int64_t n_params;
     seg *adam, *norm, *partial, *embed;
@@ -75,6 +76,8 @@ struct mgc_exec {
     double loss_sum, aux_sum, z_sum;
     int64_t iteration;
     int32_t *tok;              /* (seq_length + 1) */
+    mgc_exec_op_hook hook_before, hook_after;
+    void *hook_ctx;
     char err[2048];
 };
 
@@ -111,6 +114,12 @@ int64_t mgc_exec_param_count(const mgc_exec *x) {
 const mgc_exec_param *mgc_exec_param_at(const mgc_exec *x, int64_t i) {
     return &x->params[i].pub;
 }
+void mgc_exec_set_op_hooks(mgc_exec *x, mgc_exec_op_hook before, mgc_exec_op_hook after, void *ctx) {
+    x->hook_before = before;
+    x->hook_after = after;
+    x->hook_ctx = ctx;
+}
+
 mgc_backend *mgc_exec_backend(const mgc_exec *x) {
     return x->be;
 }
@@ -210,7 +219,7 @@ static int setup_buffers(mgc_exec *x) {
     x->chunks = calloc((size_t)sp->n_chunks, sizeof *x->chunks);
     x->input_buf = malloc((size_t)m * sizeof *x->input_buf);
     if (!x->chunks || !x->input_buf) return xfail(x, "out of memory");
-    x->grad_buf = x->weight_buf = x->m_buf = x->v_buf = -1;
+    x->grad_buf = x->weight_buf = x->master_buf = x->m_buf = x->v_buf = -1;
     for (int64_t i = 0; i < m; i++)
         x->input_buf[i] = -1;
     for (int64_t b = 0; b < sp->n_buffers; b++) {
@@ -219,6 +228,7 @@ static int setup_buffers(mgc_exec *x) {
         if (B->kind == MGC_BUF_GRAD) x->grad_buf = (int32_t)b;
         if (B->kind == MGC_BUF_WEIGHT) x->weight_buf = (int32_t)b;
         if (B->kind == MGC_BUF_ADAM_M) x->m_buf = (int32_t)b;
+        if (B->kind == MGC_BUF_MASTER) x->master_buf = (int32_t)b;
         if (B->kind == MGC_BUF_ADAM_V) x->v_buf = (int32_t)b;
     }
     static const char *const comm_names[4] = {"send_act", "recv_act", "send_grad", "recv_grad"};
@@ -348,11 +358,17 @@ static int setup_params(mgc_exec *x) {
             const mgc_plan_tensor *T = &ch->tensors[t];
             if (T->role != MGC_TR_PARAM) continue;
             if (T->buffer < 0) continue; /* not used on this stage */
-            if (T->buffer != x->weight_buf || T->dtype != MGC_DT_F32) {
+            if (T->buffer != x->weight_buf || (T->dtype != MGC_DT_F32 && T->dtype != MGC_DT_BF16)) {
                 free(marks);
-                return xfail(x, "stage %" PRId64 ": parameter '%s' is not an fp32 weight in the "
-                                "weights buffer",
+                return xfail(x, "stage %" PRId64 ": parameter '%s' is not an fp32 or bf16 weight in "
+                                "the weights buffer",
                              sp->pp_rank, sname(x, T->name));
+            }
+            x->wbf16 = T->dtype == MGC_DT_BF16;
+            if (x->wbf16 && x->master_buf < 0) {
+                free(marks);
+                return xfail(x, "stage %" PRId64 ": bf16 weights without a master_weights buffer",
+                             sp->pp_rank);
             }
             int32_t g = -1;
             if (t + 1 < ch->n_tensors && ch->tensors[t + 1].role == MGC_TR_GRAD) g = (int32_t)t + 1;
@@ -373,7 +389,7 @@ static int setup_params(mgc_exec *x) {
             e->pub.grad = (float *)taddr(x, (int)c, g, -1);
             e->tensor = (int32_t)t;
             e->grad_tensor = g;
-            e->elem = (int64_t)(T->offset / 4);
+            e->elem = (int64_t)(T->offset / mgc_dtype_size((mgc_dtype)T->dtype));
             e->decay = T->rank >= 2;
             e->expert = T->split_group == MGC_GROUP_EP && T->split_axis == 0;
             e->tp_dup = !e->expert && T->split_axis == MGC_PLAN_NO_SPLIT && x->grid.tp > 1;
@@ -443,6 +459,11 @@ int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, si
                  "the plan computes in %s but the CPU backend computes in fp32: compile with "
                  "--set training.precision=fp32 (or run on a GPU)",
                  prec == 1 ? "bf16" : "fp16");
+        return -1;
+    }
+    if (prec == 2) {
+        snprintf(err, errsz, "training.precision fp16 (dynamic loss scaling) is not supported by "
+                             "this runtime yet: use bf16 or fp32");
         return -1;
     }
     /* kv-replicated QKV (tensor > query groups) needs a gradient sum this runtime lacks */
@@ -532,6 +553,10 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
         goto done;
     }
     if (setup_buffers(x) || setup_params(x)) goto done;
+    if (be->iface->bind(be, plan, x->sp, x->arena)) {
+        be_fail(x, "binding the plan to the backend");
+        goto done;
+    }
     rc = 0;
 done:
     if (rc) {
@@ -630,7 +655,31 @@ int mgc_exec_init_params(mgc_exec *x) {
             if (e->vocab && row >= x->vocab_size) host[li] = 0.0f;
             else host[li] = (float)(std * normal_at(x->seed, stream, gi));
         }
-        if (x->be->iface->upload(x->be, e->pub.weight, host, (size_t)e->pub.numel * 4)) {
+        int bad = 0;
+        if (!x->wbf16) {
+            bad = x->be->iface->upload(x->be, e->pub.weight, host, (size_t)e->pub.numel * 4);
+        } else {
+            /* the fp32 master copy of the owned ranges, then bf16 weights everywhere */
+            float *master = (float *)buf_addr(x, x->master_buf);
+            for (int64_t si = 0; si < x->n_adam && !bad; si++) {
+                const seg *g = &x->adam[si];
+                int64_t lo = g->elem > e->elem ? g->elem : e->elem;
+                int64_t hi = g->elem + g->n < e->elem + e->pub.numel ? g->elem + g->n : e->elem + e->pub.numel;
+                if (lo < hi)
+                    bad = x->be->iface->upload(x->be, master + g->moment + (lo - g->elem),
+                                               host + (lo - e->elem), (size_t)(hi - lo) * 4);
+            }
+            uint16_t *h16 = (uint16_t *)host; /* in place: element i only reads i */
+            for (int64_t li = 0; li < e->pub.numel; li++) {
+                uint32_t u;
+                memcpy(&u, &host[li], 4);
+                if ((u & 0x7fffffffu) > 0x7f800000u) u = (u >> 16) | 0x40u;
+                else u = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+                h16[li] = (uint16_t)u;
+            }
+            if (!bad) bad = x->be->iface->upload(x->be, e->pub.weight, h16, (size_t)e->pub.numel * 2);
+        }
+        if (bad) {
             free(host);
             return be_fail(x, "uploading parameters");
         }
@@ -713,6 +762,12 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
     size_t n_in = (size_t)op->iattr[0], n_out = (size_t)op->iattr[1];
     mgc_comm_status s = MGC_COMM_OK;
     int size = mgc_comm_size(g);
+    if (size == 1) { /* a group of one: the identity, on the backend's memory */
+        size_t n = n_in < n_out ? n_in : n_out;
+        if (in != out && x->be->iface->copy(x->be, out, in, n * mgc_dtype_size(dt)))
+            return be_fail(x, "a one-rank collective");
+        return 0;
+    }
     switch (op->kind) {
     case MGC_POP_ALL_REDUCE: {
         mgc_comm_red red = (op->iattr[3] & PCOLL_MAX) ? MGC_COMM_MAX : MGC_COMM_SUM;
@@ -816,7 +871,10 @@ static int run_ops(mgc_exec *x, int c, const mgc_plan_op *ops, int64_t n, int32_
             if (!(call.out[k] = taddr(x, c, op->out[k], mb)))
                 return xfail(x, "'%s' output %d (%s) has no memory", sname(x, op->name), k,
                              sname(x, ch->tensors[op->out[k]].name));
-        if (x->be->iface->run_op(x->be, &call)) {
+        if (x->hook_before) x->hook_before(x->hook_ctx, &call);
+        int orc = x->be->iface->run_op(x->be, &call);
+        if (!orc && x->hook_after) x->hook_after(x->hook_ctx, &call);
+        if (orc) {
             char what[300];
             snprintf(what, sizeof what, "%s '%s' (microbatch %d, chunk %d)",
                      mgc_plan_op_name((mgc_plan_op_kind)op->kind), sname(x, op->name), mb, c);
@@ -895,13 +953,15 @@ static int p2p(mgc_exec *x, const mgc_instr *in) {
 static float *gptr(const mgc_exec *x, int64_t elem) {
     return (float *)buf_addr(x, x->grad_buf) + elem;
 }
-static float *wptr(const mgc_exec *x, int64_t elem) {
-    return (float *)buf_addr(x, x->weight_buf) + elem;
+/* The weights of element `elem` (fp32, or bf16 bits with a master copy). */
+static void *wptr(const mgc_exec *x, int64_t elem) {
+    return buf_addr(x, x->weight_buf) + (size_t)elem * (x->wbf16 ? 2 : 4);
 }
 
 static int reduce_grads(mgc_exec *x, uint32_t bi) {
     const mgc_bucket *B = &x->sp->buckets[bi];
     mgc_comm *g = x->group[B->group];
+    if (mgc_comm_size(g) == 1) return 0;
     size_t count = (size_t)B->count;
     mgc_comm_status s;
     if (B->shards > 1) {
@@ -925,17 +985,19 @@ static int gather_params(mgc_exec *x, uint32_t bi) {
     const mgc_bucket *B = &x->sp->buckets[bi];
     if (B->shards <= 1) return 0;
     mgc_comm *g = x->group[B->group];
+    if (mgc_comm_size(g) == 1) return 0;
     size_t piece = (size_t)B->count / (size_t)B->shards;
-    float *base = wptr(x, (int64_t)B->begin);
-    mgc_comm_status s =
-        mgc_comm_all_gather(g, base + (size_t)mgc_comm_rank(g) * piece, base, piece, MGC_DT_F32);
+    size_t es = x->wbf16 ? 2 : 4;
+    unsigned char *base = wptr(x, (int64_t)B->begin);
+    mgc_comm_status s = mgc_comm_all_gather(g, base + (size_t)mgc_comm_rank(g) * piece * es, base,
+                                            piece, x->wbf16 ? MGC_DT_BF16 : MGC_DT_F32);
     if (s != MGC_COMM_OK) return comm_fail(x, g, s, "parameter all-gather");
     return 0;
 }
 
 static int embed_grads(mgc_exec *x) {
     mgc_comm *g = x->group[MGC_GROUP_EMBED];
-    if (!g) return 0;
+    if (!g || mgc_comm_size(g) == 1) return 0;
     for (int64_t i = 0; i < x->n_embed; i++) {
         mgc_comm_status s = mgc_comm_all_reduce(g, gptr(x, x->embed[i].elem), gptr(x, x->embed[i].elem),
                                                 (size_t)x->embed[i].n, MGC_DT_F32, MGC_COMM_SUM);
@@ -957,7 +1019,7 @@ static double lr_at(const mgc_exec *x, int64_t it) {
 static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     mgc_backend *be = x->be;
     /* gradients partial over TP (norms and the router under SP): sum them */
-    for (int64_t i = 0; i < x->n_partial; i++) {
+    for (int64_t i = 0; i < x->n_partial && mgc_comm_size(x->group[MGC_GROUP_TP]) > 1; i++) {
         mgc_comm_status s = mgc_comm_all_reduce(x->group[MGC_GROUP_TP], gptr(x, x->partial[i].elem),
                                                 gptr(x, x->partial[i].elem), (size_t)x->partial[i].n,
                                                 MGC_DT_F32, MGC_COMM_SUM);
@@ -986,8 +1048,11 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     float *m = (float *)buf_addr(x, x->m_buf), *v = (float *)buf_addr(x, x->v_buf);
     for (int64_t i = 0; i < x->n_adam; i++) {
         const seg *g = &x->adam[i];
-        if (be->iface->adamw(be, wptr(x, g->elem), gptr(x, g->elem), m + g->moment, v + g->moment, g->n,
-                             lr, x->beta1, x->beta2, x->eps, x->wd, g->decay, x->iteration + 1, scale))
+        float *p = x->wbf16 ? (float *)buf_addr(x, x->master_buf) + g->moment : wptr(x, g->elem);
+        uint16_t *copy = x->wbf16 ? (uint16_t *)wptr(x, g->elem) : NULL;
+        if (be->iface->adamw(be, p, gptr(x, g->elem), m + g->moment, v + g->moment, g->n, lr,
+                             x->beta1, x->beta2, x->eps, x->wd, g->decay, x->iteration + 1, scale,
+                             copy))
             return be_fail(x, "AdamW");
     }
     return 0;

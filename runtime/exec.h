@@ -90,6 +90,12 @@ int64_t mgc_exec_param_count(const mgc_exec *x);
 const mgc_exec_param *mgc_exec_param_at(const mgc_exec *x, int64_t i);
 mgc_backend *mgc_exec_backend(const mgc_exec *x);
 
+/* Test hooks: called before and after every compute op with the op's call
+ * (addresses in this backend's memory); NULL removes them.  tests/test_cuda.c
+ * replays each op of a CPU run on the GPU this way. */
+typedef void (*mgc_exec_op_hook)(void *ctx, const mgc_op_call *call);
+void mgc_exec_set_op_hooks(mgc_exec *x, mgc_exec_op_hook before, mgc_exec_op_hook after, void *ctx);
+
 void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */
 
 #ifdef __cplusplus

@@ -27,7 +27,17 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     mgc_exec *x = NULL;
     int rc = -1;
     char berr[512];
-    if (mgc_backend_cpu_open(&be, berr, sizeof berr)) {
+    const char *want = o->backend ? o->backend : "cpu";
+    int cuda = !strcmp(want, "cuda") || (!strcmp(want, "auto") && mgc_backend_cuda_available());
+    if (cuda && mgc_comm_size(world) > 1) {
+        snprintf(err, errsz, "the CUDA backend runs one rank per job until the NCCL communicator "
+                             "lands: compile for parallel.world_size 1, or use --backend cpu");
+        mgc_comm_abort(world, err);
+        return -1;
+    }
+    int brc = cuda ? mgc_backend_cuda_open(&be, mgc_comm_world_rank(world), berr, sizeof berr)
+                   : mgc_backend_cpu_open(&be, berr, sizeof berr);
+    if (brc) {
         snprintf(err, errsz, "%s", berr);
         mgc_comm_abort(world, err);
         return -1;

@@ -31,10 +31,11 @@ typedef struct mgc_train_opts {
     double *losses;        /* (iterations) per-step LM losses, or NULL */
     double *grad_norms;    /* (iterations) or NULL */
     int64_t timeout_ms;    /* communicator timeout; <= 0 default */
+    const char *backend;   /* "cpu", "cuda" or "auto" (cuda when a GPU is visible); NULL: cpu */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \
-    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0 }
+    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL }
 
 /* One rank's whole run over `world` (a world communicator of plan->grid.world ranks). */
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,

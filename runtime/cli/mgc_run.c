@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "comm.h"
 #include "exec.h"
 #include "plan.h"
@@ -30,7 +31,8 @@ static void usage(FILE *out) {
           "options:\n"
           "  --local-ranks N    run N ranks as threads of this process (N = the plan's world size;\n"
           "                     default 1 outside mpirun)\n"
-          "  --backend NAME     cpu (the reference backend; the only one in this build)\n"
+          "  --backend NAME     cpu (the fp32 reference), cuda (one GPU), or auto (default: cuda\n"
+          "                     when a GPU is visible and this build has CUDA, else cpu)\n"
           "  --threads N        BLAS threads per rank (default 1)\n"
           "  --iterations N     steps to run (default: the plan's training.iterations)\n"
           "  --log-interval N   steps between progress lines (default: training.log_interval)\n"
@@ -55,7 +57,7 @@ static int under_mpi(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *plan_path = NULL, *metrics_path = NULL, *backend = "cpu";
+    const char *plan_path = NULL, *metrics_path = NULL, *backend = "auto";
     int64_t local = 0, threads = 1, iters = 0, log_every = 0;
     int quiet = 0;
     for (int i = 1; i < argc; i++) {
@@ -101,20 +103,20 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (strcmp(backend, "cpu") && strcmp(backend, "auto")) {
-        fprintf(stderr,
-                "mgc-run: --backend %s: this build has the cpu backend only (the CUDA backend "
-                "comes with the GPU build)\n",
+    if (strcmp(backend, "cpu") && strcmp(backend, "auto") && strcmp(backend, "cuda")) {
+        fprintf(stderr, "mgc-run: --backend %s: choose cpu, cuda or auto (cuda when a GPU is "
+                        "visible, else cpu)\n",
                 backend);
         return 2;
     }
+    if (!strcmp(backend, "auto")) backend = mgc_backend_cuda_available() ? "cuda" : "cpu";
     char err[4096];
     mgc_plan *plan = NULL;
     if (mgc_plan_read(plan_path, &plan, err, sizeof err) != MGC_PLAN_OK) {
         fprintf(stderr, "mgc-run: %s\n", err);
         return 1;
     }
-    if (mgc_exec_check_plan(plan, "cpu", err, sizeof err)) {
+    if (mgc_exec_check_plan(plan, backend, err, sizeof err)) {
         fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
         mgc_plan_free(plan);
         return 1;
@@ -195,6 +197,7 @@ int main(int argc, char **argv) {
     o.threads = (int)threads;
     o.log = quiet ? NULL : stdout;
     o.metrics = metrics;
+    o.backend = backend;
     int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
                      : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
     if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);

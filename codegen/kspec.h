@@ -1,0 +1,87 @@
+/* kspec.h - kernel specifications: which CUDA kernels a plan op needs, and
+ * their source.
+ *
+ * A kernel spec names one template file of kernels/ (embedded in the build),
+ * one entry point in it, the storage dtype and a handful of numbers (shapes,
+ * eps, vector widths).  The compiler collects the specs of every op of a plan
+ * (mgc_kspecs_for_op), generates each one's source (mgc_kspec_source: a thin
+ * prologue of #defines, then the template) and compiles it with NVRTC for the
+ * target architectures (nvrtc.c); the runtime calls the same
+ * mgc_kspecs_for_op to find, by name, the cubins the plan carries, so the two
+ * sides can never disagree about what a kernel is.  Only numbers reach the
+ * generated source: no text from a YAML file does.
+ *
+ *     mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+ *     int n = mgc_kspecs_for_op(plan, chunk, op, k, MGC_KSPEC_MAX_PER_OP);
+ *     char name[MGC_KSPEC_NAME_MAX];
+ *     mgc_kspec_name(&k[0], name, sizeof name);   // "mgc_layernorm_fwd_bf16_H1024"
+ *     char *src = mgc_kspec_source(&k[0]);         // malloc'd CUDA C++ source
+ *
+ * Template conventions (kernels/README.md): the prologue defines MGC_BF16 (0/1),
+ * MGC_ENTRY_NAME (the spec's name, the kernel's extern "C" symbol) and one
+ * `#define MGC_<CONST> value` per constant; the template includes
+ * "mgc_common.cuh" and declares `extern "C" __global__ void MGC_ENTRY_NAME(...)`
+ * for its entry (one template file may hold several entries, each compiled
+ * under its own spec, selected by `#if MGC_ENTRY_<entry>`). */
+#ifndef MGC_KSPEC_H
+#define MGC_KSPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MGC_KSPEC_MAX_CONST  8
+#define MGC_KSPEC_MAX_PER_OP 6
+#define MGC_KSPEC_NAME_MAX   192
+
+typedef struct mgc_kspec {
+    const char *file;  /* template in kernels/: "norm.cuh" */
+    const char *entry; /* entry point: "layernorm_fwd" (letters, digits, '_') */
+    int bf16;          /* storage dtype of activations and weights: 0 fp32, 1 bf16 */
+    int n_const;
+    const char *const_name[MGC_KSPEC_MAX_CONST]; /* "H" -> #define MGC_H ... */
+    int64_t const_val[MGC_KSPEC_MAX_CONST];
+} mgc_kspec;
+
+/* Adds a constant; returns the spec for chaining. */
+mgc_kspec *mgc_kspec_const(mgc_kspec *k, const char *name, int64_t value);
+/* Initialises k for template `file`, entry `entry`, dtype. */
+void mgc_kspec_init(mgc_kspec *k, const char *file, const char *entry, int bf16);
+
+/* "mgc_<entry>_<f32|bf16>[_<NAME><value>...]" (negative values spelt m<abs>). */
+void mgc_kspec_name(const mgc_kspec *k, char *buf, size_t size);
+/* The CUDA C++ source of the spec (prologue + template); malloc'd, NULL on OOM
+ * or an unknown template. */
+char *mgc_kspec_source(const mgc_kspec *k);
+/* Embedded template text by file name ("mgc_common.cuh" included); NULL if unknown. */
+const char *mgc_kernel_template(const char *file);
+
+/* The kernels op `op` of chunk `ch` runs, written to out[0 .. return-1]
+ * (0: the op needs none, e.g. a GEMM or a collective).  The order is the
+ * launch order the runtime's launcher uses.  -1 when the op's shapes cannot
+ * be served (the message, when err is not NULL). */
+int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
+                      mgc_kspec *out, int max, char *err, size_t errsz);
+/* The optimizer's kernels (AdamW, sum of squares, casts), for a plan. */
+int mgc_kspecs_for_plan(const mgc_plan *p, mgc_kspec *out, int max);
+
+/* Per-family spec functions (kspec_<family>.c), called by mgc_kspecs_for_op. */
+int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
+                         mgc_kspec *out, int max);
+int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
+                         mgc_kspec *out, int max);
+int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
+                   mgc_kspec *out, int max);
+/* The optimizer's kernels (sum of squares, AdamW, scale, fp32 -> bf16 cast) for a plan
+ * whose compute dtype is bf16 (1) or fp32 (0); the order is fixed: see kspec_pointwise.c. */
+int mgc_kspecs_optimizer(int bf16, mgc_kspec *out, int max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MGC_KSPEC_H */

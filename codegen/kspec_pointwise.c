@@ -1,0 +1,165 @@
+/* kspec_pointwise.c - kernel specs of the pointwise family (embedding, norms, dropout,
+ * GELU, SwiGLU, add, QKV split, rotary, cross-entropy) and of the optimizer.
+ *
+ * The spec of an op is a pure function of the plan (shapes, attributes, dtypes), never of
+ * the rank: vocabulary starts, valid vocabulary columns and context-parallel positions are
+ * kernel arguments (runtime/cuda_ops_pointwise.c), so every rank of a stage shares the
+ * cubins.  The storage dtype (bf16 flag) is the dtype of the op's main activation; the
+ * cross-entropy and optimizer kernels work on fp32 only and always use flag 0.
+ *
+ * Block sizes chosen here (constant T) are the launcher's: see kernels/README.md. */
+#include <stdint.h>
+
+#include "kspec.h"
+
+static const mgc_plan_tensor *tin(const mgc_plan_chunk *ch, const mgc_plan_op *op, int i) {
+    return &ch->tensors[op->in[i]];
+}
+static const mgc_plan_tensor *tout(const mgc_plan_chunk *ch, const mgc_plan_op *op, int i) {
+    return &ch->tensors[op->out[i]];
+}
+
+/* Threads per block for rows of h elements, `per` elements a thread, a multiple of 32 in
+ * [32, cap]. */
+static int64_t row_threads(int64_t h, int64_t per, int64_t cap) {
+    int64_t t = (h + per - 1) / per;
+    t = (t + 31) / 32 * 32;
+    if (t < 32) t = 32;
+    if (t > cap) t = cap;
+    return t;
+}
+
+/* The block sizes of the row kernels (constant T; the launcher reads it from the spec). */
+static int64_t mgc_kspec_norm_threads(int64_t h, int bwd) {
+    (void)bwd; /* the same rule both ways: <= 8 elements a thread up to h = 8192; the backward
+                  re-reads x and dy past that (norm.cuh MGC_NORM_RELOAD) */
+    return row_threads(h, 8, 1024);
+}
+static int64_t mgc_kspec_embedding_threads(int64_t h) {
+    return row_threads(h, 4, 1024);
+}
+
+static int is_bf16(const mgc_plan_tensor *t) {
+    return t->dtype == MGC_DT_BF16;
+}
+
+int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
+                         mgc_kspec *out, int max) {
+    (void)p;
+    if (max < 2) return -1; /* no op of the family needs more than 2 */
+    switch ((mgc_plan_op_kind)op->kind) {
+    case MGC_POP_EMBEDDING: {
+        const mgc_plan_tensor *y = tout(ch, op, 0);
+        int64_t h = y->dim[y->rank - 1];
+        if (h <= 0) return -1;
+        mgc_kspec_init(&out[0], "embedding.cuh", "embedding_fwd", is_bf16(y));
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_embedding_threads(h));
+        return 1;
+    }
+    case MGC_POP_EMBEDDING_BWD: { /* in: tokens, dy; out: dword (+ dpos) */
+        const mgc_plan_tensor *dy = tin(ch, op, 1);
+        int64_t h = dy->dim[dy->rank - 1];
+        if (h <= 0) return -1;
+        int64_t t = mgc_kspec_embedding_threads(h);
+        mgc_kspec_init(&out[0], "embedding.cuh", "embedding_bwd_word", is_bf16(dy));
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
+        if (op->n_out < 2) return 1;
+        mgc_kspec_init(&out[1], "embedding.cuh", "embedding_bwd_pos", is_bf16(dy));
+        mgc_kspec_const(mgc_kspec_const(&out[1], "H", h), "T", t);
+        return 2;
+    }
+    case MGC_POP_NORM:
+    case MGC_POP_NORM_BWD: {
+        int rms = op->iattr[0] == 1, bwd = op->kind == MGC_POP_NORM_BWD;
+        int64_t h = op->iattr[2];
+        if (h <= 0) return -1;
+        const char *e = bwd ? (rms ? "rmsnorm_bwd" : "layernorm_bwd")
+                            : (rms ? "rmsnorm_fwd" : "layernorm_fwd");
+        mgc_kspec_init(&out[0], "norm.cuh", e, is_bf16(tin(ch, op, 0)));
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_norm_threads(h, bwd));
+        if (!bwd) return 1;
+        mgc_kspec_init(&out[1], "norm.cuh", "norm_bwd_reduce", 0);
+        return 2;
+    }
+    case MGC_POP_DROPOUT:
+        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_fwd", is_bf16(tin(ch, op, 0)));
+        return 1;
+    case MGC_POP_DROPOUT_ADD:
+        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_add_fwd", is_bf16(tin(ch, op, 0)));
+        return 1;
+    case MGC_POP_DROPOUT_BWD:
+    case MGC_POP_DROPOUT_ADD_BWD:
+        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_bwd", is_bf16(tin(ch, op, 0)));
+        return 1;
+    case MGC_POP_GELU:
+        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_fwd", is_bf16(tin(ch, op, 0)));
+        return 1;
+    case MGC_POP_GELU_BWD:
+        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_bwd", is_bf16(tin(ch, op, 0)));
+        return 1;
+    case MGC_POP_SWIGLU:
+    case MGC_POP_SWIGLU_BWD: {
+        int bwd = op->kind == MGC_POP_SWIGLU_BWD;
+        const mgc_plan_tensor *y = bwd ? tin(ch, op, 1) : tout(ch, op, 0); /* (n, f) */
+        int64_t f = y->dim[y->rank - 1];
+        if (f <= 0) return -1;
+        mgc_kspec_init(&out[0], "pointwise.cuh", bwd ? "swiglu_bwd" : "swiglu_fwd",
+                       is_bf16(tin(ch, op, 0)));
+        mgc_kspec_const(&out[0], "F", f);
+        return 1;
+    }
+    case MGC_POP_ADD:
+    case MGC_POP_ADD_BWD:
+        mgc_kspec_init(&out[0], "pointwise.cuh", "add", is_bf16(tin(ch, op, 0)));
+        return 1;
+    case MGC_POP_QKV_SPLIT:
+    case MGC_POP_QKV_SPLIT_BWD: {
+        if (op->iattr[0] <= 0 || op->iattr[1] <= 0 || op->iattr[2] <= 0) return -1;
+        mgc_kspec_init(&out[0], "pointwise.cuh",
+                       op->kind == MGC_POP_QKV_SPLIT ? "qkv_split_fwd" : "qkv_split_bwd",
+                       is_bf16(tin(ch, op, 0)));
+        mgc_kspec_const(&out[0], "G", op->iattr[0]);
+        mgc_kspec_const(&out[0], "PER", op->iattr[1]);
+        mgc_kspec_const(&out[0], "D", op->iattr[2]);
+        return 1;
+    }
+    case MGC_POP_ROPE:
+    case MGC_POP_ROPE_BWD: { /* one entry for both: the sign of the angle is an argument */
+        const mgc_plan_tensor *x = tin(ch, op, 0);
+        int64_t d = x->dim[3], rot = op->iattr[0];
+        if (x->rank != 4 || d <= 0 || rot < 0 || rot > d || rot % 2) return -1;
+        mgc_kspec_init(&out[0], "pointwise.cuh", "rope", is_bf16(x));
+        mgc_kspec_const(mgc_kspec_const(&out[0], "D", d), "ROT", rot);
+        return 1;
+    }
+    case MGC_POP_CROSS_ENTROPY:
+        switch (op->iattr[0]) {
+        case 0: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_max", 0); return 1;
+        case 1: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_sums", 0); return 1;
+        case 2: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_finish", 0); return 1;
+        default:
+            mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_rowstats", 0);
+            mgc_kspec_init(&out[1], "cross_entropy.cuh", "ce_finish", 0);
+            return 2;
+        }
+    case MGC_POP_CROSS_ENTROPY_BWD:
+        mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_bwd", 0);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The optimizer's kernels, always in this order (the launcher indexes them):
+ *   0 sumsq_partial, 1 sumsq_final, 2 adamw, 3 scale, 4 cast_bf16.
+ * They work on fp32 arrays whatever the compute dtype (AdamW's bf16 copy-out and the cast
+ * write bf16 bits explicitly), so the flag is 0 and the names do not depend on `bf16`. */
+int mgc_kspecs_optimizer(int bf16, mgc_kspec *out, int max) {
+    static const char *const entries[] = {"sumsq_partial", "sumsq_final", "adamw", "scale",
+                                          "cast_bf16"};
+    (void)bf16;
+    if (max < 5) return -1;
+    for (int i = 0; i < 5; i++)
+        mgc_kspec_init(&out[i], "optim.cuh", entries[i], 0);
+    return 5;
+}

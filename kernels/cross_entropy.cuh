@@ -1,0 +1,113 @@
+/* cross_entropy.cuh - vocabulary-parallel cross-entropy (runtime/cpu_ops_tmpl.h mgc_cpu_ce_*).
+ *
+ * Logits, lse and the loss are fp32 whatever the compute dtype (the spec's bf16 flag is 0);
+ * labels are int64.  Rows of the logits are `ld` (= V_l) apart and only their first `vv`
+ * columns are real vocabulary (cpu_backend.c valid_columns): the padding columns
+ * [vv, ld) take no part in the softmax and get a zero gradient.  The vocabulary start
+ * v0 = tp_rank * V_l is an argument.  No constants.
+ *
+ * Entries, by phase of the op (iattr[0]):
+ *   ce_max       0: mx (n) = row max
+ *   ce_sums      1: out (n, 2) = (sum exp(l - mx), logit of the label if in the shard else 0)
+ *   ce_finish    2: lse = mx + log(sum exp), loss[0] = sum mask (lse - tgt), loss[1] = sum mask
+ *   ce_rowstats  3 (fused, tp = 1): mx and (n, 2) sums of every row, then ce_finish
+ *   ce_bwd       dlogits = (softmax - onehot) * mask * dloss / loss[1] */
+/* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#include "mgc_common.cuh"
+
+#if defined(MGC_ENTRY_ce_max) || defined(MGC_ENTRY_ce_sums) || defined(MGC_ENTRY_ce_rowstats)
+/* grid n (one block per row), block 512, smem 0 (static 128 B).  ce_max writes mx only;
+ * ce_sums reads mx and writes sums; ce_rowstats does both (its mx goes to scratch). */
+extern "C" __global__ void __launch_bounds__(512)
+    MGC_ENTRY_NAME(float *__restrict__ mx, float *__restrict__ sums,
+                   const float *__restrict__ logits, const i64 *__restrict__ labels, i64 v0,
+                   i64 vv, i64 ld) {
+    __shared__ float sh[32];
+    i64 r = blockIdx.x;
+    const float *l = logits + r * ld;
+#if defined(MGC_ENTRY_ce_sums)
+    float m = mx[r];
+#else
+    float m = -INFINITY;
+    for (i64 c = threadIdx.x; c < vv; c += blockDim.x)
+        m = fmaxf(m, l[c]);
+    m = mgc_block_max(m, sh);
+#endif
+#if defined(MGC_ENTRY_ce_max)
+    (void)sums;
+    (void)labels;
+    (void)v0;
+    if (threadIdx.x == 0) mx[r] = m;
+#else
+    float s = 0.0f;
+    for (i64 c = threadIdx.x; c < vv; c += blockDim.x)
+        s += expf(l[c] - m);
+    s = mgc_block_sum(s, sh);
+    if (threadIdx.x == 0) {
+        i64 id = labels[r] - v0;
+        sums[2 * r] = s;
+        sums[2 * r + 1] = (id >= 0 && id < vv) ? l[id] : 0.0f;
+#if defined(MGC_ENTRY_ce_rowstats)
+        mx[r] = m;
+#endif
+    }
+#endif
+}
+#endif
+
+#if defined(MGC_ENTRY_ce_finish)
+/* grid 1, block 1024, smem 0 (static 128 B): thread t handles rows t, t+1024, ... (a fixed
+ * order), then two block sums.  mask may be NULL (all ones); a masked-out row never
+ * contributes to loss[0], even when its loss is inf/nan. */
+extern "C" __global__ void __launch_bounds__(1024)
+    MGC_ENTRY_NAME(float *__restrict__ lse, float *__restrict__ loss,
+                   const float *__restrict__ mx, const float *__restrict__ sums,
+                   const float *__restrict__ mask, i64 n) {
+    __shared__ float sh[32];
+    float tot = 0.0f, cnt = 0.0f;
+    for (i64 r = threadIdx.x; r < n; r += blockDim.x) {
+        float l = mx[r] + logf(sums[2 * r]);
+        lse[r] = l;
+        float m = mask ? mask[r] : 1.0f, tl = l - sums[2 * r + 1];
+        if (m != 0.0f) tot += m * tl;
+        cnt += m;
+    }
+    tot = mgc_block_sum(tot, sh);
+    cnt = mgc_block_sum(cnt, sh);
+    if (threadIdx.x == 0) {
+        loss[0] = tot;
+        loss[1] = cnt;
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_ce_bwd)
+/* grid (n, ceil(ld / 2048)), block 256, smem 0: block (r, y) writes columns
+ * [2048y, 2048y + 2048) of row r, 8 per thread, coalesced.  The scale is computed on the
+ * device from the loss tensor (count = loss[1]): dl = count > 0 ? dloss / count : 0 in
+ * fp64, then m = mask[r] * (float)dl as the CPU. mask may be NULL. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(float *__restrict__ dlogits, const float *__restrict__ logits,
+                   const float *__restrict__ lse, const i64 *__restrict__ labels,
+                   const float *__restrict__ mask, const float *__restrict__ loss, double dloss,
+                   i64 v0, i64 vv, i64 ld) {
+    i64 r = blockIdx.x;
+    double count = (double)loss[1];
+    double dl = count > 0 ? dloss / count : 0.0;
+    float m = (mask ? mask[r] : 1.0f) * (float)dl, ls = lse[r];
+    i64 id = labels[r] - v0;
+    const float *l = logits + r * ld;
+    float *d = dlogits + r * ld;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        i64 c = (i64)blockIdx.y * 2048 + k * 256 + threadIdx.x;
+        if (c >= ld) break;
+        float g = 0.0f;
+        if (c < vv && m != 0.0f) g = m * (expf(l[c] - ls) - (c == id ? 1.0f : 0.0f));
+        d[c] = g;
+    }
+}
+#endif

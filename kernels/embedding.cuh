@@ -1,0 +1,119 @@
+/* embedding.cuh - word (+ learned position) embedding, forward and backward
+ * (runtime/cpu_ops_tmpl.h mgc_cpu_embedding_fwd/bwd).
+ *
+ * Constants: H (hidden size), T (threads per block, multiple of 32, <= 1024); a thread owns
+ * columns c = k*T + tid, k < ceil(H / T).  Tokens are int64 (s, b), rows r = i*b + j.
+ * The vocabulary start v0 = tp_rank * V_l and the positions of a context-parallel shard
+ * (mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp))) are arguments: every rank shares the cubins.
+ *
+ * Entries:
+ *   embedding_fwd       out[r] = wte[tok[r] - v0] (0 outside the shard) + wpe[pos(i)]
+ *   embedding_bwd_word  dwte[v] += dy[r] for every row r with tok[r] = v0 + v, r ascending
+ *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending
+ * The backward is deterministic without atomics: one block per gradient row, which owns
+ * that row and adds its contributions in the CPU's order (row index ascending), starting
+ * from the row's current value, so even the rounding matches the CPU reference.
+ * embedding_bwd_word scans the token array once per vocabulary row in chunks of T tokens
+ * (coalesced, from L2), skipping a chunk with one __syncthreads_or when no token of it hits
+ * the row: V_l * n / T cheap iterations in all. */
+/* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#include "mgc_common.cuh"
+
+#define MGC_EPER ((MGC_H + MGC_T - 1) / MGC_T)
+
+#if defined(MGC_ENTRY_embedding_fwd)
+/* grid s*b (one block per output row), block T, smem 0.  wpe may be NULL (no learned
+ * positions, or a tensor rank other than 0 when they are added on rank 0 only). */
+extern "C" __global__ void __launch_bounds__(MGC_T)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ out, const i64 *__restrict__ tok,
+                   const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe, i64 v0,
+                   i64 V_l, i64 b, i64 cp, i64 cpr, i64 half_len) {
+    i64 r = blockIdx.x, i = r / b;
+    i64 id = tok[r] - v0;
+    const mgc_t *wr = (id >= 0 && id < V_l) ? wte + id * (i64)MGC_H : (const mgc_t *)0;
+    const mgc_t *pr = wpe ? wpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H
+                          : (const mgc_t *)0;
+    mgc_t *o = out + r * (i64)MGC_H;
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) {
+            float v = wr ? mgc_ld(wr[c]) : 0.0f;
+            if (pr) v += mgc_ld(pr[c]);
+            o[c] = mgc_st(v);
+        }
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_embedding_bwd_word)
+/* grid V_l (one block per vocabulary row of the shard), block T, smem T bytes (static).
+ * dwte (V_l, H) fp32, accumulated; n = s*b tokens. */
+extern "C" __global__ void __launch_bounds__(MGC_T)
+    MGC_ENTRY_NAME(float *__restrict__ dwte, const mgc_t *__restrict__ dy,
+                   const i64 *__restrict__ tok, i64 v0, i64 n) {
+    __shared__ unsigned char hit[MGC_T];
+    i64 v = blockIdx.x, want = v0 + v;
+    float acc[MGC_EPER];
+    int any = 0;
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++)
+        acc[k] = 0.0f;
+    for (i64 j0 = 0; j0 < n; j0 += MGC_T) {
+        i64 j = j0 + threadIdx.x;
+        int m = j < n && tok[j] == want;
+        hit[threadIdx.x] = (unsigned char)m;
+        if (__syncthreads_or(m)) {
+            if (!any) {
+                any = 1;
+#pragma unroll
+                for (int k = 0; k < MGC_EPER; k++) {
+                    int c = k * MGC_T + threadIdx.x;
+                    acc[k] = c < MGC_H ? dwte[v * MGC_H + c] : 0.0f;
+                }
+            }
+            int lim = n - j0 < MGC_T ? (int)(n - j0) : MGC_T;
+            for (int q = 0; q < lim; q++) {
+                if (!hit[q]) continue;
+                const mgc_t *g = dy + (j0 + q) * (i64)MGC_H;
+#pragma unroll
+                for (int k = 0; k < MGC_EPER; k++) {
+                    int c = k * MGC_T + threadIdx.x;
+                    if (c < MGC_H) acc[k] += mgc_ld(g[c]);
+                }
+            }
+        }
+        __syncthreads(); /* hit[] is rewritten by the next chunk */
+    }
+    if (!any) return; /* no token of this row: the gradient row is unchanged */
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) dwte[v * MGC_H + c] = acc[k];
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_embedding_bwd_pos)
+/* grid s (one block per sequence row, i.e. per distinct position), block T, smem 0.
+ * dwpe (P, H) fp32, accumulated. */
+extern "C" __global__ void __launch_bounds__(MGC_T)
+    MGC_ENTRY_NAME(float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp,
+                   i64 cpr, i64 half_len) {
+    i64 i = blockIdx.x;
+    float *d = dwpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H;
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) {
+            float acc = d[c];
+            for (i64 j = 0; j < b; j++)
+                acc += mgc_ld(dy[(i * b + j) * (i64)MGC_H + c]);
+            d[c] = acc;
+        }
+    }
+}
+#endif

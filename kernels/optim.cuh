@@ -1,0 +1,122 @@
+/* optim.cuh - the optimizer's element-wise kernels on fp32 arena arrays (runtime/cpu_ops.c):
+ * sum of squares (gradient norm), AdamW, scale, fp32 -> bf16 cast.  The arrays are fp32
+ * whatever the compute dtype, so the specs are compiled with MGC_BF16 0 and no constants
+ * (one cubin per entry for every plan); the bf16 copy-out is written as bf16 bits here.
+ *
+ * Entries:
+ *   sumsq_partial  part[blk] = sum over its grid-stride slice of g^2 (fp64)
+ *   sumsq_final    out[0] = sum of part[0 .. nb) (fp64, fixed order)
+ *   adamw          mgc_cpu_adamw's fp64 math, bit for bit (no contraction: explicit _rn
+ *                  intrinsics), with an optional bf16 copy of the updated weights
+ *   scale          x = (float)(x * s) (fp64 product)
+ *   cast_bf16      dst = bf16(src), round to nearest even */
+/* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#include "mgc_common.cuh"
+
+#define MGC_GRID_STRIDE(i, n)                                                                  \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
+         i += (i64)gridDim.x * blockDim.x)
+
+/* fp32 -> bf16 bits, round to nearest even, NaN kept quiet (mgc_common.cuh's mgc_st). */
+__device__ __forceinline__ unsigned short mgc_f32_to_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+/* Block sum in fp64 (blockDim.x a multiple of 32), fixed order; `sh` holds 32 doubles. */
+__device__ __forceinline__ double mgc_block_sum_f64(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = l < nw ? sh[l] : 0.0;
+    if (w == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+#if defined(MGC_ENTRY_sumsq_partial)
+/* grid NB = 1024 fixed (never the SM count: the result's bits do not depend on the GPU),
+ * block 256, smem 0 (static 256 B).  part (NB) fp64. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(double *__restrict__ part, const float *__restrict__ g, i64 n) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    MGC_GRID_STRIDE(i, n) {
+        double v = (double)g[i];
+        s = __fma_rn(v, v, s);
+    }
+    s = mgc_block_sum_f64(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+#endif
+
+#if defined(MGC_ENTRY_sumsq_final)
+/* grid 1, block 1024, smem 0 (static 256 B).  out[0] = sum of part[0 .. nb). */
+extern "C" __global__ void __launch_bounds__(1024)
+    MGC_ENTRY_NAME(double *__restrict__ out, const double *__restrict__ part, int nb) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x)
+        s += part[i];
+    s = mgc_block_sum_f64(s, sh);
+    if (threadIdx.x == 0) out[0] = s;
+}
+#endif
+
+#if defined(MGC_ENTRY_adamw)
+/* grid-stride over n: grid min(ceil(n / 256), 16 SMs), block 256, smem 0.
+ * c1 = 1 - beta1^step, c2 = 1 - beta2^step and wd (0 without decay) come from the host;
+ * copy (bf16 bits) may be NULL. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
+                   float *__restrict__ v, unsigned short *__restrict__ copy, i64 n, double lr,
+                   double b1, double b2, double eps, double wd, double c1, double c2,
+                   double grad_scale) {
+    double ob1 = 1.0 - b1, ob2 = 1.0 - b2;
+    MGC_GRID_STRIDE(i, n) {
+        double gi = __dmul_rn((double)g[i], grad_scale);
+        double mi = __dadd_rn(__dmul_rn(b1, (double)m[i]), __dmul_rn(ob1, gi));
+        double vi = __dadd_rn(__dmul_rn(b2, (double)v[i]), __dmul_rn(__dmul_rn(ob2, gi), gi));
+        double pi = (double)p[i];
+        double den = __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, c2)), eps);
+        double upd = __dadd_rn(__ddiv_rn(__ddiv_rn(mi, c1), den), __dmul_rn(wd, pi));
+        pi = __dadd_rn(pi, -__dmul_rn(lr, upd));
+        float pf = (float)pi;
+        m[i] = (float)mi;
+        v[i] = (float)vi;
+        p[i] = pf;
+        if (copy) copy[i] = mgc_f32_to_bf16(pf);
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_scale)
+/* grid-stride over n (as adamw).  x = (float)(x * s). */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(float *__restrict__ x, i64 n, double s) {
+    MGC_GRID_STRIDE(i, n) {
+        x[i] = (float)__dmul_rn((double)x[i], s);
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_cast_bf16)
+/* grid-stride over n (as adamw).  dst (bf16 bits) = src rounded to nearest even. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(unsigned short *__restrict__ dst, const float *__restrict__ src, i64 n) {
+    MGC_GRID_STRIDE(i, n) {
+        dst[i] = mgc_f32_to_bf16(src[i]);
+    }
+}
+#endif

@@ -1,0 +1,241 @@
+/* pointwise.cuh - element-wise ops of a chunk program: dropout (+ residual add), GELU,
+ * SwiGLU, add, the QKV split and rotary embeddings.  The math is the CPU twins' of
+ * runtime/cpu_ops_tmpl.h, computed in fp32 (rope's angles in fp64, as there).
+ *
+ * Entries (launcher: runtime/cuda_ops_pointwise.c):
+ *   dropout_fwd, dropout_add_fwd, dropout_bwd     no constants
+ *   gelu_fwd, gelu_bwd, add                       no constants
+ *   swiglu_fwd, swiglu_bwd                        F (the output's last dim)
+ *   qkv_split_fwd, qkv_split_bwd                  G, PER (query heads per group), D (head dim)
+ *   rope                                          D (head dim), ROT (rotary dim, even, <= D)
+ *
+ * Element-wise geometry (all but rope): grid-stride loops, so any grid works; the launcher
+ * uses block 256 and grid min(ceil(work / 256), 16 * SMs), no dynamic shared memory.  The
+ * index space is 64-bit. */
+/* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#include "mgc_common.cuh"
+
+#define MGC_GRID_STRIDE(i, n)                                                                  \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
+         i += (i64)gridDim.x * blockDim.x)
+
+/* ---- dropout -----------------------------------------------------------------------------
+ * Element i (0 .. n) of the shard is element elem0 + i of the stream; it is kept iff its
+ * Philox word >= thr (thr = mgc_rng_drop_threshold(p), computed on the host).  A work item
+ * is one Philox block (4 consecutive stream elements), so each word is generated once.
+ * drop == 0 (p = 0): y = x, mask all ones (the CPU's p = 0 path). */
+
+#if defined(MGC_ENTRY_dropout_fwd) || defined(MGC_ENTRY_dropout_add_fwd)
+/* grid: min(ceil(units / 256), 16 SMs), block 256, smem 0; units = Philox blocks touched
+ * = ((elem0 + n - 1) >> 2) - (elem0 >> 2) + 1.
+ * y = x * keep * sc (+ residual for dropout_add); mask (may be NULL) = keep. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ y, unsigned char *__restrict__ mask,
+                   const mgc_t *__restrict__ x, const mgc_t *__restrict__ res, i64 n,
+                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   unsigned thr, float sc, int drop) {
+    if (n <= 0) return;
+    unsigned long long b0 = elem0 >> 2;
+    i64 units = (i64)(((elem0 + (unsigned long long)n - 1ull) >> 2) - b0 + 1ull);
+    MGC_GRID_STRIDE(u, units) {
+        unsigned w[4] = {0u, 0u, 0u, 0u};
+        unsigned long long blk = b0 + (unsigned long long)u;
+        if (drop) mgc_philox4x32(seed, stream, blk, w);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            i64 i = (i64)(blk * 4ull + (unsigned long long)k - elem0);
+            if (blk * 4ull + (unsigned long long)k < elem0 || i >= n) continue;
+            int kp = drop ? w[k] >= thr : 1;
+            float xv = mgc_ld(x[i]);
+            float v = kp ? (drop ? xv * sc : xv) : 0.0f;
+#if defined(MGC_ENTRY_dropout_add_fwd)
+            v = v + mgc_ld(res[i]);
+#endif
+            y[i] = mgc_st(v);
+            if (mask) mask[i] = (unsigned char)kp;
+        }
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_dropout_bwd)
+/* grid/block as dropout_fwd.  dx = dy * keep * sc, keep read from mask, or regenerated
+ * from the stream when mask is NULL; drop == 0: dx = dy. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dx, const mgc_t *__restrict__ dy,
+                   const unsigned char *__restrict__ mask, i64 n, unsigned long long seed,
+                   unsigned long long stream, unsigned long long elem0, unsigned thr, float sc,
+                   int drop) {
+    if (n <= 0) return;
+    unsigned long long b0 = elem0 >> 2;
+    i64 units = (i64)(((elem0 + (unsigned long long)n - 1ull) >> 2) - b0 + 1ull);
+    MGC_GRID_STRIDE(u, units) {
+        unsigned w[4] = {0u, 0u, 0u, 0u};
+        unsigned long long blk = b0 + (unsigned long long)u;
+        if (drop && !mask) mgc_philox4x32(seed, stream, blk, w);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            i64 i = (i64)(blk * 4ull + (unsigned long long)k - elem0);
+            if (blk * 4ull + (unsigned long long)k < elem0 || i >= n) continue;
+            float g = mgc_ld(dy[i]);
+            if (!drop) {
+                dx[i] = mgc_st(g);
+                continue;
+            }
+            int kp = mask ? mask[i] != 0 : w[k] >= thr;
+            dx[i] = mgc_st(kp ? g * sc : 0.0f);
+        }
+    }
+}
+#endif
+
+/* ---- GELU (tanh approximation) ---------------------------------------------------------- */
+
+#define MGC_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+
+__device__ __forceinline__ float mgc_tanh_exp(float u) {
+    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); /* the CPU's form: exact at the limits */
+}
+
+#if defined(MGC_ENTRY_gelu_fwd)
+/* grid-stride over n; y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x, i64 n) {
+    MGC_GRID_STRIDE(i, n) {
+        float v = mgc_ld(x[i]);
+        float u = MGC_GELU_C * (v + 0.044715f * v * v * v);
+        y[i] = mgc_st(0.5f * v * (1.0f + mgc_tanh_exp(u)));
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_gelu_bwd)
+/* grid-stride over n; dx = dy * gelu'(x). */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dx, const mgc_t *__restrict__ dy,
+                   const mgc_t *__restrict__ x, i64 n) {
+    MGC_GRID_STRIDE(i, n) {
+        float xi = mgc_ld(x[i]);
+        float u = MGC_GELU_C * (xi + 0.044715f * xi * xi * xi), t = mgc_tanh_exp(u);
+        float du = MGC_GELU_C * (1.0f + 3.0f * 0.044715f * xi * xi);
+        dx[i] = mgc_st(mgc_ld(dy[i]) * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * du));
+    }
+}
+#endif
+
+/* ---- SwiGLU: x = [gate | up] (rows, 2F), y = silu(gate) * up (rows, F) ------------------- */
+
+#if defined(MGC_ENTRY_swiglu_fwd)
+/* grid-stride over rows * F output elements. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x, i64 rows) {
+    const i64 F = MGC_F;
+    MGC_GRID_STRIDE(i, rows * F) {
+        i64 r = i / F, c = i - r * F;
+        float g = mgc_ld(x[r * 2 * F + c]), u = mgc_ld(x[r * 2 * F + F + c]);
+        y[i] = mgc_st(g / (1.0f + expf(-g)) * u);
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_swiglu_bwd)
+/* grid-stride over rows * F; writes both halves of dx (rows, 2F). */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dx, const mgc_t *__restrict__ dy,
+                   const mgc_t *__restrict__ x, i64 rows) {
+    const i64 F = MGC_F;
+    MGC_GRID_STRIDE(i, rows * F) {
+        i64 r = i / F, c = i - r * F;
+        float g = mgc_ld(x[r * 2 * F + c]), u = mgc_ld(x[r * 2 * F + F + c]);
+        float sg = 1.0f / (1.0f + expf(-g)), d = mgc_ld(dy[i]);
+        dx[r * 2 * F + c] = mgc_st(d * u * sg * (1.0f + g * (1.0f - sg)));
+        dx[r * 2 * F + F + c] = mgc_st(d * g * sg);
+    }
+}
+#endif
+
+/* ---- add (ADD, and ADD_BWD: the sum of a fan-out's two gradients) ------------------------ */
+
+#if defined(MGC_ENTRY_add)
+/* grid-stride over n; y = a + b (y may alias a or b). */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *y, const mgc_t *a, const mgc_t *b, i64 n) {
+    MGC_GRID_STRIDE(i, n) {
+        y[i] = mgc_st(mgc_ld(a[i]) + mgc_ld(b[i]));
+    }
+}
+#endif
+
+/* ---- QKV split: row = [g][PER q heads, k, v][D] for G groups ------------------------------ */
+
+#if defined(MGC_ENTRY_qkv_split_fwd) || defined(MGC_ENTRY_qkv_split_bwd)
+#define MGC_QKV_GW ((i64)(MGC_PER + 2) * MGC_D) /* one group's width */
+#define MGC_QKV_W  ((i64)MGC_G * MGC_QKV_GW)     /* the fused row's width */
+/* grid-stride over rows * W fused elements; a pure copy of the storage bits.
+ * fwd: q (rows, G*PER, D), k, v (rows, G, D) from qkv; bwd: dqkv from dq, dk, dv. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
+                   mgc_t *__restrict__ v, i64 rows) {
+    MGC_GRID_STRIDE(i, rows * MGC_QKV_W) {
+        i64 r = i / MGC_QKV_W, rem = i - r * MGC_QKV_W;
+        i64 g = rem / MGC_QKV_GW, o = rem - g * MGC_QKV_GW;
+        mgc_t *p;
+        if (o < (i64)MGC_PER * MGC_D)
+            p = q + (r * MGC_G * MGC_PER + g * MGC_PER) * MGC_D + o;
+        else if (o < (i64)(MGC_PER + 1) * MGC_D)
+            p = k + (r * MGC_G + g) * MGC_D + (o - (i64)MGC_PER * MGC_D);
+        else
+            p = v + (r * MGC_G + g) * MGC_D + (o - (i64)(MGC_PER + 1) * MGC_D);
+#if defined(MGC_ENTRY_qkv_split_fwd)
+        *p = qkv[i];
+#else
+        qkv[i] = *p;
+#endif
+    }
+}
+#endif
+
+/* ---- rotary embeddings ----------------------------------------------------------------- */
+
+#if defined(MGC_ENTRY_rope)
+#define MGC_RHALF (MGC_ROT / 2)
+#define MGC_RUNIT (MGC_RHALF + (MGC_D - MGC_ROT)) /* work items of one head row */
+/* grid (s, ceil(bH / 8)), block 128, smem 8 * ROT bytes (static).  Block (i, y) computes
+ * the cos/sin of sequence row i's position (fp64 angle and sin/cos, as the CPU) once, then rotates
+ * heads [8y, 8y+8) of the bH = b*H head rows of row i.  One thread owns a pair
+ * (f, f + ROT/2), so y may equal x (in place).  sign = +1 forward, -1 backward.
+ * Positions: mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp)). */
+extern "C" __global__ void __launch_bounds__(128)
+    MGC_ENTRY_NAME(mgc_t *y, const mgc_t *x, i64 bH, i64 cp, i64 cpr, i64 half_len,
+                   double theta, double sign) {
+    __shared__ float cs[MGC_RHALF > 0 ? MGC_RHALF : 1], sn[MGC_RHALF > 0 ? MGC_RHALF : 1];
+    i64 i = blockIdx.x;
+    double p = (double)mgc_ctx_pos(i, cp, cpr, half_len);
+    for (int f = threadIdx.x; f < MGC_RHALF; f += blockDim.x) {
+        double ang = p * pow(theta, -2.0 * (double)f / (double)MGC_ROT), sd, cd;
+        /* sincospi: its argument reduction is exact, so no Payne-Hanek local array (ptxas
+         * keeps no stack); ang / pi costs a relative 2^-53 of the angle, far below fp32 */
+        sincospi(ang * 0.31830988618379067154, &sd, &cd);
+        cs[f] = (float)cd;
+        sn[f] = (float)(sign * sd);
+    }
+    __syncthreads();
+    i64 h0 = (i64)blockIdx.y * 8, nh = bH - h0 < 8 ? bH - h0 : 8;
+    for (int t = threadIdx.x; t < nh * MGC_RUNIT; t += blockDim.x) {
+        int hr = t / MGC_RUNIT, u = t - hr * MGC_RUNIT;
+        i64 base = (i * bH + h0 + hr) * (i64)MGC_D;
+        if (u < MGC_RHALF) {
+            float x0 = mgc_ld(x[base + u]), x1 = mgc_ld(x[base + u + MGC_RHALF]);
+            float c = cs[u], s = sn[u];
+            y[base + u] = mgc_st(x0 * c - x1 * s);
+            y[base + u + MGC_RHALF] = mgc_st(x1 * c + x0 * s);
+        } else if (y != x) {
+            int col = MGC_ROT + (u - MGC_RHALF);
+            y[base + col] = x[base + col];
+        }
+    }
+}
+#endif

@@ -1,0 +1,618 @@
+/* cuda_backend.c - the CUDA backend (backend.h): the arena as one device
+ * allocation, GEMMs through cuBLASLt, every other op through the kernels the
+ * plan carries (NVRTC cubins made at `mgc compile`, codegen/kspec.h), with an
+ * NVRTC JIT fallback and an on-disk cache for GPUs the plan has no cubin for.
+ * docs/cuda-backend.md is the manual.
+ *
+ * One compute stream; every op is queued on it, so ops never race and the
+ * executor's host-side reads (the loss, the norm) synchronise through
+ * download.  Built only with the CUDA toolkit (runtime/CMakeLists.txt). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "cuda_int.h"
+#include "kspec.h"
+#include "nvrtc.h"
+
+#define MAX_GEMM_CACHE 128
+
+typedef struct loaded_kernel {
+    char name[MGC_KSPEC_NAME_MAX];
+    cudaKernel_t fn;
+    size_t smem_set; /* dynamic shared memory the attribute allows */
+} loaded_kernel;
+
+typedef struct gemm_key {
+    int ta, tb;
+    int64_t m, n, k, lda, ldb, ldc;
+    int atype, btype, ctype, epilogue, biastype, beta1;
+} gemm_key;
+
+typedef struct gemm_entry {
+    gemm_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    int ok; /* the heuristic found an algorithm */
+} gemm_entry;
+
+typedef struct cuda_ctx {
+    int device, arch, sms;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *ws;        /* the plan's GEMM workspace (arena) */
+    size_t ws_bytes;
+    const mgc_plan *plan;
+    loaded_kernel *kernels;
+    int n_kernels, cap_kernels;
+    cudaLibrary_t *libs;
+    int n_libs, cap_libs;
+    void *scratch;
+    size_t scratch_bytes;
+    gemm_entry gemm[MAX_GEMM_CACHE];
+    int n_gemm;
+    int jit_compiled, jit_cached;
+} cuda_ctx;
+
+int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(be->err, sizeof be->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+#define CUDA_TRY(be, expr, what)                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return mgc_cuda_fail(be, "%s: %s (%s) [%s:%d]", what, cudaGetErrorString(e_),          \
+                                 cudaGetErrorName(e_), __FILE__, __LINE__);                        \
+    } while (0)
+
+#define LT_TRY(be, expr, what)                                                                     \
+    do {                                                                                           \
+        cublasStatus_t s_ = (expr);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return mgc_cuda_fail(be, "%s: cuBLASLt status %d [%s:%d]", what, (int)s_, __FILE__,    \
+                                 __LINE__);                                                        \
+    } while (0)
+
+int mgc_cuda_sm_count(mgc_backend *be) {
+    return ((cuda_ctx *)be->context)->sms;
+}
+
+void *mgc_cuda_scratch(mgc_backend *be, size_t bytes) {
+    cuda_ctx *c = be->context;
+    if (bytes <= c->scratch_bytes) return c->scratch;
+    size_t n = bytes + bytes / 2 + 65536;
+    cudaStreamSynchronize(c->stream); /* the old scratch may be in use by queued work */
+    cudaFree(c->scratch);
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    cudaError_t e = cudaMalloc(&c->scratch, n);
+    if (e != cudaSuccess) {
+        mgc_cuda_fail(be, "cannot allocate %zu bytes of kernel scratch: %s", n, cudaGetErrorString(e));
+        return NULL;
+    }
+    c->scratch_bytes = n;
+    return c->scratch;
+}
+
+/* ---- kernels: from the plan, the disk cache, or NVRTC ------------------------------ */
+
+static int load_cubin(mgc_backend *be, const char *name, const void *cubin, loaded_kernel *out) {
+    cuda_ctx *c = be->context;
+    if (c->n_libs == c->cap_libs) {
+        int nc = c->cap_libs ? 2 * c->cap_libs : 64;
+        cudaLibrary_t *p = realloc(c->libs, (size_t)nc * sizeof *p);
+        if (!p) return mgc_cuda_fail(be, "out of memory");
+        c->libs = p, c->cap_libs = nc;
+    }
+    cudaLibrary_t lib;
+    CUDA_TRY(be, cudaLibraryLoadData(&lib, cubin, NULL, NULL, 0, NULL, NULL, 0), name);
+    c->libs[c->n_libs++] = lib;
+    CUDA_TRY(be, cudaLibraryGetKernel(&out->fn, lib, name), name);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    out->smem_set = 48 * 1024;
+    return 0;
+}
+
+/* The plan's cubin for this device: same major version, the highest minor not above ours. */
+static const mgc_plan_kernel *plan_kernel(const cuda_ctx *c, const char *name) {
+    const mgc_plan *p = c->plan;
+    const mgc_plan_kernel *best = NULL;
+    for (int64_t i = 0; p && i < p->n_kernels; i++) {
+        const mgc_plan_kernel *k = &p->kernels[i];
+        if ((int)k->arch / 10 != c->arch / 10 || (int)k->arch > c->arch) continue;
+        if (strcmp(mgc_plan_strat(p, k->name), name)) continue;
+        if (!best || k->arch > best->arch) best = k;
+    }
+    return best;
+}
+
+static loaded_kernel *find_kernel(mgc_backend *be, const mgc_kspec *k) {
+    cuda_ctx *c = be->context;
+    char name[MGC_KSPEC_NAME_MAX];
+    mgc_kspec_name(k, name, sizeof name);
+    for (int i = 0; i < c->n_kernels; i++)
+        if (!strcmp(c->kernels[i].name, name)) return &c->kernels[i];
+    if (c->n_kernels == c->cap_kernels) {
+        int nc = c->cap_kernels ? 2 * c->cap_kernels : 64;
+        loaded_kernel *p = realloc(c->kernels, (size_t)nc * sizeof *p);
+        if (!p) {
+            mgc_cuda_fail(be, "out of memory");
+            return NULL;
+        }
+        c->kernels = p, c->cap_kernels = nc;
+    }
+    loaded_kernel *out = &c->kernels[c->n_kernels];
+    const mgc_plan_kernel *pk = plan_kernel(c, name);
+    if (pk) {
+        if (load_cubin(be, name, c->plan->kbin + pk->offset, out)) return NULL;
+        c->n_kernels++;
+        return out;
+    }
+    /* JIT: the plan has no cubin for this GPU (the on-disk cache keeps it for the next run) */
+    char *src = mgc_kspec_source(k);
+    if (!src) {
+        mgc_cuda_fail(be, "%s: no source (unknown template kernels/%s)", name, k->file);
+        return NULL;
+    }
+    mgc_nvrtc_result r;
+    char err[4096];
+    int cached = 0;
+    if (mgc_nvrtc_compile_cached(src, name, c->arch, &r, &cached, err, sizeof err)) {
+        free(src);
+        mgc_cuda_fail(be, "the plan has no kernel %s for sm_%d and JIT compilation failed: %s", name,
+                      c->arch, err);
+        return NULL;
+    }
+    free(src);
+    if (cached) c->jit_cached++;
+    else c->jit_compiled++;
+    char *cubin = r.cubin;
+    int rc = load_cubin(be, name, cubin, out);
+    free(cubin);
+    if (rc) return NULL;
+    c->n_kernels++;
+    return out;
+}
+
+int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
+                    unsigned block, size_t smem, void **args) {
+    cuda_ctx *c = be->context;
+    loaded_kernel *lk = find_kernel(be, k);
+    if (!lk) return -1;
+    if (smem > lk->smem_set) {
+        CUDA_TRY(be,
+                 cudaKernelSetAttributeForDevice(lk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)smem, c->device),
+                 lk->name);
+        lk->smem_set = smem;
+    }
+    if (gx == 0 || gy == 0 || gz == 0) return 0; /* nothing to do */
+    dim3 g = {gx, gy, gz}, b = {block, 1, 1};
+    CUDA_TRY(be, cudaLaunchKernel((const void *)lk->fn, g, b, args, smem, c->stream), lk->name);
+    return 0;
+}
+
+/* ---- GEMMs (cuBLASLt) -------------------------------------------------------------- */
+
+static cudaDataType_t dt_of(uint16_t d) {
+    return d == MGC_DT_BF16 ? CUDA_R_16BF : d == MGC_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Column-major D (m x n, ldc) = alpha op(A) op(B) + beta C (C = D), with an
+ * optional bias epilogue (bias of length m). */
+static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
+                int64_t ldc, int ctype, float beta, const void *bias, int biastype) {
+    cuda_ctx *c = be->context;
+    if (m == 0 || n == 0) return 0;
+    gemm_key key;
+    memset(&key, 0, sizeof key);
+    key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb;
+    key.ldc = ldc, key.atype = atype, key.btype = btype, key.ctype = ctype;
+    key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    key.biastype = bias ? biastype : 0;
+    key.beta1 = beta != 0.0f;
+    gemm_entry *e = NULL;
+    for (int i = 0; i < c->n_gemm; i++)
+        if (!memcmp(&c->gemm[i].key, &key, sizeof key)) e = &c->gemm[i];
+    if (!e) {
+        if (c->n_gemm == MAX_GEMM_CACHE) { /* evict the oldest: shapes are few in practice */
+            gemm_entry *o = &c->gemm[0];
+            cublasLtMatmulDescDestroy(o->op);
+            cublasLtMatrixLayoutDestroy(o->a), cublasLtMatrixLayoutDestroy(o->b);
+            cublasLtMatrixLayoutDestroy(o->c);
+            memmove(c->gemm, c->gemm + 1, (MAX_GEMM_CACHE - 1) * sizeof *c->gemm);
+            c->n_gemm--;
+        }
+        e = &c->gemm[c->n_gemm];
+        memset(e, 0, sizeof *e);
+        e->key = key;
+        LT_TRY(be, cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+        cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa),
+               "transa");
+        LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob),
+               "transb");
+        cublasLtEpilogue_t ep = (cublasLtEpilogue_t)key.epilogue;
+        LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep),
+               "epilogue");
+        if (bias) {
+            cudaDataType_t bt = (cudaDataType_t)biastype;
+            LT_TRY(be,
+                   cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                  sizeof bt),
+                   "bias type");
+        }
+        LT_TRY(be,
+               cublasLtMatrixLayoutCreate(&e->a, (cudaDataType_t)atype, ta ? (uint64_t)k : (uint64_t)m,
+                                          ta ? (uint64_t)m : (uint64_t)k, lda),
+               "layout A");
+        LT_TRY(be,
+               cublasLtMatrixLayoutCreate(&e->b, (cudaDataType_t)btype, tb ? (uint64_t)n : (uint64_t)k,
+                                          tb ? (uint64_t)k : (uint64_t)n, ldb),
+               "layout B");
+        LT_TRY(be, cublasLtMatrixLayoutCreate(&e->c, (cudaDataType_t)ctype, (uint64_t)m, (uint64_t)n, ldc),
+               "layout C");
+        cublasLtMatmulPreference_t pref;
+        LT_TRY(be, cublasLtMatmulPreferenceCreate(&pref), "preference");
+        uint64_t wsb = c->ws_bytes;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                             sizeof wsb);
+        /* deterministic: no reductions through atomics */
+        uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE |
+                        CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                             sizeof mask);
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->a, e->b, e->c, e->c, pref,
+                                                           1, &res, &found);
+        cublasLtMatmulPreferenceDestroy(pref);
+        e->ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+        if (e->ok) e->algo = res.algo;
+        c->n_gemm++;
+    }
+    if (!e->ok)
+        return mgc_cuda_fail(be,
+                             "cuBLASLt has no algorithm for a %" PRId64 "x%" PRId64 "x%" PRId64
+                             " GEMM (types %d/%d/%d%s)",
+                             m, n, k, atype, btype, ctype, bias ? ", bias epilogue" : "");
+    if (bias)
+        LT_TRY(be,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof bias),
+               "bias pointer");
+    float alpha = 1.0f;
+    LT_TRY(be,
+           cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D, e->c, &e->algo,
+                          c->ws, c->ws_bytes, c->stream),
+           "cublasLtMatmul");
+    return 0;
+}
+
+#define LIN_BIAS_RANK0 16
+
+static const mgc_plan_tensor *T_in(const mgc_op_call *c, int i) {
+    return &c->chunk->tensors[c->op->in[i]];
+}
+static const mgc_plan_tensor *T_out(const mgc_op_call *c, int i) {
+    return &c->chunk->tensors[c->op->out[i]];
+}
+
+/* A deterministic bias gradient: db (N, fp32) += column sums of dy (M, N). */
+static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_bf16, int64_t M, int64_t N) {
+    mgc_kspec k[2];
+    mgc_kspec_init(&k[0], "gemm_aux.cuh", "bias_grad_partial", dy_bf16);
+    mgc_kspec_init(&k[1], "gemm_aux.cuh", "bias_grad_finish", dy_bf16);
+    int64_t chunks = (M + 255) / 256;
+    float *part = mgc_cuda_scratch(be, (size_t)(chunks * N) * sizeof(float));
+    if (!part) return -1;
+    void *a1[] = {&part, (void *)&dy, &M, &N};
+    if (mgc_cuda_launch(be, &k[0], (unsigned)((N + 255) / 256), (unsigned)chunks, 1, 256, 0, a1))
+        return -1;
+    void *a2[] = {&db, &part, &chunks, &N};
+    return mgc_cuda_launch(be, &k[1], (unsigned)((N + 255) / 256), 1, 1, 256, 0, a2);
+}
+
+static int op_linear(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
+    switch (op->kind) {
+    case MGC_POP_LINEAR: { /* y (M,N) = x (M,K) W (N,K)^T + bias */
+        const void *bias = op->n_in > 2 ? c->in[2] : NULL;
+        if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0) bias = NULL;
+        int bt = bias ? dt_of(T_in(c, 2)->dtype) : 0;
+        int yt = dt_of(T_out(c, 0)->dtype);
+        /* cuBLASLt's bias epilogue wants the bias in the output type (or compute type) */
+        if (bias && bt != yt && yt != CUDA_R_32F) bias = NULL;
+        if (gemm(be, 1, 0, N, M, K, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], K,
+                 dt_of(T_in(c, 0)->dtype), c->out[0], N, yt, 0.0f, bias, bt))
+            return -1;
+        if (!bias && op->n_in > 2 && !((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0)) {
+            mgc_kspec k;
+            mgc_kspec_init(&k, "gemm_aux.cuh", "bias_add", T_out(c, 0)->dtype == MGC_DT_BF16);
+            void *y = c->out[0], *b = c->in[2];
+            void *a[] = {&y, &b, &M, &N};
+            return mgc_cuda_launch(be, &k, (unsigned)((M * N + 255) / 256), 1, 1, 256, 0, a);
+        }
+        return 0;
+    }
+    case MGC_POP_LINEAR_DGRAD: /* dx (M,K) = dy (M,N) W (N,K) */
+        return gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
+                    dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f, NULL, 0);
+    default: /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
+        if (gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
+                 dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, NULL, 0))
+            return -1;
+        if (op->n_out > 1)
+            return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype == MGC_DT_BF16, M, N);
+        return 0;
+    }
+}
+
+/* Grouped (MoE experts): per-expert GEMMs over the rows each expert received
+ * (counts read back from the device: the sizes are data dependent). */
+static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
+    cuda_ctx *cx = be->context;
+    const mgc_plan_op *op = c->op;
+    int64_t N = op->iattr[1], K = op->iattr[2];
+    const mgc_plan_tensor *w = op->kind == MGC_POP_GROUPED_LINEAR_WGRAD ? T_out(c, 0) : T_in(c, 1);
+    int64_t E_l = w->dim[0];
+    int64_t *cnt = malloc((size_t)E_l * sizeof *cnt);
+    if (!cnt) return mgc_cuda_fail(be, "out of memory");
+    CUDA_TRY(be, cudaMemcpyAsync(cnt, c->in[2], (size_t)E_l * 8, cudaMemcpyDeviceToHost, cx->stream),
+             "expert counts");
+    cudaError_t se = cudaStreamSynchronize(cx->stream);
+    if (se != cudaSuccess) {
+        free(cnt);
+        return mgc_cuda_fail(be, "expert counts: %s", cudaGetErrorString(se));
+    }
+    size_t xs = mgc_dtype_size((mgc_dtype)T_in(c, 0)->dtype);
+    int rc = 0;
+    int64_t row = 0;
+    for (int64_t e = 0; e < E_l && !rc; e++) {
+        int64_t r = cnt[e];
+        if (r <= 0) continue;
+        size_t ws = mgc_dtype_size((mgc_dtype)w->dtype);
+        if (op->kind == MGC_POP_GROUPED_LINEAR) {
+            const char *x = (const char *)c->in[0] + (size_t)(row * K) * xs;
+            char *y = (char *)c->out[0] + (size_t)(row * N) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
+            rc = gemm(be, 1, 0, N, r, K, (const char *)c->in[1] + (size_t)(e * N * K) * ws, K,
+                      dt_of(w->dtype), x, K, dt_of(T_in(c, 0)->dtype), y, N, dt_of(T_out(c, 0)->dtype),
+                      0.0f, NULL, 0);
+        } else if (op->kind == MGC_POP_GROUPED_LINEAR_DGRAD) { /* in dy (rows,N), W; out dx (rows,K) */
+            const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
+            char *dx = (char *)c->out[0] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
+            rc = gemm(be, 0, 0, K, r, N, (const char *)c->in[1] + (size_t)(e * N * K) * ws, K,
+                      dt_of(w->dtype), dy, N, dt_of(T_in(c, 0)->dtype), dx, K,
+                      dt_of(T_out(c, 0)->dtype), 0.0f, NULL, 0);
+        } else { /* in dy (rows,N), x (rows,K); out dW (E_l,N,K) fp32 += */
+            const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
+            const char *x = (const char *)c->in[1] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_in(c, 1)->dtype);
+            rc = gemm(be, 0, 1, K, N, r, x, K, dt_of(T_in(c, 1)->dtype), dy, N, dt_of(T_in(c, 0)->dtype),
+                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, dt_of(w->dtype), 1.0f, NULL, 0);
+        }
+        row += r;
+    }
+    free(cnt);
+    return rc;
+}
+
+static int cuda_run_op(mgc_backend *be, const mgc_op_call *c) {
+    switch ((mgc_plan_op_kind)c->op->kind) {
+    case MGC_POP_LINEAR:
+    case MGC_POP_LINEAR_DGRAD:
+    case MGC_POP_LINEAR_WGRAD: return op_linear(be, c);
+    case MGC_POP_GROUPED_LINEAR:
+    case MGC_POP_GROUPED_LINEAR_DGRAD:
+    case MGC_POP_GROUPED_LINEAR_WGRAD: return op_grouped(be, c);
+    default: break;
+    }
+    int r = mgc_cuda_ops_attention(be, c);
+    if (r == 1) r = mgc_cuda_ops_moe(be, c);
+    if (r == 1) r = mgc_cuda_ops_pointwise(be, c);
+    if (r == 1)
+        return mgc_cuda_fail(be, "cuda backend: no launcher for op %s '%s'",
+                             mgc_plan_op_name((mgc_plan_op_kind)c->op->kind),
+                             mgc_plan_strat(c->plan, c->op->name));
+    if (r) return r;
+    if (getenv("MGC_CUDA_SYNC_CHECK")) { /* debugging: find the op that faults */
+        cuda_ctx *cx = be->context;
+        cudaError_t e = cudaStreamSynchronize(cx->stream);
+        if (e != cudaSuccess)
+            return mgc_cuda_fail(be, "after op %s '%s': %s", mgc_plan_op_name((mgc_plan_op_kind)c->op->kind),
+                                 mgc_plan_strat(c->plan, c->op->name), cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+/* ---- memory and the rest of the interface -------------------------------------------- */
+
+static int cuda_arena_alloc(mgc_backend *be, uint64_t bytes, void **out) {
+    cuda_ctx *c = be->context;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    cudaError_t e = cudaMalloc(out, bytes ? (size_t)bytes : 256);
+    if (e != cudaSuccess)
+        return mgc_cuda_fail(be,
+                             "cannot allocate the %" PRIu64 "-byte arena on GPU %d (%zu bytes free of "
+                             "%zu): %s: use more pipeline/tensor parallelism, recompute, or a "
+                             "smaller micro batch",
+                             bytes, c->device, fr, tot, cudaGetErrorString(e));
+    CUDA_TRY(be, cudaMemsetAsync(*out, 0, bytes ? (size_t)bytes : 256, c->stream), "zeroing the arena");
+    return 0;
+}
+
+static void cuda_arena_free(mgc_backend *be, void *arena) {
+    cuda_ctx *c = be->context;
+    cudaStreamSynchronize(c->stream);
+    cudaFree(arena);
+}
+
+static int cuda_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_program *st, void *arena) {
+    cuda_ctx *c = be->context;
+    c->plan = plan;
+    c->ws = NULL;
+    c->ws_bytes = 0;
+    for (int64_t b = 0; b < st->n_buffers; b++)
+        if (st->buffers[b].kind == MGC_BUF_WORKSPACE) {
+            c->ws = (char *)arena + st->buffers[b].offset;
+            c->ws_bytes = (size_t)st->buffers[b].bytes;
+            break;
+        }
+    return 0;
+}
+
+static int cuda_copy(mgc_backend *be, void *dst, const void *src, size_t n) {
+    cuda_ctx *c = be->context;
+    if (n && dst != src)
+        CUDA_TRY(be, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream), "device copy");
+    return 0;
+}
+
+static int cuda_upload(mgc_backend *be, void *dst, const void *host, size_t n) {
+    cuda_ctx *c = be->context;
+    if (!n) return 0;
+    CUDA_TRY(be, cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, c->stream), "upload");
+    CUDA_TRY(be, cudaStreamSynchronize(c->stream), "upload"); /* the host buffer may be reused */
+    return 0;
+}
+
+static int cuda_download(mgc_backend *be, void *host, const void *src, size_t n) {
+    cuda_ctx *c = be->context;
+    if (!n) return 0;
+    CUDA_TRY(be, cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, c->stream), "download");
+    CUDA_TRY(be, cudaStreamSynchronize(c->stream), "download");
+    return 0;
+}
+
+static int cuda_zero(mgc_backend *be, void *dst, size_t n) {
+    cuda_ctx *c = be->context;
+    if (n) CUDA_TRY(be, cudaMemsetAsync(dst, 0, n, c->stream), "memset");
+    return 0;
+}
+
+static int cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
+    return mgc_cuda_sumsq(be, g, n, out);
+}
+static int cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
+    return mgc_cuda_scale(be, x, n, s);
+}
+static int cuda_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                      double lr, double b1, double b2, double eps, double wd, int decay, int64_t step,
+                      double gs, uint16_t *copy) {
+    return mgc_cuda_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, decay, step, gs, copy);
+}
+static int cuda_cast(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    return mgc_cuda_cast_bf16(be, dst, src, n);
+}
+static int cuda_sync(mgc_backend *be) {
+    cuda_ctx *c = be->context;
+    CUDA_TRY(be, cudaStreamSynchronize(c->stream), "stream synchronize");
+    return 0;
+}
+static int cuda_set_threads(mgc_backend *be, int threads) {
+    (void)be, (void)threads;
+    return 0;
+}
+
+static void cuda_close(mgc_backend *be) {
+    cuda_ctx *c = be->context;
+    if (c) {
+        cudaStreamSynchronize(c->stream);
+        for (int i = 0; i < c->n_gemm; i++) {
+            cublasLtMatmulDescDestroy(c->gemm[i].op);
+            cublasLtMatrixLayoutDestroy(c->gemm[i].a);
+            cublasLtMatrixLayoutDestroy(c->gemm[i].b);
+            cublasLtMatrixLayoutDestroy(c->gemm[i].c);
+        }
+        for (int i = 0; i < c->n_libs; i++)
+            cudaLibraryUnload(c->libs[i]);
+        free(c->libs);
+        free(c->kernels);
+        cudaFree(c->scratch);
+        if (c->lt) cublasLtDestroy(c->lt);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(be);
+}
+
+static const mgc_backend_iface cuda_iface = {
+    .name = "cuda",
+    .arena_alloc = cuda_arena_alloc,
+    .arena_free = cuda_arena_free,
+    .bind = cuda_bind,
+    .run_op = cuda_run_op,
+    .copy = cuda_copy,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .zero = cuda_zero,
+    .sumsq = cuda_sumsq,
+    .scale = cuda_scale,
+    .adamw = cuda_adamw,
+    .cast_bf16 = cuda_cast,
+    .sync = cuda_sync,
+    .set_threads = cuda_set_threads,
+    .close = cuda_close,
+};
+
+int mgc_backend_cuda_available(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_size) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(err, err_size, "no CUDA device is visible (%s): run on a machine with a GPU, or "
+                                "use --backend cpu",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return -1;
+    }
+    if (device < 0) device = 0;
+    device %= n;
+    mgc_backend *be = calloc(1, sizeof *be);
+    cuda_ctx *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be), free(c);
+        snprintf(err, err_size, "out of memory");
+        return -1;
+    }
+    be->iface = &cuda_iface;
+    be->context = c;
+    c->device = device;
+    struct cudaDeviceProp prop;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        snprintf(err, err_size, "CUDA device %d: %s", device, cudaGetErrorString(e));
+        cuda_close(be);
+        return -1;
+    }
+    c->arch = prop.major * 10 + prop.minor;
+    c->sms = prop.multiProcessorCount;
+    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, err_size, "CUDA device %d: cublasLtCreate failed", device);
+        cuda_close(be);
+        return -1;
+    }
+    *out = be;
+    return 0;
+}

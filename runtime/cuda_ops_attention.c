@@ -1,0 +1,117 @@
+/* cuda_ops_attention.c - launcher of the attention family (kernels/attention.cuh) for the
+ * CUDA backend: the plan's ATTENTION and ATTENTION_BWD ops, mapped exactly as
+ * cpu_backend.c op_attention maps them.
+ *
+ *   ATTENTION      in: q (sq,b,A,d), k, v (sk,b,G,d)   out: out (sq,b,A,d) [, lse (sq,b,A) fp32]
+ *   ATTENTION_BWD  in: q, k, v, out, lse, dout          out: dq, dk, dv
+ *   fattr[0] scale, fattr[1] dropout p; iattr[0] causal, iattr[3] cp (layout of the rows)
+ *
+ * Positions (context parallelism) are computed inside the kernels from (seq_length, cp,
+ * cp rank): queries are the rank's two chunks; keys the same rows when sk == sq, else the
+ * all-gathered rows of every rank (cpu_backend.c ctx_positions / gathered_positions).  With
+ * cp <= 1 rows are positions.  The dropout stream is cpu_backend.c drop_rng's (elem0 = 0).
+ *
+ * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR): keep them equal. */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cuda_int.h"
+#include "rng.h"
+
+static int fwd_bq(int64_t d, int bf16) {
+    return bf16 || d <= 64 ? 64 : 32; /* ATT_FBQ */
+}
+static int bwd_br(int64_t d) {
+    return d <= 32 ? 64 : (d <= 64 ? 32 : 16); /* ATT_BR */
+}
+
+/* FNV-1a 64 of the op's name: the dropout stream's site (cpu_backend.c fnv1a). */
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; s && *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    if (op->kind != MGC_POP_ATTENTION && op->kind != MGC_POP_ATTENTION_BWD) return 1;
+    const mgc_plan_tensor *tq = &c->chunk->tensors[op->in[0]], *tk = &c->chunk->tensors[op->in[1]];
+    int64_t sq = tq->dim[0], b = tq->dim[1], A = tq->dim[2], d = tq->dim[3];
+    int64_t sk = tk->dim[0], G = tk->dim[2], cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
+    if (G <= 0 || A % G != 0 || b > 65535 || A > 65535 || sq >= INT32_MAX || sk >= INT32_MAX ||
+        c->seq_length >= INT32_MAX)
+        return mgc_cuda_fail(be, "attention '%s': unsupported shape sq=%lld sk=%lld b=%lld A=%lld G=%lld",
+                             mgc_plan_strat(c->plan, op->name), (long long)sq, (long long)sk,
+                             (long long)b, (long long)A, (long long)G);
+    if (sq == 0 || sk == 0 || b == 0 || A == 0) return 0;
+
+    mgc_kspec ks[MGC_KSPEC_MAX_PER_OP];
+    char err[256];
+    int n = mgc_kspecs_for_op(c->plan, c->chunk, op, ks, MGC_KSPEC_MAX_PER_OP, err, sizeof err);
+    if (n < 0) return mgc_cuda_fail(be, "%s", err);
+    if (n != (op->kind == MGC_POP_ATTENTION ? 1 : 3))
+        return mgc_cuda_fail(be, "attention '%s': %d kernel specs", mgc_plan_strat(c->plan, op->name), n);
+
+    /* arguments common to every kernel but dot */
+    int isq = (int)sq, isk = (int)sk, ib = (int)b, iA = (int)A, iG = (int)G;
+    float scale = (float)op->fattr[0];
+    double pd = op->fattr[1];
+    float drop_p = pd > 0 ? (float)pd : 0.0f;
+    if (pd > 0 && drop_p <= 0.0f) drop_p = 1e-30f; /* p > 0 must stay > 0 */
+    unsigned drop_thr = mgc_rng_drop_threshold(pd);
+    float drop_scale = pd > 0 ? (float)(1.0 / (1.0 - pd)) : 1.0f;
+    unsigned long long seed = c->seed;
+    unsigned long long stream = fnv1a(mgc_plan_strat(c->plan, op->name)) ^
+                                ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^
+                                ((uint64_t)c->microbatch << 32);
+    unsigned long long elem0 = 0;
+    const int *qpos = NULL, *kpos = NULL; /* positions are computed on the device */
+    int pos_s = (int)c->seq_length, pos_cp = (int)cp, pos_rank = (int)c->co.cp;
+    int k_gathered = sk != sq;
+    if (cp > 1 && (c->seq_length % (2 * cp) != 0 || (k_gathered && sk % cp != 0)))
+        return mgc_cuda_fail(be, "attention '%s': seq_length %lld / sk %lld do not split over cp %lld",
+                             mgc_plan_strat(c->plan, op->name), (long long)c->seq_length,
+                             (long long)sk, (long long)cp);
+
+    if (op->kind == MGC_POP_ATTENTION) {
+        void *out = c->out[0], *q = c->in[0], *k = c->in[1], *v = c->in[2];
+        void *lse = op->n_out > 1 ? c->out[1] : NULL;
+        if (!lse) {
+            lse = mgc_cuda_scratch(be, (size_t)(sq * b * A) * sizeof(float));
+            if (!lse) return -1;
+        }
+        void *args[] = {&out,      &lse,       &q,         &k,        &v,    &isq,   &isk,
+                        &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
+                        &drop_scale, &seed,    &stream,    &elem0,    &qpos, &kpos,  &pos_s,
+                        &pos_cp,   &pos_rank,  &k_gathered};
+        int bq = fwd_bq(d, ks[0].bf16);
+        return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
+                               (unsigned)A, 128, 0, args);
+    }
+
+    /* backward: in q, k, v, out, lse, dout; out dq, dk, dv */
+    void *q = c->in[0], *k = c->in[1], *v = c->in[2], *o = c->in[3], *lse = c->in[4],
+         *dout = c->in[5];
+    void *dq = c->out[0], *dk = c->out[1], *dv = c->out[2];
+    int64_t rows = sq * b * A;
+    void *dsum = mgc_cuda_scratch(be, (size_t)rows * sizeof(float));
+    if (!dsum) return -1;
+    long long nrows = (long long)rows;
+    void *a0[] = {&dsum, &dout, &o, &nrows};
+    if (mgc_cuda_launch(be, &ks[0], (unsigned)((rows + 7) / 8), 1, 1, 256, 0, a0)) return -1;
+    int br = bwd_br(d);
+    void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
+                  &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
+                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &qpos,
+                  &kpos,    &pos_s,    &pos_cp,  &pos_rank, &k_gathered};
+    if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G, 128,
+                        0, a1))
+        return -1;
+    void *a2[] = {&dq,      &q,        &k,       &v,        &dout,       &lse,   &dsum,
+                  &isq,     &isk,      &ib,      &iA,       &iG,         &scale, &drop_p,
+                  &drop_thr, &drop_scale, &seed, &stream,   &elem0,      &qpos,  &kpos,
+                  &pos_s,   &pos_cp,   &pos_rank, &k_gathered};
+    return mgc_cuda_launch(be, &ks[2], (unsigned)((sq + br - 1) / br), (unsigned)b, (unsigned)A,
+                           128, 0, a2);
+}

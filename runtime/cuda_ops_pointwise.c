@@ -1,0 +1,509 @@
+/* cuda_ops_pointwise.c - launcher of the pointwise family for the CUDA backend: embedding,
+ * norms, dropout (+ add), GELU, SwiGLU, add, QKV split, rotary, cross-entropy; and the
+ * optimizer's kernels (sum of squares, AdamW, scale, bf16 cast).
+ *
+ * Every op is mapped exactly as runtime/cpu_backend.c maps it for the CPU twins (same
+ * tensors, attributes and rank coordinates); kernels/README.md and the comment above each
+ * kernel entry give the launch geometry used here.  Storage: activations and weights are
+ * the op's compute dtype (fp32 or bf16: the spec's flag), parameter gradients, logits,
+ * lse and the loss fp32, tokens and labels int64, the loss mask fp32, dropout masks u8;
+ * every tensor's dtype is checked against that before a launch. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_int.h"
+#include "rng.h"
+
+#define EW_BLOCK 256 /* element-wise kernels */
+#define NORM_NB  256 /* norm backward: blocks of partial sums (fixed: bits independent of GPU) */
+#define SUMSQ_NB 1024 /* sum of squares: blocks of partial sums (fixed, as NORM_NB) */
+
+static const mgc_plan_tensor *tin(const mgc_op_call *c, int i) {
+    return &c->chunk->tensors[c->op->in[i]];
+}
+static const mgc_plan_tensor *tout(const mgc_op_call *c, int i) {
+    return &c->chunk->tensors[c->op->out[i]];
+}
+
+static int64_t numel(const mgc_plan_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++)
+        n *= t->dim[i];
+    return n;
+}
+
+static const char *opname(const mgc_op_call *c) {
+    return mgc_plan_strat(c->plan, c->op->name);
+}
+
+/* Grid of a grid-stride element-wise kernel over `work` items of EW_BLOCK threads. */
+static unsigned ew_grid(mgc_backend *be, int64_t work) {
+    int64_t g = (work + EW_BLOCK - 1) / EW_BLOCK;
+    int sm = mgc_cuda_sm_count(be);
+    int64_t cap = 16 * (int64_t)(sm > 0 ? sm : 64);
+    if (g > cap) g = cap;
+    return (unsigned)(g < 1 ? 1 : g);
+}
+
+/* The op's specs (codegen's, the launch order); exactly `want` of them. */
+static int get_specs(mgc_backend *be, const mgc_op_call *c, mgc_kspec *k, int want) {
+    char err[256] = "";
+    int n = mgc_kspecs_for_op(c->plan, c->chunk, c->op, k, MGC_KSPEC_MAX_PER_OP, err, sizeof err);
+    if (n < 0) return mgc_cuda_fail(be, "%s '%s': %s", mgc_plan_op_name((mgc_plan_op_kind)c->op->kind),
+                                    opname(c), err[0] ? err : "no kernel for its shapes");
+    if (n != want)
+        return mgc_cuda_fail(be, "%s '%s': %d kernel specs, expected %d",
+                             mgc_plan_op_name((mgc_plan_op_kind)c->op->kind), opname(c), n, want);
+    return 0;
+}
+
+static int64_t kconst(const mgc_kspec *k, const char *name) {
+    for (int i = 0; i < k->n_const; i++)
+        if (!strcmp(k->const_name[i], name)) return k->const_val[i];
+    return -1;
+}
+
+/* Refuses a tensor whose dtype is not `dt`. */
+static int want(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t, int dt,
+                const char *what) {
+    if (t->dtype == dt) return 0;
+    return mgc_cuda_fail(be, "%s '%s': %s is %s, the CUDA kernel takes %s",
+                         mgc_plan_op_name((mgc_plan_op_kind)c->op->kind), opname(c), what,
+                         mgc_dtype_name((mgc_dtype)t->dtype), mgc_dtype_name((mgc_dtype)dt));
+}
+
+/* The compute dtype of an op: its main activation's, fp32 or bf16 only. */
+static int act_dtype(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t, int *dt) {
+    if (t->dtype != MGC_DT_F32 && t->dtype != MGC_DT_BF16)
+        return mgc_cuda_fail(be, "%s '%s': activations in %s (fp32 and bf16 only)",
+                             mgc_plan_op_name((mgc_plan_op_kind)c->op->kind), opname(c),
+                             mgc_dtype_name((mgc_dtype)t->dtype));
+    *dt = t->dtype;
+    return 0;
+}
+
+#define CHECK(x)                                                                               \
+    do {                                                                                       \
+        if ((x) != 0) return -1;                                                               \
+    } while (0)
+
+/* ---- dropout streams (cpu_backend.c fnv1a / drop_rng / shard_elem0) ---------------------- */
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; s && *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t drop_stream(const mgc_op_call *c) {
+    return fnv1a(opname(c)) ^ ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^
+           ((uint64_t)c->microbatch << 32);
+}
+
+static uint64_t shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t) {
+    if (t->split_axis != 0) return 0;
+    int64_t r = 0;
+    if (t->split_group == MGC_GROUP_TP) r = c->co.tp;
+    else if (t->split_group == MGC_GROUP_TPCP) r = c->co.tp + c->co.cp * c->grid_tp;
+    else if (t->split_group == MGC_GROUP_CP) r = c->co.cp;
+    return (uint64_t)r * (uint64_t)numel(t);
+}
+
+/* ---- the ops ------------------------------------------------------------------------------ */
+
+static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    const mgc_plan_tensor *tok = tin(c, 0);
+    int64_t s = tok->dim[0], b = tok->rank > 1 ? tok->dim[1] : 1, V_l = op->iattr[0];
+    int64_t cp = op->iattr[3] > 0 ? op->iattr[3] : 1, cpr = c->co.cp;
+    int64_t half = cp > 1 ? c->seq_length / (2 * cp) : 0, v0 = c->co.tp * V_l;
+    int dt = MGC_DT_F32;
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    CHECK(want(be, c, tok, MGC_DT_I64, "the token tensor"));
+    if (op->kind == MGC_POP_EMBEDDING) { /* in: tokens, word (, pos); out: y */
+        CHECK(act_dtype(be, c, tout(c, 0), &dt));
+        CHECK(want(be, c, tin(c, 1), dt, "the word embedding"));
+        int with_pos = op->iattr[1] && (!op->iattr[2] || c->co.tp == 0) && op->n_in > 2;
+        if (with_pos) CHECK(want(be, c, tin(c, 2), dt, "the position embedding"));
+        CHECK(get_specs(be, c, k, 1));
+        if (s * b == 0) return 0;
+        void *y = c->out[0], *tk = c->in[0], *w = c->in[1], *wp = with_pos ? c->in[2] : NULL;
+        void *args[] = {&y, &tk, &w, &wp, &v0, &V_l, &b, &cp, &cpr, &half};
+        return mgc_cuda_launch(be, &k[0], (unsigned)(s * b), 1, 1, (unsigned)kconst(&k[0], "T"),
+                               0, args);
+    }
+    /* EMBEDDING_BWD; in: tokens, dy; out: dword (+ dpos), fp32, accumulated */
+    CHECK(act_dtype(be, c, tin(c, 1), &dt));
+    CHECK(want(be, c, tout(c, 0), MGC_DT_F32, "the word embedding's gradient"));
+    int with_dpos = op->n_out > 1;
+    if (with_dpos) CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the position embedding's gradient"));
+    CHECK(get_specs(be, c, k, with_dpos ? 2 : 1));
+    int64_t n = s * b;
+    if (n == 0) return 0;
+    void *dw = c->out[0], *dy = c->in[1], *tk = c->in[0];
+    if (V_l > 0) {
+        void *args[] = {&dw, &dy, &tk, &v0, &n};
+        CHECK(mgc_cuda_launch(be, &k[0], (unsigned)V_l, 1, 1, (unsigned)kconst(&k[0], "T"), 0,
+                              args));
+    }
+    if (!with_dpos) return 0;
+    void *dp = c->out[1];
+    void *args[] = {&dp, &dy, &b, &cp, &cpr, &half};
+    return mgc_cuda_launch(be, &k[1], (unsigned)s, 1, 1, (unsigned)kconst(&k[1], "T"), 0, args);
+}
+
+static int op_norm(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t rows = op->iattr[1], h = op->iattr[2];
+    int rms = op->iattr[0] == 1, dt = MGC_DT_F32;
+    float eps = (float)op->fattr[0];
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    CHECK(act_dtype(be, c, tin(c, 0), &dt));
+    if (numel(tin(c, 0)) != rows * h)
+        return mgc_cuda_fail(be, "norm '%s': input of %lld elements, not rows %lld x h %lld",
+                             opname(c), (long long)numel(tin(c, 0)), (long long)rows, (long long)h);
+    CHECK(want(be, c, tin(c, 1), dt, "the weight"));
+    if (op->kind == MGC_POP_NORM) { /* in: x, w (, bias); out: y */
+        const void *bias = NULL;
+        if (!rms && op->n_in > 2) {
+            CHECK(want(be, c, tin(c, 2), dt, "the bias"));
+            bias = c->in[2];
+        }
+        CHECK(want(be, c, tout(c, 0), dt, "the output"));
+        CHECK(get_specs(be, c, k, 1));
+        if (rows == 0) return 0;
+        void *y = c->out[0], *x = c->in[0], *w = c->in[1];
+        void *args[] = {&y, &x, &w, &bias, &rows, &eps};
+        return mgc_cuda_launch(be, &k[0], (unsigned)rows, 1, 1, (unsigned)kconst(&k[0], "T"), 0,
+                               args);
+    }
+    /* NORM_BWD; in: x, w, dy; out: dx, dw (, db) -- dw, db fp32, accumulated */
+    CHECK(want(be, c, tin(c, 2), dt, "the output gradient"));
+    CHECK(want(be, c, tout(c, 0), dt, "the input gradient"));
+    CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the weight's gradient"));
+    int want_db = !rms && op->n_out > 2;
+    if (want_db) CHECK(want(be, c, tout(c, 2), MGC_DT_F32, "the bias's gradient"));
+    CHECK(get_specs(be, c, k, 2));
+    if (rows == 0 || h == 0) return 0;
+    int nb = rows < NORM_NB ? (int)rows : NORM_NB;
+    float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (want_db ? 2 : 1) * sizeof(float));
+    if (!part) return -1;
+    void *dx = c->out[0], *dy = c->in[2], *x = c->in[0], *w = c->in[1];
+    void *a1[] = {&dx, &part, &dy, &x, &w, &rows, &eps, &want_db};
+    CHECK(mgc_cuda_launch(be, &k[0], (unsigned)nb, 1, 1, (unsigned)kconst(&k[0], "T"), 0, a1));
+    void *dw = c->out[1], *db = want_db ? c->out[2] : NULL;
+    void *a2[] = {&dw, &db, &part, &nb, &h};
+    return mgc_cuda_launch(be, &k[1], (unsigned)((h + 255) / 256), 1, 1, 256, 0, a2);
+}
+
+static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int fwd = op->kind == MGC_POP_DROPOUT || op->kind == MGC_POP_DROPOUT_ADD;
+    int add = op->kind == MGC_POP_DROPOUT_ADD, dt = MGC_DT_F32;
+    /* elements and shard offset: the input's for DROPOUT, the output's otherwise (CPU) */
+    const mgc_plan_tensor *ref = op->kind == MGC_POP_DROPOUT ? tin(c, 0) : tout(c, 0);
+    int64_t n = numel(ref);
+    double p = op->fattr[0];
+    uint64_t seed = c->seed, stream = drop_stream(c), elem0 = shard_elem0(c, ref);
+    uint32_t thr = mgc_rng_drop_threshold(p);
+    float sc = (float)(1.0 / (1.0 - p));
+    int drop = p > 0;
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    CHECK(act_dtype(be, c, tin(c, 0), &dt));
+    CHECK(want(be, c, tout(c, 0), dt, "the output"));
+    if (numel(tout(c, 0)) < n || numel(tin(c, 0)) < n)
+        return mgc_cuda_fail(be, "dropout '%s': input and output sizes differ", opname(c));
+    void *mask = NULL;
+    if (fwd && op->n_out > 1) {
+        CHECK(want(be, c, tout(c, 1), MGC_DT_U8, "the mask"));
+        mask = c->out[1];
+    }
+    if (!fwd && op->n_in > 1) {
+        CHECK(want(be, c, tin(c, 1), MGC_DT_U8, "the mask"));
+        mask = c->in[1];
+    }
+    if (add) CHECK(want(be, c, tin(c, 1), dt, "the residual"));
+    CHECK(get_specs(be, c, k, 1));
+    if (n == 0) return 0;
+    int64_t units = (int64_t)(((elem0 + (uint64_t)n - 1) >> 2) - (elem0 >> 2) + 1);
+    unsigned grid = ew_grid(be, units);
+    void *y = c->out[0], *x = c->in[0];
+    if (fwd) {
+        void *res = add ? c->in[1] : NULL;
+        void *args[] = {&y, &mask, &x, &res, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
+        return mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args);
+    }
+    void *args[] = {&y, &x, &mask, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
+    return mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args);
+}
+
+static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int dt = MGC_DT_F32;
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    CHECK(act_dtype(be, c, tin(c, 0), &dt));
+    for (int i = 0; i < op->n_in; i++)
+        CHECK(want(be, c, tin(c, i), dt, "an input"));
+    CHECK(want(be, c, tout(c, 0), dt, "the output"));
+    CHECK(get_specs(be, c, k, 1));
+    void *y = c->out[0], *a = c->in[0], *b = op->n_in > 1 ? c->in[1] : NULL;
+    switch (op->kind) {
+    case MGC_POP_GELU: {
+        int64_t n = numel(tout(c, 0));
+        if (n == 0) return 0;
+        void *args[] = {&y, &a, &n};
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+    }
+    case MGC_POP_GELU_BWD: { /* in: x, dy */
+        int64_t n = numel(tout(c, 0));
+        if (n == 0) return 0;
+        void *args[] = {&y, &b, &a, &n};
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+    }
+    case MGC_POP_SWIGLU: { /* in: x (n, 2f); out: y (n, f) */
+        int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tout(c, 0)) / f : 0;
+        if (numel(tin(c, 0)) != 2 * rows * f)
+            return mgc_cuda_fail(be, "swiglu '%s': input is not (rows, 2f)", opname(c));
+        if (rows == 0) return 0;
+        void *args[] = {&y, &a, &rows};
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, rows * f), 1, 1, EW_BLOCK, 0, args);
+    }
+    case MGC_POP_SWIGLU_BWD: { /* in: x (n, 2f), dy (n, f); out: dx (n, 2f) */
+        int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tin(c, 1)) / f : 0;
+        if (numel(tin(c, 0)) != 2 * rows * f || numel(tout(c, 0)) != 2 * rows * f)
+            return mgc_cuda_fail(be, "swiglu_bwd '%s': shapes are not (rows, 2f)", opname(c));
+        if (rows == 0) return 0;
+        void *args[] = {&y, &b, &a, &rows};
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, rows * f), 1, 1, EW_BLOCK, 0, args);
+    }
+    default: { /* ADD, ADD_BWD: y = a + b */
+        int64_t n = numel(tout(c, 0));
+        if (op->n_in < 2) return mgc_cuda_fail(be, "add '%s': one input", opname(c));
+        if (n == 0) return 0;
+        void *args[] = {&y, &a, &b, &n};
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+    }
+    }
+}
+
+static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int fwd = op->kind == MGC_POP_QKV_SPLIT, dt = MGC_DT_F32;
+    int64_t G = op->iattr[0], per = op->iattr[1], d = op->iattr[2], w = G * (per + 2) * d;
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    const mgc_plan_tensor *fused = fwd ? tin(c, 0) : tout(c, 0);
+    CHECK(act_dtype(be, c, fused, &dt));
+    for (int i = 0; i < 3; i++)
+        CHECK(want(be, c, fwd ? tout(c, i) : tin(c, i), dt, "q, k or v"));
+    CHECK(get_specs(be, c, k, 1));
+    if (w <= 0) return mgc_cuda_fail(be, "qkv_split '%s': bad attributes", opname(c));
+    int64_t rows = numel(fused) / w;
+    if (rows == 0) return 0;
+    void *qkv = fwd ? c->in[0] : c->out[0];
+    void *q = fwd ? c->out[0] : c->in[0], *kk = fwd ? c->out[1] : c->in[1],
+         *v = fwd ? c->out[2] : c->in[2];
+    void *args[] = {&qkv, &q, &kk, &v, &rows};
+    return mgc_cuda_launch(be, &k[0], ew_grid(be, rows * w), 1, 1, EW_BLOCK, 0, args);
+}
+
+static int op_rope(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    const mgc_plan_tensor *x = tin(c, 0);
+    int64_t s = x->dim[0], bH = x->dim[1] * x->dim[2];
+    int64_t cp = op->iattr[1] > 0 ? op->iattr[1] : 1, cpr = c->co.cp;
+    int64_t half = cp > 1 ? c->seq_length / (2 * cp) : 0;
+    double theta = op->fattr[0], sign = op->kind == MGC_POP_ROPE ? 1.0 : -1.0;
+    int dt = MGC_DT_F32;
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    CHECK(act_dtype(be, c, x, &dt));
+    CHECK(want(be, c, tout(c, 0), dt, "the output"));
+    CHECK(get_specs(be, c, k, 1));
+    if (s == 0 || bH == 0) return 0;
+    if ((bH + 7) / 8 > 65535) return mgc_cuda_fail(be, "rope '%s': b*heads too large", opname(c));
+    void *y = c->out[0], *xp = c->in[0];
+    void *args[] = {&y, &xp, &bH, &cp, &cpr, &half, &theta, &sign};
+    return mgc_cuda_launch(be, &k[0], (unsigned)s, (unsigned)((bH + 7) / 8), 1, 128, 0, args);
+}
+
+/* Logit columns of this tensor rank that are real vocabulary entries (cpu_backend.c). */
+static int64_t valid_columns(const mgc_op_call *c, int64_t V_l) {
+    int64_t v0 = c->co.tp * V_l, valid = c->vocab_size - v0;
+    return valid < 0 ? 0 : valid > V_l ? V_l : valid;
+}
+
+static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t V_l = op->iattr[1], v0 = c->co.tp * V_l, vv = valid_columns(c, V_l), ld = V_l;
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    const int F32 = MGC_DT_F32, I64 = MGC_DT_I64;
+    if (op->kind == MGC_POP_CROSS_ENTROPY_BWD) {
+        /* in: logits, lse, labels, mask, loss; out: dlogits */
+        const mgc_plan_tensor *lab = tin(c, 2);
+        int64_t n = numel(lab);
+        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want(be, c, tin(c, 1), F32, "lse"));
+        CHECK(want(be, c, lab, I64, "the labels"));
+        CHECK(want(be, c, tin(c, 3), F32, "the loss mask"));
+        CHECK(want(be, c, tin(c, 4), F32, "the loss"));
+        CHECK(want(be, c, tout(c, 0), F32, "the logits' gradient"));
+        CHECK(get_specs(be, c, k, 1));
+        if (n == 0 || ld == 0) return 0;
+        void *dl = c->out[0], *lg = c->in[0], *lse = c->in[1], *lb = c->in[2], *mk = c->in[3],
+             *ls = c->in[4];
+        double dloss = c->dloss;
+        void *args[] = {&dl, &lg, &lse, &lb, &mk, &ls, &dloss, &v0, &vv, &ld};
+        return mgc_cuda_launch(be, &k[0], (unsigned)n, (unsigned)((ld + 2047) / 2048), 1, 256, 0,
+                               args);
+    }
+    switch (op->iattr[0]) {
+    case 0: { /* in: logits; out: row max */
+        int64_t n = numel(tout(c, 0));
+        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want(be, c, tout(c, 0), F32, "the row max"));
+        CHECK(get_specs(be, c, k, 1));
+        if (n == 0) return 0;
+        void *mx = c->out[0], *sums = NULL, *lg = c->in[0], *lb = NULL;
+        void *args[] = {&mx, &sums, &lg, &lb, &v0, &vv, &ld};
+        return mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, 512, 0, args);
+    }
+    case 1: { /* in: logits, max, labels; out: (n, 2) = (sum exp, target logit) */
+        int64_t n = numel(tin(c, 2));
+        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want(be, c, tin(c, 1), F32, "the row max"));
+        CHECK(want(be, c, tin(c, 2), I64, "the labels"));
+        CHECK(want(be, c, tout(c, 0), F32, "the sums"));
+        CHECK(get_specs(be, c, k, 1));
+        if (n == 0) return 0;
+        void *mx = c->in[1], *sums = c->out[0], *lg = c->in[0], *lb = c->in[2];
+        void *args[] = {&mx, &sums, &lg, &lb, &v0, &vv, &ld};
+        return mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, 512, 0, args);
+    }
+    case 2: { /* in: max, sums (n, 2), mask; out: lse, loss[2] */
+        int64_t n = numel(tin(c, 0));
+        CHECK(want(be, c, tin(c, 0), F32, "the row max"));
+        CHECK(want(be, c, tin(c, 1), F32, "the sums"));
+        void *mk = NULL;
+        if (op->n_in > 2) {
+            CHECK(want(be, c, tin(c, 2), F32, "the loss mask"));
+            mk = c->in[2];
+        }
+        CHECK(want(be, c, tout(c, 0), F32, "lse"));
+        CHECK(want(be, c, tout(c, 1), F32, "the loss"));
+        CHECK(get_specs(be, c, k, 1));
+        void *lse = c->out[0], *loss = c->out[1], *mx = c->in[0], *sums = c->in[1];
+        void *args[] = {&lse, &loss, &mx, &sums, &mk, &n};
+        return mgc_cuda_launch(be, &k[0], 1, 1, 1, 1024, 0, args);
+    }
+    default: { /* 3 fused (tp = 1); in: logits, labels, mask; out: lse, loss[2] */
+        int64_t n = numel(tin(c, 1)), z = 0;
+        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want(be, c, tin(c, 1), I64, "the labels"));
+        void *mk = NULL;
+        if (op->n_in > 2) {
+            CHECK(want(be, c, tin(c, 2), F32, "the loss mask"));
+            mk = c->in[2];
+        }
+        CHECK(want(be, c, tout(c, 0), F32, "lse"));
+        CHECK(want(be, c, tout(c, 1), F32, "the loss"));
+        CHECK(get_specs(be, c, k, 2));
+        float *mx = mgc_cuda_scratch(be, (size_t)(n > 0 ? n : 1) * 3 * sizeof(float));
+        if (!mx) return -1;
+        float *sums = mx + n;
+        if (n > 0) {
+            void *lg = c->in[0], *lb = c->in[1];
+            void *a1[] = {&mx, &sums, &lg, &lb, &z, &vv, &ld}; /* v0 = 0 as the CPU's fused path */
+            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, 512, 0, a1));
+        }
+        void *lse = c->out[0], *loss = c->out[1];
+        void *a2[] = {&lse, &loss, &mx, &sums, &mk, &n};
+        return mgc_cuda_launch(be, &k[1], 1, 1, 1, 1024, 0, a2);
+    }
+    }
+}
+
+int mgc_cuda_ops_pointwise(mgc_backend *be, const mgc_op_call *c) {
+    switch ((mgc_plan_op_kind)c->op->kind) {
+    case MGC_POP_EMBEDDING:
+    case MGC_POP_EMBEDDING_BWD: return op_embedding(be, c);
+    case MGC_POP_NORM:
+    case MGC_POP_NORM_BWD: return op_norm(be, c);
+    case MGC_POP_DROPOUT:
+    case MGC_POP_DROPOUT_BWD:
+    case MGC_POP_DROPOUT_ADD:
+    case MGC_POP_DROPOUT_ADD_BWD: return op_dropout(be, c);
+    case MGC_POP_GELU:
+    case MGC_POP_GELU_BWD:
+    case MGC_POP_SWIGLU:
+    case MGC_POP_SWIGLU_BWD:
+    case MGC_POP_ADD:
+    case MGC_POP_ADD_BWD: return op_elementwise(be, c);
+    case MGC_POP_QKV_SPLIT:
+    case MGC_POP_QKV_SPLIT_BWD: return op_qkv(be, c);
+    case MGC_POP_ROPE:
+    case MGC_POP_ROPE_BWD: return op_rope(be, c);
+    case MGC_POP_CROSS_ENTROPY:
+    case MGC_POP_CROSS_ENTROPY_BWD: return op_cross_entropy(be, c);
+    default: return 1;
+    }
+}
+
+/* ---- the optimizer ----------------------------------------------------------------------- */
+
+enum { OPT_SUMSQ_PARTIAL, OPT_SUMSQ_FINAL, OPT_ADAMW, OPT_SCALE, OPT_CAST, OPT__N };
+
+static int opt_specs(mgc_backend *be, mgc_kspec *k) {
+    if (mgc_kspecs_optimizer(0, k, OPT__N) != OPT__N)
+        return mgc_cuda_fail(be, "optimizer: unexpected kernel specs");
+    return 0;
+}
+
+/* out is a host address (the executor's, as for the CPU backend): the fp64 sum is reduced on
+ * the device in a fixed order (SUMSQ_NB block partials, then one block) and downloaded. */
+int mgc_cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
+    mgc_kspec k[OPT__N];
+    CHECK(opt_specs(be, k));
+    if (n <= 0) {
+        *out = 0.0;
+        return 0;
+    }
+    double *part = mgc_cuda_scratch(be, (SUMSQ_NB + 1) * sizeof(double));
+    if (!part) return -1;
+    double *res = part + SUMSQ_NB;
+    int nb = SUMSQ_NB;
+    void *a1[] = {&part, &g, &n};
+    CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_PARTIAL], SUMSQ_NB, 1, 1, 256, 0, a1));
+    void *a2[] = {&res, &part, &nb};
+    CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_FINAL], 1, 1, 1, 1024, 0, a2));
+    return be->iface->download(be, out, res, sizeof *out);
+}
+
+int mgc_cuda_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                   double lr, double beta1, double beta2, double eps, double weight_decay,
+                   int decay, int64_t step, double grad_scale, uint16_t *copy) {
+    mgc_kspec k[OPT__N];
+    CHECK(opt_specs(be, k));
+    if (n <= 0) return 0;
+    double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
+    double wd = decay ? weight_decay : 0.0;
+    void *args[] = {&p, &g, &m, &v, &copy, &n, &lr, &beta1, &beta2, &eps, &wd, &c1, &c2,
+                    &grad_scale};
+    return mgc_cuda_launch(be, &k[OPT_ADAMW], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+}
+
+int mgc_cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
+    mgc_kspec k[OPT__N];
+    CHECK(opt_specs(be, k));
+    if (n <= 0) return 0;
+    void *args[] = {&x, &n, &s};
+    return mgc_cuda_launch(be, &k[OPT_SCALE], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+}
+
+int mgc_cuda_cast_bf16(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    mgc_kspec k[OPT__N];
+    CHECK(opt_specs(be, k));
+    if (n <= 0) return 0;
+    void *args[] = {&dst, &src, &n};
+    return mgc_cuda_launch(be, &k[OPT_CAST], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+}

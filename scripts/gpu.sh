@@ -1,0 +1,42 @@
+#!/bin/sh
+# gpu.sh - everything mgc does on a GPU machine, in one call: build (with the
+# Debian packages the GPU image lacks unpacked from .deb/), run the gpu-labelled
+# tests, then the GPU benchmark.  Results go to $OUT (the lent machine's
+# output folder) or build-gpu/out.
+#
+#   sh scripts/gpu.sh [test|bench|all]        (default all)
+#
+# The .deb files come from `sh scripts/gpu-debs.sh` on a Debian machine
+# (apt-get download; docs/testing.md): libyaml and OpenBLAS with its runtime.
+set -eu
+cd "$(dirname "$0")/.."
+what=${1:-all}
+OUT=${OUT:-$PWD/build-gpu/out}
+mkdir -p "$OUT" build-gpu/deps
+for f in .deb/*.deb; do dpkg -x "$f" build-gpu/deps; done
+D=$PWD/build-gpu/deps/usr
+export LD_LIBRARY_PATH="$D/lib/x86_64-linux-gnu:$D/lib/x86_64-linux-gnu/openblas-pthread:${LD_LIBRARY_PATH:-}"
+export MGC_KERNEL_CACHE=$PWD/build-gpu/kernel-cache
+{
+    echo "== device"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+    echo "commit $(git describe --always --dirty 2>/dev/null || echo unknown)"
+    nvcc --version | tail -n 2 || true
+} 2>&1 | tee "$OUT/device.txt"
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$D" >"$OUT/configure.log" 2>&1 ||
+    { tail -n 30 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -n 30; exit 1; }
+echo "== built"
+rc=0
+if [ "$what" = test ] || [ "$what" = all ]; then
+    echo "== gpu tests"
+    (cd build-gpu && ctest -L gpu --output-on-failure --timeout 1200) >"$OUT/gpu-tests.log" 2>&1 || rc=1
+    grep -E "test_cuda|worst|Passed|Failed|failed|skipped|tests passed" "$OUT/gpu-tests.log" | tail -n 40
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+    if [ -f bench/bench_gpu.sh ]; then
+        echo "== gpu bench"
+        sh bench/bench_gpu.sh build-gpu "$OUT" || rc=1
+    fi
+fi
+exit $rc
