@@ -72,13 +72,24 @@ int mgc_nvrtc_version_key(char *buf, size_t size) {
 
 /* Largest "N bytes spill stores/loads" and "N bytes stack frame" in ptxas's -v report. */
 static void parse_report(const char *log, mgc_nvrtc_result *r) {
+    /* %n is set only when the whole pattern matched (a bare number matches "%ld" alone) */
     for (const char *p = log; p && *p; p++) {
         long v;
-        if (sscanf(p, "%ld bytes spill stores", &v) == 1 && v > r->spill_bytes) r->spill_bytes = v;
-        if (sscanf(p, "%ld bytes spill loads", &v) == 1 && v > r->spill_bytes) r->spill_bytes = v;
-        if (sscanf(p, "%ld bytes stack frame", &v) == 1 && v > r->stack_bytes) r->stack_bytes = v;
-        if (!strncmp(p, "Used ", 5) && sscanf(p, "Used %ld registers", &v) == 1 && v > r->registers)
-            r->registers = v;
+        int n = -1;
+        if (*p < '0' || *p > '9' || (p > log && p[-1] >= '0' && p[-1] <= '9')) {
+            if (!strncmp(p, "Used ", 5) && sscanf(p, "Used %ld registers%n", &v, &n) == 1 && n > 0 &&
+                v > r->registers)
+                r->registers = v;
+            continue;
+        }
+        if (sscanf(p, "%ld bytes spill stores%n", &v, &n) == 1 && n > 0 && v > r->spill_bytes)
+            r->spill_bytes = v;
+        n = -1;
+        if (sscanf(p, "%ld bytes spill loads%n", &v, &n) == 1 && n > 0 && v > r->spill_bytes)
+            r->spill_bytes = v;
+        n = -1;
+        if (sscanf(p, "%ld bytes stack frame%n", &v, &n) == 1 && n > 0 && v > r->stack_bytes)
+            r->stack_bytes = v;
     }
 }
 
@@ -224,6 +235,7 @@ int mgc_nvrtc_compile_cached(const char *src, const char *name, int arch, mgc_nv
     uint64_t h = fnv64(src, strlen(src), 1469598103934665603ull);
     h = fnv64(ver, strlen(ver), h);
     h = fnv64(&arch, sizeof arch, h);
+    h = fnv64("cache-v2", 8, h); /* bumped when an entry's meaning changes */
     const char *d = cache_dir(dir, sizeof dir);
     snprintf(path, sizeof path, "%.900s/%.200s-sm%d-%016" PRIx64 ".cubin", d, name, arch, h);
     memset(out, 0, sizeof *out);

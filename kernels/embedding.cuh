@@ -27,7 +27,7 @@
 #if defined(MGC_ENTRY_embedding_fwd)
 /* grid s*b (one block per output row), block T, smem 0.  wpe may be NULL (no learned
  * positions, or a tensor rank other than 0 when they are added on rank 0 only). */
-extern "C" __global__ void __launch_bounds__(MGC_T)
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(mgc_t *__restrict__ out, const i64 *__restrict__ tok,
                    const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe, i64 v0,
                    i64 V_l, i64 b, i64 cp, i64 cpr, i64 half_len) {
@@ -52,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T)
 #if defined(MGC_ENTRY_embedding_bwd_word)
 /* grid V_l (one block per vocabulary row of the shard), block T, smem T bytes (static).
  * dwte (V_l, H) fp32, accumulated; n = s*b tokens. */
-extern "C" __global__ void __launch_bounds__(MGC_T)
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwte, const mgc_t *__restrict__ dy,
                    const i64 *__restrict__ tok, i64 v0, i64 n) {
     __shared__ unsigned char hit[MGC_T];
@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T)
 #if defined(MGC_ENTRY_embedding_bwd_pos)
 /* grid s (one block per sequence row, i.e. per distinct position), block T, smem 0.
  * dwpe (P, H) fp32, accumulated. */
-extern "C" __global__ void __launch_bounds__(MGC_T)
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp,
                    i64 cpr, i64 half_len) {
     i64 i = blockIdx.x;

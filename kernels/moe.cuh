@@ -85,9 +85,9 @@ __device__ __forceinline__ void moe_full_scores(float *p, const float *v, float 
             p[i] = lane + 32 * i < MGC_E ? moe_sigm(v[i]) : 0.0f;
             s += p[i];
         }
-        s = moe_warp_sum(s);
+        s = 1.0f / moe_warp_sum(s);
 #pragma unroll
-        for (int i = 0; i < MOE_NE; i++) p[i] /= s;
+        for (int i = 0; i < MOE_NE; i++) p[i] *= s;
     } else {
 #pragma unroll
         for (int i = 0; i < MOE_NE; i++) p[i] = lane + 32 * i < MGC_E ? expf(v[i] - lse) : 0.0f;
@@ -266,13 +266,13 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int i = 0; i < MOE_NE; i++)
                 if (lane + 32 * i < MGC_E) s += moe_sigm(v[i]);
-            s = moe_warp_sum(s);
+            s = 1.0f / moe_warp_sum(s);
 #pragma unroll
             for (int i = 0; i < MOE_NE; i++) {
                 int e = lane + 32 * i;
                 if (e < MGC_E) {
                     float se = moe_sigm(v[i]);
-                    dl[i] += (auxk * moe_cnt(counts, c64, e) - dot) / s * se * (1.0f - se);
+                    dl[i] += (auxk * moe_cnt(counts, c64, e) - dot) * s * se * (1.0f - se);
                 }
             }
         } else {

@@ -31,7 +31,7 @@
 
 #if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd)
 /* grid rows, block T, smem 0 (128 B static).  bias may be NULL (LayerNorm only). */
-extern "C" __global__ void __launch_bounds__(MGC_T)
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows,
                    float eps) {
@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T)
  * part[(NB + p)*H + c] = sum of dy (db).  dx = rstd (g - mean(g) - xhat mean(g xhat)),
  * g = dy w (RMSNorm: no mean(g) term, xhat = x rstd). */
 #define MGC_NORM_RELOAD (MGC_NPER > 8)
-extern "C" __global__ void __launch_bounds__(MGC_T)
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, float *__restrict__ part,
                    const mgc_t *__restrict__ dy, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, i64 rows, float eps, int want_db) {

@@ -17,12 +17,16 @@ for f in .deb/*.deb; do dpkg -x "$f" build-gpu/deps; done
 D=$PWD/build-gpu/deps/usr
 export LD_LIBRARY_PATH="$D/lib/x86_64-linux-gnu:$D/lib/x86_64-linux-gnu/openblas-pthread:${LD_LIBRARY_PATH:-}"
 export MGC_KERNEL_CACHE=$PWD/build-gpu/kernel-cache
+# pkg-config sees only the unpacked packages, their paths re-rooted there
+export PKG_CONFIG_SYSROOT_DIR=$PWD/build-gpu/deps
+export PKG_CONFIG_LIBDIR="$D/lib/x86_64-linux-gnu/pkgconfig:$D/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:$D/share/pkgconfig"
 {
     echo "== device"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
     echo "commit $(git describe --always --dirty 2>/dev/null || echo unknown)"
     nvcc --version | tail -n 2 || true
 } 2>&1 | tee "$OUT/device.txt"
+rm -f build-gpu/CMakeCache.txt  # the environment above decides what is found
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$D" >"$OUT/configure.log" 2>&1 ||
     { tail -n 30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -n 30; exit 1; }
