@@ -142,8 +142,8 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
             mgc_kspec_init(&out[1], "cross_entropy.cuh", "ce_finish", 0);
             return 2;
         }
-    case MGC_POP_CROSS_ENTROPY_BWD:
-        mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_bwd", 0);
+    case MGC_POP_CROSS_ENTROPY_BWD: /* dlogits in the compute dtype */
+        mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_bwd", is_bf16(tout(ch, op, 0)));
         return 1;
     default:
         return 0;

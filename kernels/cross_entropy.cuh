@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(1024)
  * device from the loss tensor (count = loss[1]): dl = count > 0 ? dloss / count : 0 in
  * fp64, then m = mask[r] * (float)dl as the CPU. mask may be NULL. */
 extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(float *__restrict__ dlogits, const float *__restrict__ logits,
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dlogits, const float *__restrict__ logits,
                    const float *__restrict__ lse, const i64 *__restrict__ labels,
                    const float *__restrict__ mask, const float *__restrict__ loss, double dloss,
                    i64 v0, i64 vv, i64 ld) {
@@ -100,14 +100,14 @@ extern "C" __global__ void __launch_bounds__(256)
     float m = (mask ? mask[r] : 1.0f) * (float)dl, ls = lse[r];
     i64 id = labels[r] - v0;
     const float *l = logits + r * ld;
-    float *d = dlogits + r * ld;
+    mgc_t *d = dlogits + r * ld; /* the compute dtype: it feeds the output layer's GEMMs */
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         i64 c = (i64)blockIdx.y * 2048 + k * 256 + threadIdx.x;
         if (c >= ld) break;
         float g = 0.0f;
         if (c < vv && m != 0.0f) g = m * (expf(l[c] - ls) - (c == id ? 1.0f : 0.0f));
-        d[c] = g;
+        d[c] = mgc_st(g);
     }
 }
 #endif

@@ -347,7 +347,8 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
         CHECK(want(be, c, lab, I64, "the labels"));
         CHECK(want(be, c, tin(c, 3), F32, "the loss mask"));
         CHECK(want(be, c, tin(c, 4), F32, "the loss"));
-        CHECK(want(be, c, tout(c, 0), F32, "the logits' gradient"));
+        int gdt = MGC_DT_F32;
+        CHECK(act_dtype(be, c, tout(c, 0), &gdt)); /* the compute dtype */
         CHECK(get_specs(be, c, k, 1));
         if (n == 0 || ld == 0) return 0;
         void *dl = c->out[0], *lg = c->in[0], *lse = c->in[1], *lb = c->in[2], *mk = c->in[3],

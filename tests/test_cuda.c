@@ -213,6 +213,17 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
         }
         int bad_int = 0;
         double e = compare(h, tg, c->out[k], tc, &bad_int);
+        if (!(e <= tol) && tg->dtype == MGC_DT_F32 && tc->dtype == MGC_DT_F32) {
+            /* the first elements that differ, with the value the output held before */
+            const float *a = h, *b = c->out[k], *s0 = r->snap[k];
+            int shown = 0;
+            for (uint64_t i = 0; i < tc->bytes / 4 && shown < 4; i++)
+                if (fabs(a[i] - b[i]) > 1e-4 * (fabs(b[i]) + 1e-3)) {
+                    fprintf(stderr, "  [%llu] gpu %.6g cpu %.6g before %.6g\n", (unsigned long long)i,
+                            a[i], b[i], s0 ? s0[i] : 0.0f);
+                    shown++;
+                }
+        }
         free(h);
         if (bf16 && bad_int) bad_int = 0; /* bf16 rounding may flip a router's near tie */
         if (!(e <= tol) || bad_int) {
