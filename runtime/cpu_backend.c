@@ -138,8 +138,10 @@ static uint64_t shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t) {
 
 static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
-    const mgc_plan_tensor *tok = tin(c, 0), *y = tout(c, 0);
-    int64_t s = tok->dim[0], b = tok->dim[1], h = y->dim[2], V_l = op->iattr[0];
+    /* the activation: the forward's output (s,b,h), the backward's input gradient */
+    const mgc_plan_tensor *tok = tin(c, 0),
+                          *y = op->kind == MGC_POP_EMBEDDING ? tout(c, 0) : tin(c, 1);
+    int64_t s = tok->dim[0], b = tok->dim[1], h = y->dim[y->rank - 1], V_l = op->iattr[0];
     int32_t *t32 = scratch(be, (size_t)(s * b + s) * 4);
     if (!t32) return fail(be, "out of memory");
     int32_t *pos = t32 + s * b;
