@@ -51,6 +51,7 @@ __device__ __forceinline__ float mgc_block_sum(float v, float *sh) {
     v = l < nw ? sh[l] : 0.0f;
     if (w == 0)
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* every warp has read its sh[l] before sh[0] is reused */
     if (threadIdx.x == 0) sh[0] = v;
     __syncthreads();
     v = sh[0];
@@ -67,6 +68,7 @@ __device__ __forceinline__ float mgc_block_max(float v, float *sh) {
     v = l < nw ? sh[l] : -INFINITY;
     if (w == 0)
         for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads(); /* every warp has read its sh[l] before sh[0] is reused */
     if (threadIdx.x == 0) sh[0] = v;
     __syncthreads();
     v = sh[0];

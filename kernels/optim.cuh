@@ -38,6 +38,7 @@ __device__ __forceinline__ double mgc_block_sum_f64(double v, double *sh) {
     v = l < nw ? sh[l] : 0.0;
     if (w == 0)
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* every warp has read its sh[l] before sh[0] is reused */
     if (threadIdx.x == 0) sh[0] = v;
     __syncthreads();
     v = sh[0];
