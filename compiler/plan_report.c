@@ -103,6 +103,21 @@ void mgc_plan_print_summary(const mgc_plan *p, FILE *out) {
     }
     fprintf(out, "peak memory per GPU: %s (%" PRIu64 " bytes, stage %" PRId64 "): the arena mgc-run allocates\n",
             bytes_h(a, sizeof a, peak), peak, peak_stage);
+    if (p->n_kernels > 0) {
+        uint32_t archs[8];
+        int na = 0;
+        for (int64_t i = 0; i < p->n_kernels; i++) {
+            int seen = 0;
+            for (int k = 0; k < na; k++) seen |= archs[k] == p->kernels[i].arch;
+            if (!seen && na < 8) archs[na++] = p->kernels[i].arch;
+        }
+        fprintf(out, "kernels in the plan: %" PRId64 " cubins (%s), for", p->n_kernels,
+                bytes_h(a, sizeof a, p->kbin_len));
+        for (int k = 0; k < na; k++) fprintf(out, "%s sm_%u", k ? "," : "", archs[k]);
+        fputc('\n', out);
+    } else {
+        fputs("kernels in the plan: none (a GPU run JIT-compiles them through NVRTC)\n", out);
+    }
 }
 
 void mgc_plan_print_memory(const mgc_plan *p, FILE *out) {

@@ -18,6 +18,12 @@ bad() { fail=$((fail + 1)); echo "cli_compile: FAIL: $*"; }
   && ok || { bad "compile failed"; cat "$tmp/err"; }
 grep -q "interleaved-1f1b" "$tmp/out" && ok || bad "compile summary lacks the schedule"
 grep -q "peak memory per GPU" "$tmp/out" && ok || bad "compile summary lacks peak memory"
+# the plan's CUDA kernels (NVRTC, no GPU needed): compiled into the plan when NVRTC is there
+if grep -q "^kernels: none (NVRTC not found" "$tmp/out"; then
+    echo "cli_compile: no NVRTC: the kernel check is skipped"
+else
+    grep -q "^kernels in the plan: [1-9][0-9]* cubins" "$tmp/out" && ok || bad "the plan carries no kernels"
+fi
 head -c 5 "$tmp/t.svg" | grep -q "<svg\|<?xml" && ok || bad "timeline is not an SVG"
 grep -q "chunk 1" "$tmp/t.svg" && ok || bad "interleaved timeline shows no second chunk"
 

@@ -9,7 +9,7 @@ mgc=$1 run=$2 mpiexec=${3:-}
 [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null 2>&1 || { echo "no mpiexec: skipped"; exit 77; }
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
-common="--set training.iterations=10 --set optimizer.warmup_iterations=2 --set model.seq_length=32 --set training.micro_batch_size=2 --set training.global_batch_size=4"
+common="--no-kernels --set training.iterations=10 --set optimizer.warmup_iterations=2 --set model.seq_length=32 --set training.micro_batch_size=2 --set training.global_batch_size=4"
 fail=0
 losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
 case_() { # name model nranks sets...
