@@ -233,6 +233,8 @@ int mgc_nvrtc_compile_cached(const char *src, const char *name, int arch, mgc_nv
     if (mgc_nvrtc_version_key(ver, sizeof ver))
         return mgc_nvrtc_compile(src, name, arch, out, err, errsz); /* reports the absence */
     uint64_t h = fnv64(src, strlen(src), 1469598103934665603ull);
+    const char *common = mgc_kernel_template("mgc_common.cuh"); /* the included header too */
+    if (common) h = fnv64(common, strlen(common), h);
     h = fnv64(ver, strlen(ver), h);
     h = fnv64(&arch, sizeof arch, h);
     h = fnv64("cache-v2", 8, h); /* bumped when an entry's meaning changes */

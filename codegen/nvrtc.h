@@ -35,8 +35,8 @@ int mgc_nvrtc_compile(const char *src, const char *name, int arch, mgc_nvrtc_res
                       char *err, size_t errsz);
 
 /* The same through the on-disk cache: $MGC_KERNEL_CACHE, else $XDG_CACHE_HOME/mgc/kernels,
- * else ~/.cache/mgc/kernels.  An entry is keyed by a hash of the source, the NVRTC version
- * and the architecture; it holds the cubin and ptxas's numbers behind a CRC-32C, is written
+ * else ~/.cache/mgc/kernels.  An entry is keyed by a hash of the source, the headers it
+ * includes (mgc_common.cuh), the NVRTC version and the architecture; it holds the cubin and ptxas's numbers behind a CRC-32C, is written
  * atomically (temporary file + rename) and is recompiled, never trusted, when damaged.
  * *cached says whether it came from the cache.  MGC_KERNEL_CACHE=off disables it. */
 int mgc_nvrtc_compile_cached(const char *src, const char *name, int arch, mgc_nvrtc_result *out,
