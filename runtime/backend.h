@@ -50,6 +50,13 @@ typedef struct mgc_op_call {
                                    dloss / count, count = the microbatch's loss[1] */
 } mgc_op_call;
 
+/* What every backend derives the same way from a call (backend.c), so their dropout masks
+ * agree bit for bit: the dropout stream of the op at this (iteration, microbatch) -- the
+ * op's name hashed, mixed with both -- and the global index of the first element of a
+ * tensor sharded along dim 0 (sequence parallelism; 0 for other tensors). */
+uint64_t mgc_op_dropout_stream(const mgc_op_call *c);
+uint64_t mgc_op_shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t);
+
 typedef struct mgc_backend mgc_backend;
 
 typedef struct mgc_backend_iface {

@@ -101,34 +101,12 @@ static void gathered_positions(int32_t *pos, int64_t rows, int64_t s, int64_t cp
         ctx_positions(pos + q * per, per, s, cp, q);
 }
 
-/* FNV-1a 64 of the op's name: the dropout stream's site. */
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; s && *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 static mgc_dropout_rng drop_rng(const mgc_op_call *c, uint64_t elem0) {
     mgc_dropout_rng r;
     r.seed = c->seed;
-    r.stream = fnv1a(mgc_plan_strat(c->plan, c->op->name)) ^
-               ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^
-               ((uint64_t)c->microbatch << 32);
+    r.stream = mgc_op_dropout_stream(c);
     r.elem0 = elem0;
     return r;
-}
-
-/* Global index of a sequence-split tensor's first element (SP shards of the
- * residual stream are contiguous along dim 0; with CP the rows are two
- * chunks, so a CP shard's masks are its own draw -- see docs/cpu-backend.md). */
-static uint64_t shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t) {
-    if (t->split_axis != 0) return 0;
-    int64_t r = 0;
-    if (t->split_group == MGC_GROUP_TP) r = c->co.tp;
-    else if (t->split_group == MGC_GROUP_TPCP) r = c->co.tp + c->co.cp * c->grid_tp;
-    else if (t->split_group == MGC_GROUP_CP) r = c->co.cp;
-    return (uint64_t)r * numel(t);
 }
 
 /* ---- the ops ---------------------------------------------------------------------- */
@@ -280,28 +258,28 @@ static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
     switch (op->kind) {
     case MGC_POP_DROPOUT: {
         int64_t n = (int64_t)numel(tin(c, 0));
-        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tin(c, 0)));
+        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tin(c, 0)));
         mgc_cpu_dropout_fwd_f32(F(c->out[0]), op->n_out > 1 ? (uint8_t *)c->out[1] : NULL,
                                 CF(c->in[0]), n, op->fattr[0], &r);
         return 0;
     }
     case MGC_POP_DROPOUT_BWD: {
         int64_t n = (int64_t)numel(tout(c, 0));
-        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tout(c, 0)));
+        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
         mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]), (const uint8_t *)c->in[1], n,
                                 op->fattr[0], &r);
         return 0;
     }
     case MGC_POP_DROPOUT_ADD: {
         int64_t n = (int64_t)numel(tout(c, 0));
-        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tout(c, 0)));
+        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
         mgc_cpu_dropout_add_fwd_f32(F(c->out[0]), op->n_out > 1 ? (uint8_t *)c->out[1] : NULL,
                                     CF(c->in[0]), CF(c->in[1]), n, op->fattr[0], &r);
         return 0;
     }
     case MGC_POP_DROPOUT_ADD_BWD: {
         int64_t n = (int64_t)numel(tout(c, 0));
-        mgc_dropout_rng r = drop_rng(c, shard_elem0(c, tout(c, 0)));
+        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
         mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]), (const uint8_t *)c->in[1], n,
                                 op->fattr[0], &r);
         return 0;

@@ -25,14 +25,6 @@ static int bwd_br(int64_t d) {
     return d <= 32 ? 64 : (d <= 64 ? 32 : 16); /* ATT_BR */
 }
 
-/* FNV-1a 64 of the op's name: the dropout stream's site (cpu_backend.c fnv1a). */
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; s && *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     if (op->kind != MGC_POP_ATTENTION && op->kind != MGC_POP_ATTENTION_BWD) return 1;
@@ -62,9 +54,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     unsigned drop_thr = mgc_rng_drop_threshold(pd);
     float drop_scale = pd > 0 ? (float)(1.0 / (1.0 - pd)) : 1.0f;
     unsigned long long seed = c->seed;
-    unsigned long long stream = fnv1a(mgc_plan_strat(c->plan, op->name)) ^
-                                ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^
-                                ((uint64_t)c->microbatch << 32);
+    unsigned long long stream = mgc_op_dropout_stream(c);
     unsigned long long elem0 = 0;
     const int *qpos = NULL, *kpos = NULL; /* positions are computed on the device */
     int pos_s = (int)c->seq_length, pos_cp = (int)cp, pos_rank = (int)c->co.cp;

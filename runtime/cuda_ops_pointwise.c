@@ -88,29 +88,6 @@ static int act_dtype(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tenso
         if ((x) != 0) return -1;                                                               \
     } while (0)
 
-/* ---- dropout streams (cpu_backend.c fnv1a / drop_rng / shard_elem0) ---------------------- */
-
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; s && *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-static uint64_t drop_stream(const mgc_op_call *c) {
-    return fnv1a(opname(c)) ^ ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^
-           ((uint64_t)c->microbatch << 32);
-}
-
-static uint64_t shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t) {
-    if (t->split_axis != 0) return 0;
-    int64_t r = 0;
-    if (t->split_group == MGC_GROUP_TP) r = c->co.tp;
-    else if (t->split_group == MGC_GROUP_TPCP) r = c->co.tp + c->co.cp * c->grid_tp;
-    else if (t->split_group == MGC_GROUP_CP) r = c->co.cp;
-    return (uint64_t)r * (uint64_t)numel(t);
-}
-
 /* ---- the ops ------------------------------------------------------------------------------ */
 
 static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
@@ -206,7 +183,7 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_tensor *ref = op->kind == MGC_POP_DROPOUT ? tin(c, 0) : tout(c, 0);
     int64_t n = numel(ref);
     double p = op->fattr[0];
-    uint64_t seed = c->seed, stream = drop_stream(c), elem0 = shard_elem0(c, ref);
+    uint64_t seed = c->seed, stream = mgc_op_dropout_stream(c), elem0 = mgc_op_shard_elem0(c, ref);
     uint32_t thr = mgc_rng_drop_threshold(p);
     float sc = (float)(1.0 / (1.0 - p));
     int drop = p > 0;

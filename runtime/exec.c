@@ -590,13 +590,6 @@ void mgc_exec_free(mgc_exec *x) {
 
 /* ---- parameter initialisation -------------------------------------------------------- */
 
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 /* A standard normal from two counter-based words (Box-Muller). */
 static double normal_at(uint64_t seed, uint64_t stream, uint64_t i) {
     uint32_t a = mgc_rng_u32(seed, stream, 2 * i), b = mgc_rng_u32(seed, stream, 2 * i + 1);
@@ -643,7 +636,7 @@ int mgc_exec_init_params(mgc_exec *x) {
     for (int64_t i = 0; i < x->n_params; i++) {
         const pentry *e = &x->params[i];
         const mgc_plan_tensor *T = &x->sp->chunks[e->pub.chunk].tensors[e->tensor];
-        uint64_t stream = fnv1a(e->pub.name);
+        uint64_t stream = mgc_rng_name_hash(e->pub.name);
         double std = x->init_std * (e->scaled ? 1.0 / sqrt(2.0 * (double)x->num_layers) : 1.0);
         for (int64_t li = 0; li < e->pub.numel; li++) {
             if (T->rank < 2) { /* norms 1, biases 0 */

@@ -63,3 +63,10 @@ uint32_t mgc_rng_drop_threshold(double p) {
     if (t >= 4294967295.0) return 0xffffffffu;
     return (uint32_t)t;
 }
+
+uint64_t mgc_rng_name_hash(const char *name) {
+    uint64_t h = 1469598103934665603ull;
+    for (; name && *name; name++)
+        h = (h ^ (unsigned char)*name) * 1099511628211ull;
+    return h;
+}

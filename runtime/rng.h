@@ -26,6 +26,10 @@ void mgc_rng_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t o
  * site (0..255: which dropout of the layer) in bits 32..39, microbatch in bits 0..31. */
 uint64_t mgc_rng_stream(int32_t layer, uint32_t site, uint32_t microbatch);
 
+/* FNV-1a 64 of a name: the stream of a named thing (a parameter's initial values, a
+ * dropout site).  "" and NULL hash to the offset basis. */
+uint64_t mgc_rng_name_hash(const char *name);
+
 /* The 32-bit random word of element `index` of `stream` under `seed`. */
 uint32_t mgc_rng_u32(uint64_t seed, uint64_t stream, uint64_t index);
 
