@@ -16,9 +16,11 @@
 #include "codegen.h"
 #include "compile.h"
 #include "config.h"
+#include "cost.h"
 #include "data_cmd.h"
 #include "diag.h"
 #include "facts.h"
+#include "hwprofile.h"
 #include "kernels.h"
 #include "nvrtc.h"
 #include "partition.h"
@@ -28,6 +30,7 @@
 #include "plan_report.h"
 #include "schedule.h"
 #include "schema.h"
+#include "sweep.h"
 
 #ifndef MGC_VERSION
 #define MGC_VERSION "0.0.0"
@@ -42,6 +45,7 @@ static void usage(FILE *out) {
           "  compile FILE      partition, schedule and memory-plan the model; -o PLAN writes the plan\n"
           "  inspect PLAN      explain a plan file (--memory: arena breakdown)\n"
           "  data              build Megatron indexed datasets: data build, data synthetic, data info\n"
+          "  sweep FILE        rank variants (--vary KEY=V1,V2,...) by predicted throughput (sweep --help)\n"
           "  schema            print the config schema (--json: JSON Schema, --markdown: key table)\n"
           "  version           print the version and the CUDA toolchain this build found\n"
           "\n"
@@ -73,10 +77,15 @@ typedef struct opts {
     const char *archs;    /* --arch */
     const char *output;   /* -o */
     const char *timeline; /* --timeline */
+    const char *hardware; /* --hardware: profile name or file for the prediction */
+    const char *target;   /* check --target GPU:N */
+    double headroom;      /* check --headroom PCT (fraction) */
+    int no_predict;       /* compile/inspect: no cost-model prediction */
 } opts;
 
 static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
     memset(o, 0, sizeof *o);
+    o->headroom = -1; /* unset: the command's default */
     o->sets = calloc((size_t)argc, sizeof *o->sets);
     o->files = calloc((size_t)argc, sizeof *o->files);
     if (!o->sets || !o->files) return fprintf(stderr, "mgc: out of memory\n"), 0;
@@ -108,6 +117,25 @@ static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
             o->ops = 1;
         } else if (!strcmp(a, "--no-kernels")) {
             o->no_kernels = 1;
+        } else if (!strcmp(a, "--no-predict")) {
+            o->no_predict = 1;
+        } else if (!strcmp(a, "--hardware") || !strcmp(a, "--target") || !strcmp(a, "--headroom")) {
+            if (i + 1 >= argc) return fprintf(stderr, "mgc %s: %s needs a value\n", cmd, a), 0;
+            const char *v = argv[++i];
+            if (!strcmp(a, "--hardware")) {
+                o->hardware = v;
+            } else if (!strcmp(a, "--target")) {
+                o->target = v;
+            } else {
+                char *end = NULL;
+                double h = strtod(v, &end);
+                if (end && *end == '%') end++;
+                if (!end || end == v || *end || !(h >= 0 && h < 100)) {
+                    fprintf(stderr, "mgc %s: --headroom %s: expected a percentage in [0, 100), e.g. 10\n", cmd, v);
+                    return 0;
+                }
+                o->headroom = h / 100;
+            }
         } else if (!strcmp(a, "--arch")) {
             if (i + 1 >= argc) return fprintf(stderr, "mgc %s: --arch needs a list, e.g. 80,90\n", cmd), 0;
             o->archs = argv[++i];
@@ -171,6 +199,15 @@ static void load(const char *file, const opts *o, loaded *L) {
         snprintf(origin, sizeof origin, "--set #%d", i + 1);
         mgc_config_set(L->cfg, o->sets[i], origin, &L->diags);
     }
+    if (o->target) {
+        /* --target GPU:N (checked by cmd_check): the profile and the world size */
+        const char *colon = strrchr(o->target, ':');
+        char set[300];
+        snprintf(set, sizeof set, "hardware.gpu=\"%.*s\"", (int)(colon - o->target), o->target);
+        mgc_config_set(L->cfg, set, "--target", &L->diags);
+        snprintf(set, sizeof set, "parallel.world_size=%s", colon + 1);
+        mgc_config_set(L->cfg, set, "--target", &L->diags);
+    }
     /* consistency rules run only over a config whose keys all parsed */
     if (L->diags.errors == 0) mgc_config_finalize(L->cfg, &L->diags);
     if (L->diags.errors == 0) {
@@ -208,6 +245,23 @@ static void print_diags(const loaded *L, const opts *o) {
     else mgc_diags_print(&L->diags, stderr);
 }
 
+/* The cost model's prediction for a plan on the profile `hwname`; diagnostics
+ * (an unknown profile, a plan it cannot cost) point at `at`.  0 ok. */
+static int predict(const mgc_plan *p, const char *hwname, mgc_loc at, mgc_hw *hw, mgc_cost_report *r,
+                   mgc_diags *d) {
+    if (mgc_hw_load_at(hwname, at, hw, d)) return -1;
+    mgc_cost_options co;
+    memset(&co, 0, sizeof co);
+    co.hw = hw;
+    char err[512];
+    if (mgc_cost_plan(p, &co, r, err, sizeof err)) {
+        mgc_diag(d, MGC_SEV_ERROR, at, "this is a bug in mgc; please report it with the config",
+                 "cannot predict the step time: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 static int cmd_check(int argc, char **argv) {
     opts o;
     if (!parse_opts(argc, argv, &o, "check")) return free_opts(&o), 2;
@@ -215,6 +269,23 @@ static int cmd_check(int argc, char **argv) {
         fputs("mgc check: no input files (usage: mgc check [--set K=V]... FILE...)\n", stderr);
         free_opts(&o);
         return 2;
+    }
+    if (o.headroom >= 0 && !o.target) {
+        fputs("mgc check: --headroom needs --target GPU:N\n", stderr);
+        free_opts(&o);
+        return 2;
+    }
+    if (o.target) {
+        const char *colon = strrchr(o.target, ':');
+        char *end = NULL;
+        long long n = colon ? strtoll(colon + 1, &end, 10) : 0;
+        if (!colon || colon == o.target || colon - o.target > 250 || !end || end == colon + 1 || *end || n < 1 ||
+            n > 16777216) {
+            fprintf(stderr, "mgc check: --target %s: expected PROFILE:GPUS, e.g. h100-sxm:64\n", o.target);
+            free_opts(&o);
+            return 2;
+        }
+        if (o.headroom < 0) o.headroom = 0.10;
     }
     int failed = 0;
     mgc_json j;
@@ -226,6 +297,38 @@ static int cmd_check(int argc, char **argv) {
     for (int i = 0; i < o.nfiles; i++) {
         loaded L;
         load(o.files[i], &o, &L);
+        /* --target: the plan must compile and its largest arena fit */
+        mgc_hw hw;
+        mgc_cost_report cr;
+        int have_pred = 0, fits = 0;
+        double usable = 0;
+        if (L.ok && o.target) {
+            mgc_plan *p = mgc_compile(L.cfg, L.graph, &L.diags);
+            if (p) {
+                p->model_flops_per_iter = L.facts.flops.model_per_iteration;
+                mgc_loc at = mgc_config_loc(L.cfg, MGC_KEY_HW_GPU);
+                if (predict(p, L.cfg->hardware.gpu, at, &hw, &cr, &L.diags) == 0) {
+                    have_pred = 1;
+                    usable = hw.memory_bytes * (1 - o.headroom);
+                    fits = (double)cr.max_arena_bytes <= usable;
+                    if (!fits) {
+                        int64_t worst = 0;
+                        for (int64_t s = 0; s < p->n_stages; s++)
+                            if (p->stages[s].arena_bytes > p->stages[worst].arena_bytes) worst = s;
+                        mgc_diag(&L.diags, MGC_SEV_ERROR, L.cfg->file_loc,
+                                 "more pipeline or tensor parallelism, recompute, the distributed optimizer or a "
+                                 "smaller micro batch lower it (mgc compile --memory shows the arena)",
+                                 "does not fit on %s: pipeline rank %lld needs %.2f GiB, %.2f GiB usable "
+                                 "(%.2f GiB less %.0f%% headroom)",
+                                 hw.name, (long long)worst, (double)cr.max_arena_bytes / 1073741824.0,
+                                 usable / 1073741824.0, hw.memory_bytes / 1073741824.0, 100 * o.headroom);
+                    }
+                }
+                mgc_plan_free(p);
+            }
+            mgc_diags_sort(&L.diags);
+            L.ok = L.diags.errors == 0;
+        }
         if (!L.ok) failed++;
         if (!o.json || L.diags.n) print_diags(&L, &o);
         if (o.json) {
@@ -243,6 +346,18 @@ static int cmd_check(int argc, char **argv) {
                 mgc_json_u64(&j, "active", L.facts.params.active);
                 mgc_json_obj_end(&j);
             }
+            if (have_pred) {
+                mgc_json_obj_begin(&j, "target");
+                mgc_json_str(&j, "hardware", hw.name);
+                mgc_json_int(&j, "gpus", L.cfg->parallel.world_size);
+                mgc_json_bool(&j, "fits", fits);
+                mgc_json_u64(&j, "max_arena_bytes", cr.max_arena_bytes);
+                mgc_json_num(&j, "usable_bytes", usable);
+                mgc_json_num(&j, "memory_bytes", hw.memory_bytes);
+                mgc_json_num(&j, "headroom", o.headroom);
+                mgc_json_obj_end(&j);
+                mgc_cost_print_json(&cr, &hw, &j, "predicted");
+            }
             diags_json(&j, &L.diags);
             mgc_json_obj_end(&j);
         } else if (L.ok && !o.quiet && !o.github) {
@@ -250,6 +365,11 @@ static int cmd_check(int argc, char **argv) {
                    L.cfg->model.name[0] ? L.cfg->model.name : "", L.cfg->model.name[0] ? ", " : "",
                    (unsigned long long)L.facts.params.total, (long long)L.cfg->derived.padded_vocab_size,
                    (long long)L.cfg->parallel.world_size, L.diags.warnings ? " (with warnings)" : "");
+            if (have_pred)
+                printf("%s: fits on %s: %.2f GiB of %.2f GiB usable (%.0f%% headroom); predicted %.4g tokens/s, "
+                       "MFU %.1f%%\n",
+                       o.files[i], hw.name, (double)cr.max_arena_bytes / 1073741824.0, usable / 1073741824.0,
+                       100 * o.headroom, cr.tokens_per_s, 100 * cr.mfu);
         }
         unload(&L);
     }
@@ -355,19 +475,22 @@ static int write_timeline(const mgc_plan *p, const char *path) {
     return rc;
 }
 
-static void plan_report(const mgc_plan *p, const opts *o, const char *file) {
+static void plan_report(const mgc_plan *p, const opts *o, const char *file, const mgc_hw *hw,
+                        const mgc_cost_report *r) {
     if (o->json) {
         mgc_json j;
         mgc_json_init(&j, stdout, 2);
         mgc_json_obj_begin(&j, NULL);
         mgc_json_str(&j, "file", file);
         mgc_plan_print_json(p, &j, o->memory);
+        if (hw && r) mgc_cost_print_json(r, hw, &j, "predicted");
         mgc_json_obj_end(&j);
         mgc_json_finish(&j);
         return;
     }
     mgc_plan_print_summary(p, stdout);
     if (o->memory) mgc_plan_print_memory(p, stdout);
+    if (hw && r) mgc_cost_print_text(r, hw, stdout);
 }
 
 /* The plan's CUDA kernels, compiled with NVRTC (when it is installed) for the
@@ -440,6 +563,14 @@ static int cmd_compile(int argc, char **argv) {
         if (p) p->model_flops_per_iter = L.facts.flops.model_per_iteration;
         mgc_diags_sort(&L.diags);
     }
+    mgc_hw hw;
+    mgc_cost_report cr;
+    int have_pred = 0;
+    if (p && !o.no_predict) {
+        mgc_loc at = o.hardware ? (mgc_loc){"--hardware", 0, 0} : mgc_config_loc(L.cfg, MGC_KEY_HW_GPU);
+        if (predict(p, o.hardware ? o.hardware : L.cfg->hardware.gpu, at, &hw, &cr, &L.diags) == 0) have_pred = 1;
+        else mgc_plan_free(p), p = NULL;
+    }
     mgc_diags_print(&L.diags, stderr);
     int rc = p ? 0 : 1;
     char kline[512] = "";
@@ -452,7 +583,7 @@ static int cmd_compile(int argc, char **argv) {
         }
     }
     if (p && rc == 0) {
-        plan_report(p, &o, o.files[0]);
+        plan_report(p, &o, o.files[0], have_pred ? &hw : NULL, have_pred ? &cr : NULL);
         if (kline[0] && !o.json) printf("%s\n", kline);
         if (o.output && !o.json) printf("wrote %s\n", o.output);
         if (o.timeline) rc = write_timeline(p, o.timeline);
@@ -479,14 +610,29 @@ static int cmd_inspect(int argc, char **argv) {
         fprintf(stderr, "mgc inspect: %s\n", err);
         rc = 1;
     } else {
-        plan_report(p, &o, o.files[0]);
-        if (o.ops)
+        mgc_hw hw;
+        mgc_cost_report cr;
+        int have_pred = 0;
+        if (!o.no_predict) {
+            mgc_diags d;
+            mgc_diags_init(&d);
+            const char *name = o.hardware ? o.hardware : mgc_plan_config_str(p, "hardware.gpu");
+            if (name && name[0]) {
+                mgc_loc at = {o.hardware ? "--hardware" : o.files[0], 0, 0};
+                if (predict(p, name, at, &hw, &cr, &d) == 0) have_pred = 1;
+                else rc = 1;
+            }
+            mgc_diags_print(&d, stderr);
+            mgc_diags_free(&d);
+        }
+        if (rc == 0) plan_report(p, &o, o.files[0], have_pred ? &hw : NULL, have_pred ? &cr : NULL);
+        if (o.ops && rc == 0)
             for (int64_t s = 0; s < p->n_stages; s++)
                 for (int64_t c = 0; c < p->stages[s].n_chunks; c++) {
                     printf("# stage %" PRId64 " chunk %" PRId64 "\n", s, c);
                     mgc_partition_print(p, &p->stages[s].chunks[c], stdout);
                 }
-        if (o.timeline) rc = write_timeline(p, o.timeline);
+        if (o.timeline && rc == 0) rc = write_timeline(p, o.timeline);
     }
     mgc_plan_free(p);
     free_opts(&o);
@@ -527,6 +673,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) return cmd_schema(argc - 2, argv + 2);
     if (!strcmp(cmd, "data")) return mgc_cmd_data(argc - 2, argv + 2);
+    if (!strcmp(cmd, "sweep")) return mgc_cmd_sweep(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) return usage(stdout), 0;
     fprintf(stderr, "mgc: unknown command '%s'\n", cmd);
