@@ -388,6 +388,12 @@ double mgc_cost_instr(const mgc_plan *p, int64_t stage, const mgc_instr *in, con
     return instr_cost(&c, stage, in, NULL, cls);
 }
 
+int mgc_cost_group_spans_nodes(const mgc_plan *p, int64_t stage, int group, const mgc_cost_options *o) {
+    ctx c;
+    ctx_init(&c, p, o, 0);
+    return group_layout(&c, stage, group).nodes > 1;
+}
+
 /* ---- the step ------------------------------------------------------------------------- */
 
 typedef struct sim_user {
@@ -625,7 +631,7 @@ done:
 
 void mgc_cost_print_text(const mgc_cost_report *r, const mgc_hw *hw, FILE *out) {
     double gib = 1073741824.0;
-    fprintf(out, "predicted on %s (%lld node%s x %lld GPUs, cost model: docs/cost-model.md):\n", hw->name,
+    fprintf(out, "predicted on %s, %lld node%s of %lld GPUs (cost model: docs/cost-model.md):\n", hw->name,
             (long long)r->nodes, r->nodes == 1 ? "" : "s", (long long)r->gpus_per_node);
     fprintf(out, "  step %.4g s, %.4g tokens/s, %.1f model TFLOP/s per GPU, MFU %.1f%%, HFU %.1f%%\n", r->step_s,
             r->tokens_per_s, r->model_tflops_per_gpu, 100 * r->mfu, 100 * r->hfu);

@@ -101,6 +101,10 @@ double mgc_cost_op(const mgc_plan *p, int64_t stage, const mgc_plan_chunk *ch, c
 double mgc_cost_instr(const mgc_plan *p, int64_t stage, const mgc_instr *in, const mgc_cost_options *o,
                       mgc_cost_class *cls);
 
+/* 1 when the group of kind `group` (mgc_group_kind) of stage `stage`'s first
+ * rank spans more than one node (its collectives use the network), else 0. */
+int mgc_cost_group_spans_nodes(const mgc_plan *p, int64_t stage, int group, const mgc_cost_options *o);
+
 /* Human-readable report (a few lines, for mgc compile / inspect). */
 void mgc_cost_print_text(const mgc_cost_report *r, const mgc_hw *hw, FILE *out);
 /* The same as a JSON object member `key` (e.g. "predicted"). */

@@ -47,13 +47,13 @@ static const field fields[] = {
     F("node", "nvlink_latency_us", nvlink_latency_s, 1e-6, 0, 1e6),
     F("network", "gbs", net_bw, 1e9, 0.001, 1e7),
     F("network", "latency_us", net_latency_s, 1e-6, 0, 1e6),
-    F("efficiency", "gemm", eff.gemm, 1, 0.001, 1),
+    F("efficiency", "gemm", eff.gemm, 1, 1e-6, 1),
     F("efficiency", "gemm_k_half", eff.gemm_k_half, 1, 0, 1e6),
-    F("efficiency", "memory", eff.memory, 1, 0.001, 1),
-    F("efficiency", "attention_fwd", eff.attention_fwd, 1, 0.001, 1),
-    F("efficiency", "attention_bwd", eff.attention_bwd, 1, 0.001, 1),
-    F("efficiency", "nvlink", eff.nvlink, 1, 0.001, 1),
-    F("efficiency", "network", eff.network, 1, 0.001, 1),
+    F("efficiency", "memory", eff.memory, 1, 1e-6, 1),
+    F("efficiency", "attention_fwd", eff.attention_fwd, 1, 1e-6, 1),
+    F("efficiency", "attention_bwd", eff.attention_bwd, 1, 1e-6, 1),
+    F("efficiency", "nvlink", eff.nvlink, 1, 1e-6, 1),
+    F("efficiency", "network", eff.network, 1, 1e-6, 1),
 };
 #undef F
 #define NFIELDS (sizeof fields / sizeof fields[0])
@@ -92,6 +92,7 @@ static void copy_str(char *dst, size_t n, const mgc_ynode *v) {
 /* One numeric value; records it as seen. */
 static void parse_value(const char *file, const mgc_ynode *v, const field *f, mgc_hw *hw, uint8_t *seen,
                         mgc_diags *d) {
+    seen[f - fields] = 1; /* present: a bad value is its own error, not also "missing" */
     mgc_loc at = v->loc;
     at.file = file;
     char *end = NULL;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "calibrate.h"
 #include "codegen.h"
 #include "compile.h"
 #include "config.h"
@@ -45,6 +46,8 @@ static void usage(FILE *out) {
           "  compile FILE      partition, schedule and memory-plan the model; -o PLAN writes the plan\n"
           "  inspect PLAN      explain a plan file (--memory: arena breakdown)\n"
           "  data              build Megatron indexed datasets: data build, data synthetic, data info\n"
+          "  calibrate PLAN    fit a hardware profile to measured times (mgc-run --profile, or --step-time)\n"
+          "  hardware [NAME]   list the hardware profiles, or print one as YAML\n"
           "  sweep FILE        rank variants (--vary KEY=V1,V2,...) by predicted throughput (sweep --help)\n"
           "  schema            print the config schema (--json: JSON Schema, --markdown: key table)\n"
           "  version           print the version and the CUDA toolchain this build found\n"
@@ -63,6 +66,11 @@ static void usage(FILE *out) {
           "                    hardware.cuda_archs)\n"
           "  --no-kernels      compile: no CUDA kernels in the plan (mgc-run JIT-compiles them)\n"
           "  --timeline SVG    compile, inspect: draw the pipeline schedule as an SVG Gantt chart\n"
+          "  --hardware NAME   compile, inspect: predict on this profile (default: hardware.gpu)\n"
+          "  --no-predict      compile, inspect: no cost-model prediction\n"
+          "  --no-grad-overlap compile, inspect: predict gradient reductions after the backward\n"
+          "  --target GPU:N    check: compile for N GPUs of profile GPU and check the memory fits\n"
+          "  --headroom PCT    check --target: memory kept free (default 10)\n"
           "\n"
           "exit status: 0 ok, 1 an input has errors, 2 usage error\n",
           out);
@@ -81,6 +89,7 @@ typedef struct opts {
     const char *target;   /* check --target GPU:N */
     double headroom;      /* check --headroom PCT (fraction) */
     int no_predict;       /* compile/inspect: no cost-model prediction */
+    int no_grad_overlap;  /* the prediction: gradient reductions after the backward */
 } opts;
 
 static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
@@ -119,6 +128,8 @@ static int parse_opts(int argc, char **argv, opts *o, const char *cmd) {
             o->no_kernels = 1;
         } else if (!strcmp(a, "--no-predict")) {
             o->no_predict = 1;
+        } else if (!strcmp(a, "--no-grad-overlap")) {
+            o->no_grad_overlap = 1;
         } else if (!strcmp(a, "--hardware") || !strcmp(a, "--target") || !strcmp(a, "--headroom")) {
             if (i + 1 >= argc) return fprintf(stderr, "mgc %s: %s needs a value\n", cmd, a), 0;
             const char *v = argv[++i];
@@ -247,12 +258,13 @@ static void print_diags(const loaded *L, const opts *o) {
 
 /* The cost model's prediction for a plan on the profile `hwname`; diagnostics
  * (an unknown profile, a plan it cannot cost) point at `at`.  0 ok. */
-static int predict(const mgc_plan *p, const char *hwname, mgc_loc at, mgc_hw *hw, mgc_cost_report *r,
-                   mgc_diags *d) {
+static int predict(const mgc_plan *p, const char *hwname, mgc_loc at, int no_overlap, mgc_hw *hw,
+                   mgc_cost_report *r, mgc_diags *d) {
     if (mgc_hw_load_at(hwname, at, hw, d)) return -1;
     mgc_cost_options co;
     memset(&co, 0, sizeof co);
     co.hw = hw;
+    co.no_grad_overlap = no_overlap;
     char err[512];
     if (mgc_cost_plan(p, &co, r, err, sizeof err)) {
         mgc_diag(d, MGC_SEV_ERROR, at, "this is a bug in mgc; please report it with the config",
@@ -307,7 +319,7 @@ static int cmd_check(int argc, char **argv) {
             if (p) {
                 p->model_flops_per_iter = L.facts.flops.model_per_iteration;
                 mgc_loc at = mgc_config_loc(L.cfg, MGC_KEY_HW_GPU);
-                if (predict(p, L.cfg->hardware.gpu, at, &hw, &cr, &L.diags) == 0) {
+                if (predict(p, L.cfg->hardware.gpu, at, o.no_grad_overlap, &hw, &cr, &L.diags) == 0) {
                     have_pred = 1;
                     usable = hw.memory_bytes * (1 - o.headroom);
                     fits = (double)cr.max_arena_bytes <= usable;
@@ -568,7 +580,7 @@ static int cmd_compile(int argc, char **argv) {
     int have_pred = 0;
     if (p && !o.no_predict) {
         mgc_loc at = o.hardware ? (mgc_loc){"--hardware", 0, 0} : mgc_config_loc(L.cfg, MGC_KEY_HW_GPU);
-        if (predict(p, o.hardware ? o.hardware : L.cfg->hardware.gpu, at, &hw, &cr, &L.diags) == 0) have_pred = 1;
+        if (predict(p, o.hardware ? o.hardware : L.cfg->hardware.gpu, at, o.no_grad_overlap, &hw, &cr, &L.diags) == 0) have_pred = 1;
         else mgc_plan_free(p), p = NULL;
     }
     mgc_diags_print(&L.diags, stderr);
@@ -619,7 +631,7 @@ static int cmd_inspect(int argc, char **argv) {
             const char *name = o.hardware ? o.hardware : mgc_plan_config_str(p, "hardware.gpu");
             if (name && name[0]) {
                 mgc_loc at = {o.hardware ? "--hardware" : o.files[0], 0, 0};
-                if (predict(p, name, at, &hw, &cr, &d) == 0) have_pred = 1;
+                if (predict(p, name, at, o.no_grad_overlap, &hw, &cr, &d) == 0) have_pred = 1;
                 else rc = 1;
             }
             mgc_diags_print(&d, stderr);
@@ -644,6 +656,40 @@ static int cmd_schema(int argc, char **argv) {
     if (argc == 1 && !strcmp(argv[0], "--markdown")) return mgc_schema_print_markdown(stdout), 0;
     fputs("usage: mgc schema --json | --markdown\n", stderr);
     return 2;
+}
+
+static int cmd_hardware(int argc, char **argv) {
+    if (argc > 1) {
+        fputs("usage: mgc hardware [NAME|FILE]\n", stderr);
+        return 2;
+    }
+    if (argc == 0) {
+        char names[64][64];
+        int n = mgc_hw_builtin_names(names, 64);
+        printf("built-in hardware profiles (mgc hardware NAME prints one):\n");
+        for (int i = 0; i < n && i < 64; i++) {
+            mgc_hw hw;
+            mgc_diags d;
+            mgc_diags_init(&d);
+            if (mgc_hw_load(names[i], &hw, &d) == 0)
+                printf("  %-16s %s\n", hw.name, hw.description);
+            mgc_diags_free(&d);
+        }
+        const char *path = getenv("MGC_HARDWARE_PATH");
+        printf("user profiles: NAME.yaml in the directories of MGC_HARDWARE_PATH (%s), or a file path\n",
+               path && path[0] ? path : "not set");
+        return 0;
+    }
+    mgc_hw hw;
+    mgc_diags d;
+    mgc_diags_init(&d);
+    int rc = mgc_hw_load(argv[0], &hw, &d);
+    mgc_diags_print(&d, stderr);
+    mgc_diags_free(&d);
+    if (rc) return 1;
+    char comment[700];
+    snprintf(comment, sizeof comment, "%s (from %s)", hw.name, hw.source);
+    return mgc_hw_write_yaml(&hw, comment, stdout) ? 1 : 0;
 }
 
 static int cmd_version(void) {
@@ -673,6 +719,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) return cmd_schema(argc - 2, argv + 2);
     if (!strcmp(cmd, "data")) return mgc_cmd_data(argc - 2, argv + 2);
+    if (!strcmp(cmd, "calibrate")) return mgc_cmd_calibrate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "hardware")) return cmd_hardware(argc - 2, argv + 2);
     if (!strcmp(cmd, "sweep")) return mgc_cmd_sweep(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) return usage(stdout), 0;
