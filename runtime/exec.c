@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu_ops.h" /* the LR schedule (pure arithmetic, no kernel) */
+#include "profile.h"
 #include "rng.h"
 
 #define LIN_TIED     1
@@ -78,6 +80,7 @@ struct mgc_exec {
     int32_t *tok;              /* (seq_length + 1) */
     mgc_exec_op_hook hook_before, hook_after;
     void *hook_ctx;
+    mgc_profile *prof;         /* --profile: where the times go; NULL: no timing at all */
     char err[2048];
 };
 
@@ -122,6 +125,23 @@ void mgc_exec_set_op_hooks(mgc_exec *x, mgc_exec_op_hook before, mgc_exec_op_hoo
 
 mgc_backend *mgc_exec_backend(const mgc_exec *x) {
     return x->be;
+}
+
+void mgc_exec_set_profile(mgc_exec *x, mgc_profile *p) {
+    x->prof = p;
+}
+
+/* Profiling: wait for the backend's queued work, then read the clock, so an
+ * asynchronous backend's time lands on the item that queued it. */
+static int prof_clock(mgc_exec *x, double *t_s) {
+    if (x->be->iface->sync(x->be)) {
+        xfail(x, "rank %" PRId64 ": synchronizing the backend for --profile: %s", x->rank, x->be->err);
+        return -1;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *t_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return 0;
 }
 
 static uint64_t tnumel(const mgc_plan_tensor *t) {
@@ -832,7 +852,8 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
 
 /* ---- passes ------------------------------------------------------------------------------ */
 
-static int run_ops(mgc_exec *x, int c, const mgc_plan_op *ops, int64_t n, int32_t mb) {
+/* Runs a chunk's forward (pass 0) or backward (pass 1) ops for microbatch mb. */
+static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     mgc_op_call call;
     memset(&call, 0, sizeof call);
@@ -849,10 +870,16 @@ static int run_ops(mgc_exec *x, int c, const mgc_plan_op *ops, int64_t n, int32_
     call.iteration = x->iteration;
     call.microbatch = (int64_t)mb * x->dp + x->co.dp;
     call.dloss = 1.0 / (double)(x->mb_count * x->dp);
+    double t0 = 0, t1 = 0;
     for (int64_t i = 0; i < n; i++) {
         const mgc_plan_op *op = &ops[i];
         if (op->kind >= MGC_POP_ALL_REDUCE) {
+            if (x->prof && prof_clock(x, &t0)) return -1;
             if (run_collective(x, c, op, mb)) return -1;
+            if (x->prof) {
+                if (prof_clock(x, &t1)) return -1;
+                mgc_profile_add_op(x->prof, c, pass, i, t1 - t0);
+            }
             continue;
         }
         call.op = op;
@@ -865,7 +892,12 @@ static int run_ops(mgc_exec *x, int c, const mgc_plan_op *ops, int64_t n, int32_
                 return xfail(x, "'%s' output %d (%s) has no memory", sname(x, op->name), k,
                              sname(x, ch->tensors[op->out[k]].name));
         if (x->hook_before) x->hook_before(x->hook_ctx, &call);
+        if (x->prof && prof_clock(x, &t0)) return -1;
         int orc = x->be->iface->run_op(x->be, &call);
+        if (!orc && x->prof) {
+            if (prof_clock(x, &t1)) return -1;
+            mgc_profile_add_op(x->prof, c, pass, i, t1 - t0);
+        }
         if (!orc && x->hook_after) x->hook_after(x->hook_ctx, &call);
         if (orc) {
             char what[300];
@@ -894,7 +926,7 @@ static int forward(mgc_exec *x, int c, int32_t mb) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     chunk_rt *r = &x->chunks[c];
     if (r->in_act >= 0 && copy_tensor(x, c, r->in_act, mb, r->comm[1][mb], 1)) return -1;
-    if (run_ops(x, c, ch->fwd, ch->n_fwd, mb)) return -1;
+    if (run_ops(x, c, 0, ch->fwd, ch->n_fwd, mb)) return -1;
     if (r->out_act >= 0 && copy_tensor(x, c, r->out_act, mb, r->comm[0][mb], 0)) return -1;
     float v[2];
     if (r->loss >= 0) {
@@ -918,7 +950,7 @@ static int backward(mgc_exec *x, int c, int32_t mb) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     chunk_rt *r = &x->chunks[c];
     if (r->out_grad >= 0 && copy_tensor(x, c, r->out_grad, mb, r->comm[3][mb], 1)) return -1;
-    if (run_ops(x, c, ch->bwd, ch->n_bwd, mb)) return -1;
+    if (run_ops(x, c, 1, ch->bwd, ch->n_bwd, mb)) return -1;
     if (r->in_grad >= 0 && copy_tensor(x, c, r->in_grad, mb, r->comm[2][mb], 0)) return -1;
     return 0;
 }
@@ -1058,12 +1090,21 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     x->iteration = iteration;
     x->loss_sum = x->aux_sum = x->z_sum = 0;
     const mgc_stage_program *sp = x->sp;
+    double step_t0 = 0, t0 = 0, t1 = 0;
+    if (x->prof && prof_clock(x, &step_t0)) {
+        mgc_comm_abort(x->world, x->err);
+        return -1;
+    }
     if (x->be->iface->zero(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes))
         return be_fail(x, "zeroing gradients");
     int did_opt = 0;
     for (int64_t i = 0; i < sp->n_instrs; i++) {
         const mgc_instr *in = &sp->instrs[i];
         int rc = 0;
+        if (x->prof && prof_clock(x, &t0)) {
+            mgc_comm_abort(x->world, x->err);
+            return -1;
+        }
         switch ((mgc_instr_op)in->op) {
         case MGC_I_LOAD_BATCH: rc = load_batch(x, in->mb, in->arg, fn, ctx); break;
         case MGC_I_FORWARD: rc = forward(x, in->chunk, in->mb); break;
@@ -1078,6 +1119,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         case MGC_I_GATHER_PARAMS: rc = gather_params(x, in->arg); break;
         default: rc = xfail(x, "instruction %" PRId64 ": unknown op %u", i, in->op);
         }
+        if (!rc && x->prof && !(rc = prof_clock(x, &t1))) mgc_profile_add_instr(x->prof, i, t1 - t0);
         if (rc) {
             mgc_comm_abort(x->world, x->err);
             return -1;
@@ -1100,5 +1142,12 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     st->aux_loss = tot[1] / denom;
     st->z_loss = tot[2] / denom;
     st->tokens = x->mbs * x->mb_count * x->dp * x->seq_length;
+    if (x->prof) {
+        if (prof_clock(x, &t1)) {
+            mgc_comm_abort(x->world, x->err);
+            return -1;
+        }
+        mgc_profile_add_step(x->prof, t1 - step_t0);
+    }
     return 0;
 }

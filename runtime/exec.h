@@ -31,6 +31,7 @@
 #include "backend.h"
 #include "comm.h"
 #include "plan.h"
+#include "profile.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -95,6 +96,15 @@ mgc_backend *mgc_exec_backend(const mgc_exec *x);
  * replays each op of a CPU run on the GPU this way. */
 typedef void (*mgc_exec_op_hook)(void *ctx, const mgc_op_call *call);
 void mgc_exec_set_op_hooks(mgc_exec *x, mgc_exec_op_hook before, mgc_exec_op_hook after, void *ctx);
+
+/* Profiling (mgc-run --profile): while `p` is attached (NULL detaches), every
+ * step adds to it the time of each op of each chunk program (compute ops and
+ * collectives), of each instruction of the stream and of the whole step.  Each
+ * time is taken between two clock reads (CLOCK_MONOTONIC), each after the
+ * backend's sync, so the queued work of an asynchronous backend is counted
+ * where it was queued; that makes profiled steps slower.  Detached, the
+ * executor reads no clock and never syncs.  The caller keeps ownership. */
+void mgc_exec_set_profile(mgc_exec *x, mgc_profile *p);
 
 void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */
 

@@ -25,6 +25,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                    const mgc_train_opts *o, char *err, size_t errsz) {
     mgc_backend *be = NULL;
     mgc_exec *x = NULL;
+    mgc_profile *prof = NULL;
     int rc = -1;
     char berr[512];
     const char *want = o->backend ? o->backend : "cpu";
@@ -43,6 +44,15 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         return -1;
     }
     be->iface->set_threads(be, o->threads > 0 ? o->threads : 1);
+    if (o->profiles) {
+        char device[256];
+        mgc_profile_device_name(be->iface->name, device, sizeof device);
+        if (mgc_profile_open(&prof, plan, mgc_comm_world_rank(world), be->iface->name, device, err,
+                             errsz)) {
+            mgc_comm_abort(world, err);
+            goto done;
+        }
+    }
     if (mgc_exec_open(&x, plan, world, be, err, errsz)) {
         mgc_comm_abort(world, err);
         goto done;
@@ -69,6 +79,8 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     int64_t log_n = 0, log_tokens = 0;
     for (int64_t it = 0; it < iters; it++) {
         mgc_step_stats st;
+        /* the warm-up steps are not recorded (first-call costs: allocations, JIT, caches) */
+        mgc_exec_set_profile(x, it >= o->profile_warmup ? prof : NULL);
         double t0 = now_s();
         if (mgc_exec_step(x, it, mgc_train_data_sample, data, &st)) {
             snprintf(err, errsz, "step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
@@ -111,8 +123,10 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         double t = now_s() - t_start;
         fprintf(o->log, "mgc-run: %" PRId64 " steps in %.2f s\n", iters, t);
     }
+    if (prof) o->profiles[mgc_comm_world_rank(world)] = prof, prof = NULL;
     rc = 0;
 done:
+    mgc_profile_free(prof);
     mgc_exec_free(x);
     mgc_backend_close(be);
     return rc;

@@ -6,7 +6,9 @@
  *     o.losses = losses;                         // (iterations) per-step losses out
  *     if (mgc_train_local(plan, data, 4, &o, err, sizeof err)) ... err ...;
  *
- * Rank 0 prints the progress lines and writes the metrics (docs/runtime.md). */
+ * Rank 0 prints the progress lines and writes the metrics (docs/runtime.md).
+ * With o.profiles set every rank measures its steps after o.profile_warmup
+ * (exec.h, mgc_exec_set_profile) and hands its profile back in its slot. */
 #ifndef MGC_TRAIN_H
 #define MGC_TRAIN_H
 
@@ -15,6 +17,7 @@
 
 #include "comm.h"
 #include "plan.h"
+#include "profile.h"
 #include "train_data.h"
 
 #ifdef __cplusplus
@@ -32,10 +35,14 @@ typedef struct mgc_train_opts {
     double *grad_norms;    /* (iterations) or NULL */
     int64_t timeout_ms;    /* communicator timeout; <= 0 default */
     const char *backend;   /* "cpu", "cuda" or "auto" (cuda when a GPU is visible); NULL: cpu */
+    mgc_profile **profiles; /* (world size) or NULL: --profile.  A rank that succeeds stores its
+                              profile in profiles[its world rank] (the caller frees it); each
+                              rank writes only its own slot */
+    int64_t profile_warmup; /* steps run before the profile records (0 <= it < iterations) */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \
-    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL }
+    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0 }
 
 /* One rank's whole run over `world` (a world communicator of plan->grid.world ranks). */
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,

@@ -2,11 +2,12 @@
  * no libyaml, no compiler code is linked) and trains it.
  *
  *     mgc-run PLAN [--local-ranks N] [--backend cpu] [--threads N]
- *                  [--iterations N] [--log-interval N] [--metrics FILE] [-q]
+ *                  [--iterations N] [--log-interval N] [--metrics FILE]
+ *                  [--profile FILE [--profile-warmup N]] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
  *
  * Every check that can fail on bad input (the plan, the launch size, the
- * dataset, the metrics path) runs before the first step; exit status 0 ok,
+ * dataset, the metrics and profile paths) runs before the first step; exit status 0 ok,
  * 1 an error, 2 a usage error.  docs/runtime.md is the manual. */
 #include <errno.h>
 #include <inttypes.h>
@@ -19,6 +20,7 @@
 #include "comm.h"
 #include "exec.h"
 #include "plan.h"
+#include "profile.h"
 #include "train.h"
 #include "train_data.h"
 
@@ -37,6 +39,10 @@ static void usage(FILE *out) {
           "  --iterations N     steps to run (default: the plan's training.iterations)\n"
           "  --log-interval N   steps between progress lines (default: training.log_interval)\n"
           "  --metrics FILE     write one JSON object per step (JSON lines, docs/runtime.md)\n"
+          "  --profile FILE     time every op and instruction (slower steps: the backend is\n"
+          "                     synchronised around each) and write the sums to FILE as JSON\n"
+          "                     lines; under mpirun rank k > 0 writes FILE.rank<k>\n"
+          "  --profile-warmup N steps not recorded by --profile (default 1; below --iterations)\n"
           "  -q, --quiet        no progress lines\n"
           "\n"
           "exit status: 0 ok, 1 error, 2 usage error\n",
@@ -52,13 +58,45 @@ static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return 0;
 }
 
+/* Creates PATH.partial for writing (it becomes PATH when the run succeeds). */
+static FILE *open_partial(const char *path, char *partial, size_t n, const char *what,
+                          const char *opt) {
+    snprintf(partial, n, "%s.partial", path);
+    FILE *f = fopen(partial, "w");
+    if (!f)
+        fprintf(stderr, "mgc-run: cannot write the %s file %s: %s (choose a writable path with %s)\n",
+                what, partial, strerror(errno), opt);
+    return f;
+}
+
+/* Writes the profiles to `f` (PARTIAL), makes them durable and renames PARTIAL to PATH;
+ * on any failure the partial file is removed and the message names PATH. */
+static int finish_profile(FILE *f, const char *partial, const char *path, mgc_profile *const *ranks,
+                          int n, const mgc_profile_info *info) {
+    int missing = 0;
+    for (int r = 0; r < n; r++)
+        missing |= !ranks[r];
+    errno = missing ? EINVAL : 0;
+    int bad = missing || mgc_profile_write(f, ranks, n, info) != 0 || fflush(f) != 0 ||
+              fsync(fileno(f)) != 0;
+    int e = errno;
+    if (fclose(f) != 0 && !bad) bad = 1, e = errno;
+    if (!bad && rename(partial, path)) bad = 1, e = errno;
+    if (bad) {
+        remove(partial);
+        fprintf(stderr, "mgc-run: cannot write the profile file %s: %s\n", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
 static int under_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
 int main(int argc, char **argv) {
-    const char *plan_path = NULL, *metrics_path = NULL, *backend = "auto";
-    int64_t local = 0, threads = 1, iters = 0, log_every = 0;
+    const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
+    int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
     int quiet = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -72,12 +110,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) target = &threads, hi = 1024;
         else if (!strcmp(a, "--iterations")) target = &iters, hi = INT64_MAX / 2;
         else if (!strcmp(a, "--log-interval")) target = &log_every, hi = INT64_MAX / 2;
-        else if (!strcmp(a, "--metrics") || !strcmp(a, "--backend")) {
+        else if (!strcmp(a, "--profile-warmup")) target = &warmup, lo = 0, hi = INT64_MAX / 2;
+        else if (!strcmp(a, "--metrics") || !strcmp(a, "--backend") || !strcmp(a, "--profile")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "mgc-run: %s needs a value (see mgc-run --help)\n", a);
                 return 2;
             }
             if (!strcmp(a, "--metrics")) metrics_path = argv[++i];
+            else if (!strcmp(a, "--profile")) profile_path = argv[++i];
             else backend = argv[++i];
             continue;
         } else if (a[0] == '-' && a[1]) {
@@ -103,6 +143,11 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (warmup >= 0 && !profile_path) {
+        fprintf(stderr, "mgc-run: --profile-warmup needs --profile FILE (see mgc-run --help)\n");
+        return 2;
+    }
+    if (warmup < 0) warmup = 1;
     if (strcmp(backend, "cpu") && strcmp(backend, "auto") && strcmp(backend, "cuda")) {
         fprintf(stderr, "mgc-run: --backend %s: choose cpu, cuda or auto (cuda when a GPU is "
                         "visible, else cpu)\n",
@@ -166,6 +211,16 @@ int main(int argc, char **argv) {
     }
     int64_t run_iters = iters;
     if (run_iters <= 0) mgc_plan_config_int(plan, "training.iterations", &run_iters);
+    if (profile_path && warmup >= run_iters) {
+        if (rank == 0)
+            fprintf(stderr, "mgc-run: --profile-warmup %" PRId64 " leaves no step to record of the %" PRId64
+                            " steps: give a warm-up below the iterations (--iterations N, default "
+                            "training.iterations)\n",
+                    warmup, run_iters);
+        mgc_comm_free(world);
+        mgc_plan_free(plan);
+        return 2;
+    }
     mgc_train_data *data = NULL;
     if (mgc_train_data_open(&data, plan, run_iters, err, sizeof err)) {
         if (rank == 0) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
@@ -177,12 +232,28 @@ int main(int argc, char **argv) {
     FILE *metrics = NULL;
     char partial[4200] = "";
     if (metrics_path && rank == 0) {
-        snprintf(partial, sizeof partial, "%s.partial", metrics_path);
-        metrics = fopen(partial, "w");
+        metrics = open_partial(metrics_path, partial, sizeof partial, "metrics", "--metrics");
         if (!metrics) {
-            fprintf(stderr, "mgc-run: cannot write the metrics file %s: %s (choose a writable path "
-                            "with --metrics)\n",
-                    partial, strerror(errno));
+            mgc_train_data_free(data);
+            mgc_comm_free(world);
+            mgc_plan_free(plan);
+            return 1;
+        }
+    }
+    /* the profile too: rank 0 writes FILE (all local ranks), MPI rank k > 0 FILE.rank<k> */
+    FILE *prof_f = NULL;
+    char prof_path[4200] = "", prof_partial[4300] = "";
+    mgc_profile **profiles = NULL;
+    if (profile_path) {
+        if (rank == 0) snprintf(prof_path, sizeof prof_path, "%s", profile_path);
+        else snprintf(prof_path, sizeof prof_path, "%s.rank%d", profile_path, rank);
+        profiles = calloc((size_t)plan->grid.world, sizeof *profiles);
+        if (profiles)
+            prof_f = open_partial(prof_path, prof_partial, sizeof prof_partial, "profile", "--profile");
+        else fprintf(stderr, "mgc-run: out of memory\n");
+        if (!prof_f) {
+            free(profiles);
+            if (metrics) fclose(metrics), remove(partial);
             mgc_train_data_free(data);
             mgc_comm_free(world);
             mgc_plan_free(plan);
@@ -198,6 +269,8 @@ int main(int argc, char **argv) {
     o.log = quiet ? NULL : stdout;
     o.metrics = metrics;
     o.backend = backend;
+    o.profiles = profiles;
+    o.profile_warmup = warmup;
     int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
                      : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
     if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
@@ -214,6 +287,22 @@ int main(int argc, char **argv) {
         } else if (rc) {
             fprintf(stderr, "mgc-run: the steps that completed are in %s\n", partial);
         }
+    }
+    if (prof_f) {
+        if (rc) {
+            fclose(prof_f); /* no profile from a failed run */
+            remove(prof_partial);
+        } else {
+            mgc_profile_info info = {plan_path, warmup};
+            /* local ranks: every slot, in rank order; under MPI: this rank's own */
+            int n = use_mpi ? 1 : (int)plan->grid.world;
+            if (finish_profile(prof_f, prof_partial, prof_path, use_mpi ? &profiles[rank] : profiles,
+                               n, &info))
+                rc = -1;
+        }
+        for (int64_t r = 0; r < plan->grid.world; r++)
+            mgc_profile_free(profiles[r]);
+        free(profiles);
     }
     mgc_train_data_free(data);
     if (world) mgc_comm_free(world);
