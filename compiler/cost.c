@@ -607,8 +607,10 @@ int mgc_cost_plan(const mgc_plan *p, const mgc_cost_options *o, mgc_cost_report 
     out->exposed_comm_s = comm_all - hidden_dp + crit_shift;
     if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
     out->comm_compute_ratio = out->compute_s > 0 ? comm_all / out->compute_s : 0;
-    out->bubble_s = R->idle;
-    out->bubble_fraction = step > 0 ? R->idle / step : 0;
+    /* idle until its own finish (the simulator's idle runs to the last rank's) */
+    double idle = R->finish - R->compute - R->other - R->comm;
+    out->bubble_s = idle > 0 ? idle : 0;
+    out->bubble_fraction = step > 0 ? out->bubble_s / step : 0;
     for (int64_t r = 0; r < pp; r++)
         if (p->stages[r].arena_bytes > out->max_arena_bytes) out->max_arena_bytes = p->stages[r].arena_bytes;
     out->memory_fraction = o->hw->memory_bytes > 0 ? (double)out->max_arena_bytes / o->hw->memory_bytes : 0;

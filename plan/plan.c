@@ -120,58 +120,84 @@ void mgc_plan_free(mgc_plan *p) {
     free(p);
 }
 
-/* ---- the string table ----------------------------------------------------- */
+/* ---- the string table -----------------------------------------------------
+ * The index is private to this file: str_index_cap slots of two words each,
+ * (offset + 1, hash); 0 marks an empty slot.  Keeping the hash in the slot
+ * makes growing the index a copy (no string is hashed twice) and lets a probe
+ * skip other strings without touching them.  The hash only decides slots, so
+ * it is free to change: offsets depend on insertion order alone. */
 
-/* FNV-1a, 32 bits */
-static uint32_t str_hash(const char *s) {
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h;
+/* A multiplicative hash over 8-byte words of the n bytes of s (n = strlen). */
+static uint32_t str_hash(const char *s, size_t n) {
+    const uint64_t k = UINT64_C(0x9E3779B97F4A7C15);
+    uint64_t h = (uint64_t)n * k;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * k;
+        h ^= h >> 29;
+        s += 8, n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        memcpy(&w, s, n);
+        h = (h ^ w) * k;
+    }
+    h ^= h >> 32;
+    return (uint32_t)h;
 }
 
-/* Index slot holding s, or the empty slot where it goes. */
-static uint64_t index_find(const mgc_plan *p, const char *s, uint32_t h) {
+/* Index slot holding s (n bytes, hash h), or the empty slot where it goes. */
+static uint64_t index_find(const mgc_plan *p, const char *s, size_t n, uint32_t h) {
     uint64_t mask = p->str_index_cap - 1;
     for (uint64_t i = h & mask;; i = (i + 1) & mask) {
-        uint32_t v = p->str_index[i];
+        uint32_t v = p->str_index[2 * i];
         if (v == 0) return i;
-        if (v - 1 < p->strings_len && strcmp(p->strings + (v - 1), s) == 0) return i;
+        if (p->str_index[2 * i + 1] == h && v - 1 < p->strings_len && p->strings_len - (v - 1) > n &&
+            memcmp(p->strings + (v - 1), s, n + 1) == 0)
+            return i;
     }
 }
 
-/* Make room for one more entry; rehashes the offsets already indexed. */
+/* Make room for one more entry; moves the entries already indexed. */
 static int index_reserve(mgc_plan *p) {
     if (p->str_index && (p->str_index_used + 1) * 4 <= p->str_index_cap * 3) return 0;
     uint64_t cap = p->str_index_cap ? p->str_index_cap * 2 : 256;
     uint32_t *old = p->str_index;
     uint64_t old_cap = p->str_index_cap;
-    uint32_t *slots = calloc(cap, sizeof *slots);
+    uint32_t *slots = calloc(cap, 2 * sizeof *slots);
     if (!slots) return -1;
-    p->str_index = slots;
-    p->str_index_cap = cap;
+    uint64_t mask = cap - 1;
     for (uint64_t i = 0; i < old_cap; i++) {
-        uint32_t v = old[i];
-        if (v == 0 || v - 1 >= p->strings_len) continue;
-        const char *s = p->strings + (v - 1);
-        p->str_index[index_find(p, s, str_hash(s))] = v;
+        uint32_t v = old[2 * i], h = old[2 * i + 1];
+        if (v == 0) continue;
+        uint64_t j = h & mask;
+        while (slots[2 * j])
+            j = (j + 1) & mask;
+        slots[2 * j] = v;
+        slots[2 * j + 1] = h;
     }
     free(old);
+    p->str_index = slots;
+    p->str_index_cap = cap;
     return 0;
 }
 
 /* Build the index over a table that was filled without it (a decoded plan). */
 static int index_build(mgc_plan *p) {
     p->str_index_used = 0;
-    for (uint64_t off = 1; off < p->strings_len; off += strlen(p->strings + off) + 1) {
+    for (uint64_t off = 1; off < p->strings_len;) {
         const char *s = p->strings + off;
+        size_t n = strlen(s);
         if (index_reserve(p)) return -1;
-        uint32_t h = str_hash(s);
-        uint64_t slot = index_find(p, s, h);
-        if (p->str_index[slot] == 0) {
-            p->str_index[slot] = (uint32_t)off + 1;
+        uint32_t h = str_hash(s, n);
+        uint64_t slot = index_find(p, s, n, h);
+        if (p->str_index[2 * slot] == 0) {
+            p->str_index[2 * slot] = (uint32_t)off + 1;
+            p->str_index[2 * slot + 1] = h;
             p->str_index_used++;
         }
+        off += n + 1;
     }
     return 0;
 }
@@ -203,14 +229,16 @@ uint32_t mgc_plan_str(mgc_plan *p, const char *s) {
     if (at >= base && at - base < p->strings_len) return (uint32_t)(at - base);
     if (!p->str_index && index_build(p)) return UINT32_MAX;
     if (index_reserve(p)) return UINT32_MAX;
-    uint32_t h = str_hash(s);
-    uint64_t slot = index_find(p, s, h);
-    if (p->str_index[slot]) return p->str_index[slot] - 1;
-    size_t n = strlen(s) + 1;
+    size_t n = strlen(s);
+    uint32_t h = str_hash(s, n);
+    uint64_t slot = index_find(p, s, n, h);
+    if (p->str_index[2 * slot]) return p->str_index[2 * slot] - 1;
+    n++;
     if (n > UINT32_MAX || p->strings_len + n > UINT32_MAX) return UINT32_MAX;
     uint32_t off = (uint32_t)p->strings_len;
     if (table_append(p, s, n)) return UINT32_MAX;
-    p->str_index[slot] = off + 1;
+    p->str_index[2 * slot] = off + 1;
+    p->str_index[2 * slot + 1] = h;
     p->str_index_used++;
     return off;
 }
