@@ -8,6 +8,11 @@
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
 # T tokens per step, L layers, h hidden, s sequence; PaLM/Megatron convention,
 # causal attention counted whole as Megatron does).
+#
+# Cost model (issue 6): each mgc row also gets its predicted step time with the
+# built-in profile of the device (h100-sxm) and with a profile fitted from a
+# profiled run of the same plan (mgc-run --profile + mgc calibrate), against
+# the measured median; written to OUT/cost-model.md and appended to the report.
 set -u
 BUILD=${1:-build-gpu} OUT=${2:-build-gpu/out}
 MGC=$BUILD/compiler/mgc RUN=$BUILD/runtime/mgc-run
@@ -15,9 +20,21 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-30}
 mkdir -p "$OUT"
 T=$OUT/bench-gpu.md
+rm -f "$OUT/cost-model.md"
 ceil=$($PY bench/torch_gpt_gpu.py --ceilings 2>"$OUT/ceil.err") || ceil='{}'
 echo "$ceil" >"$OUT/ceilings.json"
 med() { $PY -c "import json,sys,statistics; v=[json.loads(l)[sys.argv[2]] for l in open(sys.argv[1])][8:]; print(statistics.median(v))" "$@"; }
+predict_row() { # name measured-step-ms: the cost model against the measurement
+    name=$1 meas=$2
+    pb=$($MGC inspect --json --hardware h100-sxm "$OUT/$name.plan" 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["predicted"]["step_s"]*1e3)') || pb=nan
+    pf=nan
+    if $RUN "$OUT/$name.plan" --backend cuda --iterations 6 --profile-warmup 2 -q --profile "$OUT/$name.prof.jsonl" >"$OUT/$name.prof.log" 2>&1 &&
+       $MGC calibrate "$OUT/$name.plan" "$OUT/$name.prof.jsonl" -o "$OUT/$name.fit.yaml" >"$OUT/$name.fit.log" 2>&1; then
+        pf=$($MGC inspect --json --hardware "$OUT/$name.fit.yaml" "$OUT/$name.plan" 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["predicted"]["step_s"]*1e3)') || pf=nan
+    fi
+    $PY -c 'import sys; m,b,f=map(float,sys.argv[2:5]); e=lambda p: "%+.1f%%" % (100*(p-m)/m) if p==p else "n/a"; print("| %s | %.2f | %.2f | %s | %.2f | %s |" % (sys.argv[1], m, b, e(b), f, e(f)))' \
+        "$name" "$meas" "$pb" "$pf" >>"$OUT/cost-model.md"
+}
 row() { # name model-args mgc-sets mbs
     name=$1 margs=$2 model=$3 mbs=$4
     # shellcheck disable=SC2086
@@ -28,6 +45,7 @@ row() { # name model-args mgc-sets mbs
         -o "$OUT/$name.plan" >"$OUT/$name.compile.log" 2>&1 || { echo "| $name | mgc | compile failed: $(tail -n 1 "$OUT/$name.compile.log") |"; return; }
     if $RUN "$OUT/$name.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.jsonl" >"$OUT/$name.run.log" 2>&1; then
         echo "| $name | mgc | $(med "$OUT/$name.jsonl" step_ms) | $(med "$OUT/$name.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.jsonl" | tail -n 1) |"
+        predict_row "$name" "$(med "$OUT/$name.jsonl" step_ms)"
     else
         echo "| $name | mgc | failed: $(tail -n 1 "$OUT/$name.run.log") |"
     fi
@@ -48,4 +66,11 @@ row() { # name model-args mgc-sets mbs
     echo "|---|---|---:|---:|---:|"
     row gpt2-124m "--hidden 768 --layers 12 --heads 12 --ffn 3072" models/gpt2-124m.yaml 8
     row gpt2-1.5b "--hidden 1600 --layers 48 --heads 25 --ffn 6400" models/gpt2-1.5b.yaml 4
+    echo
+    echo "Cost model (docs/cost-model.md): predicted step ms with the built-in h100-sxm profile, and with the"
+    echo "profile fitted per op from a profiled run of the same plan (mgc-run --profile, mgc calibrate)."
+    echo
+    echo "| model | measured ms | built-in profile ms | error | fitted profile ms | error |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    cat "$OUT/cost-model.md" 2>/dev/null
 } | tee "$T"
