@@ -20,7 +20,7 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-30}
 mkdir -p "$OUT"
 T=$OUT/bench-gpu.md
-rm -f "$OUT/cost-model.md"
+rm -f "$OUT/cost-model.md" "$OUT"/kernels-*.md
 ceil=$($PY bench/torch_gpt_gpu.py --ceilings 2>"$OUT/ceil.err") || ceil='{}'
 echo "$ceil" >"$OUT/ceilings.json"
 med() { $PY -c "import json,sys,statistics; v=[json.loads(l)[sys.argv[2]] for l in open(sys.argv[1])][8:]; print(statistics.median(v))" "$@"; }
@@ -30,6 +30,11 @@ predict_row() { # name measured-step-ms: the cost model against the measurement
     pf=nan
     if $RUN "$OUT/$name.plan" --backend cuda --iterations 6 --profile-warmup 2 -q --profile "$OUT/$name.prof.jsonl" >"$OUT/$name.prof.log" 2>&1 &&
        $MGC calibrate "$OUT/$name.plan" "$OUT/$name.prof.jsonl" -o "$OUT/$name.fit.yaml" >"$OUT/$name.fit.log" 2>&1; then
+        # each kernel kind against the ceilings measured in this run (issue 5's per-kernel figures)
+        cg=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["copy_bytes_per_s"]/1e9)' "$OUT/ceilings.json" 2>/dev/null) && cg="--copy-gbs $cg" || cg=
+        gt=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["bf16_gemm_flops"]/1e12)' "$OUT/ceilings.json" 2>/dev/null) && gt="--gemm-tflops $gt" || gt=
+        # shellcheck disable=SC2086
+        $MGC profile "$OUT/$name.plan" "$OUT/$name.prof.jsonl" $cg $gt >"$OUT/kernels-$name.md" 2>&1
         pf=$($MGC inspect --json --hardware "$OUT/$name.fit.yaml" "$OUT/$name.plan" 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["predicted"]["step_s"]*1e3)') || pf=nan
     fi
     $PY -c 'import sys; m,b,f=map(float,sys.argv[2:5]); e=lambda p: "%+.1f%%" % (100*(p-m)/m) if p==p else "n/a"; print("| %s | %.2f | %.2f | %s | %.2f | %s |" % (sys.argv[1], m, b, e(b), f, e(f)))' \
@@ -73,4 +78,5 @@ row() { # name model-args mgc-sets mbs
     echo "| model | measured ms | built-in profile ms | error | fitted profile ms | error |"
     echo "|---|---:|---:|---:|---:|---:|"
     cat "$OUT/cost-model.md" 2>/dev/null
+    for k in "$OUT"/kernels-*.md; do [ -f "$k" ] && { echo; sed 's/^# /## /' "$k"; }; done
 } | tee "$T"

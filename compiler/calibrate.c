@@ -29,6 +29,27 @@ static double *factor_ptr(mgc_hw *hw, int f) {
     }
 }
 
+/* The plan op an op record names, or NULL when its position is outside the
+ * plan or its recorded kind differs (a profile of another plan). */
+static const mgc_plan_op *record_op(const mgc_plan *p, const mgc_calib_sample *s, const mgc_plan_chunk **chp) {
+    if (s->instr || s->stage < 0 || s->stage >= p->n_stages) return NULL;
+    const mgc_stage_program *sp = &p->stages[s->stage];
+    if (s->chunk < 0 || s->chunk >= sp->n_chunks) return NULL;
+    const mgc_plan_chunk *ch = &sp->chunks[s->chunk];
+    if (s->index < 0 || s->index >= (s->bwd ? ch->n_bwd : ch->n_fwd)) return NULL;
+    const mgc_plan_op *op = s->bwd ? &ch->bwd[s->index] : &ch->fwd[s->index];
+    if (s->kind[0] && strcmp(s->kind, mgc_plan_op_name((mgc_plan_op_kind)op->kind))) return NULL;
+    if (chp) *chp = ch;
+    return op;
+}
+
+/* The first op record that does not match the plan, or -1. */
+static int64_t first_mismatch(const mgc_plan *p, const mgc_calib_sample *s, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!s[i].instr && !record_op(p, &s[i], NULL)) return i;
+    return -1;
+}
+
 /* Which factor a sample informs (-1: none) and its prediction under hw. */
 static int classify(const mgc_plan *p, const mgc_calib_sample *s, const mgc_hw *hw, double *pred) {
     mgc_cost_options o;
@@ -38,11 +59,9 @@ static int classify(const mgc_plan *p, const mgc_calib_sample *s, const mgc_hw *
     if (s->stage < 0 || s->stage >= p->n_stages) return -1;
     const mgc_stage_program *sp = &p->stages[s->stage];
     if (!s->instr) {
-        if (s->chunk < 0 || s->chunk >= sp->n_chunks) return -1;
-        const mgc_plan_chunk *ch = &sp->chunks[s->chunk];
-        int64_t n = s->bwd ? ch->n_bwd : ch->n_fwd;
-        if (s->index < 0 || s->index >= n) return -1;
-        const mgc_plan_op *op = s->bwd ? &ch->bwd[s->index] : &ch->fwd[s->index];
+        const mgc_plan_chunk *ch = NULL;
+        const mgc_plan_op *op = record_op(p, s, &ch);
+        if (!op) return -1;
         mgc_cost_class cl;
         *pred = mgc_cost_op(p, s->stage, ch, op, &o, &cl);
         switch (cl) {
@@ -90,6 +109,15 @@ static void totals(const mgc_plan *p, const mgc_calib_sample *s, int64_t n, cons
 int mgc_calibrate_ops(const mgc_plan *p, const mgc_calib_sample *s, int64_t n, mgc_hw *hw, mgc_calib_fit *fit,
                       char *err, size_t errsz) {
     memset(fit, 0, sizeof *fit);
+    int64_t bad = first_mismatch(p, s, n);
+    if (bad >= 0) {
+        snprintf(err, errsz,
+                 "op record %lld (stage %lld chunk %lld %s index %lld, '%s') is not an op of the plan: was the "
+                 "profile measured on another plan?",
+                 (long long)bad, (long long)s[bad].stage, (long long)s[bad].chunk, s[bad].bwd ? "bwd" : "fwd",
+                 (long long)s[bad].index, s[bad].kind);
+        return -1;
+    }
     totals(p, s, n, hw, fit->samples, fit->measured_s, fit->before_s);
     int any = 0;
     for (int f = 0; f < MGC_CALIB__COUNT; f++) {
@@ -253,9 +281,19 @@ static int instr_from_name(const char *s) {
 }
 
 /* Read a profile file into samples; errors name the file and line. */
-static int read_profile(const char *path, mgc_calib_sample **out, int64_t *nout, char *err, size_t errsz) {
+typedef struct prof_meta {
+    double steps;       /* recorded steps (header) */
+    double step_total;  /* sum over ranks of their step records' total_s */
+    int64_t ranks;      /* step records */
+    char device[128];   /* header's device */
+    char backend[32];
+} prof_meta;
+
+static int read_profile(const char *path, mgc_calib_sample **out, int64_t *nout, prof_meta *meta, char *err,
+                        size_t errsz) {
     *out = NULL;
     *nout = 0;
+    memset(meta, 0, sizeof *meta);
     FILE *fp = fopen(path, "r");
     if (!fp) {
         snprintf(err, errsz, "cannot read %s: %s", path, strerror(errno));
@@ -290,10 +328,20 @@ static int read_profile(const char *path, mgc_calib_sample **out, int64_t *nout,
                 goto done;
             }
             header = 1;
+            const jfield *steps = get(f, nf, "steps"), *dev = get(f, nf, "device"), *be = get(f, nf, "backend");
+            if (steps && !isnan(steps->num)) meta->steps = steps->num;
+            if (dev) snprintf(meta->device, sizeof meta->device, "%.127s", dev->str);
+            if (be) snprintf(meta->backend, sizeof meta->backend, "%.31s", be->str);
+            continue;
+        }
+        if (!strcmp(type->str, "step")) {
+            const jfield *tot = get(f, nf, "total_s");
+            if (tot && !isnan(tot->num)) meta->step_total += tot->num;
+            meta->ranks++;
             continue;
         }
         int is_op = !strcmp(type->str, "op"), is_instr = !strcmp(type->str, "instr");
-        if (!is_op && !is_instr) continue; /* step records and future kinds */
+        if (!is_op && !is_instr) continue; /* future kinds */
         mgc_calib_sample s;
         memset(&s, 0, sizeof s);
         const jfield *st = get(f, nf, "stage"), *ck = get(f, nf, "chunk"), *mean = get(f, nf, "mean_s"),
@@ -316,6 +364,8 @@ static int read_profile(const char *path, mgc_calib_sample **out, int64_t *nout,
             }
             s.bwd = !strcmp(pass->str, "bwd");
             s.index = (int64_t)idx->num;
+            const jfield *kind = get(f, nf, "kind");
+            if (kind) snprintf(s.kind, sizeof s.kind, "%.31s", kind->str);
         } else {
             const jfield *op = get(f, nf, "op"), *arg = get(f, nf, "arg");
             int k = op ? instr_from_name(op->str) : -1;
@@ -363,9 +413,22 @@ static int usage_err(const char *msg) {
     return 2;
 }
 
-/* Write the profile atomically (temp + rename) or to stdout for "-"/NULL. */
+/* Write the profile atomically (temp + rename) or to stdout for "-"/NULL.
+ * An existing path that is not a regular file (/dev/null, a pipe) is
+ * written in place: renaming over it would replace the device. */
 static int write_profile(const mgc_hw *hw, const char *comment, const char *path) {
     if (!path || !strcmp(path, "-")) return mgc_hw_write_yaml(hw, comment, stdout) ? 1 : 0;
+    if (mgc_path_is_special(path)) {
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            fprintf(stderr, "mgc calibrate: cannot write %s: %s\n", path, strerror(errno));
+            return 1;
+        }
+        int bad = mgc_hw_write_yaml(hw, comment, f) != 0;
+        bad |= fclose(f) != 0;
+        if (bad) fprintf(stderr, "mgc calibrate: cannot write %s\n", path);
+        return bad;
+    }
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.partial", path);
     FILE *f = fopen(tmp, "w");
@@ -469,7 +532,8 @@ int mgc_cmd_calibrate(int argc, char **argv) {
                  "predicted step %.4g s before, %.4g s after (measured %.4g s)",
                  before.name, files[0], step_s, k, r0.step_s, r1.step_s, step_s);
     } else {
-        if (read_profile(files[1], &samples, &n, err, sizeof err)) {
+        prof_meta meta;
+        if (read_profile(files[1], &samples, &n, &meta, err, sizeof err)) {
             fprintf(stderr, "mgc calibrate: %s\n", err);
             goto done;
         }
@@ -500,6 +564,155 @@ int mgc_cmd_calibrate(int argc, char **argv) {
     if (rc == 0 && out && strcmp(out, "-")) fprintf(stderr, "wrote %s (profile '%s')\n", out, hw.name);
 done:
     free(samples);
+    mgc_diags_free(&d);
+    mgc_plan_free(p);
+    return rc;
+}
+
+/* ---- mgc profile: achieved bandwidth and FLOP/s per kernel --------------------------------- */
+
+typedef struct kagg {
+    int kind, bwd;
+    int64_t ops;          /* distinct ops */
+    double calls, time_s; /* summed over records */
+    double bytes, flops;  /* moved / executed, times calls */
+} kagg;
+
+static int kagg_cmp(const void *a, const void *b) {
+    const kagg *x = a, *y = b;
+    return x->time_s < y->time_s ? 1 : x->time_s > y->time_s ? -1 : (x->kind - y->kind) * 2 + (x->bwd - y->bwd);
+}
+
+int mgc_cmd_profile(int argc, char **argv) {
+    const char *files[2] = {NULL, NULL}, *hwname = NULL;
+    double copy_gbs = 0, gemm_tflops = 0;
+    int nfiles = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--hardware") && has) {
+            hwname = argv[++i];
+        } else if ((!strcmp(a, "--copy-gbs") || !strcmp(a, "--gemm-tflops")) && has) {
+            char *end = NULL;
+            double v = strtod(argv[++i], &end);
+            if (!end || *end || !(v > 0) || !isfinite(v)) {
+                fprintf(stderr, "mgc profile: %s needs a positive number\n", a);
+                return 2;
+            }
+            if (a[2] == 'c') copy_gbs = v;
+            else gemm_tflops = v;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "mgc profile: unknown option or missing value: '%s'\n"
+                            "usage: mgc profile PLAN PROFILE.jsonl [--copy-gbs GB/s] [--gemm-tflops TFLOP/s] "
+                            "[--hardware NAME]\n",
+                    a);
+            return 2;
+        } else if (nfiles < 2) {
+            files[nfiles++] = a;
+        } else {
+            fputs("mgc profile: too many files\n", stderr);
+            return 2;
+        }
+    }
+    if (nfiles != 2) {
+        fputs("usage: mgc profile PLAN PROFILE.jsonl [--copy-gbs GB/s] [--gemm-tflops TFLOP/s] [--hardware NAME]\n",
+              stderr);
+        return 2;
+    }
+    mgc_plan *p = NULL;
+    char err[1024];
+    if (mgc_plan_read(files[0], &p, err, sizeof err) != MGC_PLAN_OK) {
+        fprintf(stderr, "mgc profile: %s\n", err);
+        return 1;
+    }
+    int rc = 1;
+    mgc_calib_sample *s = NULL;
+    int64_t n = 0;
+    prof_meta meta;
+    kagg *agg = NULL;
+    int64_t na = 0;
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_hw hw;
+    if (read_profile(files[1], &s, &n, &meta, err, sizeof err)) {
+        fprintf(stderr, "mgc profile: %s\n", err);
+        goto done;
+    }
+    const char *name = hwname ? hwname : mgc_plan_config_str(p, "hardware.gpu");
+    if (mgc_hw_load_at(name ? name : "", (mgc_loc){hwname ? "--hardware" : files[0], 0, 0}, &hw, &d)) {
+        mgc_diags_print(&d, stderr);
+        goto done;
+    }
+    int64_t prec = 1;
+    if (!mgc_plan_config_int(p, "training.precision", &prec) || prec < 0 || prec > 2) prec = 1;
+    /* ceilings: measured in the same run when given, else the profile's */
+    const char *src_copy = copy_gbs > 0 ? "measured" : "profile", *src_gemm = gemm_tflops > 0 ? "measured" : "profile";
+    if (!(copy_gbs > 0)) copy_gbs = hw.memory_bw * hw.eff.memory / 1e9;
+    if (!(gemm_tflops > 0)) gemm_tflops = hw.peak_flops[prec] * hw.eff.gemm / 1e12;
+    agg = calloc((size_t)(2 * MGC_POP__END), sizeof *agg);
+    if (!agg) goto done;
+    double total = 0;
+    int64_t bad = first_mismatch(p, s, n);
+    if (bad >= 0) {
+        fprintf(stderr, "mgc profile: %s: op record %lld ('%s') is not an op of %s: was it measured on another plan?\n",
+                files[1], (long long)bad, s[bad].kind, files[0]);
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const mgc_calib_sample *x = &s[i];
+        const mgc_plan_chunk *ch = NULL;
+        const mgc_plan_op *op = record_op(p, x, &ch);
+        if (!op || op->kind >= MGC_POP__END) continue;
+        kagg *k = &agg[op->kind * 2 + x->bwd];
+        k->kind = op->kind;
+        k->bwd = x->bwd;
+        k->ops++;
+        k->calls += x->calls;
+        k->time_s += x->mean_s * x->calls;
+        k->bytes += mgc_cost_op_bytes(ch, op) * x->calls;
+        k->flops += (double)op->flops * x->calls;
+        total += x->mean_s * x->calls;
+    }
+    qsort(agg, (size_t)(2 * MGC_POP__END), sizeof *agg, kagg_cmp);
+    for (na = 0; na < 2 * MGC_POP__END && agg[na].calls > 0; na++) {
+    }
+    if (na == 0) {
+        fprintf(stderr, "mgc profile: %s: no op record matches the plan %s\n", files[1], files[0]);
+        goto done;
+    }
+    double per = meta.steps > 0 && meta.ranks > 0 ? meta.steps * (double)meta.ranks : 1;
+    printf("# Kernels of %s measured on %s (%s backend)\n\n", files[0], meta.device[0] ? meta.device : "?",
+           meta.backend[0] ? meta.backend : "?");
+    printf("Ceilings: copy %.1f GB/s (%s), GEMM %.1f TFLOP/s (%s). Bytes are each op's inputs and outputs;\n"
+           "FLOPs the plan's (GEMMs and attention). Time per step per rank; ops run one at a time\n"
+           "(mgc-run --profile synchronises around each).\n\n",
+           copy_gbs, src_copy, gemm_tflops, src_gemm);
+    printf("| kernel | pass | ops | ms/step | share | GB/s | %% of copy | TFLOP/s | %% of GEMM |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int64_t i = 0; i < na; i++) {
+        const kagg *k = &agg[i];
+        double gbs = k->time_s > 0 ? k->bytes / k->time_s / 1e9 : 0;
+        double tfl = k->time_s > 0 ? k->flops / k->time_s / 1e12 : 0;
+        int compute = k->flops > 0;
+        int is_comm = k->kind >= MGC_POP_ALL_REDUCE;
+        char cpy[32] = "", tf[32] = "", gm[32] = "";
+        if (compute) {
+            snprintf(tf, sizeof tf, "%.3g", tfl);
+            snprintf(gm, sizeof gm, "%.0f%%", 100 * tfl / gemm_tflops);
+        } else if (!is_comm) {
+            snprintf(cpy, sizeof cpy, "%.0f%%", 100 * gbs / copy_gbs);
+        }
+        printf("| %s | %s | %lld | %.3f | %.1f%% | %.1f | %s | %s | %s |\n", mgc_plan_op_name((mgc_plan_op_kind)k->kind),
+               k->bwd ? "bwd" : "fwd", (long long)k->ops, k->time_s / per * 1e3, 100 * k->time_s / total, gbs, cpy, tf,
+               gm);
+    }
+    printf("\nOps total %.3f ms per step per rank", total / per * 1e3);
+    if (meta.step_total > 0) printf(" of a measured %.3f ms step", meta.step_total / per * 1e3);
+    printf(".\n");
+    rc = 0;
+done:
+    free(agg);
+    free(s);
     mgc_diags_free(&d);
     mgc_plan_free(p);
     return rc;

@@ -28,6 +28,7 @@ typedef struct mgc_calib_sample {
     uint32_t arg;                /* instruction arg (bucket) */
     double mean_s;               /* measured seconds per call */
     double calls;                /* how many calls the mean is over (its weight) */
+    char kind[32];               /* op records: the op's kind as recorded ("linear"); "" unchecked */
 } mgc_calib_sample;
 
 /* The factors a fit changes, the rest of the profile kept. */
@@ -50,7 +51,8 @@ typedef struct mgc_calib_fit {
 } mgc_calib_fit;
 
 /* Fit `hw` in place from samples of plan p.  Factors without samples keep
- * their value.  0 ok; -1 with a message in err (no usable sample). */
+ * their value.  0 ok; -1 with a message in err (no usable sample, or an op
+ * record whose kind is not the plan's op at its position: another plan's). */
 int mgc_calibrate_ops(const mgc_plan *p, const mgc_calib_sample *s, int64_t n, mgc_hw *hw, mgc_calib_fit *fit,
                       char *err, size_t errsz);
 
@@ -60,8 +62,12 @@ int mgc_calibrate_ops(const mgc_plan *p, const mgc_calib_sample *s, int64_t n, m
  * longer than step_s). */
 int mgc_calibrate_step(const mgc_plan *p, double step_s, mgc_hw *hw, double *factor, char *err, size_t errsz);
 
-/* The command. */
+/* The commands: `mgc calibrate`, and `mgc profile PLAN PROFILE.jsonl
+ * [--copy-gbs X] [--gemm-tflops Y] [--hardware NAME]`, a markdown table of
+ * each kernel kind's measured time, achieved bandwidth and FLOP/s against
+ * the device's ceilings (measured ones when given, else the profile's). */
 int mgc_cmd_calibrate(int argc, char **argv);
+int mgc_cmd_profile(int argc, char **argv);
 
 #ifdef __cplusplus
 }

@@ -157,11 +157,15 @@ static double gemm_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_o
     return roofline(c, flops, eff, bytes);
 }
 
-static double memory_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
+double mgc_cost_op_bytes(const mgc_plan_chunk *ch, const mgc_plan_op *op) {
     double bytes = 0;
     for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(ch, op->in[i]);
     for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(ch, op->out[i]);
-    return bytes / (c->hw->memory_bw * c->hw->eff.memory) + c->hw->launch_s;
+    return bytes;
+}
+
+static double memory_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
+    return mgc_cost_op_bytes(ch, op) / (c->hw->memory_bw * c->hw->eff.memory) + c->hw->launch_s;
 }
 
 /* ---- communication -------------------------------------------------------------------- */
@@ -261,10 +265,7 @@ static double op_cost(ctx *c, int64_t stage, const mgc_plan_chunk *ch, const mgc
         k = MGC_COST_ATTENTION;
         f = (double)op->flops;
         double eff = op->kind == MGC_POP_ATTENTION ? c->hw->eff.attention_fwd : c->hw->eff.attention_bwd;
-        double bytes = 0;
-        for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(ch, op->in[i]);
-        for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(ch, op->out[i]);
-        t = roofline(c, f, eff, bytes);
+        t = roofline(c, f, eff, mgc_cost_op_bytes(ch, op));
         break;
     }
     case MGC_POP_ALL_REDUCE:

@@ -48,6 +48,7 @@ static void usage(FILE *out) {
           "  data              build Megatron indexed datasets: data build, data synthetic, data info\n"
           "  calibrate PLAN    fit a hardware profile to measured times (mgc-run --profile, or --step-time)\n"
           "  hardware [NAME]   list the hardware profiles, or print one as YAML\n"
+          "  profile PLAN PROF each kernel's measured time, GB/s and TFLOP/s against the ceilings\n"
           "  sweep FILE        rank variants (--vary KEY=V1,V2,...) by predicted throughput (sweep --help)\n"
           "  schema            print the config schema (--json: JSON Schema, --markdown: key table)\n"
           "  version           print the version and the CUDA toolchain this build found\n"
@@ -465,16 +466,17 @@ static int write_timeline(const mgc_plan *p, const char *path) {
     int rc = 1;
     if (mgc_schedule_simulate(&s, NULL, &res, &d) == 0) {
         char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        int direct = mgc_path_is_special(path); /* /dev/null: in place, never renamed over */
+        snprintf(tmp, sizeof tmp, "%s%s", path, direct ? "" : ".tmp");
         FILE *f = fopen(tmp, "w");
         if (!f) {
             fprintf(stderr, "mgc: cannot write %s: %s\n", tmp, strerror(errno));
         } else {
             int bad = mgc_schedule_svg(&s, &res, NULL, f) != 0;
             bad |= fclose(f) != 0;
-            if (bad || rename(tmp, path) != 0) {
+            if (bad || (!direct && rename(tmp, path) != 0)) {
                 fprintf(stderr, "mgc: cannot write %s\n", path);
-                remove(tmp);
+                if (!direct) remove(tmp);
             } else {
                 rc = 0;
             }
@@ -720,6 +722,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "schema")) return cmd_schema(argc - 2, argv + 2);
     if (!strcmp(cmd, "data")) return mgc_cmd_data(argc - 2, argv + 2);
     if (!strcmp(cmd, "calibrate")) return mgc_cmd_calibrate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "profile")) return mgc_cmd_profile(argc - 2, argv + 2);
     if (!strcmp(cmd, "hardware")) return cmd_hardware(argc - 2, argv + 2);
     if (!strcmp(cmd, "sweep")) return mgc_cmd_sweep(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version();

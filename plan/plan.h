@@ -412,6 +412,13 @@ mgc_plan_status mgc_plan_decode(const uint8_t *buf, size_t len, const char *name
  * listed in docs/plan-format.md; mgc_plan_write and mgc_plan_decode run it.
  * MGC_PLAN_ERR_INVALID with the first violation in err. */
 mgc_plan_status mgc_plan_validate(const mgc_plan *p, char *err, size_t errsz);
+/* 1 when `path` exists and is neither a regular file nor a directory (a
+ * device such as /dev/null, a FIFO, a socket).  Every writer in mgc writes a
+ * temporary file and renames it over its target so a failure never leaves a
+ * half-written file; for such a target it writes in place instead, because
+ * renaming over it would replace the device (fsutil.c). */
+int mgc_path_is_special(const char *path);
+
 /* "ok", "i/o error", ... for a status. */
 const char *mgc_plan_status_name(mgc_plan_status s);
 

@@ -1424,6 +1424,20 @@ mgc_plan_status mgc_plan_write(const mgc_plan *p, const char *path, char *err, s
         set_err(err, errsz, "%s: cannot write plan: %s", path, why);
         return rc;
     }
+    if (mgc_path_is_special(path)) {
+        /* /dev/null, a pipe: written in place (a rename would replace it) */
+        fd = open(path, O_WRONLY | O_CLOEXEC);
+        int bad = fd < 0 || write_all(fd, buf, len);
+        int e = errno;
+        if (fd >= 0 && close(fd)) bad = 1, e = errno;
+        fd = -1;
+        free(buf);
+        if (bad) {
+            set_err(err, errsz, "%s: cannot write plan: %s", path, strerror(e));
+            return MGC_PLAN_ERR_IO;
+        }
+        return MGC_PLAN_OK;
+    }
     size_t tn = strlen(path) + 32;
     tmp = malloc(tn);
     if (!tmp) {

@@ -96,6 +96,35 @@ if [ -n "$run" ] && [ -x "$run" ]; then
     "$mgc" compile --json --hardware "$tmp/cpu.yaml" examples/tiny-gpt.yaml >"$tmp/cj2"
     py 'import json,sys; p=json.load(open(sys.argv[1]))["predicted"]["step_s"]; m=float(sys.argv[2]); assert abs(p-m)/m < 0.25, (p, m)' "$tmp/cj2" "$meas" \
       && ok || bad "fitted prediction far from the measured step ($meas s)"
+    # mgc profile: each kernel kind's time and achieved rate against the ceilings
+    "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs 10 --gemm-tflops 1 >"$tmp/k.md" 2>&1 && ok || bad "mgc profile failed"
+    grep -q "^| linear | fwd | [0-9]" "$tmp/k.md" && ok || bad "mgc profile: no linear row"
+    grep -q "^| norm | fwd | .*%" "$tmp/k.md" && ok || bad "mgc profile: no bandwidth share for norm"
+    grep -q "copy 10.0 GB/s (measured), GEMM 1.0 TFLOP/s (measured)" "$tmp/k.md" && ok || bad "mgc profile: ceilings not shown"
+    "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs -1 >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "bad --copy-gbs accepted"
+    "$mgc" profile "$tmp/g.plan" "$tmp/t.jsonl" >/dev/null 2>"$tmp/o" && bad "profile of another plan accepted" || ok
+fi
+
+# -- outputs that are devices or pipes are written in place, never renamed over ----------------
+if command -v mkfifo >/dev/null 2>&1; then
+    for what in plan timeline calibrate metrics; do
+        rm -f "$tmp/fifo" "$tmp/got"
+        mkfifo "$tmp/fifo"
+        timeout 30 cat "$tmp/fifo" >"$tmp/got" &
+        reader=$!
+        case $what in
+        plan) "$mgc" compile --no-kernels --no-predict -o "$tmp/fifo" examples/tiny-gpt.yaml >/dev/null 2>&1 ;;
+        timeline) "$mgc" compile --no-predict --timeline "$tmp/fifo" examples/tiny-gpt.yaml >/dev/null 2>&1 ;;
+        calibrate) "$mgc" calibrate "$tmp/t.plan" --step-time 0.05 -o "$tmp/fifo" >/dev/null 2>&1 ;;
+        metrics) if [ -n "$run" ] && [ -x "$run" ]; then
+                     "$run" "$tmp/t.plan" --iterations 1 -q --metrics "$tmp/fifo" >/dev/null 2>&1
+                 else : >"$tmp/fifo"; fi ;;
+        esac
+        wait $reader
+        [ -p "$tmp/fifo" ] && ok || bad "$what: the FIFO was replaced by a file"
+        [ -s "$tmp/got" ] || [ "$what" = metrics ] && ok || bad "$what: nothing written through the FIFO"
+        [ ! -e "$tmp/fifo.partial" ] && [ ! -e "$tmp/fifo.tmp" ] && ok || bad "$what: a temporary file was left"
+    done
 fi
 
 echo "cli_cost: $pass passed, $fail failed"

@@ -58,15 +58,28 @@ static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return 0;
 }
 
-/* Creates PATH.partial for writing (it becomes PATH when the run succeeds). */
+/* Creates PATH.partial for writing (it becomes PATH when the run succeeds).
+ * A PATH that is a device or a pipe (/dev/null) is written in place and
+ * `partial` is left empty: renaming over it would replace the device. */
 static FILE *open_partial(const char *path, char *partial, size_t n, const char *what,
                           const char *opt) {
-    snprintf(partial, n, "%s.partial", path);
-    FILE *f = fopen(partial, "w");
+    if (mgc_path_is_special(path)) partial[0] = 0;
+    else snprintf(partial, n, "%s.partial", path);
+    FILE *f = fopen(partial[0] ? partial : path, "w");
     if (!f)
         fprintf(stderr, "mgc-run: cannot write the %s file %s: %s (choose a writable path with %s)\n",
-                what, partial, strerror(errno), opt);
+                what, partial[0] ? partial : path, strerror(errno), opt);
     return f;
+}
+
+/* PATH.partial becomes PATH (nothing to do when written in place); 0 ok. */
+static int commit_partial(const char *partial, const char *path) {
+    return partial[0] ? rename(partial, path) : 0;
+}
+
+/* Removes PATH.partial (never a file written in place). */
+static void drop_partial(const char *partial) {
+    if (partial[0]) remove(partial);
 }
 
 /* Writes the profiles to `f` (PARTIAL), makes them durable and renames PARTIAL to PATH;
@@ -81,9 +94,9 @@ static int finish_profile(FILE *f, const char *partial, const char *path, mgc_pr
               fsync(fileno(f)) != 0;
     int e = errno;
     if (fclose(f) != 0 && !bad) bad = 1, e = errno;
-    if (!bad && rename(partial, path)) bad = 1, e = errno;
+    if (!bad && commit_partial(partial, path)) bad = 1, e = errno;
     if (bad) {
-        remove(partial);
+        drop_partial(partial);
         fprintf(stderr, "mgc-run: cannot write the profile file %s: %s\n", path, strerror(e));
         return -1;
     }
@@ -253,7 +266,7 @@ int main(int argc, char **argv) {
         else fprintf(stderr, "mgc-run: out of memory\n");
         if (!prof_f) {
             free(profiles);
-            if (metrics) fclose(metrics), remove(partial);
+            if (metrics) fclose(metrics), drop_partial(partial);
             mgc_train_data_free(data);
             mgc_comm_free(world);
             mgc_plan_free(plan);
@@ -277,21 +290,21 @@ int main(int argc, char **argv) {
     if (metrics) {
         long written = ftell(metrics);
         int bad = fclose(metrics) != 0;
-        if (!rc && !bad && rename(partial, metrics_path)) bad = 1;
+        if (!rc && !bad && commit_partial(partial, metrics_path)) bad = 1;
         if (!rc && bad) {
             fprintf(stderr, "mgc-run: cannot finish the metrics file %s: %s\n", metrics_path,
                     strerror(errno));
             rc = -1;
         } else if (rc && written <= 0) {
-            remove(partial); /* nothing was trained: leave nothing behind */
+            drop_partial(partial); /* nothing was trained: leave nothing behind */
         } else if (rc) {
-            fprintf(stderr, "mgc-run: the steps that completed are in %s\n", partial);
+            fprintf(stderr, "mgc-run: the steps that completed are in %s\n", partial[0] ? partial : metrics_path);
         }
     }
     if (prof_f) {
         if (rc) {
             fclose(prof_f); /* no profile from a failed run */
-            remove(prof_partial);
+            drop_partial(prof_partial);
         } else {
             mgc_profile_info info = {plan_path, warmup};
             /* local ranks: every slot, in rank order; under MPI: this rank's own */
