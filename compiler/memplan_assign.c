@@ -8,7 +8,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 
 /* ---- sorting ----------------------------------------------------------------
  * (key, val) pairs.  radix_sort: stable LSD radix sort on 64-bit keys, 8 bits
@@ -757,9 +756,7 @@ mgc_memplan_status mgc_memplan_assign_segs(const mgc_memreq *req, size_t n, cons
 
     /* the first order; the others only while the arena is clearly above the lower bound */
     uint64_t best = UINT64_MAX;
-    int which_done = 0;
     for (int which = 0; which < N_ORDERS; which++) {
-        which_done = which + 1;
         size_t nl;
         if (make_order(which, &a, first, list, n, order, tmp, keys, &nl)) {
             rc = MGC_MEMPLAN_ERR_NOMEM;
@@ -787,7 +784,6 @@ mgc_memplan_status mgc_memplan_assign_segs(const mgc_memreq *req, size_t n, cons
     }
     arena = align_up(best, MGC_PLAN_ALIGN);
     rc = MGC_MEMPLAN_OK;
-    if (getenv("MP_STAT")) fprintf(stderr, "MPSTAT n=%zu m=%zu T=%zu overlaps=%llu orders=%d glob=%zu lb=%llu best=%llu\n", n, m, a.T, (unsigned long long)overlaps, which_done, a.glob_n, (unsigned long long)lb, (unsigned long long)best);
 done:
     if (rc == MGC_MEMPLAN_OK) {
         if (arena_bytes) *arena_bytes = arena;

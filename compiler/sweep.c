@@ -688,7 +688,7 @@ static void fmt_si(char *b, size_t n, double x) {
 }
 
 static int write_svg(FILE *f, const sweep *S) {
-    const double W = 900, H = 560, L = 90, R = 30, T = 60, B = 70; /* canvas and margins, px */
+    const double W = 900, H = 580, L = 90, R = 30, T = 60, B = 90; /* canvas and margins, px */
     const double pw = W - L - R, ph = H - T - B;
     double xmax = 0, ymax = 0, limit = 0;
     for (int64_t i = 0; i < S->n_feasible; i++) {
@@ -737,7 +737,7 @@ static int write_svg(FILE *f, const sweep *S) {
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\"/>\n", L, T,
             pw, ph);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">memory per GPU: largest arena (GiB)</text>\n",
-            L + pw / 2, H - 22);
+            L + pw / 2, T + ph + 40);
     fprintf(f,
             "<text x=\"22\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 22 %.1f)\">predicted tokens/s "
             "(whole job)</text>\n",
@@ -762,10 +762,12 @@ static int write_svg(FILE *f, const sweep *S) {
         describe(S, S->order[0], d, sizeof d);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"#d62728\" stroke=\"black\"/>\n", cx, cy);
         int left = cx > L + pw / 2;
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-weight=\"bold\">best: ", cx + (left ? -10 : 10),
-                cy + 16, left ? "end" : "start");
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-weight=\"bold\">best</text>\n",
+                cx + (left ? -10 : 10), cy + 4, left ? "end" : "start");
+        /* the full description as a caption under the plot (it can be long) */
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\">best: ", L, H - 6);
         svg_text(f, d);
-        fprintf(f, " (%.0f tokens/s, %.1f GiB)</text>\n", r->tokens_per_s, (double)r->max_arena_bytes / GIB);
+        fprintf(f, " (%.0f tokens/s, %.2f GiB)</text>\n", r->tokens_per_s, (double)r->max_arena_bytes / GIB);
     } else {
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"16\">no feasible variant</text>\n",
                 L + pw / 2, T + ph / 2);
