@@ -222,6 +222,11 @@ static void load(const char *file, const opts *o, loaded *L) {
     }
     /* consistency rules run only over a config whose keys all parsed */
     if (L->diags.errors == 0) mgc_config_finalize(L->cfg, &L->diags);
+    /* the target hardware must be a profile the cost model knows */
+    if (L->diags.errors == 0) {
+        mgc_hw hw;
+        mgc_hw_load_at(L->cfg->hardware.gpu, mgc_config_loc(L->cfg, MGC_KEY_HW_GPU), &hw, &L->diags);
+    }
     if (L->diags.errors == 0) {
         L->graph = mgc_ir_build(L->cfg, &L->diags);
         if (L->graph && L->diags.errors == 0) mgc_facts_compute(L->cfg, L->graph, &L->facts, &L->diags);
