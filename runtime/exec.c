@@ -74,6 +74,12 @@ struct mgc_exec {
     int64_t warmup, decay_iters, iterations;
     int decay_style;
     int32_t router_score, drop_policy;
+    /* dynamic loss scaling (fp16; tests switch it on in any precision) */
+    int ls_on;                 /* 1: the losses' gradients are scaled by ls_scale */
+    double ls_scale;           /* the current scale (a power of two: unscaling is exact) */
+    int64_t ls_window;         /* clean steps before it doubles */
+    int64_t ls_hysteresis;     /* overflowing steps tolerated before it halves */
+    int64_t ls_clean, ls_left; /* clean steps since the last change; overflows left */
     /* per step */
     double loss_sum, aux_sum, z_sum;
     int64_t iteration;
@@ -129,6 +135,27 @@ mgc_backend *mgc_exec_backend(const mgc_exec *x) {
 
 void mgc_exec_set_profile(mgc_exec *x, mgc_profile *p) {
     x->prof = p;
+}
+
+void mgc_exec_set_loss_scaling(mgc_exec *x, double initial, int64_t window, int64_t hysteresis) {
+    if (!(initial > 0)) {
+        x->ls_on = 0;
+        x->ls_scale = 1;
+        return;
+    }
+    /* a power of two, so scaling and unscaling are exact */
+    int e = 0;
+    frexp(initial, &e); /* initial = f * 2^e, f in [0.5, 1) */
+    x->ls_on = 1;
+    x->ls_scale = ldexp(1.0, e - 1);
+    x->ls_window = window > 0 ? window : 1000;
+    x->ls_hysteresis = hysteresis > 0 ? hysteresis : 2;
+    x->ls_clean = 0;
+    x->ls_left = x->ls_hysteresis;
+}
+
+double mgc_exec_loss_scale(const mgc_exec *x) {
+    return x->ls_on ? x->ls_scale : 1.0;
 }
 
 /* Profiling: wait for the backend's queued work, then read the clock, so an
@@ -482,8 +509,8 @@ int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, si
         return -1;
     }
     if (prec == 2) {
-        snprintf(err, errsz, "training.precision fp16 (dynamic loss scaling) is not supported by "
-                             "this runtime yet: use bf16 or fp32");
+        snprintf(err, errsz, "training.precision fp16 is not supported by this runtime yet (its dynamic "
+                             "loss scaling is built, but no backend has fp16 kernels): use bf16 or fp32");
         return -1;
     }
     /* kv-replicated QKV (tensor > query groups) needs a gradient sum this runtime lacks */
@@ -554,6 +581,9 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->iterations = cfg_i(plan, "training.iterations", 1);
     x->decay_iters = cfg_i(plan, "optimizer.decay_iterations", x->iterations);
     x->decay_style = (int)cfg_i(plan, "optimizer.decay_style", 0);
+    if (cfg_i(plan, "training.precision", 0) == 2)
+        mgc_exec_set_loss_scaling(x, cfg_f(plan, "training.initial_loss_scale", 4294967296.0),
+                                  cfg_i(plan, "training.loss_scale_window", 1000), cfg_i(plan, "training.hysteresis", 2));
     x->router_score = (int32_t)cfg_i(plan, "moe.router_score", 0);
     x->drop_policy = (int32_t)cfg_i(plan, "moe.drop_policy", 0);
     x->tok = malloc((size_t)(x->seq_length + 1) * sizeof *x->tok);
@@ -869,7 +899,8 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
     call.seed = x->seed;
     call.iteration = x->iteration;
     call.microbatch = (int64_t)mb * x->dp + x->co.dp;
-    call.dloss = 1.0 / (double)(x->mb_count * x->dp);
+    /* the seed of every loss's gradient, times the loss scale when scaling */
+    call.dloss = (x->ls_on ? x->ls_scale : 1.0) / (double)(x->mb_count * x->dp);
     double t0 = 0, t1 = 0;
     for (int64_t i = 0; i < n; i++) {
         const mgc_plan_op *op = &ops[i];
@@ -1062,8 +1093,32 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     mgc_comm_status s = mgc_comm_all_reduce(x->world, &part, &total, 1, MGC_DT_F32, MGC_COMM_SUM);
     if (s != MGC_COMM_OK) return comm_fail(x, x->world, s, "gradient norm all-reduce");
     double norm = sqrt((double)total);
+    double unscale = 1.0;
+    if (x->ls_on) {
+        st->loss_scale = x->ls_scale;
+        if (!isfinite(norm)) {
+            /* overflow: every rank saw the same world-summed norm, so every rank
+             * skips; the scale halves once the hysteresis is used up */
+            st->skipped = 1;
+            st->grad_norm = norm;
+            st->lr = lr_at(x, x->iteration);
+            x->ls_clean = 0;
+            if (--x->ls_left <= 0) {
+                if (x->ls_scale > 1) x->ls_scale *= 0.5;
+                x->ls_left = x->ls_hysteresis;
+            }
+            return 0;
+        }
+        unscale = 1.0 / x->ls_scale;
+        norm *= unscale;
+        if (++x->ls_clean >= x->ls_window) {
+            x->ls_scale *= 2;
+            x->ls_clean = 0;
+            x->ls_left = x->ls_hysteresis;
+        }
+    }
     st->grad_norm = norm;
-    double scale = (x->clip > 0 && norm > x->clip) ? x->clip / (norm + 1e-6) : 1.0;
+    double scale = ((x->clip > 0 && norm > x->clip) ? x->clip / (norm + 1e-6) : 1.0) * unscale;
     if (!isfinite(norm))
         return xfail(x, "rank %" PRId64 ": the gradient norm is %g at step %" PRId64
                         ": training diverged (lower optimizer.lr or check the data)",

@@ -51,6 +51,8 @@ typedef struct mgc_step_stats {
     double grad_norm; /* global L2 norm of the gradient before clipping */
     double lr;        /* learning rate of this step */
     int64_t tokens;   /* tokens the step trained on (global batch x seq_length) */
+    double loss_scale; /* dynamic loss scaling: the scale this step's gradients had; 0 when off */
+    int skipped;      /* 1: the gradients overflowed (loss scaling) and the update was skipped */
 } mgc_step_stats;
 
 /* What can be refused without starting: a precision the backend ("cpu") does
@@ -105,6 +107,17 @@ void mgc_exec_set_op_hooks(mgc_exec *x, mgc_exec_op_hook before, mgc_exec_op_hoo
  * where it was queued; that makes profiled steps slower.  Detached, the
  * executor reads no clock and never syncs.  The caller keeps ownership. */
 void mgc_exec_set_profile(mgc_exec *x, mgc_profile *p);
+
+/* Dynamic loss scaling, on for fp16 plans from training.initial_loss_scale,
+ * loss_scale_window and hysteresis; this call sets it in any precision
+ * (tests; initial <= 0 turns it off).  Every loss's gradient is seeded with
+ * the scale (rounded down to a power of two, so unscaling is exact); the
+ * optimizer divides it out.  A step whose gradient norm is not finite is
+ * skipped on every rank (no update; mgc_step_stats.skipped) and, after
+ * `hysteresis` such steps, the scale halves (never below 1); `window` clean
+ * steps in a row double it. */
+void mgc_exec_set_loss_scaling(mgc_exec *x, double initial, int64_t window, int64_t hysteresis);
+double mgc_exec_loss_scale(const mgc_exec *x); /* the current scale, 1 when off */
 
 void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */
 

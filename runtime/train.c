@@ -2,6 +2,7 @@
 #include "train.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,14 +94,19 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         log_n++;
         log_tokens += st.tokens;
         if (lead && o->metrics) {
+            char gn[32] = "null"; /* an overflowed (skipped) step's norm is not a JSON number */
+            if (isfinite(st.grad_norm)) snprintf(gn, sizeof gn, "%.9g", st.grad_norm);
             fprintf(o->metrics,
-                    "{\"step\": %" PRId64 ", \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                    "{\"step\": %" PRId64 ", \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %s, "
                     "\"tokens\": %" PRId64 ", \"tokens_per_s\": %.6g, \"step_ms\": %.6g, "
                     "\"arena_bytes\": %" PRIu64,
-                    it + 1, st.loss, st.lr, st.grad_norm, st.tokens, (double)st.tokens / dt,
+                    it + 1, st.loss, st.lr, gn, st.tokens, (double)st.tokens / dt,
                     dt * 1e3, mgc_exec_arena_bytes(x));
             if (st.aux_loss != 0 || st.z_loss != 0)
                 fprintf(o->metrics, ", \"aux_loss\": %.9g, \"z_loss\": %.9g", st.aux_loss, st.z_loss);
+            if (st.loss_scale > 0)
+                fprintf(o->metrics, ", \"loss_scale\": %.9g, \"skipped\": %s", st.loss_scale,
+                        st.skipped ? "true" : "false");
             fputs("}\n", o->metrics);
             fflush(o->metrics);
         }
@@ -114,6 +120,8 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                     mib(a, sizeof a, mgc_exec_arena_bytes(x)));
             if (st.aux_loss != 0 || st.z_loss != 0)
                 fprintf(o->log, " | aux %.4f | z %.5f", st.aux_loss, st.z_loss);
+            if (st.loss_scale > 0) fprintf(o->log, " | loss scale %.6g", st.loss_scale);
+            if (st.skipped) fprintf(o->log, " | overflow: step skipped");
             fputc('\n', o->log);
             fflush(o->log);
             t_log = t, log_loss = 0, log_n = 0, log_tokens = 0;

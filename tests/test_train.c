@@ -12,6 +12,7 @@
  *
  * The models run at seq_length 32 and micro-batch 2 (the layouts are what is
  * tested; the shapes keep every split legal). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,94 @@ static void check_all_grads(const char *path) {
     mgc_plan_free(p);
 }
 
+/* ---- dynamic loss scaling (fp16's mechanism, exercised in fp32) ---------------------- */
+
+typedef struct poison_ctx {
+    int armed; /* poison the next weight gradient written */
+} poison_ctx;
+
+static void poison_after(void *ctx, const mgc_op_call *c) {
+    poison_ctx *pc = ctx;
+    if (pc->armed && c->op->kind == MGC_POP_LINEAR_WGRAD && c->out[0]) {
+        ((float *)c->out[0])[0] = INFINITY;
+        pc->armed = 0;
+    }
+}
+
+/* Runs `steps` steps of p with the given loss scaling (initial 0: off),
+ * poisoning one gradient in step `poison_step` (-1: none); losses, whether
+ * each step was skipped, the scale after each step, and a weight checksum
+ * after each step out. */
+static int run_scaled(const mgc_plan *p, double initial, int64_t window, int64_t hyst, int steps,
+                      int poison_step, double *loss, int *skipped, double *scale_after, double *wsum) {
+    char err[4096];
+    mgc_backend *be = NULL;
+    mgc_comm *w[1];
+    mgc_exec *x = NULL;
+    mgc_train_data *data = NULL;
+    int ok = mgc_backend_cpu_open(&be, err, sizeof err) == 0 &&
+             mgc_comm_local_world_create(1, NULL, w, err, sizeof err) == MGC_COMM_OK;
+    ok = ok && mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0 &&
+         mgc_train_data_open(&data, p, 1, err, sizeof err) == 0;
+    T_CHECK(ok);
+    poison_ctx pc = {0};
+    if (ok) {
+        mgc_exec_set_loss_scaling(x, initial, window, hyst);
+        mgc_exec_set_op_hooks(x, NULL, poison_after, &pc);
+    }
+    for (int it = 0; ok && it < steps; it++) {
+        mgc_step_stats st;
+        pc.armed = it == poison_step;
+        ok = mgc_exec_step(x, it, mgc_train_data_sample, data, &st) == 0;
+        T_CHECK(ok);
+        if (!ok) fprintf(stderr, "step %d: %s\n", it, mgc_exec_error(x));
+        loss[it] = st.loss;
+        skipped[it] = st.skipped;
+        scale_after[it] = mgc_exec_loss_scale(x);
+        double sum = 0;
+        for (int64_t i = 0; i < mgc_exec_param_count(x); i++) {
+            const mgc_exec_param *e = mgc_exec_param_at(x, i);
+            for (int64_t k = 0; k < e->numel; k++) sum += (double)e->weight[k] * (double)((k % 7) + 1);
+        }
+        wsum[it] = sum;
+    }
+    mgc_exec_free(x);
+    mgc_train_data_free(data);
+    mgc_backend_close(be);
+    if (ok) mgc_comm_free(w[0]);
+    return ok ? 0 : -1;
+}
+
+static void check_loss_scaling(void) {
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", NULL, NULL);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    enum { N = 6 };
+    double l0[N], l1[N], l2[N], s0[N], s1[N], s2[N], w0[N], w1[N], w2[N];
+    int k0[N], k1[N], k2[N];
+    /* a power-of-two scale changes nothing, bit for bit (3000 rounds down to 2048) */
+    T_EQ_I64(run_scaled(p, 0, 0, 0, N, -1, l0, k0, s0, w0), 0);
+    T_EQ_I64(run_scaled(p, 3000, 1000, 2, N, -1, l1, k1, s1, w1), 0);
+    int same = 1;
+    for (int i = 0; i < N; i++) same &= l0[i] == l1[i] && w0[i] == w1[i] && !k1[i] && s1[i] == 2048;
+    T_CHECK(same);
+    T_CHECK(s0[0] == 1.0);
+    /* an overflow in step 2 skips it (the weights do not move), halves the scale
+     * (hysteresis 1), and two clean steps double it again (window 2) */
+    T_EQ_I64(run_scaled(p, 65536, 2, 1, N, 2, l2, k2, s2, w2), 0);
+    T_CHECK(!k2[0] && !k2[1] && k2[2] && !k2[3] && !k2[4] && !k2[5]);
+    T_CHECK(w2[2] == w2[1]);             /* skipped: no update */
+    T_CHECK(w2[3] != w2[2]);             /* training goes on */
+    T_CHECK(w2[1] == w0[1] && l2[1] == l0[1]); /* before the overflow: the unscaled run, exactly */
+    T_CHECK(s2[0] == 65536 && s2[1] == 131072); /* two clean steps: doubled */
+    T_CHECK(s2[2] == 65536);                   /* overflow: halved, the clean count reset */
+    T_CHECK(s2[3] == 65536 && s2[4] == 131072); /* two clean steps again: doubled */
+    printf("loss scaling: power-of-two scale bit-identical over %d steps; overflow skipped, scale "
+           "%.0f -> %.0f -> %.0f\n",
+           N, s2[1], s2[2], s2[4]);
+    mgc_plan_free(p);
+}
+
 typedef struct layout {
     const char *name;
     const char *sets[8];
@@ -212,6 +301,7 @@ int main(int argc, char **argv) {
         check_all_grads("examples/tiny-gpt.yaml");
         check_all_grads("models/tiny-llama.yaml");
         check_all_grads("models/tiny-moe.yaml");
+        check_loss_scaling();
     }
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
