@@ -97,6 +97,7 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
     mgc_sim_result sim;
     memset(&sim, 0, sizeof sim);
     int64_t *buckets = NULL;
+    mgc_memplan_cache *mcache = NULL;
     mgc_plan *p = mgc_plan_new();
     if (!p) goto oom;
     mgc_partition_grid(c, &p->grid);
@@ -151,9 +152,15 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
         sched->ranks[r].n = 0;
     }
 
-    /* 3. the static memory plan of every pipeline rank */
+    /* 3. the static memory plan of every pipeline rank (ranks share the
+     * workspace packings of their equal chunks through the cache) */
+    mcache = mgc_memplan_cache_new(); /* NULL on OOM: works uncached */
     for (int64_t r = 0; r < pp; r++)
-        if (mgc_memplan_build(c, &p->grid, p, &p->stages[r], d) || d->errors != before) goto fail;
+        if (mgc_memplan_build_cached(c, &p->grid, p, &p->stages[r], d, NULL, mcache) ||
+            d->errors != before)
+            goto fail;
+    mgc_memplan_cache_free(mcache);
+    mcache = NULL;
 
     char err[512];
     if (mgc_plan_validate(p, err, sizeof err) != MGC_PLAN_OK) {
@@ -168,6 +175,7 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
 oom:
     mgc_diag(d, MGC_SEV_ERROR, at, NULL, "out of memory while compiling the plan");
 fail:
+    mgc_memplan_cache_free(mcache);
     mgc_sim_result_free(&sim);
     mgc_schedule_free(sched);
     free(buckets);

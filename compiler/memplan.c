@@ -60,6 +60,7 @@ typedef struct builder {
     mgc_buffer *buf;
     mgc_memreq *req;
     int64_t nb, cap;
+    mgc_memplan_cache *cache; /* may be NULL */
 } builder;
 
 #if defined(__GNUC__)
@@ -599,6 +600,90 @@ static uint64_t layout_inputs(builder *b, uint8_t *uses_fwd, uint8_t *uses_bwd) 
  * its last write (the output sent on, the loss).  A tensor of both passes
  * (recomputed) has one interval in each and one offset valid in both. */
 
+/* ---- the workspace cache ----
+ * A packing is a pure function of its four request arrays; chunks with the
+ * same layers and shapes (every middle chunk of a uniform model, on every
+ * pipeline rank) have equal arrays, so the first packing serves the rest.
+ * Entries are matched by a hash and then byte for byte. */
+
+#define CACHE_MAX 64 /* distinct packings kept per cache */
+
+typedef struct pack_entry {
+    uint64_t hash;
+    size_t n, ne, nf, nbw;
+    mgc_memreq *rq, *rf, *rb; /* (n), (nf), (nbw): copies, in one block with ex and off */
+    mgc_memseg *ex;           /* (ne) */
+    uint64_t *off;            /* (n) the offsets found */
+    uint64_t ws, fwd_peak, bwd_peak;
+} pack_entry;
+
+struct mgc_memplan_cache {
+    pack_entry v[CACHE_MAX];
+    size_t n;
+};
+
+mgc_memplan_cache *mgc_memplan_cache_new(void) {
+    return calloc(1, sizeof(mgc_memplan_cache));
+}
+
+void mgc_memplan_cache_free(mgc_memplan_cache *mc) {
+    if (!mc) return;
+    for (size_t i = 0; i < mc->n; i++)
+        free(mc->v[i].rq);
+    free(mc);
+}
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    const uint64_t k = UINT64_C(0x9E3779B97F4A7C15);
+    for (; n >= 8; s += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * k;
+        h ^= h >> 31;
+    }
+    for (; n; s++, n--)
+        h = (h ^ *s) * k;
+    return h;
+}
+
+static pack_entry *cache_find(mgc_memplan_cache *mc, uint64_t h, const mgc_memreq *rq, size_t n,
+                              const mgc_memseg *ex, size_t ne, const mgc_memreq *rf, size_t nf,
+                              const mgc_memreq *rb, size_t nbw) {
+    for (size_t i = 0; mc && i < mc->n; i++) {
+        pack_entry *e = &mc->v[i];
+        if (e->hash == h && e->n == n && e->ne == ne && e->nf == nf && e->nbw == nbw &&
+            !memcmp(e->rq, rq, n * sizeof *rq) && !memcmp(e->ex, ex, ne * sizeof *ex) &&
+            !memcmp(e->rf, rf, nf * sizeof *rf) && !memcmp(e->rb, rb, nbw * sizeof *rb))
+            return e;
+    }
+    return NULL;
+}
+
+/* Remember a packing; silently skipped when the cache is full or memory is short. */
+static void cache_add(mgc_memplan_cache *mc, uint64_t h, const mgc_memreq *rq, size_t n,
+                      const mgc_memseg *ex, size_t ne, const mgc_memreq *rf, size_t nf,
+                      const mgc_memreq *rb, size_t nbw, const uint64_t *off, uint64_t ws,
+                      uint64_t fwd_peak, uint64_t bwd_peak) {
+    if (!mc || mc->n == CACHE_MAX) return;
+    size_t bytes = (n + nf + nbw) * sizeof *rq + ne * sizeof *ex + n * sizeof *off;
+    char *blk = malloc(bytes ? bytes : 1);
+    if (!blk) return;
+    pack_entry *e = &mc->v[mc->n++];
+    e->hash = h, e->n = n, e->ne = ne, e->nf = nf, e->nbw = nbw;
+    e->rq = (mgc_memreq *)blk; /* every member is 8-byte aligned: sizes are multiples of 8 */
+    e->rf = e->rq + n;
+    e->rb = e->rf + nf;
+    e->ex = (mgc_memseg *)(e->rb + nbw);
+    e->off = (uint64_t *)(e->ex + ne);
+    memcpy(e->rq, rq, n * sizeof *rq);
+    memcpy(e->rf, rf, nf * sizeof *rf);
+    memcpy(e->rb, rb, nbw * sizeof *rb);
+    memcpy(e->ex, ex, ne * sizeof *ex);
+    memcpy(e->off, off, n * sizeof *off);
+    e->ws = ws, e->fwd_peak = fwd_peak, e->bwd_peak = bwd_peak;
+}
+
 static int pack_chunk(builder *b, int64_t c, uint64_t *ws, uint64_t *fwd_peak, uint64_t *bwd_peak) {
     const mgc_plan_chunk *ch = &b->sp->chunks[c];
     const use *u = b->uses[c];
@@ -646,13 +731,28 @@ static int pack_chunk(builder *b, int64_t c, uint64_t *ws, uint64_t *fwd_peak, u
         if (have[1]) rb[nbw++] = (mgc_memreq){x->bytes, seg_b[1], seg_e[1], 1};
         n++;
     }
-    mgc_memplan_status st = mgc_memplan_assign_segs(rq, n, ex, ne, off, ws, NULL);
-    if (st == MGC_MEMPLAN_OK) st = mgc_memplan_lower_bound(rf, nf, fwd_peak, NULL);
-    if (st == MGC_MEMPLAN_OK) st = mgc_memplan_lower_bound(rb, nbw, bwd_peak, NULL);
-    if (st != MGC_MEMPLAN_OK) {
-        rc = fail(b, NULL, "packing the workspace of chunk %" PRId64 ": %s", c,
-                  mgc_memplan_status_name(st));
-        goto done;
+    uint64_t h = 0;
+    const pack_entry *hit = NULL;
+    if (b->cache) {
+        h = hash_bytes(
+            hash_bytes(hash_bytes(hash_bytes(n, rq, n * sizeof *rq), ex, ne * sizeof *ex), rf,
+                       nf * sizeof *rf),
+            rb, nbw * sizeof *rb);
+        hit = cache_find(b->cache, h, rq, n, ex, ne, rf, nf, rb, nbw);
+    }
+    if (hit) {
+        memcpy(off, hit->off, n * sizeof *off);
+        *ws = hit->ws, *fwd_peak = hit->fwd_peak, *bwd_peak = hit->bwd_peak;
+    } else {
+        mgc_memplan_status st = mgc_memplan_assign_segs(rq, n, ex, ne, off, ws, NULL);
+        if (st == MGC_MEMPLAN_OK) st = mgc_memplan_lower_bound(rf, nf, fwd_peak, NULL);
+        if (st == MGC_MEMPLAN_OK) st = mgc_memplan_lower_bound(rb, nbw, bwd_peak, NULL);
+        if (st != MGC_MEMPLAN_OK) {
+            rc = fail(b, NULL, "packing the workspace of chunk %" PRId64 ": %s", c,
+                      mgc_memplan_status_name(st));
+            goto done;
+        }
+        cache_add(b->cache, h, rq, n, ex, ne, rf, nf, rb, nbw, off, *ws, *fwd_peak, *bwd_peak);
     }
     for (size_t i = 0; i < n; i++) {
         b->place[c][tid[i]].cat = CAT_ACT;
@@ -764,8 +864,15 @@ int mgc_memplan_build(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
 
 int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
                            mgc_stage_program *sp, mgc_diags *d, mgc_memplan_info *info) {
+    return mgc_memplan_build_cached(c, grid, plan, sp, d, info, NULL);
+}
+
+int mgc_memplan_build_cached(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
+                             mgc_stage_program *sp, mgc_diags *d, mgc_memplan_info *info,
+                             mgc_memplan_cache *cache) {
     builder bb, *b = &bb;
     memset(b, 0, sizeof *b);
+    b->cache = cache;
     b->c = c;
     b->g = grid;
     b->plan = plan;

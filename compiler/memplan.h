@@ -159,6 +159,21 @@ int mgc_memplan_build(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
 int mgc_memplan_build_info(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
                            mgc_stage_program *sp, mgc_diags *d, mgc_memplan_info *info);
 
+/* Chunks with the same layers and shapes (every middle chunk of a uniform
+ * model, on every pipeline rank) pack their pass workspace identically.  A
+ * cache shared by the mgc_memplan_build_cached calls of one plan remembers
+ * each packing by its exact requests, so that only the first is computed;
+ * the plan is byte for byte the same with or without it.  Not thread-safe:
+ * one cache per compile.  _new returns NULL on OOM; _free(NULL) is a no-op. */
+typedef struct mgc_memplan_cache mgc_memplan_cache;
+mgc_memplan_cache *mgc_memplan_cache_new(void);
+void mgc_memplan_cache_free(mgc_memplan_cache *cache);
+
+/* mgc_memplan_build_info with a cache (NULL: none). */
+int mgc_memplan_build_cached(const mgc_config *c, const mgc_grid *grid, mgc_plan *plan,
+                             mgc_stage_program *sp, mgc_diags *d, mgc_memplan_info *info,
+                             mgc_memplan_cache *cache);
+
 /* The gradient buckets of one pipeline rank: what REDUCE_GRADS / GATHER_PARAMS
  * `arg` names.  Needs only the partitioned chunks (sp->chunks; no stream
  * yet): it lays the parameters out with the very routine mgc_memplan_build

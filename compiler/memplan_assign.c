@@ -141,6 +141,12 @@ const char *mgc_memplan_status_name(mgc_memplan_status s) {
     return "?";
 }
 
+/* A placed request in the overlap set: its bytes [off, end). */
+typedef struct ent {
+    uint64_t off, end;
+    uint64_t req;
+} ent;
+
 /* A live interval of one request, in the begin-sorted segment table. */
 typedef struct seg {
     int64_t begin, end;
@@ -183,7 +189,7 @@ typedef struct assign_ctx {
     /* the overlap set of the current request, kept sorted by offset from one
      * request to the next: consecutive requests (equal sizes in time order)
      * overlap mostly the same buffers, so only the newcomers need sorting */
-    kv *cur, *cur2; /* (n) (offset, request) sorted; cur2 scratch */
+    ent *cur, *cur2; /* (n) sorted by offset; cur2 scratch */
     size_t cur_n;
     kv *fresh; /* (n) found now, not in cur */
     size_t fresh_n, found;
@@ -215,27 +221,54 @@ static void found(assign_ctx *a, int64_t r) {
     a->fresh_n++;
 }
 
-/* cur := the requests found in this generation, sorted by offset. */
-static void update_cur(assign_ctx *a) {
-    size_t w = 0;
-    for (size_t i = 0; i < a->cur_n; i++) {
-        if (a->mark[a->cur[i].val] == a->gen)
-            a->cur[w++] = a->cur[i];
-        else
-            a->in_cur[a->cur[i].val] = 0;
-    }
+/* cur := the requests found in this generation, sorted by offset (the ones
+ * of cur not found again leave; the fresh ones merge in), and in the same
+ * pass over the overlap set in address order -- merged with the global
+ * requests -- the best fit for `bytes` at alignment `al`: the smallest gap
+ * between overlapping buffers that holds it.  Returns that offset, or
+ * UINT64_MAX when no gap holds it; *top receives the end of the highest
+ * overlapping buffer.  Requests with equal offsets may come in any order:
+ * the second of two at one offset never starts a gap (prev_end is already
+ * past it), so the result does not depend on their order. */
+static uint64_t update_cur_fit(assign_ctx *a, uint64_t bytes, uint64_t al, uint64_t *top) {
     quick_sort(a->fresh, a->fresh_n);
-    size_t i = 0, j = 0, k = 0;
-    while (i < w || j < a->fresh_n) {
-        if (j == a->fresh_n || (i < w && a->cur[i].key <= a->fresh[j].key))
-            a->cur2[k++] = a->cur[i++];
-        else
-            a->in_cur[a->fresh[j].val] = 1, a->cur2[k++] = a->fresh[j++];
+    const ent *cur = a->cur;
+    ent *out = a->cur2;
+    const kv *fresh = a->fresh, *glob = a->glob;
+    const size_t cn = a->cur_n, fn = a->fresh_n, gn = a->glob_n;
+    size_t i = 0, j = 0, g = 0, k = 0;
+    uint64_t prev_end = 0, best = UINT64_MAX, best_gap = UINT64_MAX;
+    for (;;) {
+        while (i < cn && a->mark[cur[i].req] != a->gen)
+            a->in_cur[cur[i++].req] = 0;
+        uint64_t off, end;
+        if (i < cn && (j == fn || cur[i].off <= fresh[j].key) &&
+            (g == gn || cur[i].off < glob[g].key)) {
+            off = cur[i].off, end = cur[i].end;
+            out[k++] = cur[i++];
+        } else if (j < fn && (g == gn || fresh[j].key < glob[g].key)) {
+            uint64_t r = fresh[j++].val;
+            off = a->placed[r].key, end = a->placed[r].val;
+            a->in_cur[r] = 1;
+            out[k].off = off, out[k].end = end, out[k].req = r, k++;
+        } else if (g < gn) {
+            off = glob[g].key, end = glob[g].val;
+            g++;
+        } else {
+            break;
+        }
+        uint64_t start = align_up(prev_end, al);
+        if (start >= prev_end && off >= start && off - start >= bytes) {
+            uint64_t gap = off - prev_end;
+            if (gap < best_gap) best_gap = gap, best = start;
+        }
+        if (end > prev_end) prev_end = end;
     }
-    kv *t = a->cur;
-    a->cur = a->cur2;
-    a->cur2 = t;
+    a->cur2 = a->cur;
+    a->cur = out;
     a->cur_n = k;
+    *top = prev_end;
+    return best;
 }
 
 /* Placed segments at begin-sorted positions [lo, hi). */
@@ -292,19 +325,6 @@ static void time_cover(assign_ctx *a, size_t l, size_t r, int64_t req, int count
     }
 }
 
-/* First position in a sorted array of n values with value >= t. */
-static size_t lower_bound_i64(const int64_t *v, size_t n, int64_t t) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (v[mid] < t)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* Build both indexes over the m segments; 0 or -1 on OOM. */
 static int index_init(assign_ctx *a) {
     size_t m = a->m;
@@ -320,15 +340,21 @@ static int index_init(assign_ctx *a) {
     if (!a->tree || !tv || !k || !tmp || !a->tlo || !a->thi) goto out;
     for (size_t i = 0; i < 2 * a->cap; i++)
         a->tree[i] = INT64_MIN;
-    /* distinct times */
+    /* distinct times; a segment's leaf range [tlo, thi) falls out of the same
+     * pass: the leaves of its begin and of its end */
     for (size_t i = 0; i < m; i++) {
-        k[2 * i].key = okey(a->segs[i].begin), k[2 * i].val = 0;
-        k[2 * i + 1].key = okey(a->segs[i].end), k[2 * i + 1].val = 0;
+        k[2 * i].key = okey(a->segs[i].begin), k[2 * i].val = 2 * i;
+        k[2 * i + 1].key = okey(a->segs[i].end), k[2 * i + 1].val = 2 * i + 1;
     }
     radix_sort(k, tmp, 2 * m);
     size_t T = 0;
-    for (size_t i = 0; i < 2 * m; i++)
+    for (size_t i = 0; i < 2 * m; i++) {
         if (!T || k[i].key != k[i - 1].key) tv[T++] = (int64_t)(k[i].key ^ (UINT64_C(1) << 63));
+        if (k[i].val & 1)
+            a->thi[k[i].val / 2] = T - 1;
+        else
+            a->tlo[k[i].val / 2] = T - 1;
+    }
     a->T = T;
     a->P = 1;
     while (a->P < T)
@@ -338,13 +364,8 @@ static int index_init(assign_ctx *a) {
     if (!a->start || !a->fill) goto out;
     a->pos_of = malloc((T + 1) * sizeof *a->pos_of);
     if (!a->pos_of) goto out;
-    for (size_t i = 0, j = 0; i < m; i++) { /* begins ascend with i: walk */
-        while (tv[j] < a->segs[i].begin)
-            j++;
-        a->tlo[i] = j;
-        a->thi[i] = lower_bound_i64(tv, T, a->segs[i].end);
+    for (size_t i = 0; i < m; i++)
         time_cover(a, a->tlo[i], a->thi[i], 0, 1);
-    }
     for (size_t j = 0, i = 0; j <= T; j++) {
         while (i < m && a->tlo[i] < j)
             i++;
@@ -475,7 +496,18 @@ static mgc_memplan_status build_segs(const mgc_memreq *req, size_t n, const mgc_
     for (size_t i = 0; i < n_extra; i++)
         if (req[extra[i].req].bytes && extra[i].end > extra[i].begin)
             s[j].begin = extra[i].begin, s[j].end = extra[i].end, s[j].req = extra[i].req, j++;
-    /* by begin; ties keep the order above (requests, then extra intervals) */
+    /* by begin; ties keep the order above (requests, then extra intervals):
+     * a stable sort, so input that already ascends stays as it is */
+    size_t sorted = 1;
+    while (sorted < m && s[sorted - 1].begin <= s[sorted].begin)
+        sorted++;
+    if (sorted == m) {
+        free(k);
+        free(tmp);
+        *out = s;
+        *m_out = m;
+        return MGC_MEMPLAN_OK;
+    }
     for (size_t i = 0; i < m; i++)
         k[i].key = okey(s[i].begin), k[i].val = i;
     radix_sort(k, tmp, m);
@@ -522,7 +554,7 @@ static mgc_memplan_status place(assign_ctx *a, const kv *order, size_t nl, const
         a->tree[i] = INT64_MIN;
     memcpy(a->fill, a->start, 2 * a->P * sizeof *a->fill);
     for (size_t i = 0; i < a->cur_n; i++)
-        a->in_cur[a->cur[i].val] = 0;
+        a->in_cur[a->cur[i].req] = 0;
     a->cur_n = a->glob_n = 0;
     int64_t tmin = segs[0].begin, tmax = segs[0].end;
     for (size_t p = 1; p < a->m; p++)
@@ -540,23 +572,12 @@ static mgc_memplan_status place(assign_ctx *a, const kv *order, size_t nl, const
             collect_stab(a, a->tlo[p]);
             collect_range(a, a->pos_of[a->tlo[p] + 1], a->pos_of[a->thi[p]]);
         }
-        update_cur(a);
         *overlaps += a->found + a->glob_n;
         /* best fit: the smallest gap between overlapping buffers (in address
          * order: the sorted overlap list merged with the global ones) that
          * holds the request; else above the highest of them */
-        uint64_t prev_end = 0, best = UINT64_MAX, best_gap = UINT64_MAX;
-        for (size_t i = 0, j = 0; i < a->cur_n || j < a->glob_n;) {
-            const kv *x = j == a->glob_n || (i < a->cur_n && a->cur[i].key < a->glob[j].key)
-                              ? &a->placed[a->cur[i++].val]
-                              : &a->glob[j++];
-            uint64_t start = align_up(prev_end, al);
-            if (start >= prev_end && x->key >= start && x->key - start >= bytes) {
-                uint64_t gap = x->key - prev_end;
-                if (gap < best_gap) best_gap = gap, best = start;
-            }
-            if (x->val > prev_end) prev_end = x->val;
-        }
+        uint64_t prev_end;
+        uint64_t best = update_cur_fit(a, bytes, al, &prev_end);
         if (best == UINT64_MAX) {
             best = align_up(prev_end, al);
             if (best < prev_end || best > UINT64_MAX - MGC_PLAN_ALIGN - bytes)
@@ -809,4 +830,3 @@ mgc_memplan_status mgc_memplan_assign(const mgc_memreq *req, size_t n, uint64_t 
                                       uint64_t *arena_bytes, mgc_memplan_stats *stats) {
     return mgc_memplan_assign_segs(req, n, NULL, 0, offsets, arena_bytes, stats);
 }
-

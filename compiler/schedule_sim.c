@@ -216,12 +216,40 @@ static int check_fields(sim *x, int64_t r, int64_t i) {
     return 0;
 }
 
-static int lnk_cmp(const void *pa, const void *pb) {
-    const lnk *a = pa, *b = pb;
-    if (a->link != b->link) return a->link < b->link ? -1 : 1;
-    if (a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
-    if (a->rank != b->rank) return a->rank < b->rank ? -1 : 1;
-    return a->idx < b->idx ? -1 : a->idx > b->idx;
+/* Sort by (link, seq, rank, idx).  The records are made in (rank, idx)
+ * order, so a stable sort by (link, seq) alone gives that order: an LSD
+ * radix sort over the bytes in which the keys differ (seq first, then link),
+ * into tmp and back.  O(n) for the few bytes real streams use (a qsort was
+ * O(n log n) comparator calls), and it runs for every simulation of every
+ * plan (the compiler's and the cost model's). */
+static void lnk_sort(lnk *v, lnk *tmp, int64_t n) {
+    if (n < 2) return;
+    uint64_t seq_and = ~UINT64_C(0), seq_or = 0, link_and = ~UINT64_C(0), link_or = 0;
+    for (int64_t i = 0; i < n; i++) {
+        seq_and &= v[i].seq, seq_or |= v[i].seq;
+        link_and &= v[i].link, link_or |= v[i].link;
+    }
+    int passes[16], np = 0; /* byte b of seq: b; of link: 8 + b */
+    for (int b = 0; b < 8; b++)
+        if (((seq_and ^ seq_or) >> (8 * b)) & 0xff) passes[np++] = b;
+    for (int b = 0; b < 8; b++)
+        if (((link_and ^ link_or) >> (8 * b)) & 0xff) passes[np++] = 8 + b;
+    lnk *src = v, *dst = tmp;
+    for (int p = 0; p < np; p++) {
+        int sh = 8 * (passes[p] & 7), of_link = passes[p] >= 8;
+        int64_t count[257];
+        memset(count, 0, sizeof count);
+        for (int64_t i = 0; i < n; i++)
+            count[((of_link ? src[i].link : src[i].seq) >> sh & 0xff) + 1]++;
+        for (int c = 0; c < 256; c++)
+            count[c + 1] += count[c];
+        for (int64_t i = 0; i < n; i++)
+            dst[count[(of_link ? src[i].link : src[i].seq) >> sh & 0xff]++] = src[i];
+        lnk *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != v) memcpy(v, src, (size_t)n * sizeof *v);
 }
 
 static int same_key(const lnk *a, const lnk *b) {
@@ -279,9 +307,11 @@ static int match(sim *x) {
         }
     lnk *sv = malloc((size_t)(ns ? ns : 1) * sizeof *sv);
     lnk *rv = malloc((size_t)(nr ? nr : 1) * sizeof *rv);
-    if (!sv || !rv) {
+    lnk *tmp = malloc((size_t)(ns > nr ? ns : nr ? nr : 1) * sizeof *tmp);
+    if (!sv || !rv || !tmp) {
         free(sv);
         free(rv);
+        free(tmp);
         return -1;
     }
     ns = nr = 0;
@@ -293,8 +323,9 @@ static int match(sim *x) {
             else if (is_recv(in->op))
                 rv[nr++] = (lnk){(uint64_t)in->peer * (uint64_t)x->pp + (uint64_t)r, in->seq, r, i};
         }
-    qsort(sv, (size_t)ns, sizeof *sv, lnk_cmp);
-    qsort(rv, (size_t)nr, sizeof *rv, lnk_cmp);
+    lnk_sort(sv, tmp, ns);
+    lnk_sort(rv, tmp, nr);
+    free(tmp);
     int64_t i = 0, j = 0;
     while (i < ns || j < nr) {
         int c = i < ns && j < nr ? (sv[i].link != rv[j].link ? (sv[i].link < rv[j].link ? -1 : 1)

@@ -6,6 +6,9 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* mallopt */
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -26,21 +29,21 @@
 #include "json.h"
 #include "plan.h"
 
-#define GIB 1073741824.0
-#define MAX_VARIANTS 100000000 /* 10^8: a bound so a typo cannot ask for 10^20 */
-#define MAX_THREADS 256
-#define MAX_HW 16 /* distinct hardware profiles in one sweep */
+#define GIB          1073741824.0
+#define MAX_VARIANTS 10000000 /* 10^7 (about 1 GiB of results): a typo cannot ask for 10^20 */
+#define MAX_THREADS  256
+#define MAX_HW       16 /* distinct hardware profiles in one sweep */
 
 /* ---- options ------------------------------------------------------------------------ */
 
 /* One --vary: a key and its values, each pre-formatted as the assignment
  * "key=value" that mgc_config_set takes. */
 typedef struct axis {
-    char *key;      /* "parallel.tensor" (owned) */
+    char *key;         /* "parallel.tensor" (owned) */
     const char *label; /* column name in the table: the key's last part, or the key */
-    char **values;  /* (n) as written, trimmed (owned) */
-    char **assign;  /* (n) "key=value" (owned) */
-    char origin[24]; /* "--vary #1" */
+    char **values;     /* (n) as written, trimmed (owned) */
+    char **assign;     /* (n) "key=value" (owned) */
+    char origin[24];   /* "--vary #1" */
     int n;
 } axis;
 
@@ -54,13 +57,13 @@ typedef enum category {
     CAT__COUNT
 } category;
 
-static const char *const cat_names[CAT__COUNT] = {"feasible", "memory", "invalid config", "world size",
-                                                  "compile error"};
-static const char *const cat_ids[CAT__COUNT] = {"feasible", "memory", "invalid_config", "world_size",
-                                                "compile_error"};
+static const char *const cat_names[CAT__COUNT] = {"feasible", "memory", "invalid config",
+                                                  "world size", "compile error"};
+static const char *const cat_ids[CAT__COUNT] = {"feasible", "memory", "invalid_config",
+                                                "world_size", "compile_error"};
 
 typedef struct hw_entry {
-    char *name;       /* as the config or --hardware gave it (owned) */
+    char *name; /* as the config or --hardware gave it (owned) */
     mgc_hw hw;
     double usable_bytes; /* (1 - headroom) * memory_bytes */
 } hw_entry;
@@ -68,39 +71,39 @@ typedef struct hw_entry {
 /* One variant's outcome, written by exactly one worker. */
 typedef struct result {
     category cat;
-    char *reason;            /* NULL when feasible (owned) */
-    int hw;                  /* index into sweep.hws; -1 when unknown */
-    int64_t world_size;      /* 0 when the config did not check */
-    int64_t data;            /* derived data-parallel degree */
-    int64_t microbatches;    /* per step per data-parallel rank */
+    char *reason;             /* NULL when feasible (owned) */
+    int hw;                   /* index into sweep.hws; -1 when unknown */
+    int64_t world_size;       /* 0 when the config did not check */
+    int64_t data;             /* derived data-parallel degree */
+    int64_t microbatches;     /* per step per data-parallel rank */
     uint64_t max_arena_bytes; /* the largest arena (0 when not compiled) */
-    int64_t arena_rank;      /* the pipeline rank that has it */
+    int64_t arena_rank;       /* the pipeline rank that has it */
     double tokens_per_s, step_s, mfu, bubble_fraction, exposed_comm_fraction;
-    int64_t rank;            /* 1-based position in the ranking; 0 when infeasible */
+    int64_t rank; /* 1-based position in the ranking; 0 when infeasible */
 } result;
 
 typedef struct sweep {
     /* inputs (read-only while the workers run) */
-    const char *base;      /* the base file name */
-    char *text;            /* its contents, read once */
+    const char *base; /* the base file name */
+    char *text;       /* its contents, read once */
     size_t len;
-    const char **sets;     /* --set assignments */
+    const char **sets; /* --set assignments */
     int nsets;
     char origins_set[64][24]; /* "--set #N" */
-    char world_assign[64]; /* "parallel.world_size=N", or "" */
-    int64_t world_size;    /* --world-size, 0 when not given */
+    char world_assign[64];    /* "parallel.world_size=N", or "" */
+    int64_t world_size;       /* --world-size, 0 when not given */
     axis *axes;
     int naxes;
     const char *hw_override; /* --hardware */
     hw_entry hws[MAX_HW];
     int nhw;
-    double headroom;       /* fraction, 0.05 */
-    int64_t n;             /* variants */
+    double headroom; /* fraction, 0.10 */
+    int64_t n;       /* variants */
     int threads;
     /* outputs */
-    result *res;           /* (n) */
-    _Atomic int64_t next;  /* the next variant index to take */
-    int64_t *order;        /* (n_feasible) variant indices, best first */
+    result *res;          /* (n) */
+    _Atomic int64_t next; /* the next variant index to take */
+    int64_t *order;       /* (n_feasible) variant indices, best first */
     int64_t n_feasible;
     int64_t by_cat[CAT__COUNT];
     double seconds;
@@ -114,7 +117,7 @@ static void usage_sweep(FILE *out) {
           "  --world-size N        every variant's parallel.world_size (data parallel is derived)\n"
           "  --hardware NAME       hardware profile (default: the config's hardware.gpu)\n"
           "  --headroom PCT        memory kept free: a variant fits when its largest arena is at\n"
-          "                        most (100 - PCT)% of the device memory (default 5)\n"
+          "                        most (100 - PCT)% of the device memory (default 10)\n"
           "  --top K               rows of the ranking printed (default 20; 0: all)\n"
           "  -j N                  worker threads (default: the CPUs this process may use)\n"
           "  -q, --quiet           print only the summary\n"
@@ -148,16 +151,21 @@ static int parse_vary(const char *arg, axis *a, int index) {
     snprintf(a->origin, sizeof a->origin, "--vary #%d", index + 1);
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg || !eq[1]) {
-        fprintf(stderr, "mgc sweep: --vary %s: expected KEY=V1,V2,..., e.g. --vary parallel.tensor=1,2,4,8\n", arg);
+        fprintf(
+            stderr,
+            "mgc sweep: --vary %s: expected KEY=V1,V2,..., e.g. --vary parallel.tensor=1,2,4,8\n",
+            arg);
         return -1;
     }
     size_t klen = (size_t)(eq - arg);
     a->key = malloc(klen + 1);
     int commas = 0;
-    for (const char *s = eq + 1; *s; s++) commas += *s == ',';
+    for (const char *s = eq + 1; *s; s++)
+        commas += *s == ',';
     a->values = calloc((size_t)commas + 1, sizeof *a->values);
     a->assign = calloc((size_t)commas + 1, sizeof *a->assign);
-    if (!a->key || !a->values || !a->assign) return fprintf(stderr, "mgc sweep: out of memory\n"), -1;
+    if (!a->key || !a->values || !a->assign)
+        return fprintf(stderr, "mgc sweep: out of memory\n"), -1;
     memcpy(a->key, arg, klen);
     a->key[klen] = 0;
     const char *dot = strrchr(a->key, '.');
@@ -166,11 +174,14 @@ static int parse_vary(const char *arg, axis *a, int index) {
     for (;;) {
         const char *e = strchr(s, ',');
         size_t n = e ? (size_t)(e - s) : strlen(s);
-        while (n && (*s == ' ' || *s == '\t')) s++, n--;
-        while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
+        while (n && (*s == ' ' || *s == '\t'))
+            s++, n--;
+        while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+            n--;
         if (n == 0) {
-            fprintf(stderr, "mgc sweep: --vary %s: empty value (item %d); values are separated by commas\n", arg,
-                    a->n + 1);
+            fprintf(stderr,
+                    "mgc sweep: --vary %s: empty value (item %d); values are separated by commas\n",
+                    arg, a->n + 1);
             return -1;
         }
         char *v = malloc(n + 1), *as = malloc(klen + n + 2);
@@ -252,7 +263,8 @@ static mgc_config *variant_config(const sweep *S, int64_t v, mgc_diags *d) {
     mgc_config *c = mgc_config_new();
     if (!c) return NULL;
     mgc_config_load_text(c, S->base, S->text, S->len, d);
-    for (int i = 0; i < S->nsets; i++) mgc_config_set(c, S->sets[i], S->origins_set[i], d);
+    for (int i = 0; i < S->nsets; i++)
+        mgc_config_set(c, S->sets[i], S->origins_set[i], d);
     if (S->world_assign[0]) mgc_config_set(c, S->world_assign, "--world-size", d);
     if (v >= 0) {
         /* mixed radix, the first --vary slowest */
@@ -262,14 +274,16 @@ static mgc_config *variant_config(const sweep *S, int64_t v, mgc_diags *d) {
             idx[a] = (int)(rest % S->axes[a].n);
             rest /= S->axes[a].n;
         }
-        for (int a = 0; a < S->naxes; a++) mgc_config_set(c, S->axes[a].assign[idx[a]], S->axes[a].origin, d);
+        for (int a = 0; a < S->naxes; a++)
+            mgc_config_set(c, S->axes[a].assign[idx[a]], S->axes[a].origin, d);
     }
     return c;
 }
 
 /* The value index of axis a in variant v. */
 static int value_of(const sweep *S, int64_t v, int a) {
-    for (int b = S->naxes - 1; b > a; b--) v /= S->axes[b].n;
+    for (int b = S->naxes - 1; b > a; b--)
+        v /= S->axes[b].n;
     return (int)(v % S->axes[a].n);
 }
 
@@ -343,9 +357,10 @@ static void run_variant(const sweep *S, int64_t v, result *r, mgc_diags *d) {
     if ((double)r->max_arena_bytes > h->usable_bytes) {
         char msg[256];
         snprintf(msg, sizeof msg,
-                 "does not fit: %.1f GiB arena on pipeline rank %" PRId64 " > %.1f GiB usable of %.1f GiB (%s, %g%% headroom)",
-                 (double)r->max_arena_bytes / GIB, r->arena_rank, h->usable_bytes / GIB, h->hw.memory_bytes / GIB,
-                 h->hw.name, S->headroom * 100);
+                 "does not fit: %.1f GiB arena on pipeline rank %" PRId64
+                 " > %.1f GiB usable of %.1f GiB (%s, %g%% headroom)",
+                 (double)r->max_arena_bytes / GIB, r->arena_rank, h->usable_bytes / GIB,
+                 h->hw.memory_bytes / GIB, h->hw.name, S->headroom * 100);
         set_reason(r, CAT_MEMORY, msg);
         goto done;
     }
@@ -394,13 +409,24 @@ static double now_s(void) {
 /* Run every variant on S->threads threads (the calling one included). */
 static void run_all(sweep *S) {
     double t0 = now_s();
+#ifdef __GLIBC__
+    /* Every variant allocates and frees the same large arrays (instruction
+     * streams, memory-plan indexes).  glibc would map and unmap each of them
+     * and give freed heap back to the kernel, so that every variant pays its
+     * page faults again; keep them in the heap instead (a process-wide
+     * setting, harmless for the short-lived mgc process). */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#endif
     atomic_store(&S->next, 0);
     pthread_t th[MAX_THREADS];
     int started = 0;
     for (int t = 1; t < S->threads; t++)
         if (pthread_create(&th[started], NULL, worker, S) == 0) started++;
+    S->threads = started + 1; /* what ran, should a thread fail to start */
     worker(S);
-    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
     S->seconds = now_s() - t0;
 }
 
@@ -422,14 +448,16 @@ static int cmp_rank(const void *pa, const void *pb) {
 
 static int rank_all(sweep *S) {
     memset(S->by_cat, 0, sizeof S->by_cat);
-    for (int64_t v = 0; v < S->n; v++) S->by_cat[S->res[v].cat]++;
+    for (int64_t v = 0; v < S->n; v++)
+        S->by_cat[S->res[v].cat]++;
     S->n_feasible = S->by_cat[CAT_FEASIBLE];
     rank_key *k = malloc(((size_t)S->n_feasible + 1) * sizeof *k);
     S->order = malloc(((size_t)S->n_feasible + 1) * sizeof *S->order);
     if (!k || !S->order) return free(k), -1;
     int64_t n = 0;
     for (int64_t v = 0; v < S->n; v++)
-        if (S->res[v].cat == CAT_FEASIBLE) k[n++] = (rank_key){S->res[v].tokens_per_s, S->res[v].max_arena_bytes, v};
+        if (S->res[v].cat == CAT_FEASIBLE)
+            k[n++] = (rank_key){S->res[v].tokens_per_s, S->res[v].max_arena_bytes, v};
     qsort(k, (size_t)n, sizeof *k, cmp_rank);
     for (int64_t i = 0; i < n; i++) {
         S->order[i] = k[i].v;
@@ -464,26 +492,29 @@ static void print_table(const sweep *S, int64_t top, FILE *out) {
             if ((int)strlen(S->axes[a].values[i]) > w[a]) w[a] = (int)strlen(S->axes[a].values[i]);
         fprintf(out, "  %*s", w[a], S->axes[a].label);
     }
-    fprintf(out, "  %6s  %13s  %8s  %6s  %8s  %8s  %10s\n", "data", "tokens/s", "step s", "MFU %", "mem GiB",
-            "bubble %", "exp comm %");
+    fprintf(out, "  %6s  %13s  %8s  %6s  %8s  %8s  %10s\n", "data", "tokens/s", "step s", "MFU %",
+            "mem GiB", "bubble %", "exp comm %");
     for (int64_t i = 0; i < rows; i++) {
         int64_t v = S->order[i];
         const result *r = &S->res[v];
         fprintf(out, "%4" PRId64, i + 1);
-        for (int a = 0; a < S->naxes; a++) fprintf(out, "  %*s", w[a], S->axes[a].values[value_of(S, v, a)]);
-        fprintf(out, "  %6" PRId64 "  %13.0f  %8.3f  %6.1f  %8.2f  %8.1f  %10.1f\n", r->data, r->tokens_per_s,
-                r->step_s, 100 * r->mfu, (double)r->max_arena_bytes / GIB, 100 * r->bubble_fraction,
-                100 * r->exposed_comm_fraction);
+        for (int a = 0; a < S->naxes; a++)
+            fprintf(out, "  %*s", w[a], S->axes[a].values[value_of(S, v, a)]);
+        fprintf(out, "  %6" PRId64 "  %13.0f  %8.3f  %6.1f  %8.2f  %8.1f  %10.1f\n", r->data,
+                r->tokens_per_s, r->step_s, 100 * r->mfu, (double)r->max_arena_bytes / GIB,
+                100 * r->bubble_fraction, 100 * r->exposed_comm_fraction);
     }
     if (rows < S->n_feasible)
-        fprintf(out, "(the best %" PRId64 " of %" PRId64 " feasible variants; --top 0 prints all)\n", rows,
-                S->n_feasible);
+        fprintf(out,
+                "(the best %" PRId64 " of %" PRId64 " feasible variants; --top 0 prints all)\n",
+                rows, S->n_feasible);
 }
 
 static void print_summary(const sweep *S, FILE *out) {
     int64_t infeasible = S->n - S->n_feasible;
-    fprintf(out, "mgc sweep: %" PRId64 " variant%s of %s, %" PRId64 " feasible, %" PRId64 " infeasible", S->n,
-            S->n == 1 ? "" : "s", S->base, S->n_feasible, infeasible);
+    fprintf(out,
+            "mgc sweep: %" PRId64 " variant%s of %s, %" PRId64 " feasible, %" PRId64 " infeasible",
+            S->n, S->n == 1 ? "" : "s", S->base, S->n_feasible, infeasible);
     if (infeasible) {
         fputs(" (", out);
         int first = 1;
@@ -499,8 +530,9 @@ static void print_summary(const sweep *S, FILE *out) {
         char d[1024];
         int64_t v = S->order[0];
         describe(S, v, d, sizeof d);
-        fprintf(out, "best: %s: %.0f tokens/s, %.1f%% MFU, %.2f GiB (%s)\n", d, S->res[v].tokens_per_s,
-                100 * S->res[v].mfu, (double)S->res[v].max_arena_bytes / GIB,
+        fprintf(out, "best: %s: %.0f tokens/s, %.1f%% MFU, %.2f GiB (%s)\n", d,
+                S->res[v].tokens_per_s, 100 * S->res[v].mfu,
+                (double)S->res[v].max_arena_bytes / GIB,
                 S->res[v].hw >= 0 ? S->hws[S->res[v].hw].hw.name : "?");
     }
 }
@@ -514,7 +546,8 @@ static void print_none(const sweep *S, FILE *out) {
         if (S->res[v].cat == (category)best) {
             char d[1024];
             describe(S, v, d, sizeof d);
-            fprintf(out, "mgc sweep: no variant is feasible; most are rejected for %s, e.g. %s: %s\n",
+            fprintf(out,
+                    "mgc sweep: no variant is feasible; most are rejected for %s, e.g. %s: %s\n",
                     cat_names[best], d, S->res[v].reason ? S->res[v].reason : "?");
             return;
         }
@@ -542,14 +575,17 @@ static void csv_num(FILE *f, double x) {
 
 static int write_csv(FILE *f, const sweep *S) {
     fputs("variant", f);
-    for (int a = 0; a < S->naxes; a++) fputc(',', f), csv_field(f, S->axes[a].key);
-    fputs(",feasible,rank,tokens_per_s,step_s,mfu,memory_gib,max_arena_bytes,arena_rank,bubble_fraction,"
+    for (int a = 0; a < S->naxes; a++)
+        fputc(',', f), csv_field(f, S->axes[a].key);
+    fputs(",feasible,rank,tokens_per_s,step_s,mfu,memory_gib,max_arena_bytes,arena_rank,bubble_"
+          "fraction,"
           "exposed_comm_fraction,world_size,data,microbatches,hardware,category,reason\n",
           f);
     for (int64_t v = 0; v < S->n; v++) {
         const result *r = &S->res[v];
         fprintf(f, "%" PRId64, v);
-        for (int a = 0; a < S->naxes; a++) fputc(',', f), csv_field(f, S->axes[a].values[value_of(S, v, a)]);
+        for (int a = 0; a < S->naxes; a++)
+            fputc(',', f), csv_field(f, S->axes[a].values[value_of(S, v, a)]);
         int ok = r->cat == CAT_FEASIBLE;
         fprintf(f, ",%s,", ok ? "true" : "false");
         if (ok) fprintf(f, "%" PRId64, r->rank);
@@ -572,8 +608,11 @@ static int write_csv(FILE *f, const sweep *S) {
         } else {
             fputs(",,", f);
         }
-        if (r->world_size) fprintf(f, ",%" PRId64 ",%" PRId64 ",%" PRId64, r->world_size, r->data, r->microbatches);
-        else fputs(",,,", f);
+        if (r->world_size)
+            fprintf(f, ",%" PRId64 ",%" PRId64 ",%" PRId64, r->world_size, r->data,
+                    r->microbatches);
+        else
+            fputs(",,,", f);
         fputc(',', f);
         csv_field(f, r->hw >= 0 ? S->hws[r->hw].hw.name : "");
         fprintf(f, ",%s,", cat_ids[r->cat]);
@@ -588,8 +627,10 @@ static int write_json(FILE *f, const sweep *S) {
     mgc_json_init(&j, f, 1);
     mgc_json_obj_begin(&j, NULL);
     mgc_json_str(&j, "base", S->base);
-    if (S->world_size) mgc_json_int(&j, "world_size", S->world_size);
-    else mgc_json_null(&j, "world_size");
+    if (S->world_size)
+        mgc_json_int(&j, "world_size", S->world_size);
+    else
+        mgc_json_null(&j, "world_size");
     mgc_json_num(&j, "headroom", S->headroom);
     mgc_json_arr_begin(&j, "hardware");
     for (int i = 0; i < S->nhw; i++) {
@@ -601,14 +642,16 @@ static int write_json(FILE *f, const sweep *S) {
     }
     mgc_json_arr_end(&j);
     mgc_json_arr_begin(&j, "set");
-    for (int i = 0; i < S->nsets; i++) mgc_json_str(&j, NULL, S->sets[i]);
+    for (int i = 0; i < S->nsets; i++)
+        mgc_json_str(&j, NULL, S->sets[i]);
     mgc_json_arr_end(&j);
     mgc_json_arr_begin(&j, "vary");
     for (int a = 0; a < S->naxes; a++) {
         mgc_json_obj_begin(&j, NULL);
         mgc_json_str(&j, "key", S->axes[a].key);
         mgc_json_arr_begin(&j, "values");
-        for (int i = 0; i < S->axes[a].n; i++) mgc_json_str(&j, NULL, S->axes[a].values[i]);
+        for (int i = 0; i < S->axes[a].n; i++)
+            mgc_json_str(&j, NULL, S->axes[a].values[i]);
         mgc_json_arr_end(&j);
         mgc_json_obj_end(&j);
     }
@@ -616,7 +659,8 @@ static int write_json(FILE *f, const sweep *S) {
     mgc_json_int(&j, "variants", S->n);
     mgc_json_int(&j, "feasible", S->n_feasible);
     mgc_json_obj_begin(&j, "infeasible");
-    for (int c = 1; c < CAT__COUNT; c++) mgc_json_int(&j, cat_ids[c], S->by_cat[c]);
+    for (int c = 1; c < CAT__COUNT; c++)
+        mgc_json_int(&j, cat_ids[c], S->by_cat[c]);
     mgc_json_obj_end(&j);
     mgc_json_arr_begin(&j, "results");
     for (int64_t v = 0; v < S->n; v++) {
@@ -625,7 +669,8 @@ static int write_json(FILE *f, const sweep *S) {
         mgc_json_obj_begin(&j, NULL);
         mgc_json_int(&j, "variant", v);
         mgc_json_obj_begin(&j, "values");
-        for (int a = 0; a < S->naxes; a++) mgc_json_str(&j, S->axes[a].key, S->axes[a].values[value_of(S, v, a)]);
+        for (int a = 0; a < S->naxes; a++)
+            mgc_json_str(&j, S->axes[a].key, S->axes[a].values[value_of(S, v, a)]);
         mgc_json_obj_end(&j);
         mgc_json_bool(&j, "feasible", ok);
         if (ok) {
@@ -665,11 +710,20 @@ static int write_json(FILE *f, const sweep *S) {
 static void svg_text(FILE *f, const char *s) {
     for (; *s; s++) {
         switch (*s) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        default:
+            fputc(*s, f);
         }
     }
 }
@@ -682,9 +736,12 @@ static double nice_step(double hi, int ticks) {
 
 /* 1.5M, 250k, 900 */
 static void fmt_si(char *b, size_t n, double x) {
-    if (x >= 1e6) snprintf(b, n, "%gM", x / 1e6);
-    else if (x >= 1e3) snprintf(b, n, "%gk", x / 1e3);
-    else snprintf(b, n, "%g", x);
+    if (x >= 1e6)
+        snprintf(b, n, "%gM", x / 1e6);
+    else if (x >= 1e3)
+        snprintf(b, n, "%gk", x / 1e3);
+    else
+        snprintf(b, n, "%g", x);
 }
 
 static int write_svg(FILE *f, const sweep *S) {
@@ -705,15 +762,19 @@ static int write_svg(FILE *f, const sweep *S) {
 #define PX(x) (L + (x) / xhi * pw)
 #define PY(y) (T + ph - (y) / yhi * ph)
     fprintf(f,
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 "
+            "0 %.0f %.0f\" "
             "font-family=\"sans-serif\" font-size=\"12\">\n"
             "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, H, W, H);
-    fputs("<text x=\"450\" y=\"24\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">mgc sweep: ", f);
+    fputs("<text x=\"450\" y=\"24\" text-anchor=\"middle\" font-size=\"16\" "
+          "font-weight=\"bold\">mgc sweep: ",
+          f);
     svg_text(f, S->base);
     fprintf(f, " &#8212; predicted throughput vs memory</text>\n");
-    fprintf(f, "<text x=\"450\" y=\"44\" text-anchor=\"middle\" fill=\"#555\">%" PRId64 " feasible of %" PRId64
-               " variants",
+    fprintf(f,
+            "<text x=\"450\" y=\"44\" text-anchor=\"middle\" fill=\"#555\">%" PRId64
+            " feasible of %" PRId64 " variants",
             S->n_feasible, S->n);
     if (one_hw) {
         fputs(" on ", f);
@@ -722,37 +783,51 @@ static int write_svg(FILE *f, const sweep *S) {
     fputs("</text>\n", f);
     /* grid, ticks and tick labels */
     for (double x = 0; x <= xhi + xs / 2; x += xs) {
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", PX(x), T, PX(x), T + ph);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", PX(x), T + ph, PX(x),
-                T + ph + 5);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n", PX(x), T + ph + 19, x);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n",
+                PX(x), T, PX(x), T + ph);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
+                PX(x), T + ph, PX(x), T + ph + 5);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n", PX(x),
+                T + ph + 19, x);
     }
     for (double y = 0; y <= yhi + ys / 2; y += ys) {
         char b[32];
         fmt_si(b, sizeof b, y);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", L, PY(y), L + pw, PY(y));
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", L - 5, PY(y), L, PY(y));
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", L - 8, PY(y) + 4, b);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", L,
+                PY(y), L + pw, PY(y));
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
+                L - 5, PY(y), L, PY(y));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", L - 8, PY(y) + 4,
+                b);
     }
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\"/>\n", L, T,
-            pw, ph);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">memory per GPU: largest arena (GiB)</text>\n",
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"black\"/>\n",
+            L, T, pw, ph);
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">memory per GPU: largest arena "
+            "(GiB)</text>\n",
             L + pw / 2, T + ph + 40);
     fprintf(f,
-            "<text x=\"22\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 22 %.1f)\">predicted tokens/s "
+            "<text x=\"22\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 22 "
+            "%.1f)\">predicted tokens/s "
             "(whole job)</text>\n",
             T + ph / 2, T + ph / 2);
     if (one_hw) {
         fprintf(f,
-                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" stroke-dasharray=\"6,4\"/>\n",
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#c00\" "
+                "stroke-dasharray=\"6,4\"/>\n",
                 PX(limit), T, PX(limit), T + ph);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#c00\">usable %.1f GiB (%g%% headroom)</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#c00\">usable %.1f GiB "
+                "(%g%% headroom)</text>\n",
                 PX(limit) - 4, T + 14, limit, S->headroom * 100);
     }
     /* the points, worst first so the best are drawn on top */
     for (int64_t i = S->n_feasible - 1; i >= 1; i--) {
         const result *r = &S->res[S->order[i]];
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#1f77b4\" fill-opacity=\"0.5\"/>\n",
+        fprintf(f,
+                "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#1f77b4\" fill-opacity=\"0.5\"/>\n",
                 PX((double)r->max_arena_bytes / GIB), PY(r->tokens_per_s));
     }
     if (S->n_feasible) {
@@ -760,16 +835,21 @@ static int write_svg(FILE *f, const sweep *S) {
         double cx = PX((double)r->max_arena_bytes / GIB), cy = PY(r->tokens_per_s);
         char d[1024];
         describe(S, S->order[0], d, sizeof d);
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"#d62728\" stroke=\"black\"/>\n", cx, cy);
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"6\" fill=\"#d62728\" stroke=\"black\"/>\n",
+                cx, cy);
         int left = cx > L + pw / 2;
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-weight=\"bold\">best</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-weight=\"bold\">best</text>\n",
                 cx + (left ? -10 : 10), cy + 4, left ? "end" : "start");
         /* the full description as a caption under the plot (it can be long) */
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\">best: ", L, H - 6);
         svg_text(f, d);
-        fprintf(f, " (%.0f tokens/s, %.2f GiB)</text>\n", r->tokens_per_s, (double)r->max_arena_bytes / GIB);
+        fprintf(f, " (%.0f tokens/s, %.2f GiB)</text>\n", r->tokens_per_s,
+                (double)r->max_arena_bytes / GIB);
     } else {
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"16\">no feasible variant</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"16\">no feasible "
+                "variant</text>\n",
                 L + pw / 2, T + ph / 2);
     }
 #undef PX
@@ -779,8 +859,21 @@ static int write_svg(FILE *f, const sweep *S) {
 }
 
 /* Write through a temporary file in the same directory and rename it into
- * place: a reader never sees half a file, a failure leaves none.  0 ok. */
+ * place: a reader never sees half a file, a failure leaves none.  "-" is
+ * stdout; an existing path that is not a regular file (/dev/null, a pipe) is
+ * written in place, as every mgc output is: a rename would replace it.  0 ok. */
 static int write_atomic(const char *path, int (*fn)(FILE *, const sweep *), const sweep *S) {
+    if (!strcmp(path, "-") || mgc_path_is_special(path)) {
+        FILE *f = strcmp(path, "-") ? fopen(path, "w") : stdout;
+        if (!f) {
+            fprintf(stderr, "mgc sweep: cannot write %s: %s\n", path, strerror(errno));
+            return -1;
+        }
+        int bad = fn(f, S) != 0;
+        bad |= f == stdout ? fflush(f) != 0 || ferror(f) : fclose(f) != 0;
+        if (bad) fprintf(stderr, "mgc sweep: cannot write %s\n", path);
+        return bad ? -1 : 0;
+    }
     size_t n = strlen(path) + 32;
     char *tmp = malloc(n);
     if (!tmp) return fprintf(stderr, "mgc sweep: out of memory\n"), -1;
@@ -837,7 +930,8 @@ static int prepare(sweep *S) {
         rc = 1;
         goto out;
     }
-    for (int i = 0; i < S->nsets; i++) mgc_config_set(c, S->sets[i], S->origins_set[i], &d);
+    for (int i = 0; i < S->nsets; i++)
+        mgc_config_set(c, S->sets[i], S->origins_set[i], &d);
     if (S->world_assign[0]) mgc_config_set(c, S->world_assign, "--world-size", &d);
     if (d.errors) {
         rc = 2;
@@ -845,7 +939,8 @@ static int prepare(sweep *S) {
     }
     if (S->hw_override) {
         if (add_hw(S, S->hw_override, (mgc_loc){"--hardware", 0, 0}, &d)) rc = 2;
-    } else if (add_hw(S, c->hardware.gpu ? c->hardware.gpu : "", mgc_config_loc(c, MGC_KEY_HW_GPU), &d)) {
+    } else if (add_hw(S, c->hardware.gpu ? c->hardware.gpu : "", mgc_config_loc(c, MGC_KEY_HW_GPU),
+                      &d)) {
         rc = 2;
     }
     if (rc) goto out;
@@ -865,7 +960,8 @@ static int prepare(sweep *S) {
                 break;
             }
             if (!S->hw_override && !strcmp(S->axes[a].key, "hardware.gpu") &&
-                add_hw(S, x->hardware.gpu ? x->hardware.gpu : "", mgc_config_loc(x, MGC_KEY_HW_GPU), &d))
+                add_hw(S, x->hardware.gpu ? x->hardware.gpu : "", mgc_config_loc(x, MGC_KEY_HW_GPU),
+                       &d))
                 rc = 2;
             mgc_config_free(x);
             if (rc) break;
@@ -885,7 +981,8 @@ static long long parse_count(const char *opt, const char *s, long long lo, long 
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "mgc sweep: %s %s: expected a whole number from %lld to %lld\n", opt, s, lo, hi);
+        fprintf(stderr, "mgc sweep: %s %s: expected a whole number from %lld to %lld\n", opt, s, lo,
+                hi);
         return -1;
     }
     return v;
@@ -894,7 +991,7 @@ static long long parse_count(const char *opt, const char *s, long long lo, long 
 int mgc_cmd_sweep(int argc, char **argv) {
     sweep S;
     memset(&S, 0, sizeof S);
-    S.headroom = 0.05;
+    S.headroom = 0.10; /* the same default as mgc check --target */
     S.threads = default_threads();
     const char *csv = NULL, *json = NULL, *plot = NULL;
     int quiet = 0, rc = 2;
@@ -908,17 +1005,22 @@ int mgc_cmd_sweep(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         /* options that take a value: "--opt VALUE" or "--opt=VALUE" */
-        static const char *const valued[] = {"--vary", "--set", "--world-size", "--hardware", "--headroom",
-                                             "--top", "-j", "--csv", "--json", "--plot", NULL};
+        static const char *const valued[] = {
+            "--vary", "--set", "--world-size", "--hardware", "--headroom", "--top",
+            "-j",     "--csv", "--json",       "--plot",     NULL};
         const char *val = NULL;
         int which = -1;
         for (int k = 0; valued[k]; k++) {
             size_t n = strlen(valued[k]);
-            if (!strncmp(a, valued[k], n) && (a[n] == 0 || a[n] == '=' || (k == 6 && a[n] >= '0' && a[n] <= '9'))) {
+            if (!strncmp(a, valued[k], n) &&
+                (a[n] == 0 || a[n] == '=' || (k == 6 && a[n] >= '0' && a[n] <= '9'))) {
                 which = k;
-                if (a[n] == '=') val = a + n + 1;
-                else if (a[n]) val = a + n; /* -j2 */
-                else if (i + 1 < argc) val = argv[++i];
+                if (a[n] == '=')
+                    val = a + n + 1;
+                else if (a[n])
+                    val = a + n; /* -j2 */
+                else if (i + 1 < argc)
+                    val = argv[++i];
                 else {
                     fprintf(stderr, "mgc sweep: %s needs a value (mgc sweep --help)\n", a);
                     goto done;
@@ -958,8 +1060,10 @@ int mgc_cmd_sweep(int argc, char **argv) {
             }
             for (int b = 0; b < S.naxes; b++)
                 if (!strcmp(S.axes[b].key, S.axes[S.naxes].key)) {
-                    fprintf(stderr, "mgc sweep: --vary %s is given twice; list all its values in one --vary\n",
-                            S.axes[b].key);
+                    fprintf(
+                        stderr,
+                        "mgc sweep: --vary %s is given twice; list all its values in one --vary\n",
+                        S.axes[b].key);
                     S.naxes++;
                     goto done;
                 }
@@ -978,12 +1082,16 @@ int mgc_cmd_sweep(int argc, char **argv) {
             snprintf(S.world_assign, sizeof S.world_assign, "parallel.world_size=%lld", v);
             S.world_size = v;
             break;
-        case 3: S.hw_override = val; break;
+        case 3:
+            S.hw_override = val;
+            break;
         case 4: {
             char *end = NULL;
             double h = strtod(val, &end);
             if (end == val || *end || !(h >= 0 && h < 100)) {
-                fprintf(stderr, "mgc sweep: --headroom %s: expected a percentage in [0, 100), e.g. 5\n", val);
+                fprintf(stderr,
+                        "mgc sweep: --headroom %s: expected a percentage in [0, 100), e.g. 5\n",
+                        val);
                 goto done;
             }
             S.headroom = h / 100;
@@ -996,9 +1104,15 @@ int mgc_cmd_sweep(int argc, char **argv) {
             if ((v = parse_count("-j", val, 1, MAX_THREADS)) < 0) goto done;
             S.threads = (int)v;
             break;
-        case 7: csv = val; break;
-        case 8: json = val; break;
-        case 9: plot = val; break;
+        case 7:
+            csv = val;
+            break;
+        case 8:
+            json = val;
+            break;
+        case 9:
+            plot = val;
+            break;
         }
     }
     if (!S.base) {
@@ -1013,11 +1127,13 @@ int mgc_cmd_sweep(int argc, char **argv) {
     S.n = 1;
     for (int a = 0; a < S.naxes; a++) {
         if (S.world_assign[0] && !strcmp(S.axes[a].key, "parallel.world_size")) {
-            fputs("mgc sweep: --world-size and --vary parallel.world_size=... conflict; give one\n", stderr);
+            fputs("mgc sweep: --world-size and --vary parallel.world_size=... conflict; give one\n",
+                  stderr);
             goto done;
         }
         if (S.n > MAX_VARIANTS / S.axes[a].n) {
-            fprintf(stderr, "mgc sweep: the --vary lists make more than %d variants\n", MAX_VARIANTS);
+            fprintf(stderr, "mgc sweep: the --vary lists make more than %d variants\n",
+                    MAX_VARIANTS);
             goto done;
         }
         S.n *= S.axes[a].n;
@@ -1050,13 +1166,16 @@ int mgc_cmd_sweep(int argc, char **argv) {
     if (json && write_atomic(json, write_json, &S)) rc = 1;
     if (plot && write_atomic(plot, write_svg, &S)) rc = 1;
 done:
-    for (int64_t v = 0; S.res && v < S.n; v++) free(S.res[v].reason);
+    for (int64_t v = 0; S.res && v < S.n; v++)
+        free(S.res[v].reason);
     free(S.res);
     free(S.order);
-    for (int a = 0; a < S.naxes; a++) axis_free(&S.axes[a]);
+    for (int a = 0; a < S.naxes; a++)
+        axis_free(&S.axes[a]);
     free(S.axes);
     free(S.sets);
     free(S.text);
-    for (int i = 0; i < S.nhw; i++) free(S.hws[i].name);
+    for (int i = 0; i < S.nhw; i++)
+        free(S.hws[i].name);
     return rc;
 }

@@ -370,8 +370,9 @@ typedef struct mgc_plan {
     mgc_plan_kernel *kernels;   /* (n_kernels) */
     uint8_t *kbin;              /* (kbin_len) the cubins back to back, 8-aligned */
     uint64_t kbin_len;
-    /* private to plan.c: the intern index (open addressing, offset + 1 per
-     * slot, 0 empty); built lazily from the table, never written to a file */
+    /* private to plan.c: the intern index (open addressing; each slot is two
+     * words, offset + 1 (0 empty) and the string's hash); built lazily from
+     * the table, never written to a file */
     uint32_t *str_index;
     uint64_t str_index_cap;     /* slots, a power of two (0: not built) */
     uint64_t str_index_used;
