@@ -120,9 +120,13 @@ static double gemm_shape(const mgc_hw *hw, double tiles_m, double n, double k, d
     return wave * k / (k + hw->eff.gemm_k_half);
 }
 
+/* GEMMs and attention: the compute time, floored by their operands' bytes at
+ * the peak HBM bandwidth.  The floor uses the raw bandwidth, not the memory-
+ * bound kernels' fitted efficiency, so calibrating one class never moves the
+ * other. */
 static double roofline(const ctx *c, double flops, double eff, double bytes) {
     double tc = flops / (c->peak * eff);
-    double tm = bytes / (c->hw->memory_bw * c->hw->eff.memory);
+    double tm = bytes / c->hw->memory_bw;
     return (tc > tm ? tc : tm) + c->hw->launch_s;
 }
 

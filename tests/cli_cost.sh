@@ -91,11 +91,20 @@ if [ -n "$run" ] && [ -x "$run" ]; then
     "$run" "$tmp/t.plan" --iterations 3 --profile "$tmp/t.jsonl" --log-interval 100 >/dev/null 2>&1 && ok || bad "mgc-run --profile failed"
     "$mgc" calibrate "$tmp/t.plan" "$tmp/t.jsonl" --name cpu-fit -o "$tmp/cpu.yaml" 2>"$tmp/o" && ok || bad "calibrate from a profile failed: $(cat "$tmp/o")"
     grep -q "^gemm .* [0-9]" "$tmp/o" && ok || bad "calibrate prints no fit table"
-    # the fitted profile predicts the measured step within 25% (the per-op sum misses only host overhead)
-    meas=$(grep '"type":"step"' "$tmp/t.jsonl" | sed 's/.*"mean_s":\([0-9.e+-]*\).*/\1/')
+    # the fitted profile predicts the compute the profile measured (its FORWARD and BACKWARD
+    # instructions) within 25%, and the whole step within a factor of 2 (the optimizer and
+    # host work are not fitted; sanitizer builds distort them most)
     "$mgc" compile --json --hardware "$tmp/cpu.yaml" examples/tiny-gpt.yaml >"$tmp/cj2"
-    py 'import json,sys; p=json.load(open(sys.argv[1]))["predicted"]["step_s"]; m=float(sys.argv[2]); assert abs(p-m)/m < 0.25, (p, m)' "$tmp/cj2" "$meas" \
-      && ok || bad "fitted prediction far from the measured step ($meas s)"
+    py 'import json,sys
+p = json.load(open(sys.argv[1]))["predicted"]
+recs = [json.loads(l) for l in open(sys.argv[2])]
+steps = [r for r in recs if r["type"] == "step"][0]["steps"]
+fb = sum(r["total_s"] for r in recs if r["type"] == "instr" and r["op"] in ("FORWARD", "BACKWARD")) / steps
+step = [r for r in recs if r["type"] == "step"][0]["mean_s"]
+c = sum(p["time_by_class_s"][k] for k in ("gemm", "attention", "memory"))
+assert abs(c - fb) / fb < 0.25, ("compute", c, fb)
+assert 0.5 < p["step_s"] / step < 2, ("step", p["step_s"], step)' "$tmp/cj2" "$tmp/t.jsonl" \
+      && ok || bad "the fitted profile does not reproduce the measured run"
     # mgc profile: each kernel kind's time and achieved rate against the ceilings
     "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs 10 --gemm-tflops 1 >"$tmp/k.md" 2>&1 && ok || bad "mgc profile failed"
     grep -q "^| linear | fwd | [0-9]" "$tmp/k.md" && ok || bad "mgc profile: no linear row"
