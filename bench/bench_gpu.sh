@@ -23,7 +23,7 @@ T=$OUT/bench-gpu.md
 rm -f "$OUT/cost-model.md" "$OUT"/kernels-*.md
 ceil=$($PY bench/torch_gpt_gpu.py --ceilings 2>"$OUT/ceil.err") || ceil='{}'
 echo "$ceil" >"$OUT/ceilings.json"
-med() { $PY -c "import json,sys,statistics; v=[json.loads(l)[sys.argv[2]] for l in open(sys.argv[1])][8:]; print(statistics.median(v))" "$@"; }
+med() { $PY -c "import json,sys,statistics; v=[json.loads(l)[sys.argv[2]] for l in open(sys.argv[1])][8:]; m=statistics.median(v); print(\"%.2f\" % m if m < 1e4 else \"%.0f\" % m)" "$@"; }
 predict_row() { # name measured-step-ms: the cost model against the measurement
     name=$1 meas=$2
     pb=$($MGC inspect --json --hardware h100-sxm "$OUT/$name.plan" 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["predicted"]["step_s"]*1e3)') || pb=nan
