@@ -78,6 +78,8 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mgc_kspec_init(&out[0], "norm.cuh", e, is_bf16(tin(ch, op, 0)));
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_norm_threads(h, bwd));
         if (!bwd) return 1;
+        /* a 4th input: the residual gradient fused in (compiler/fusion.c) */
+        mgc_kspec_const(&out[0], "RES", op->n_in > 3);
         mgc_kspec_init(&out[1], "norm.cuh", "norm_bwd_reduce", 0);
         return 2;
     }

@@ -9,7 +9,9 @@
  *
  * Entries:
  *   layernorm_fwd, rmsnorm_fwd    y = (x - mean) rstd w + b  /  x rstd w
- *   layernorm_bwd, rmsnorm_bwd    dx (written) and per-block partial sums of dw (and db)
+ *   layernorm_bwd, rmsnorm_bwd    dx (written) and per-block partial sums of dw (and db);
+ *                                 RES = 1: dx = gres + d norm (the residual stream's gradient
+ *                                 added in the same pass, compiler/fusion.c); RES = 0: gres unused
  *   norm_bwd_reduce               dw += sum of the partials, db likewise (fixed order)
  * The backward never uses atomics: block p of the first kernel owns rows p, p + NB, ...
  * and writes its column sums to part[p][.]; the reduce kernel adds part[0..NB) in order. */
@@ -92,7 +94,8 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, float *__restrict__ part,
                    const mgc_t *__restrict__ dy, const mgc_t *__restrict__ x,
-                   const mgc_t *__restrict__ w, i64 rows, float eps, int want_db) {
+                   const mgc_t *__restrict__ w, const mgc_t *__restrict__ gres, i64 rows, float eps,
+                   int want_db) {
     __shared__ float sh[32];
     float aw[MGC_NPER], ab[MGC_NPER];
 #pragma unroll
@@ -151,16 +154,23 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 #endif
         sgx = mgc_block_sum(sgx, sh) / (float)MGC_H;
         mgc_t *dr = dx + r * (i64)MGC_H;
+#if MGC_RES
+        const mgc_t *rr = gres + r * (i64)MGC_H;
+#endif
 #pragma unroll
         for (int k = 0; k < MGC_NPER; k++) {
             int c = k * MGC_T + threadIdx.x;
             if (c < MGC_H) {
                 float xh = (MGC_XV(k) - m) * rs, g = MGC_GV(k) * mgc_ld(w[c]);
 #if MGC_NORM_RMS
-                dr[c] = mgc_st(rs * (g - xh * sgx));
+                float v = rs * (g - xh * sgx);
 #else
-                dr[c] = mgc_st(rs * (g - sg - xh * sgx));
+                float v = rs * (g - sg - xh * sgx);
 #endif
+#if MGC_RES /* the fused residual add: dx = g_res + d norm, rounded once */
+                v = mgc_ld(rr[c]) + v;
+#endif
+                dr[c] = mgc_st(v);
             }
         }
     }

@@ -153,13 +153,19 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
                                       op->n_in > 2 ? CF(c->in[2]) : NULL, rows, h, eps);
         return 0;
     }
-    /* in: x, w, dy; out: dx, dw, (db) */
+    /* in: x, w, dy (, g: the residual gradient, fused); out: dx, dw, (db) */
     if (rms)
         mgc_cpu_rmsnorm_bwd_f32(F(c->out[0]), F(c->out[1]), CF(c->in[2]), CF(c->in[0]),
                                 CF(c->in[1]), rows, h, eps);
     else
         mgc_cpu_layernorm_bwd_f32(F(c->out[0]), F(c->out[1]), op->n_out > 2 ? F(c->out[2]) : NULL,
                                   CF(c->in[2]), CF(c->in[0]), CF(c->in[1]), rows, h, eps);
+    if (op->n_in > 3) {
+        /* the fused residual add (compiler/fusion.c): dx = g + d norm, the add it replaces */
+        float *dx = F(c->out[0]);
+        const float *g = CF(c->in[3]);
+        for (int64_t i = 0; i < rows * h; i++) dx[i] = g[i] + dx[i];
+    }
     return 0;
 }
 

@@ -156,8 +156,14 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         return mgc_cuda_launch(be, &k[0], (unsigned)rows, 1, 1, (unsigned)kconst(&k[0], "T"), 0,
                                args);
     }
-    /* NORM_BWD; in: x, w, dy; out: dx, dw (, db) -- dw, db fp32, accumulated */
+    /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient); out: dx, dw (, db) -- dw, db
+     * fp32, accumulated */
     CHECK(want(be, c, tin(c, 2), dt, "the output gradient"));
+    const void *gres = NULL;
+    if (op->n_in > 3) {
+        CHECK(want(be, c, tin(c, 3), dt, "the residual gradient"));
+        gres = c->in[3];
+    }
     CHECK(want(be, c, tout(c, 0), dt, "the input gradient"));
     CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the weight's gradient"));
     int want_db = !rms && op->n_out > 2;
@@ -168,7 +174,7 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (want_db ? 2 : 1) * sizeof(float));
     if (!part) return -1;
     void *dx = c->out[0], *dy = c->in[2], *x = c->in[0], *w = c->in[1];
-    void *a1[] = {&dx, &part, &dy, &x, &w, &rows, &eps, &want_db};
+    void *a1[] = {&dx, &part, &dy, &x, &w, &gres, &rows, &eps, &want_db};
     CHECK(mgc_cuda_launch(be, &k[0], (unsigned)nb, 1, 1, (unsigned)kconst(&k[0], "T"), 0, a1));
     void *dw = c->out[1], *db = want_db ? c->out[2] : NULL;
     void *a2[] = {&dw, &db, &part, &nb, &h};

@@ -1,0 +1,36 @@
+/* fusion.h - fusions over a chunk's op programs, after partitioning and
+ * autodiff and before the memory plan (docs/partitioning.md#fusions).
+ *
+ * A fusion replaces adjacent ops by one op that the CPU reference computes
+ * exactly as the ops it replaces (so every layout still computes the same
+ * function, bit for bit in fp32) and that a GPU kernel runs in one pass:
+ *
+ *   norm_bwd (dx1 = d norm) ; add_bwd (dx = g + dx1)
+ *     -> norm_bwd with the residual gradient g as a 4th input: dx = d norm + g
+ *        (the residual stream's gradient is accumulated in the norm's backward
+ *        kernel instead of re-read and re-written by an add)
+ */
+#ifndef MGC_FUSION_H
+#define MGC_FUSION_H
+
+#include <stdint.h>
+
+#include "plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mgc_fusion_stats {
+    int64_t norm_bwd_add; /* norm_bwd + add_bwd pairs fused */
+} mgc_fusion_stats;
+
+/* Fuse in place what can be fused in one chunk; counts added to *st (may be
+ * NULL).  Tensors whose only reader went away stay in the chunk's list,
+ * unreferenced (the memory plan gives them no buffer).  Never fails. */
+void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MGC_FUSION_H */
