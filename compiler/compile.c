@@ -124,8 +124,11 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
         sp->chunks = calloc((size_t)sp->n_chunks, sizeof *sp->chunks);
         if (!sp->chunks) goto oom;
         if (mgc_partition_build(c, g, &p->grid, r, p, sp->chunks, d) || d->errors != before) goto fail;
-        /* fusions (fusion.h): before the memory plan, which sees the fused programs */
-        for (int64_t k = 0; k < sp->n_chunks; k++) mgc_fuse_chunk(&sp->chunks[k], NULL);
+        /* fusions (fusion.h): before the memory plan, which sees the fused programs;
+         * MGC_FUSION=0 in the environment turns them off (debugging, tests) */
+        const char *fz = getenv("MGC_FUSION");
+        if (!(fz && !strcmp(fz, "0")))
+            for (int64_t k = 0; k < sp->n_chunks; k++) mgc_fuse_chunk(&sp->chunks[k], NULL);
         /* the gradient buckets, from the flat parameter layout (memplan.h) */
         if (mgc_memplan_buckets(c, &p->grid, sp, bucket_elems(c), &sp->buckets, &sp->n_buckets)) {
             mgc_diag(d, MGC_SEV_ERROR, at, "out of memory, or a bug in mgc: please report it with the config",

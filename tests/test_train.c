@@ -210,6 +210,47 @@ static void check_loss_scaling(void) {
     mgc_plan_free(p);
 }
 
+/* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
+ * like the unfused one (MGC_FUSION=0), and no norm_bwd + add_bwd pair is left. */
+static void check_fusion(const char *path) {
+    setenv("MGC_FUSION", "0", 1);
+    mgc_plan *u = compile(path, NULL, NULL);
+    unsetenv("MGC_FUSION");
+    mgc_plan *f = compile(path, NULL, NULL);
+    T_CHECK(u && f);
+    if (!u || !f) {
+        mgc_plan_free(u);
+        mgc_plan_free(f);
+        return;
+    }
+    int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0;
+    for (int64_t s = 0; s < f->n_stages; s++)
+        for (int64_t c = 0; c < f->stages[s].n_chunks; c++) {
+            const mgc_plan_chunk *ch = &f->stages[s].chunks[c], *cu = &u->stages[s].chunks[c];
+            for (int64_t i = 0; i < ch->n_bwd; i++) {
+                fused += ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i].n_in == 4;
+                adds_f += ch->bwd[i].kind == MGC_POP_ADD_BWD;
+                if (i + 1 < ch->n_bwd && ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i + 1].kind == MGC_POP_ADD_BWD &&
+                    (ch->bwd[i + 1].in[0] == ch->bwd[i].out[0] || ch->bwd[i + 1].in[1] == ch->bwd[i].out[0]))
+                    pairs++;
+            }
+            for (int64_t i = 0; i < cu->n_bwd; i++) adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
+        }
+    T_CHECK(fused > 0);
+    T_EQ_I64(pairs, 0);
+    T_EQ_I64(adds_u - adds_f, fused);
+    double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS];
+    T_EQ_I64(train(u, lu, nu), 0);
+    T_EQ_I64(train(f, lf, nf), 0);
+    int same = 1;
+    for (int i = 0; i < STEPS; i++) same &= lu[i] == lf[i] && nu[i] == nf[i];
+    T_CHECK(same);
+    printf("%s: %lld norm_bwd + add_bwd pairs fused, %d steps bit-identical to the unfused plan\n", path,
+           (long long)fused, STEPS);
+    mgc_plan_free(u);
+    mgc_plan_free(f);
+}
+
 typedef struct layout {
     const char *name;
     const char *sets[8];
@@ -302,6 +343,9 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-llama.yaml");
         check_all_grads("models/tiny-moe.yaml");
         check_loss_scaling();
+        check_fusion("examples/tiny-gpt.yaml");
+        check_fusion("models/tiny-llama.yaml");
+        check_fusion("models/tiny-moe.yaml");
     }
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
