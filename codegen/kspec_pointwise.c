@@ -83,6 +83,14 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mgc_kspec_init(&out[1], "norm.cuh", "norm_bwd_reduce", 0);
         return 2;
     }
+    case MGC_POP_ADD_NORM: { /* the fused dropout_add + norm (compiler/fusion.c) */
+        int64_t h = op->iattr[2];
+        if (h <= 0) return -1;
+        mgc_kspec_init(&out[0], "norm.cuh", op->iattr[0] == 1 ? "add_rmsnorm_fwd" : "add_layernorm_fwd",
+                       is_bf16(tin(ch, op, 0)));
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_norm_threads(h, 0));
+        return 1;
+    }
     case MGC_POP_DROPOUT:
         mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_fwd", is_bf16(tin(ch, op, 0)));
         return 1;

@@ -54,7 +54,50 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
     return fused;
 }
 
+/* dropout_add (branch, residual) -> (h [, mask]) followed by norm (h, w [, b]) -> (y):
+ * add_norm (branch, residual, w [, b]) -> (h, y [, mask]).  The fused op keeps the
+ * dropout_add's name, so its dropout stream (hashed from the name) is the same. */
+static int64_t fuse_add_norm(mgc_plan_chunk *ch) {
+    int64_t fused = 0, j = 0;
+    mgc_plan_op *ops = ch->fwd;
+    int64_t n = ch->n_fwd;
+    for (int64_t i = 0; i < n; i++) {
+        mgc_plan_op *da = &ops[i];
+        const mgc_plan_op *nm = i + 1 < n ? &ops[i + 1] : NULL;
+        if (da->kind == MGC_POP_DROPOUT_ADD && da->n_in == 2 && (da->n_out == 1 || da->n_out == 2) && nm &&
+            nm->kind == MGC_POP_NORM && nm->n_in >= 2 && nm->n_in <= 3 && nm->n_out == 1 &&
+            nm->in[0] == da->out[0] && !((da->flags | nm->flags) & MGC_POF_RECOMPUTE)) {
+            mgc_plan_op f = *da;
+            f.kind = MGC_POP_ADD_NORM;
+            f.flags = (uint16_t)(da->flags | nm->flags);
+            f.n_in = (uint16_t)(2 + nm->n_in - 1);
+            f.in[2] = nm->in[1];
+            if (nm->n_in > 2) f.in[3] = nm->in[2];
+            f.n_out = (uint16_t)(1 + da->n_out);
+            f.out[0] = da->out[0];
+            f.out[1] = nm->out[0];
+            if (da->n_out > 1) f.out[2] = da->out[1];
+            memset(f.fattr, 0, sizeof f.fattr);
+            memset(f.iattr, 0, sizeof f.iattr);
+            f.fattr[0] = nm->fattr[0]; /* eps */
+            f.fattr[1] = da->fattr[0]; /* dropout probability */
+            f.iattr[0] = nm->iattr[0]; /* 1: RMSNorm */
+            f.iattr[1] = nm->iattr[1]; /* rows */
+            f.iattr[2] = nm->iattr[2]; /* h */
+            f.flops = 0;
+            ops[j++] = f;
+            i++;
+            fused++;
+            continue;
+        }
+        ops[j++] = *da;
+    }
+    ch->n_fwd = j;
+    return fused;
+}
+
 void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
     int64_t a = fuse_norm_bwd_add(ch);
-    if (st) st->norm_bwd_add += a;
+    int64_t b = fuse_add_norm(ch);
+    if (st) st->norm_bwd_add += a, st->add_norm += b;
 }

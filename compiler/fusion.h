@@ -9,6 +9,9 @@
  *     -> norm_bwd with the residual gradient g as a 4th input: dx = d norm + g
  *        (the residual stream's gradient is accumulated in the norm's backward
  *        kernel instead of re-read and re-written by an add)
+ *   dropout_add (h = residual + dropout(branch)) ; norm (y = norm(h))
+ *     -> add_norm: h and y in one pass over the row (the forward programs;
+ *        recompute copies in the backward stay unfused)
  */
 #ifndef MGC_FUSION_H
 #define MGC_FUSION_H
@@ -23,6 +26,7 @@ extern "C" {
 
 typedef struct mgc_fusion_stats {
     int64_t norm_bwd_add; /* norm_bwd + add_bwd pairs fused */
+    int64_t add_norm;     /* dropout_add + norm pairs fused */
 } mgc_fusion_stats;
 
 /* Fuse in place what can be fused in one chunk; counts added to *st (may be

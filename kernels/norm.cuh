@@ -13,6 +13,9 @@
  *                                 RES = 1: dx = gres + d norm (the residual stream's gradient
  *                                 added in the same pass, compiler/fusion.c); RES = 0: gres unused
  *   norm_bwd_reduce               dw += sum of the partials, db likewise (fixed order)
+ *   add_layernorm_fwd, add_rmsnorm_fwd   the fused dropout_add + norm (compiler/fusion.c):
+ *                                 h = residual + dropout(branch) (written, rounded to the
+ *                                 compute dtype), y = norm(h as rounded), mask (may be NULL)
  * The backward never uses atomics: block p of the first kernel owns rows p, p + NB, ...
  * and writes its column sums to part[p][.]; the reduce kernel adds part[0..NB) in order. */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
@@ -21,7 +24,7 @@
 #endif
 #include "mgc_common.cuh"
 
-#if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_layernorm_bwd)
+#if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_layernorm_bwd) || defined(MGC_ENTRY_add_layernorm_fwd)
 #define MGC_NORM_RMS 0
 #else
 #define MGC_NORM_RMS 1
@@ -46,6 +49,80 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     for (int k = 0; k < MGC_NPER; k++) {
         int c = k * MGC_T + threadIdx.x;
         v[k] = c < MGC_H ? mgc_ld(xr[c]) : 0.0f;
+    }
+#if MGC_NORM_RMS
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++)
+        ss += v[k] * v[k];
+    ss = mgc_block_sum(ss, sh);
+    float m = 0.0f, rs = 1.0f / sqrtf(ss / (float)MGC_H + eps);
+#else
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++)
+        s += v[k];
+    float m = mgc_block_sum(s, sh) / (float)MGC_H;
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        float d = v[k] - m;
+        q += c < MGC_H ? d * d : 0.0f;
+    }
+    float rs = 1.0f / sqrtf(mgc_block_sum(q, sh) / (float)MGC_H + eps);
+#endif
+    mgc_t *yr = y + r * (i64)MGC_H;
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) {
+#if MGC_NORM_RMS
+            yr[c] = mgc_st(v[k] * rs * mgc_ld(w[c]));
+#else
+            yr[c] = mgc_st((v[k] - m) * rs * mgc_ld(w[c]) + (bias ? mgc_ld(bias[c]) : 0.0f));
+#endif
+        }
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd)
+/* grid rows, block T, smem 0 (128 B static).  Row r, column c is element e = elem0 + r*H + c
+ * of the dropout stream (pointwise.cuh's numbering: word e & 3 of Philox block e >> 2, kept
+ * iff >= thr); drop == 0: no dropout.  h and y are exactly the unfused pair's: h is rounded
+ * to the compute dtype before the norm reads it.  bias may be NULL (LayerNorm only). */
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ h, mgc_t *__restrict__ y, unsigned char *__restrict__ mask,
+                   const mgc_t *__restrict__ branch, const mgc_t *__restrict__ res,
+                   const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows, float eps,
+                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   unsigned thr, float sc, int drop) {
+    __shared__ float sh[32];
+    i64 r = blockIdx.x; /* grid = rows exactly */
+    (void)rows;
+    const mgc_t *br = branch + r * (i64)MGC_H, *rr = res + r * (i64)MGC_H;
+    mgc_t *hr = h + r * (i64)MGC_H;
+    float v[MGC_NPER];
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        v[k] = 0.0f;
+        if (c < MGC_H) {
+            unsigned long long e = elem0 + (unsigned long long)(r * (i64)MGC_H + c);
+            int kp = 1;
+            if (drop) {
+                unsigned wd[4];
+                mgc_philox4x32(seed, stream, e >> 2, wd);
+                kp = wd[e & 3ull] >= thr;
+            }
+            float xv = mgc_ld(br[c]);
+            float s = (kp ? (drop ? xv * sc : xv) : 0.0f) + mgc_ld(rr[c]);
+            mgc_t hv = mgc_st(s);
+            hr[c] = hv;
+            if (mask) mask[r * (i64)MGC_H + c] = (unsigned char)kp;
+            v[k] = mgc_ld(hv);
+        }
     }
 #if MGC_NORM_RMS
     float ss = 0.0f;

@@ -35,6 +35,7 @@ static const char *const op_names[MGC_POP__END] = {
     [MGC_POP_GROUPED_LINEAR] = "grouped_linear",
     [MGC_POP_MOE_COMBINE] = "moe_combine",
     [MGC_POP_CROSS_ENTROPY] = "cross_entropy",
+    [MGC_POP_ADD_NORM] = "add_norm",
     [MGC_POP_EMBEDDING_BWD] = "embedding_bwd",
     [MGC_POP_DROPOUT_BWD] = "dropout_bwd",
     [MGC_POP_NORM_BWD] = "norm_bwd",

@@ -185,6 +185,9 @@ typedef enum mgc_plan_op_kind {
     MGC_POP_ROPE, MGC_POP_ATTENTION, MGC_POP_DROPOUT_ADD, MGC_POP_GELU, MGC_POP_SWIGLU,
     MGC_POP_ADD, MGC_POP_MOE_ROUTE, MGC_POP_MOE_DISPATCH, MGC_POP_GROUPED_LINEAR,
     MGC_POP_MOE_COMBINE, MGC_POP_CROSS_ENTROPY,
+    MGC_POP_ADD_NORM,     /* fused dropout_add + norm (compiler/fusion.c): in branch, residual,
+                             weight (, bias); out h = residual + dropout(branch), y = norm(h)
+                             (, dropout mask) */
     /* backward compute */
     MGC_POP_EMBEDDING_BWD = 32, MGC_POP_DROPOUT_BWD, MGC_POP_NORM_BWD, MGC_POP_LINEAR_DGRAD,
     MGC_POP_LINEAR_WGRAD, MGC_POP_QKV_SPLIT_BWD, MGC_POP_ROPE_BWD, MGC_POP_ATTENTION_BWD,
@@ -196,6 +199,8 @@ typedef enum mgc_plan_op_kind {
     MGC_POP_BROADCAST,
     MGC_POP__END
 } mgc_plan_op_kind;
+
+#define MGC_POP_LAST_FWD MGC_POP_ADD_NORM /* forward kinds are 0 .. this */
 
 #define MGC_POF_RECOMPUTE 1u /* forward op re-run before the backward (recompute) */
 #define MGC_POF_SAVED 2u     /* its outputs are stashed for the backward */

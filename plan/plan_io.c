@@ -429,7 +429,7 @@ static int str_ok(const mgc_plan *p, uint32_t off) {
 }
 
 static int op_kind_ok(uint16_t k) {
-    return k <= MGC_POP_CROSS_ENTROPY ||
+    return k <= MGC_POP_LAST_FWD ||
            (k >= MGC_POP_EMBEDDING_BWD && k <= MGC_POP_CROSS_ENTROPY_BWD) ||
            (k >= MGC_POP_ALL_REDUCE && k < MGC_POP__END);
 }
@@ -519,7 +519,7 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
     if (o->flags & ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
-    int fwd_kind = o->kind <= MGC_POP_CROSS_ENTROPY,
+    int fwd_kind = o->kind <= MGC_POP_LAST_FWD,
         bwd_kind = o->kind >= MGC_POP_EMBEDDING_BWD && o->kind < MGC_POP_ALL_REDUCE;
     if (!bwd && bwd_kind) INVALID("%s: backward op %s in a forward program", WH, kn);
     if (bwd && fwd_kind && !(o->flags & MGC_POF_RECOMPUTE))

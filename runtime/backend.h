@@ -57,6 +57,13 @@ typedef struct mgc_op_call {
 uint64_t mgc_op_dropout_stream(const mgc_op_call *c);
 uint64_t mgc_op_shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t);
 
+/* A fused add_norm call (compiler/fusion.c) as the two calls it replaces: the
+ * dropout_add (same name, so the same dropout stream) and the norm of its
+ * output.  The ops are written to *add_op and *norm_op, which the calls point
+ * to.  The CPU backend runs an add_norm this way. */
+void mgc_op_split_add_norm(const mgc_op_call *c, mgc_plan_op *add_op, mgc_op_call *add_call,
+                           mgc_plan_op *norm_op, mgc_op_call *norm_call);
+
 typedef struct mgc_backend mgc_backend;
 
 typedef struct mgc_backend_iface {

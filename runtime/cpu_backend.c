@@ -590,8 +590,18 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
     }
 }
 
+static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
+    /* the fused op is the pair it replaces, run in order (bit for bit the unfused result) */
+    mgc_plan_op aop, nop;
+    mgc_op_call ac, nc;
+    mgc_op_split_add_norm(c, &aop, &ac, &nop, &nc);
+    if (op_pointwise(be, &ac)) return -1;
+    return op_norm(be, &nc);
+}
+
 static int cpu_run_op(mgc_backend *be, const mgc_op_call *c) {
     switch ((mgc_plan_op_kind)c->op->kind) {
+    case MGC_POP_ADD_NORM: return op_add_norm(be, c);
     case MGC_POP_EMBEDDING:
     case MGC_POP_EMBEDDING_BWD: return op_embedding(be, c);
     case MGC_POP_NORM:

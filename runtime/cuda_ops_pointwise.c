@@ -181,6 +181,44 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     return mgc_cuda_launch(be, &k[1], (unsigned)((h + 255) / 256), 1, 1, 256, 0, a2);
 }
 
+/* ADD_NORM (compiler/fusion.c); in: branch, residual, w (, bias); out: h, y (, mask) */
+static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    int64_t rows = op->iattr[1], hd = op->iattr[2];
+    int rms = op->iattr[0] == 1, dt = MGC_DT_F32;
+    float eps = (float)op->fattr[0];
+    double p = op->fattr[1];
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    CHECK(act_dtype(be, c, tin(c, 0), &dt));
+    if (numel(tout(c, 0)) != rows * hd || numel(tin(c, 0)) != rows * hd || numel(tin(c, 1)) != rows * hd)
+        return mgc_cuda_fail(be, "add_norm '%s': tensors are not rows %lld x h %lld", opname(c), (long long)rows,
+                             (long long)hd);
+    CHECK(want(be, c, tin(c, 1), dt, "the residual"));
+    CHECK(want(be, c, tin(c, 2), dt, "the weight"));
+    CHECK(want(be, c, tout(c, 0), dt, "the sum"));
+    CHECK(want(be, c, tout(c, 1), dt, "the output"));
+    const void *bias = NULL;
+    if (!rms && op->n_in > 3) {
+        CHECK(want(be, c, tin(c, 3), dt, "the bias"));
+        bias = c->in[3];
+    }
+    void *mask = NULL;
+    if (op->n_out > 2) {
+        CHECK(want(be, c, tout(c, 2), MGC_DT_U8, "the mask"));
+        mask = c->out[2];
+    }
+    CHECK(get_specs(be, c, k, 1));
+    if (rows == 0) return 0;
+    /* the dropout_add's stream and shard offset (same name, same output tensor) */
+    unsigned long long seed = c->seed, stream = mgc_op_dropout_stream(c), elem0 = mgc_op_shard_elem0(c, tout(c, 0));
+    unsigned thr = mgc_rng_drop_threshold(p);
+    float sc = (float)(1.0 / (1.0 - p));
+    int drop = p > 0;
+    void *hp = c->out[0], *yp = c->out[1], *br = c->in[0], *rs = c->in[1], *w = c->in[2];
+    void *args[] = {&hp, &yp, &mask, &br, &rs, &w, &bias, &rows, &eps, &seed, &stream, &elem0, &thr, &sc, &drop};
+    return mgc_cuda_launch(be, &k[0], (unsigned)rows, 1, 1, (unsigned)kconst(&k[0], "T"), 0, args);
+}
+
 static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int fwd = op->kind == MGC_POP_DROPOUT || op->kind == MGC_POP_DROPOUT_ADD;
@@ -417,6 +455,7 @@ int mgc_cuda_ops_pointwise(mgc_backend *be, const mgc_op_call *c) {
     case MGC_POP_DROPOUT_BWD:
     case MGC_POP_DROPOUT_ADD:
     case MGC_POP_DROPOUT_ADD_BWD: return op_dropout(be, c);
+    case MGC_POP_ADD_NORM: return op_add_norm(be, c);
     case MGC_POP_GELU:
     case MGC_POP_GELU_BWD:
     case MGC_POP_SWIGLU:

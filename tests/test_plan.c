@@ -63,7 +63,7 @@ static void random_op(mgc_plan *p, mgc_plan_op *o, int64_t n_tensors, int bwd, i
     else
         o->kind = (uint16_t)rnd_in(MGC_POP_EMBEDDING_BWD, MGC_POP_CROSS_ENTROPY_BWD);
     o->flags = (uint16_t)rnd_in(0, 3);
-    if (bwd && o->kind <= MGC_POP_CROSS_ENTROPY) o->flags |= MGC_POF_RECOMPUTE;
+    if (bwd && o->kind <= MGC_POP_LAST_FWD) o->flags |= MGC_POF_RECOMPUTE;
     o->layer = (int32_t)rnd_in(-1, 100000);
     o->name =
         name_of(p, "layers.%lld.op%lld.%lld", (long long)s, (long long)i, (long long)rnd_in(0, 3));

@@ -212,18 +212,18 @@ static void check_loss_scaling(void) {
 
 /* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
  * like the unfused one (MGC_FUSION=0), and no norm_bwd + add_bwd pair is left. */
-static void check_fusion(const char *path) {
+static void check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
-    mgc_plan *u = compile(path, NULL, NULL);
+    mgc_plan *u = compile(path, NULL, sets);
     unsetenv("MGC_FUSION");
-    mgc_plan *f = compile(path, NULL, NULL);
+    mgc_plan *f = compile(path, NULL, sets);
     T_CHECK(u && f);
     if (!u || !f) {
         mgc_plan_free(u);
         mgc_plan_free(f);
         return;
     }
-    int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0;
+    int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     for (int64_t s = 0; s < f->n_stages; s++)
         for (int64_t c = 0; c < f->stages[s].n_chunks; c++) {
             const mgc_plan_chunk *ch = &f->stages[s].chunks[c], *cu = &u->stages[s].chunks[c];
@@ -235,18 +235,29 @@ static void check_fusion(const char *path) {
                     pairs++;
             }
             for (int64_t i = 0; i < cu->n_bwd; i++) adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
+            for (int64_t i = 0; i < ch->n_fwd; i++) {
+                addnorm += ch->fwd[i].kind == MGC_POP_ADD_NORM;
+                dadd_f += ch->fwd[i].kind == MGC_POP_DROPOUT_ADD;
+                if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_DROPOUT_ADD && ch->fwd[i + 1].kind == MGC_POP_NORM &&
+                    ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
+                    fpairs++;
+            }
+            for (int64_t i = 0; i < cu->n_fwd; i++) dadd_u += cu->fwd[i].kind == MGC_POP_DROPOUT_ADD;
         }
-    T_CHECK(fused > 0);
+    T_CHECK(fused > 0 && addnorm > 0);
     T_EQ_I64(pairs, 0);
+    T_EQ_I64(fpairs, 0);
     T_EQ_I64(adds_u - adds_f, fused);
+    T_EQ_I64(dadd_u - dadd_f, addnorm);
     double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS];
     T_EQ_I64(train(u, lu, nu), 0);
     T_EQ_I64(train(f, lf, nf), 0);
     int same = 1;
     for (int i = 0; i < STEPS; i++) same &= lu[i] == lf[i] && nu[i] == nf[i];
     T_CHECK(same);
-    printf("%s: %lld norm_bwd + add_bwd pairs fused, %d steps bit-identical to the unfused plan\n", path,
-           (long long)fused, STEPS);
+    printf("%s: %lld norm_bwd + add_bwd and %lld dropout_add + norm pairs fused, %d steps bit-identical to "
+           "the unfused plan\n",
+           path, (long long)fused, (long long)addnorm, STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
 }
@@ -343,9 +354,15 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-llama.yaml");
         check_all_grads("models/tiny-moe.yaml");
         check_loss_scaling();
-        check_fusion("examples/tiny-gpt.yaml");
-        check_fusion("models/tiny-llama.yaml");
-        check_fusion("models/tiny-moe.yaml");
+        /* dropout on: the fused op must draw the same dropout stream; tp2 + SP: sharded rows */
+        static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
+        static const char *const drop_tp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",
+                                              "parallel.sequence_parallel=true", NULL};
+        check_fusion("examples/tiny-gpt.yaml", NULL);
+        check_fusion("examples/tiny-gpt.yaml", drop);
+        check_fusion("examples/tiny-gpt.yaml", drop_tp);
+        check_fusion("models/tiny-llama.yaml", NULL);
+        check_fusion("models/tiny-moe.yaml", NULL);
     }
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
