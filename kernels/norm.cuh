@@ -34,6 +34,50 @@
 #define MGC_NPER ((MGC_H + MGC_T - 1) / MGC_T)
 #endif
 
+#if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd) || \
+    defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd)
+/* The forward of one row held in registers (v: NPER values a thread, c = k*T + tid, 0 past
+ * H): its statistics by block reductions, then y = (v - mean) rstd w + b  /  v rstd w. */
+__device__ __forceinline__ void mgc_norm_row_fwd(const float (&v)[MGC_NPER], mgc_t *__restrict__ yr,
+                                                 const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias,
+                                                 float eps, float *sh) {
+#if MGC_NORM_RMS
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++)
+        ss += v[k] * v[k];
+    ss = mgc_block_sum(ss, sh);
+    float m = 0.0f, rs = 1.0f / sqrtf(ss / (float)MGC_H + eps);
+    (void)bias;
+#else
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++)
+        s += v[k];
+    float m = mgc_block_sum(s, sh) / (float)MGC_H;
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        float d = v[k] - m;
+        q += c < MGC_H ? d * d : 0.0f;
+    }
+    float rs = 1.0f / sqrtf(mgc_block_sum(q, sh) / (float)MGC_H + eps);
+#endif
+#pragma unroll
+    for (int k = 0; k < MGC_NPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) {
+#if MGC_NORM_RMS
+            yr[c] = mgc_st(v[k] * rs * mgc_ld(w[c]));
+#else
+            yr[c] = mgc_st((v[k] - m) * rs * mgc_ld(w[c]) + (bias ? mgc_ld(bias[c]) : 0.0f));
+#endif
+        }
+    }
+}
+#endif
+
 #if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd)
 /* grid rows, block T, smem 0 (128 B static).  bias may be NULL (LayerNorm only). */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
@@ -50,40 +94,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
         int c = k * MGC_T + threadIdx.x;
         v[k] = c < MGC_H ? mgc_ld(xr[c]) : 0.0f;
     }
-#if MGC_NORM_RMS
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++)
-        ss += v[k] * v[k];
-    ss = mgc_block_sum(ss, sh);
-    float m = 0.0f, rs = 1.0f / sqrtf(ss / (float)MGC_H + eps);
-#else
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++)
-        s += v[k];
-    float m = mgc_block_sum(s, sh) / (float)MGC_H;
-    float q = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        float d = v[k] - m;
-        q += c < MGC_H ? d * d : 0.0f;
-    }
-    float rs = 1.0f / sqrtf(mgc_block_sum(q, sh) / (float)MGC_H + eps);
-#endif
-    mgc_t *yr = y + r * (i64)MGC_H;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) {
-#if MGC_NORM_RMS
-            yr[c] = mgc_st(v[k] * rs * mgc_ld(w[c]));
-#else
-            yr[c] = mgc_st((v[k] - m) * rs * mgc_ld(w[c]) + (bias ? mgc_ld(bias[c]) : 0.0f));
-#endif
-        }
-    }
+    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, sh);
 }
 #endif
 
@@ -124,40 +135,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
             v[k] = mgc_ld(hv);
         }
     }
-#if MGC_NORM_RMS
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++)
-        ss += v[k] * v[k];
-    ss = mgc_block_sum(ss, sh);
-    float m = 0.0f, rs = 1.0f / sqrtf(ss / (float)MGC_H + eps);
-#else
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++)
-        s += v[k];
-    float m = mgc_block_sum(s, sh) / (float)MGC_H;
-    float q = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        float d = v[k] - m;
-        q += c < MGC_H ? d * d : 0.0f;
-    }
-    float rs = 1.0f / sqrtf(mgc_block_sum(q, sh) / (float)MGC_H + eps);
-#endif
-    mgc_t *yr = y + r * (i64)MGC_H;
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) {
-#if MGC_NORM_RMS
-            yr[c] = mgc_st(v[k] * rs * mgc_ld(w[c]));
-#else
-            yr[c] = mgc_st((v[k] - m) * rs * mgc_ld(w[c]) + (bias ? mgc_ld(bias[c]) : 0.0f));
-#endif
-        }
-    }
+    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, sh);
 }
 #endif
 
