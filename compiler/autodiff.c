@@ -62,8 +62,18 @@ static int reserve_tensors(mgc_cb *b, int64_t need) {
 
 uint32_t mgc_cb_name(mgc_cb *b, const char *base, const char *suffix) {
     char buf[256];
-    int n = snprintf(buf, sizeof buf, "%s%s", base ? base : "", suffix ? suffix : "");
-    if (n < 0 || (size_t)n >= sizeof buf) {
+    /* base + suffix without snprintf: this runs for every tensor of every chunk */
+    if (!base) base = "";
+    if (!suffix) suffix = "";
+    size_t nb = strlen(base), ns = strlen(suffix), n = nb + ns;
+    if (n < sizeof buf) {
+        memcpy(buf, base, nb);
+        memcpy(buf + nb, suffix, ns);
+        buf[n] = 0;
+    } else {
+        snprintf(buf, sizeof buf, "%s%s", base, suffix);
+    }
+    if (n >= sizeof buf) {
         mgc_cb_fail(b, "name too long: %.60s...", buf);
         return 0;
     }
@@ -129,7 +139,16 @@ int32_t mgc_cb_tensor_like(mgc_cb *b, int32_t like, const char *suffix, mgc_plan
     if (b->failed || like < 0) return -1;
     char name[256];
     const char *base = mgc_plan_strat(b->plan, b->t[like].name);
-    snprintf(name, sizeof name, "%s%s", base ? base : "?", suffix ? suffix : "");
+    if (!base) base = "?";
+    if (!suffix) suffix = "";
+    size_t nb = strlen(base), ns = strlen(suffix);
+    if (nb + ns < sizeof name) {
+        memcpy(name, base, nb);
+        memcpy(name + nb, suffix, ns);
+        name[nb + ns] = 0;
+    } else {
+        snprintf(name, sizeof name, "%s%s", base, suffix);
+    }
     mgc_plan_tensor src = b->t[like];
     mgc_partition_tensor_info si = b->ti[like];
     int32_t id =

@@ -1,6 +1,7 @@
 /* fusion.c - see fusion.h. */
 #include "fusion.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Boundary tensors of a chunk (docs/partitioning.md, "Conventions of a chunk"):
@@ -8,16 +9,18 @@
  * pipeline stages; a fusion never drops one of them. */
 #define BOUNDARY_TENSORS 4
 
-/* Ops of `ops` (n) other than `skip_a` and `skip_b` that read or write tensor t. */
-static int other_uses(const mgc_plan_op *ops, int64_t n, int64_t skip_a, int64_t skip_b, int32_t t) {
+/* How many times each tensor of the chunk is read or written by `ops` (n):
+ * uses[t]; NULL when out of memory (the caller then fuses nothing). */
+static int32_t *count_uses(const mgc_plan_chunk *ch, const mgc_plan_op *ops, int64_t n) {
+    int32_t *uses = calloc((size_t)(ch->n_tensors > 0 ? ch->n_tensors : 1), sizeof *uses);
+    if (!uses) return NULL;
     for (int64_t i = 0; i < n; i++) {
-        if (i == skip_a || i == skip_b) continue;
         for (int k = 0; k < ops[i].n_in && k < MGC_PLAN_MAX_IO; k++)
-            if (ops[i].in[k] == t) return 1;
+            if (ops[i].in[k] >= 0 && ops[i].in[k] < ch->n_tensors) uses[ops[i].in[k]]++;
         for (int k = 0; k < ops[i].n_out && k < MGC_PLAN_MAX_IO; k++)
-            if (ops[i].out[k] == t) return 1;
+            if (ops[i].out[k] >= 0 && ops[i].out[k] < ch->n_tensors) uses[ops[i].out[k]]++;
     }
-    return 0;
+    return uses;
 }
 
 /* norm_bwd (x, w, dy) -> (dx1, dw [, db]) followed by add_bwd (a, b) -> (dx)
@@ -27,6 +30,9 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
     int64_t fused = 0, j = 0;
     mgc_plan_op *ops = ch->bwd;
     int64_t n = ch->n_bwd;
+    /* dx1 may be dropped only when the pair is its whole life: written once, read once */
+    int32_t *uses = count_uses(ch, ops, n);
+    if (!uses) return 0;
     for (int64_t i = 0; i < n; i++) {
         mgc_plan_op *nb = &ops[i];
         const mgc_plan_op *add = i + 1 < n ? &ops[i + 1] : NULL;
@@ -36,8 +42,7 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
             int32_t dx1 = nb->out[0];
             int which = add->in[0] == dx1 ? 0 : add->in[1] == dx1 ? 1 : -1;
             int32_t g = which >= 0 ? add->in[1 - which] : -1;
-            if (which >= 0 && g != dx1 && dx1 >= BOUNDARY_TENSORS && add->out[0] != g &&
-                !other_uses(ops, n, i, i + 1, dx1)) {
+            if (which >= 0 && g != dx1 && dx1 >= BOUNDARY_TENSORS && add->out[0] != g && uses[dx1] == 2) {
                 mgc_plan_op f = *nb;
                 f.in[3] = g;
                 f.n_in = 4;
@@ -51,6 +56,7 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
         ops[j++] = *nb;
     }
     ch->n_bwd = j;
+    free(uses);
     return fused;
 }
 
