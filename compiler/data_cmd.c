@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "indexed.h"
+#include "readfile.h"
 #include "synthetic.h"
 #include "tokenizer.h"
 
@@ -37,37 +38,8 @@ typedef enum split_mode { SPLIT_FILE, SPLIT_BLANK, SPLIT_LINE } split_mode;
 
 /* Reads a whole file; NULL with a message on failure. */
 static char *read_file(const char *path, size_t *n_bytes) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "mgc data: %s: cannot open: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            char *b = realloc(buf, cap * 2);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = b;
-            cap *= 2;
-        }
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (k == 0) break;
-    }
-    if (!buf) {
-        fprintf(stderr, "mgc data: %s: out of memory\n", path);
-    } else if (ferror(f)) {
-        fprintf(stderr, "mgc data: %s: read failed: %s\n", path, strerror(errno));
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *n_bytes = n;
+    char *buf = mgc_read_file(path, 0, n_bytes);
+    if (!buf) fprintf(stderr, "mgc data: %s: cannot read: %s\n", path, strerror(errno));
     return buf;
 }
 

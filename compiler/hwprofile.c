@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "readfile.h"
 #include "yamltree.h"
 
 /* the files of hardware/, embedded at build time (codegen/embed.cmake) */
@@ -225,44 +226,9 @@ static int looks_like_path(const char *s) {
     return strchr(s, '/') != NULL || (n > 5 && !strcmp(s + n - 5, ".yaml")) || (n > 4 && !strcmp(s + n - 4, ".yml"));
 }
 
-/* Read a whole file; NULL with errno set on failure (or too big). */
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            if (cap >= MGC_YAML_MAX_BYTES) {
-                free(buf);
-                buf = NULL;
-                errno = EFBIG;
-                break;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb, cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        if (r == 0) break;
-        n += r;
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = n;
-    return buf;
-}
-
 static int load_file(const char *path, mgc_loc at, mgc_hw *out, mgc_diags *d) {
     size_t len = 0;
-    char *text = slurp(path, &len);
+    char *text = mgc_read_file(path, MGC_YAML_MAX_BYTES, &len);
     if (!text) {
         mgc_diag(d, MGC_SEV_ERROR, at, "give a readable profile file, or a built-in name (mgc hardware)",
                  "cannot read hardware profile %s: %s", path, strerror(errno));

@@ -28,6 +28,7 @@
 #include "ir.h"
 #include "json.h"
 #include "plan.h"
+#include "readfile.h"
 
 #define GIB          1073741824.0
 #define MAX_VARIANTS 10000000 /* 10^7 (about 1 GiB of results): a typo cannot ask for 10^20 */
@@ -215,37 +216,6 @@ static int default_threads(void) {
 #endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
-}
-
-/* Read a whole file (the base config, read once for every variant). */
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 14, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            char *nb = cap >= ((size_t)64 << 20) ? NULL : realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                errno = EFBIG;
-                break;
-            }
-            buf = nb, cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        if (r == 0) break;
-        n += r;
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-        errno = EIO;
-    }
-    fclose(f);
-    *len = n;
-    return buf;
 }
 
 /* ---- the variants ------------------------------------------------------------------ */
@@ -1138,7 +1108,7 @@ int mgc_cmd_sweep(int argc, char **argv) {
         }
         S.n *= S.axes[a].n;
     }
-    S.text = slurp(S.base, &S.len);
+    S.text = mgc_read_file(S.base, (size_t)64 << 20, &S.len); /* read once for every variant */
     if (!S.text) {
         fprintf(stderr, "mgc sweep: cannot read %s: %s\n", S.base, strerror(errno));
         goto done;
