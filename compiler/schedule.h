@@ -226,6 +226,10 @@ typedef struct mgc_svg_options {
 int mgc_schedule_svg(const mgc_schedule *s, const mgc_sim_result *r, const mgc_svg_options *opt,
                      FILE *out);
 
+/* Writes s as SVG/XML character data: <, >, & and " escaped, control
+ * characters other than tab dropped (every SVG mgc draws uses it). */
+void mgc_svg_text(FILE *out, const char *s);
+
 /* The same as text: one row per rank, one cell per time unit (costs are
  * rounded to units), "F3" forward and "B3" backward of microbatch 3 ("F3.1":
  * chunk 1 when vp > 1), "." idle. */

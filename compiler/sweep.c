@@ -29,6 +29,7 @@
 #include "json.h"
 #include "plan.h"
 #include "readfile.h"
+#include "schedule.h"
 
 #define GIB          1073741824.0
 #define MAX_VARIANTS 10000000 /* 10^7 (about 1 GiB of results): a typo cannot ask for 10^20 */
@@ -676,28 +677,6 @@ static int write_json(FILE *f, const sweep *S) {
     return 0;
 }
 
-/* Text for SVG: &, <, > and quotes escaped. */
-static void svg_text(FILE *f, const char *s) {
-    for (; *s; s++) {
-        switch (*s) {
-        case '&':
-            fputs("&amp;", f);
-            break;
-        case '<':
-            fputs("&lt;", f);
-            break;
-        case '>':
-            fputs("&gt;", f);
-            break;
-        case '"':
-            fputs("&quot;", f);
-            break;
-        default:
-            fputc(*s, f);
-        }
-    }
-}
-
 /* A "nice" tick step (1, 2 or 5 x 10^k) for about `ticks` ticks over [0, hi]. */
 static double nice_step(double hi, int ticks) {
     double raw = hi / ticks, p = pow(10, floor(log10(raw))), m = raw / p;
@@ -740,7 +719,7 @@ static int write_svg(FILE *f, const sweep *S) {
     fputs("<text x=\"450\" y=\"24\" text-anchor=\"middle\" font-size=\"16\" "
           "font-weight=\"bold\">mgc sweep: ",
           f);
-    svg_text(f, S->base);
+    mgc_svg_text(f, S->base);
     fprintf(f, " &#8212; predicted throughput vs memory</text>\n");
     fprintf(f,
             "<text x=\"450\" y=\"44\" text-anchor=\"middle\" fill=\"#555\">%" PRId64
@@ -748,7 +727,7 @@ static int write_svg(FILE *f, const sweep *S) {
             S->n_feasible, S->n);
     if (one_hw) {
         fputs(" on ", f);
-        svg_text(f, S->hws[0].hw.name);
+        mgc_svg_text(f, S->hws[0].hw.name);
     }
     fputs("</text>\n", f);
     /* grid, ticks and tick labels */
@@ -813,7 +792,7 @@ static int write_svg(FILE *f, const sweep *S) {
                 cx + (left ? -10 : 10), cy + 4, left ? "end" : "start");
         /* the full description as a caption under the plot (it can be long) */
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\">best: ", L, H - 6);
-        svg_text(f, d);
+        mgc_svg_text(f, d);
         fprintf(f, " (%.0f tokens/s, %.2f GiB)</text>\n", r->tokens_per_s,
                 (double)r->max_arena_bytes / GIB);
     } else {

@@ -23,7 +23,7 @@ static const char *const fwd_fill[8] = {"#9ecae1", "#fdae6b", "#a1d99b", "#bcbdd
 static const char *const bwd_fill[8] = {"#3182bd", "#e6550d", "#31a354", "#756bb1",
                                         "#de2d26", "#8c6d31", "#c51b7d", "#01665e"};
 
-static void xml_text(FILE *f, const char *s) {
+void mgc_svg_text(FILE *f, const char *s) {
     for (; *s; s++) {
         switch (*s) {
         case '<':
@@ -126,7 +126,7 @@ int mgc_schedule_svg(const mgc_schedule *s, const mgc_sim_result *r, const mgc_s
     /* title */
     fprintf(out, "<text x=\"%.1f\" y=\"24\" font-size=\"16\" font-weight=\"bold\">", left);
     if (opt && opt->title) {
-        xml_text(out, opt->title);
+        mgc_svg_text(out, opt->title);
     } else {
         fprintf(out, "%s schedule: p=%" PRId64 ", v=%" PRId64 ", m=%" PRId64,
                 sched_title(s->schedule), pp, vp, s->m);
@@ -177,7 +177,7 @@ int mgc_schedule_svg(const mgc_schedule *s, const mgc_sim_result *r, const mgc_s
                     x0, by, w, box_h, fill);
             char b[160];
             mgc_instr_format(in, b, sizeof b);
-            xml_text(out, b);
+            mgc_svg_text(out, b);
             fprintf(out, " [%.6g, %.6g)</title></rect>\n", t0, t1);
             char lab[32];
             if (fb)

@@ -41,14 +41,14 @@ __device__ __forceinline__ mgc_t mgc_st(float f) {
 
 /* Sum over a block of `blockDim.x` threads (a multiple of 32, at most 1024) in a
  * fixed order: warp shuffles, then warp 0 over the warp sums.  Every thread
- * gets the total.  `sh` holds 32 floats of shared memory. */
-__device__ __forceinline__ float mgc_block_sum(float v, float *sh) {
+ * gets the total.  `sh` holds 32 values of shared memory.  T: float or double. */
+template <typename T> __device__ __forceinline__ T mgc_block_sum(T v, T *sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();
     if (l == 0) sh[w] = v;
     __syncthreads();
-    v = l < nw ? sh[l] : 0.0f;
+    v = l < nw ? sh[l] : (T)0;
     if (w == 0)
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads(); /* every warp has read its sh[l] before sh[0] is reused */
@@ -79,11 +79,10 @@ __device__ __forceinline__ float mgc_block_max(float v, float *sh) {
 /* ---- added for the pointwise family (kernels/pointwise.cuh, embedding.cuh) ------------- */
 
 /* Philox-4x32-10 exactly as runtime/rng.c: counter (blk lo, blk hi, stream lo, stream hi),
- * key (seed lo, seed hi); element e of a stream is word e & 3 of block e >> 2. */
-__device__ __forceinline__ void mgc_philox4x32(unsigned long long seed, unsigned long long stream,
-                                               unsigned long long blk, unsigned out[4]) {
-    unsigned c0 = (unsigned)blk, c1 = (unsigned)(blk >> 32), c2 = (unsigned)stream,
-             c3 = (unsigned)(stream >> 32);
+ * key (seed lo, seed hi); element e of a stream is word e & 3 of block e >> 2.  The ten
+ * rounds turn the counter c0..c3 into the block's four words in place. */
+__device__ __forceinline__ void mgc_philox_rounds(unsigned &c0, unsigned &c1, unsigned &c2, unsigned &c3,
+                                                  unsigned long long seed) {
     unsigned k0 = (unsigned)seed, k1 = (unsigned)(seed >> 32);
 #pragma unroll
     for (int round = 0; round < 10; round++) {
@@ -96,10 +95,29 @@ __device__ __forceinline__ void mgc_philox4x32(unsigned long long seed, unsigned
         k0 += 0x9E3779B9u;
         k1 += 0xBB67AE85u;
     }
+}
+
+__device__ __forceinline__ void mgc_philox4x32(unsigned long long seed, unsigned long long stream,
+                                               unsigned long long blk, unsigned out[4]) {
+    unsigned c0 = (unsigned)blk, c1 = (unsigned)(blk >> 32), c2 = (unsigned)stream,
+             c3 = (unsigned)(stream >> 32);
+    mgc_philox_rounds(c0, c1, c2, c3, seed);
     out[0] = c0;
     out[1] = c1;
     out[2] = c2;
     out[3] = c3;
+}
+
+/* Word of element e of stream (seed, stream): word e & 3 of Philox block e >> 2, picked
+ * with selects (a dynamic index into the block would go through local memory). */
+__device__ __forceinline__ unsigned mgc_philox_word(unsigned long long seed, unsigned long long stream,
+                                                    unsigned long long e) {
+    unsigned long long blk = e >> 2;
+    unsigned c0 = (unsigned)blk, c1 = (unsigned)(blk >> 32), c2 = (unsigned)stream,
+             c3 = (unsigned)(stream >> 32);
+    mgc_philox_rounds(c0, c1, c2, c3, seed);
+    unsigned w = e & 1 ? c1 : c0, w2 = e & 1 ? c3 : c2;
+    return e & 2 ? w2 : w;
 }
 
 /* Position of row i of a context-parallel shard (runtime/cpu_backend.c ctx_positions):

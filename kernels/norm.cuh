@@ -121,12 +121,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
         v[k] = 0.0f;
         if (c < MGC_H) {
             unsigned long long e = elem0 + (unsigned long long)(r * (i64)MGC_H + c);
-            int kp = 1;
-            if (drop) {
-                unsigned wd[4];
-                mgc_philox4x32(seed, stream, e >> 2, wd);
-                kp = wd[e & 3ull] >= thr;
-            }
+            int kp = drop ? mgc_philox_word(seed, stream, e) >= thr : 1;
             float xv = mgc_ld(br[c]);
             float s = (kp ? (drop ? xv * sc : xv) : 0.0f) + mgc_ld(rr[c]);
             mgc_t hv = mgc_st(s);

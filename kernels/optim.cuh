@@ -28,24 +28,6 @@ __device__ __forceinline__ unsigned short mgc_f32_to_bf16(float f) {
     return (unsigned short)(u >> 16);
 }
 
-/* Block sum in fp64 (blockDim.x a multiple of 32), fixed order; `sh` holds 32 doubles. */
-__device__ __forceinline__ double mgc_block_sum_f64(double v, double *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    v = l < nw ? sh[l] : 0.0;
-    if (w == 0)
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads(); /* every warp has read its sh[l] before sh[0] is reused */
-    if (threadIdx.x == 0) sh[0] = v;
-    __syncthreads();
-    v = sh[0];
-    __syncthreads();
-    return v;
-}
-
 #if defined(MGC_ENTRY_sumsq_partial)
 /* grid NB = 1024 fixed (never the SM count: the result's bits do not depend on the GPU),
  * block 256, smem 0 (static 256 B).  part (NB) fp64. */
@@ -57,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(256)
         double v = (double)g[i];
         s = __fma_rn(v, v, s);
     }
-    s = mgc_block_sum_f64(s, sh);
+    s = mgc_block_sum(s, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 #endif
@@ -70,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     double s = 0.0;
     for (int i = threadIdx.x; i < nb; i += blockDim.x)
         s += part[i];
-    s = mgc_block_sum_f64(s, sh);
+    s = mgc_block_sum(s, sh);
     if (threadIdx.x == 0) out[0] = s;
 }
 #endif
