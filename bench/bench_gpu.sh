@@ -4,6 +4,11 @@
 # mgc against PyTorch eager and torch.compile (SDPA flash attention) in the
 # same run, with the device's measured ceilings.  Writes OUT/bench-gpu.md.
 #
+# Both sides train without dropout (the PyTorch model has none; mgc's models
+# set 0.1, overridden here), so the two compute the same function.
+# BENCH_MODELS="gpt2-124m" (default both) and BENCH_TORCH=0 (mgc rows only)
+# shorten a run.
+#
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
 # T tokens per step, L layers, h hidden, s sequence; PaLM/Megatron convention,
@@ -46,6 +51,7 @@ row() { # name model-args mgc-sets mbs
     $MGC compile "$model" --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 \
         --set parallel.data=1 --set parallel.context=1 --set training.precision=bf16 \
         --set training.recompute=none --set training.micro_batch_size=$mbs \
+        --set model.hidden_dropout=0 --set model.attention_dropout=0 \
         --set training.global_batch_size=$mbs --set hardware.cuda_archs=[90] \
         -o "$OUT/$name.plan" >"$OUT/$name.compile.log" 2>&1 || { echo "| $name | mgc | compile failed: $(tail -n 1 "$OUT/$name.compile.log") |"; return; }
     if $RUN "$OUT/$name.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.jsonl" >"$OUT/$name.run.log" 2>&1; then
@@ -54,6 +60,7 @@ row() { # name model-args mgc-sets mbs
     else
         echo "| $name | mgc | failed: $(tail -n 1 "$OUT/$name.run.log") |"
     fi
+    [ "${BENCH_TORCH:-1}" = 1 ] || return 0
     for c in "" --compile; do
         # shellcheck disable=SC2086
         j=$($PY bench/torch_gpt_gpu.py $margs --mbs $mbs --steps $STEPS $c 2>"$OUT/$name.torch$c.err") || { echo "| $name | torch$c | failed |"; continue; }
@@ -69,8 +76,10 @@ row() { # name model-args mgc-sets mbs
     echo
     echo "| model | implementation | median step ms | tokens/s | memory bytes |"
     echo "|---|---|---:|---:|---:|"
-    row gpt2-124m "--hidden 768 --layers 12 --heads 12 --ffn 3072" models/gpt2-124m.yaml 8
-    row gpt2-1.5b "--hidden 1600 --layers 48 --heads 25 --ffn 6400" models/gpt2-1.5b.yaml 4
+    case " ${BENCH_MODELS:-gpt2-124m gpt2-1.5b} " in *" gpt2-124m "*)
+        row gpt2-124m "--hidden 768 --layers 12 --heads 12 --ffn 3072" models/gpt2-124m.yaml 8 ;; esac
+    case " ${BENCH_MODELS:-gpt2-124m gpt2-1.5b} " in *" gpt2-1.5b "*)
+        row gpt2-1.5b "--hidden 1600 --layers 48 --heads 25 --ffn 6400" models/gpt2-1.5b.yaml 4 ;; esac
     echo
     echo "Cost model (docs/cost-model.md): predicted step ms with the built-in h100-sxm profile, and with the"
     echo "profile fitted per op from a profiled run of the same plan (mgc-run --profile, mgc calibrate)."

@@ -57,6 +57,11 @@
 #define ATT_BR (ATT_D <= 32 ? 64 : (ATT_D <= 64 ? 32 : 16))
 #define ATT_BC (ATT_D <= 64 ? 32 : 16)
 #define ATT_DC (ATT_D / 16) /* columns of D per thread */
+/* the bf16 backward runs on tensor cores for D <= 64 (D = 128 would need more than 255
+ * registers a thread with this tiling and keeps the SIMT kernels) */
+#define ATT_TC_BWD (MGC_BF16 && MGC_D <= 64)
+#define ATT_TBR 64 /* tensor-core backward: rows owned per block (16 per warp) */
+#define ATT_TBC 64 /* tensor-core backward: rows of the other side per step */
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
@@ -139,6 +144,118 @@ __device__ __forceinline__ int att_block_max_int(int v, int valid, float *red) {
     f = mgc_block_max(f, red);
     return f == att_ninf() ? -2147483647 - 1 : (int)f;
 }
+
+#if MGC_BF16
+/* c += a (16x16, row) * b (16x8, col): bf16 inputs, fp32 accumulators.  Fragments (lane =
+ * 4 grp + tig): a0 (row grp, k 2tig..+1), a1 (row grp+8, same k), a2/a3 (k + 8); b0 (k 2tig..+1,
+ * col grp), b1 (k + 8); c0,c1 (row grp, cols 2tig..+1), c2,c3 (row grp+8). */
+__device__ __forceinline__ void att_mma(float c[4], const unsigned a[4], unsigned b0,
+                                        unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned att_pack(float lo, float hi) {
+    return (unsigned)mgc_st(lo) | ((unsigned)mgc_st(hi) << 16);
+}
+
+#endif
+
+#if MGC_BF16
+/* Stages rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi as bf16, row-major
+ * into rm[ROWS][D + 8] and/or transposed into tr[D][ROWS + 8] (NULL: not wanted); rows past
+ * n are 0.  16-byte global loads (rows are 16-byte aligned: the arena is 256-aligned and
+ * D >= 16); lanes run along rows, so neither the 16-byte row-major stores (row pitch 2D + 16
+ * bytes) nor the 2-byte transposed ones conflict in shared memory. */
+template <int ROWS>
+__device__ __forceinline__ void att_stage(unsigned short (*rm)[ATT_D + 8],
+                                          unsigned short (*tr)[ROWS + 8], const mgc_t *x,
+                                          int r0, int n, int b, int H, int bi, int h) {
+    for (int idx = threadIdx.x; idx < ROWS * (ATT_D / 8); idx += ATT_NT) {
+        int rr = idx % ROWS, c8 = idx / ROWS, i = r0 + rr;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (i < n) v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
+        if (rm) *(uint4 *)&rm[rr][8 * c8] = v;
+        if (tr) {
+            unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                tr[8 * c8 + 2 * e][rr] = (unsigned short)(u[e] & 0xffffu);
+                tr[8 * c8 + 2 * e + 1][rr] = (unsigned short)(u[e] >> 16);
+            }
+        }
+    }
+}
+
+/* The A fragments (mma m16n8k16, see att_mma) of rows r[0], r[1] (grp, grp + 8 of the warp's
+ * 16) of head h of x (n, b, H, D), straight from global memory; rows past n are 0. */
+__device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_D / 16][4], const mgc_t *x,
+                                               const int r[2], int n, int b, int H, int bi,
+                                               int h, int tig) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        bool ok = r[hh] < n;
+        const unsigned *row =
+            (const unsigned *)(x + (((i64)(ok ? r[hh] : 0) * b + bi) * H + h) * ATT_D);
+#pragma unroll
+        for (int ks = 0; ks < ATT_D / 16; ks++) {
+            f[ks][hh] = ok ? row[8 * ks + tig] : 0u;
+            f[ks][hh + 2] = ok ? row[8 * ks + tig + 4] : 0u;
+        }
+    }
+}
+
+/* acc[dt] += A (16 x NK, accumulator-layout fp32 values x[NK/8][4] rounded to bf16) times
+ * B (NK x D) where B[kk][d] = bt[d][kk] (transposed tile in shared memory). */
+template <int NK, int PITCH>
+__device__ __forceinline__ void att_mma_acc_t(float (&acc)[ATT_D / 8][4], const float (&x)[NK / 8][4],
+                                              const unsigned short (*bt)[PITCH], int grp, int tig) {
+#pragma unroll
+    for (int pk = 0; pk < NK / 16; pk++) {
+        unsigned pa[4] = {att_pack(x[2 * pk][0], x[2 * pk][1]), att_pack(x[2 * pk][2], x[2 * pk][3]),
+                          att_pack(x[2 * pk + 1][0], x[2 * pk + 1][1]),
+                          att_pack(x[2 * pk + 1][2], x[2 * pk + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < ATT_D / 8; dt++) {
+            unsigned b0 = *(const unsigned *)&bt[dt * 8 + grp][16 * pk + 2 * tig];
+            unsigned b1 = *(const unsigned *)&bt[dt * 8 + grp][16 * pk + 2 * tig + 8];
+            att_mma(acc[dt], pa, b0, b1);
+        }
+    }
+}
+
+/* s[nt] = A (16 x D, fragments f) times B (D x NN) where B[d][nn] = br[nn][d] (row-major tile
+ * in shared memory). */
+template <int NN>
+__device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsigned (&f)[ATT_D / 16][4],
+                                             const unsigned short (*br)[ATT_D + 8], int grp, int tig) {
+#pragma unroll
+    for (int nt = 0; nt < NN / 8; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < ATT_D / 16; ks++) {
+            unsigned b0 = *(const unsigned *)&br[nt * 8 + grp][16 * ks + 2 * tig];
+            unsigned b1 = *(const unsigned *)&br[nt * 8 + grp][16 * ks + 2 * tig + 8];
+            att_mma(s[nt], f[ks], b0, b1);
+        }
+    }
+}
+
+/* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D) as bf16. */
+__device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[ATT_D / 8][4],
+                                              const int r[2], int n, int b, int H, int bi, int h,
+                                              int tig) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        if (r[hh] >= n) continue;
+        unsigned *row = (unsigned *)(y + (((i64)r[hh] * b + bi) * H + h) * ATT_D);
+#pragma unroll
+        for (int dt = 0; dt < ATT_D / 8; dt++)
+            row[4 * dt + tig] = att_pack(acc[dt][2 * hh], acc[dt][2 * hh + 1]);
+    }
+}
+#endif
 
 #if defined(MGC_ENTRY_attention_fwd) && !MGC_BF16
 /* attention_fwd (fp32, SIMT): out = softmax(scale q k^T, masked) (dropout) v, lse per row.
@@ -292,20 +409,6 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if defined(MGC_ENTRY_attention_fwd) && MGC_BF16
-/* c += a (16x16, row) * b (16x8, col): bf16 inputs, fp32 accumulators.  Fragments (lane =
- * 4 grp + tig): a0 (row grp, k 2tig..+1), a1 (row grp+8, same k), a2/a3 (k + 8); b0 (k 2tig..+1,
- * col grp), b1 (k + 8); c0,c1 (row grp, cols 2tig..+1), c2,c3 (row grp+8). */
-__device__ __forceinline__ void att_mma(float c[4], const unsigned a[4], unsigned b0,
-                                        unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ unsigned att_pack(float lo, float hi) {
-    return (unsigned)mgc_st(lo) | ((unsigned)mgc_st(hi) << 16);
-}
-
 /* attention_fwd (bf16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
  * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); per key tile K is staged
  * row-major and V transposed in shared memory; S = Q K^T and O += P V on mma.sync.
@@ -318,8 +421,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
                    int pos_cp, int pos_rank, int k_gathered) {
-    constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8,
-                  PK = BK / 16;
+    constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[BK][ATT_D + 8];
     __shared__ __align__(16) unsigned short Vt[ATT_D][BK + 8];
     __shared__ float red[32];
@@ -329,19 +431,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
 
     unsigned qf[KS][4];
+    att_load_afrag(qf, q, r, sq, b, A, bi, a, tig);
     int qp[2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        bool ok = r[h] < sq;
-        const unsigned *row =
-            (const unsigned *)(q + (((i64)(ok ? r[h] : 0) * b + bi) * A + a) * ATT_D);
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            qf[ks][h] = ok ? row[8 * ks + tig] : 0u;
-            qf[ks][h + 2] = ok ? row[8 * ks + tig + 4] : 0u;
-        }
-        qp[h] = ok ? att_qpos(qpos, r[h], pos_s, pos_cp, pos_rank) : -2147483647 - 1;
-    }
+    for (int h = 0; h < 2; h++)
+        qp[h] = r[h] < sq ? att_qpos(qpos, r[h], pos_s, pos_cp, pos_rank) : -2147483647 - 1;
     int qmax = 0;
     if (MGC_CAUSAL) {
         int i = q0 + tid;
@@ -361,36 +455,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                       att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
             if (!__syncthreads_or(vis)) continue;
         }
-        /* 16-byte loads (rows are 16-byte aligned: the arena is 256-aligned, D >= 16) */
-        for (int idx = tid; idx < BK * (ATT_D / 8); idx += ATT_NT) {
-            int rr = idx / (ATT_D / 8), c8 = idx % (ATT_D / 8), j = k0 + rr;
-            uint4 x = make_uint4(0u, 0u, 0u, 0u);
-            if (j < sk) x = ((const uint4 *)(k + (((i64)j * b + bi) * G + g) * ATT_D))[c8];
-            *(uint4 *)&Ks[rr][8 * c8] = x;
-        }
-        for (int idx = tid; idx < BK * (ATT_D / 8); idx += ATT_NT) {
-            int rr = idx % BK, c8 = idx / BK, j = k0 + rr; /* lanes along keys: no conflicts */
-            uint4 x = make_uint4(0u, 0u, 0u, 0u);
-            if (j < sk) x = ((const uint4 *)(v + (((i64)j * b + bi) * G + g) * ATT_D))[c8];
-            unsigned u[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                Vt[8 * c8 + 2 * e][rr] = (unsigned short)(u[e] & 0xffffu);
-                Vt[8 * c8 + 2 * e + 1][rr] = (unsigned short)(u[e] >> 16);
-            }
-        }
+        att_stage<BK>(Ks, (unsigned short (*)[BK + 8])0, k, k0, sk, b, G, bi, g);
+        att_stage<BK>((unsigned short (*)[ATT_D + 8])0, Vt, v, k0, sk, b, G, bi, g);
         __syncthreads();
         float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                unsigned b0 = *(const unsigned *)&Ks[nt * 8 + grp][16 * ks + 2 * tig];
-                unsigned b1 = *(const unsigned *)&Ks[nt * 8 + grp][16 * ks + 2 * tig + 8];
-                att_mma(s[nt], qf[ks], b0, b1);
-            }
-        }
+        att_mma_rows<BK>(s, qf, Ks, grp, tig);
         float mx[2] = {att_ninf(), att_ninf()};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -445,34 +514,26 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             o[dt][2] *= alpha[1];
             o[dt][3] *= alpha[1];
         }
-#pragma unroll
-        for (int pk = 0; pk < PK; pk++) {
-            unsigned pa[4] = {att_pack(s[2 * pk][0], s[2 * pk][1]),
-                              att_pack(s[2 * pk][2], s[2 * pk][3]),
-                              att_pack(s[2 * pk + 1][0], s[2 * pk + 1][1]),
-                              att_pack(s[2 * pk + 1][2], s[2 * pk + 1][3])};
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                unsigned b0 = *(const unsigned *)&Vt[dt * 8 + grp][16 * pk + 2 * tig];
-                unsigned b1 = *(const unsigned *)&Vt[dt * 8 + grp][16 * pk + 2 * tig + 8];
-                att_mma(o[dt], pa, b0, b1);
-            }
-        }
+        att_mma_acc_t<BK, BK + 8>(o, s, Vt, grp, tig);
         __syncthreads(); /* before the next tile overwrites Ks and Vt */
     }
 
+    float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        if (r[h] >= sq) continue;
-        bool none = lrow[h] == 0.0f;
-        float inv = none ? 0.0f : 1.0f / lrow[h];
-        i64 rowi = ((i64)r[h] * b + bi) * A + a;
-        unsigned *orow = (unsigned *)(out + rowi * ATT_D);
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            orow[4 * dt + tig] = att_pack(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-        if (tig == 0) lse[rowi] = none ? att_ninf() : (mrow[h] + __log2f(lrow[h])) * ATT_LN2;
+        inv[h] = lrow[h] == 0.0f ? 0.0f : 1.0f / lrow[h];
+        if (r[h] < sq && tig == 0)
+            lse[((i64)r[h] * b + bi) * A + a] =
+                lrow[h] == 0.0f ? att_ninf() : (mrow[h] + __log2f(lrow[h])) * ATT_LN2;
     }
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        o[dt][0] *= inv[0];
+        o[dt][1] *= inv[0];
+        o[dt][2] *= inv[1];
+        o[dt][3] *= inv[1];
+    }
+    att_store_acc(out, o, r, sq, b, A, bi, a, tig);
 }
 #endif
 
@@ -495,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 #endif
 
-#if defined(MGC_ENTRY_attention_bwd_dkv)
+#if defined(MGC_ENTRY_attention_bwd_dkv) && !ATT_TC_BWD
 /* attention_bwd_dkv: dk, dv of ATT_BR keys of kv head g for batch row bi, summed over the
  * group's query heads a = g*(A/G) .. in order and over query tiles of ATT_BC rows in order:
  *   P = exp(scale q k^T - lse) (0 where invisible or lse = -inf), Z = dropout multiplier,
@@ -643,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 }
 #endif
 
-#if defined(MGC_ENTRY_attention_bwd_dq)
+#if defined(MGC_ENTRY_attention_bwd_dq) && !ATT_TC_BWD
 /* attention_bwd_dq: dq of ATT_BR query rows of head a for batch row bi, over key tiles of
  * ATT_BC rows in order: dS = P (Z (dO v^T) - dsum) scale, dQ += dS k.
  * grid (ceil(sq / ATT_BR), b, A), block 128, dynamic shared memory 0. */
@@ -770,5 +831,191 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
         for (int c = 0; c < ATT_DC; c++) dq[base + tx + 16 * c] = mgc_st(dqa[m][c]);
     }
+}
+#endif
+
+#if defined(MGC_ENTRY_attention_bwd_dkv) && ATT_TC_BWD
+/* attention_bwd_dkv (bf16, tensor cores, D <= 64): the SIMT kernel's math with warp w owning
+ * keys k0 + 16 w .. +15 (their K and V fragments in registers).  Per query tile of ATT_TBC rows
+ * (Q and dO staged row-major and transposed): S^T = K Q^T and dP^T = V dO^T on mma.sync, then
+ * P^T Z and dS^T in registers, rounded to bf16 as the A operand of dV += (P Z)^T dO and
+ * dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query tiles, in order.
+ * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
+extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, const mgc_t *__restrict__ q,
+                   const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,
+                   const mgc_t *__restrict__ dout, const float *__restrict__ lse,
+                   const float *__restrict__ dsum, int sq, int sk, int b, int A, int G,
+                   float scale, float drop_p, unsigned drop_thr, float drop_scale,
+                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
+                   int pos_cp, int pos_rank, int k_gathered) {
+    constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    __shared__ __align__(16) unsigned short Qs[BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short dOs[BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Qt[ATT_D][BC + 8];
+    __shared__ __align__(16) unsigned short dOt[ATT_D][BC + 8];
+    __shared__ float lses[BC], dsums[BC];
+    __shared__ float red[32];
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
+    const int k0 = blockIdx.x * BR, bi = blockIdx.y, g = blockIdx.z, per = A / G;
+    const float sl2 = scale * ATT_LOG2E;
+    const int r[2] = {k0 + 16 * w + grp, k0 + 16 * w + grp + 8};
+
+    unsigned kf[KS][4], vf[KS][4];
+    att_load_afrag(kf, k, r, sk, b, G, bi, g, tig);
+    att_load_afrag(vf, v, r, sk, b, G, bi, g, tig);
+    int kp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        kp[h] = r[h] < sk ? att_kpos(kpos, r[h], sk, pos_s, pos_cp, pos_rank, k_gathered)
+                          : 2147483647;
+    int kmin = 0;
+    if (MGC_CAUSAL) {
+        int j = k0 + tid;
+        int ok = tid < BR && j < sk;
+        kmin = -att_block_max_int(
+            ok ? -att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0, ok, red);
+    }
+    float dka[DT][4], dva[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
+
+    for (int a = g * per; a < (g + 1) * per; a++) {
+        for (int q0 = 0; q0 < sq; q0 += BC) {
+            if (MGC_CAUSAL) { /* skip a query tile that sees no key of the block */
+                int i = q0 + tid;
+                int vis = tid < BC && i < sq && att_qpos(qpos, i, pos_s, pos_cp, pos_rank) >= kmin;
+                if (!__syncthreads_or(vis)) continue;
+            }
+            att_stage<BC>(Qs, Qt, q, q0, sq, b, A, bi, a);
+            att_stage<BC>(dOs, dOt, dout, q0, sq, b, A, bi, a);
+            if (tid < BC) {
+                int i = q0 + tid;
+                i64 rw = ((i64)i * b + bi) * A + a;
+                lses[tid] = i < sq ? lse[rw] * ATT_LOG2E : att_ninf();
+                dsums[tid] = i < sq ? dsum[rw] : 0.0f;
+            }
+            __syncthreads();
+            float s[NT][4], dp[NT][4]; /* S^T and dP^T: rows keys r[h], columns queries */
+            att_mma_rows<BC>(s, kf, Qs, grp, tig);
+            att_mma_rows<BC>(dp, vf, dOs, grp, tig);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int ql = nt * 8 + 2 * tig + e, i = q0 + ql;
+                    float l2 = lses[ql], Dv = dsums[ql];
+                    int qpi = 0;
+                    if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        bool visible = i < sq && r[h] < sk && l2 != att_ninf() &&
+                                       (!MGC_CAUSAL || kp[h] <= qpi);
+                        float p = visible ? exp2f(s[nt][2 * h + e] * sl2 - l2) : 0.0f;
+                        float z = 1.0f;
+                        if (drop_p > 0.0f && visible)
+                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
+                                         i, r[h], A, sq, sk);
+                        dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv) * scale; /* dS^T */
+                        s[nt][2 * h + e] = p * z;                                     /* P^T Z */
+                    }
+                }
+            att_mma_acc_t<BC, BC + 8>(dva, s, dOt, grp, tig);
+            att_mma_acc_t<BC, BC + 8>(dka, dp, Qt, grp, tig);
+            __syncthreads(); /* before the next tile overwrites the shared tiles */
+        }
+    }
+    att_store_acc(dk, dka, r, sk, b, G, bi, g, tig);
+    att_store_acc(dv, dva, r, sk, b, G, bi, g, tig);
+}
+#endif
+
+#if defined(MGC_ENTRY_attention_bwd_dq) && ATT_TC_BWD
+/* attention_bwd_dq (bf16, tensor cores, D <= 64): warp w owns query rows q0 + 16 w .. +15
+ * (Q and dO fragments in registers); per key tile of ATT_TBC rows (K, V row-major and K
+ * transposed in shared memory): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
+ * grid (ceil(sq / ATT_TBR), b, A), block 128, dynamic shared memory 0. */
+extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, const mgc_t *__restrict__ q,
+                   const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,
+                   const mgc_t *__restrict__ dout, const float *__restrict__ lse,
+                   const float *__restrict__ dsum, int sq, int sk, int b, int A, int G,
+                   float scale, float drop_p, unsigned drop_thr, float drop_scale,
+                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
+                   int pos_cp, int pos_rank, int k_gathered) {
+    constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    __shared__ __align__(16) unsigned short Ks[BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Vs[BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Kt[ATT_D][BC + 8];
+    __shared__ float red[32];
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
+    const int q0 = blockIdx.x * BR, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
+    const float sl2 = scale * ATT_LOG2E;
+    const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
+
+    unsigned qf[KS][4], of[KS][4];
+    att_load_afrag(qf, q, r, sq, b, A, bi, a, tig);
+    att_load_afrag(of, dout, r, sq, b, A, bi, a, tig);
+    int qp[2];
+    float l2[2], Dm[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        i64 rw = ((i64)r[h] * b + bi) * A + a;
+        qp[h] = r[h] < sq ? att_qpos(qpos, r[h], pos_s, pos_cp, pos_rank) : -2147483647 - 1;
+        l2[h] = r[h] < sq ? lse[rw] * ATT_LOG2E : att_ninf();
+        Dm[h] = r[h] < sq ? dsum[rw] : 0.0f;
+    }
+    int qmax = 0;
+    if (MGC_CAUSAL) {
+        int i = q0 + tid;
+        int ok = tid < BR && i < sq;
+        qmax = att_block_max_int(ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0, ok, red);
+    }
+    float dqa[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) dqa[dt][0] = dqa[dt][1] = dqa[dt][2] = dqa[dt][3] = 0.0f;
+    __syncthreads();
+
+    for (int k0 = 0; k0 < sk; k0 += BC) {
+        if (MGC_CAUSAL) { /* skip a key tile no query of the block sees */
+            int j = k0 + tid;
+            int vis = tid < BC && j < sk &&
+                      att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
+            if (!__syncthreads_or(vis)) continue;
+        }
+        att_stage<BC>(Ks, Kt, k, k0, sk, b, G, bi, g);
+        att_stage<BC>(Vs, (unsigned short (*)[BC + 8])0, v, k0, sk, b, G, bi, g);
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+        att_mma_rows<BC>(s, qf, Ks, grp, tig);
+        att_mma_rows<BC>(dp, of, Vs, grp, tig);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int j = k0 + nt * 8 + 2 * tig + e;
+                int kpj = 0;
+                if (MGC_CAUSAL && j < sk)
+                    kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    bool visible = r[h] < sq && j < sk && l2[h] != att_ninf() &&
+                                   (!MGC_CAUSAL || kpj <= qp[h]);
+                    float p = visible ? exp2f(s[nt][2 * h + e] * sl2 - l2[h]) : 0.0f;
+                    float z = 1.0f;
+                    if (drop_p > 0.0f && visible)
+                        z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
+                                     r[h], j, A, sq, sk);
+                    dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dm[h]) * scale; /* dS */
+                }
+            }
+        att_mma_acc_t<BC, BC + 8>(dqa, dp, Kt, grp, tig);
+        __syncthreads(); /* before the next tile overwrites the shared tiles */
+    }
+    att_store_acc(dq, dqa, r, sq, b, A, bi, a, tig);
 }
 #endif

@@ -11,7 +11,7 @@
  * all-gathered rows of every rank (cpu_backend.c ctx_positions / gathered_positions).  With
  * cp <= 1 rows are positions.  The dropout stream is cpu_backend.c drop_rng's (elem0 = 0).
  *
- * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR): keep them equal. */
+ * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR): keep them equal. */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -21,7 +21,8 @@
 static int fwd_bq(int64_t d, int bf16) {
     return bf16 || d <= 64 ? 64 : 32; /* ATT_FBQ */
 }
-static int bwd_br(int64_t d) {
+static int bwd_br(int64_t d, int bf16) {
+    if (bf16 && d <= 64) return 64;            /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
     return d <= 32 ? 64 : (d <= 64 ? 32 : 16); /* ATT_BR */
 }
 
@@ -90,7 +91,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     long long nrows = (long long)rows;
     void *a0[] = {&dsum, &dout, &o, &nrows};
     if (mgc_cuda_launch(be, &ks[0], (unsigned)((rows + 7) / 8), 1, 1, 256, 0, a0)) return -1;
-    int br = bwd_br(d);
+    int br = bwd_br(d, ks[1].bf16);
     void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
                   &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &qpos,

@@ -36,6 +36,31 @@ if [ "$what" = test ] || [ "$what" = all ]; then
     echo "== gpu tests"
     (cd build-gpu && ctest -L gpu --output-on-failure --timeout 1200) >"$OUT/gpu-tests.log" 2>&1 || rc=1
     grep -E "test_cuda|worst|Passed|Failed|failed|skipped|tests passed" "$OUT/gpu-tests.log" | tail -n 40
+    # compute-sanitizer memcheck and racecheck on training steps of the tiny models, bf16
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [ -x "$CS" ]; then
+        echo "== compute-sanitizer" | tee "$OUT/sanitizer.log"
+        # the tiny models (head dim 16) and tiny-gpt at head dim 64 with attention dropout
+        # (the tensor-core attention backward)
+        for m in tiny-gpt tiny-llama tiny-moe tiny-gpt-d64; do
+            case $m in
+            tiny-gpt-d64) y=examples/tiny-gpt.yaml
+                x="--set model.hidden_size=128 --set model.num_attention_heads=2 --set model.attention_dropout=0.1" ;;
+            *) y=models/$m.yaml x= ;;
+            esac
+            # shellcheck disable=SC2086
+            build-gpu/compiler/mgc compile $y $x --set training.precision=bf16 \
+                --set hardware.cuda_archs=[90] -o build-gpu/$m-bf16.plan >>"$OUT/sanitizer.log" 2>&1 || rc=1
+            for tool in memcheck racecheck; do
+                if "$CS" --tool $tool --error-exitcode 9 build-gpu/runtime/mgc-run build-gpu/$m-bf16.plan \
+                    --backend cuda --iterations 2 -q >>"$OUT/sanitizer.log" 2>&1; then
+                    echo "$m $tool: clean" | tee -a "$OUT/sanitizer.log"
+                else
+                    echo "$m $tool: FAILED" | tee -a "$OUT/sanitizer.log"; rc=1
+                fi
+            done
+        done
+    fi
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     if [ -f bench/bench_gpu.sh ]; then

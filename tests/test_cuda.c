@@ -392,6 +392,14 @@ int main(int argc, char **argv) {
         check_ops("examples/tiny-gpt.yaml", NULL);
         check_ops("models/tiny-llama.yaml", NULL);
         check_ops("models/tiny-moe.yaml", NULL);
+        /* head dims 32 and 64 (the bf16 tensor-core attention backward; the tiny models have
+         * 16), with attention dropout, and grouped queries at 32 */
+        static const char *const d64[] = {"model.hidden_size=128", "model.num_attention_heads=2",
+                                          "model.attention_dropout=0.1", NULL};
+        static const char *const d32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
+                                          NULL};
+        check_ops("examples/tiny-gpt.yaml", d64);
+        check_ops("models/tiny-llama.yaml", d32);
     }
     return t_summary("test_cuda");
 }
