@@ -156,35 +156,44 @@ __device__ __forceinline__ void att_mma(float c[4], const unsigned a[4], unsigne
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+/* two floats as bf16x2 (lo in the low half), round to nearest even: one cvt (sm_80+), the
+ * same bits as mgc_st except a NaN's payload */
 __device__ __forceinline__ unsigned att_pack(float lo, float hi) {
-    return (unsigned)mgc_st(lo) | ((unsigned)mgc_st(hi) << 16);
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
-
+/* four 8x8 bf16 matrices from shared memory: lane l gives the address of row l % 8 of matrix
+ * l / 8; r[m] is matrix m's fragment: lane 4 grp + tig holds (row grp, cols 2tig..+1), or with
+ * TRANS (rows 2tig..+1, col grp) */
+template <bool TRANS>
+__device__ __forceinline__ void att_ldsm4(unsigned (&r)[4], const unsigned short *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
 #endif
 
 #if MGC_BF16
-/* Stages rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi as bf16, row-major
- * into rm[ROWS][D + 8] and/or transposed into tr[D][ROWS + 8] (NULL: not wanted); rows past
- * n are 0.  16-byte global loads (rows are 16-byte aligned: the arena is 256-aligned and
- * D >= 16); lanes run along rows, so neither the 16-byte row-major stores (row pitch 2D + 16
- * bytes) nor the 2-byte transposed ones conflict in shared memory. */
+/* Stages rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into
+ * sh[ROWS][D + 8] (bf16, row-major); rows past n are 0.  16-byte loads, D / 8 consecutive
+ * lanes per row (coalesced; rows are 16-byte aligned: the arena is 256-aligned, D >= 16).
+ * The 8-element pad keeps ldmatrix's eight row addresses in distinct banks. */
 template <int ROWS>
-__device__ __forceinline__ void att_stage(unsigned short (*rm)[ATT_D + 8],
-                                          unsigned short (*tr)[ROWS + 8], const mgc_t *x,
+__device__ __forceinline__ void att_stage(unsigned short (*sh)[ATT_D + 8], const mgc_t *x,
                                           int r0, int n, int b, int H, int bi, int h) {
+#pragma unroll
     for (int idx = threadIdx.x; idx < ROWS * (ATT_D / 8); idx += ATT_NT) {
-        int rr = idx % ROWS, c8 = idx / ROWS, i = r0 + rr;
+        int rr = idx / (ATT_D / 8), c8 = idx % (ATT_D / 8), i = r0 + rr;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (i < n) v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
-        if (rm) *(uint4 *)&rm[rr][8 * c8] = v;
-        if (tr) {
-            unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                tr[8 * c8 + 2 * e][rr] = (unsigned short)(u[e] & 0xffffu);
-                tr[8 * c8 + 2 * e + 1][rr] = (unsigned short)(u[e] >> 16);
-            }
-        }
+        *(uint4 *)&sh[rr][8 * c8] = v;
     }
 }
 
@@ -206,40 +215,44 @@ __device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_D / 16][4], con
     }
 }
 
-/* acc[dt] += A (16 x NK, accumulator-layout fp32 values x[NK/8][4] rounded to bf16) times
- * B (NK x D) where B[kk][d] = bt[d][kk] (transposed tile in shared memory). */
-template <int NK, int PITCH>
-__device__ __forceinline__ void att_mma_acc_t(float (&acc)[ATT_D / 8][4], const float (&x)[NK / 8][4],
-                                              const unsigned short (*bt)[PITCH], int grp, int tig) {
+/* acc[dt] += A (16 x NK: accumulator-layout fp32 values x[NK/8][4], rounded to bf16) times
+ * B (NK x D) = the staged tile t[NK][D] itself (ldmatrix.trans). */
+template <int NK>
+__device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_D / 8][4], const float (&x)[NK / 8][4],
+                                            const unsigned short (*t)[ATT_D + 8], int lane) {
+    const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int pk = 0; pk < NK / 16; pk++) {
         unsigned pa[4] = {att_pack(x[2 * pk][0], x[2 * pk][1]), att_pack(x[2 * pk][2], x[2 * pk][3]),
                           att_pack(x[2 * pk + 1][0], x[2 * pk + 1][1]),
                           att_pack(x[2 * pk + 1][2], x[2 * pk + 1][3])};
 #pragma unroll
-        for (int dt = 0; dt < ATT_D / 8; dt++) {
-            unsigned b0 = *(const unsigned *)&bt[dt * 8 + grp][16 * pk + 2 * tig];
-            unsigned b1 = *(const unsigned *)&bt[dt * 8 + grp][16 * pk + 2 * tig + 8];
-            att_mma(acc[dt], pa, b0, b1);
+        for (int dt = 0; dt < ATT_D / 8; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
+            unsigned bf[4];
+            att_ldsm4<true>(bf, &t[16 * pk + 8 * (m & 1) + rr][8 * (dt + (m >> 1))]);
+            att_mma(acc[dt], pa, bf[0], bf[1]);
+            att_mma(acc[dt + 1], pa, bf[2], bf[3]);
         }
     }
 }
 
-/* s[nt] = A (16 x D, fragments f) times B (D x NN) where B[d][nn] = br[nn][d] (row-major tile
- * in shared memory). */
+/* s[nt] = A (16 x D, fragments f) times B (D x NN) = the staged tile t[NN][D] transposed
+ * (ldmatrix). */
 template <int NN>
 __device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsigned (&f)[ATT_D / 16][4],
-                                             const unsigned short (*br)[ATT_D + 8], int grp, int tig) {
+                                             const unsigned short (*t)[ATT_D + 8], int lane) {
+    const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
-    for (int nt = 0; nt < NN / 8; nt++) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    for (int nt = 0; nt < NN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NN / 8; nt += 2) /* matrices: (nt, k lo) (nt, k hi) (nt+1, ..) */
 #pragma unroll
         for (int ks = 0; ks < ATT_D / 16; ks++) {
-            unsigned b0 = *(const unsigned *)&br[nt * 8 + grp][16 * ks + 2 * tig];
-            unsigned b1 = *(const unsigned *)&br[nt * 8 + grp][16 * ks + 2 * tig + 8];
-            att_mma(s[nt], f[ks], b0, b1);
+            unsigned bf[4];
+            att_ldsm4<false>(bf, &t[8 * (nt + (m >> 1)) + rr][16 * ks + 8 * (m & 1)]);
+            att_mma(s[nt], f[ks], bf[0], bf[1]);
+            att_mma(s[nt + 1], f[ks], bf[2], bf[3]);
         }
-    }
 }
 
 /* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D) as bf16. */
@@ -410,8 +423,9 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
 #if defined(MGC_ENTRY_attention_fwd) && MGC_BF16
 /* attention_fwd (bf16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
- * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); per key tile K is staged
- * row-major and V transposed in shared memory; S = Q K^T and O += P V on mma.sync.
+ * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); per key tile K and V are
+ * staged row-major in shared memory and read by ldmatrix (V transposed); S = Q K^T and
+ * O += P V on mma.sync.
  * grid (ceil(sq / ATT_FBQ), b, A), block 128, dynamic shared memory 0.
  * lse must not be NULL (the launcher passes scratch when the plan does not keep it). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
@@ -423,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int pos_cp, int pos_rank, int k_gathered) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[BK][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Vt[ATT_D][BK + 8];
+    __shared__ __align__(16) unsigned short Vs[BK][ATT_D + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     const int q0 = blockIdx.x * BQ, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
@@ -455,11 +469,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                       att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
             if (!__syncthreads_or(vis)) continue;
         }
-        att_stage<BK>(Ks, (unsigned short (*)[BK + 8])0, k, k0, sk, b, G, bi, g);
-        att_stage<BK>((unsigned short (*)[ATT_D + 8])0, Vt, v, k0, sk, b, G, bi, g);
+        att_stage<BK>(Ks, k, k0, sk, b, G, bi, g);
+        att_stage<BK>(Vs, v, k0, sk, b, G, bi, g);
         __syncthreads();
         float s[NT][4];
-        att_mma_rows<BK>(s, qf, Ks, grp, tig);
+        att_mma_rows<BK>(s, qf, Ks, lane);
         float mx[2] = {att_ninf(), att_ninf()};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -514,8 +528,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             o[dt][2] *= alpha[1];
             o[dt][3] *= alpha[1];
         }
-        att_mma_acc_t<BK, BK + 8>(o, s, Vt, grp, tig);
-        __syncthreads(); /* before the next tile overwrites Ks and Vt */
+        att_mma_acc<BK>(o, s, Vs, lane);
+        __syncthreads(); /* before the next tile overwrites Ks and Vs */
     }
 
     float inv[2];
@@ -837,7 +851,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #if defined(MGC_ENTRY_attention_bwd_dkv) && ATT_TC_BWD
 /* attention_bwd_dkv (bf16, tensor cores, D <= 64): the SIMT kernel's math with warp w owning
  * keys k0 + 16 w .. +15 (their K and V fragments in registers).  Per query tile of ATT_TBC rows
- * (Q and dO staged row-major and transposed): S^T = K Q^T and dP^T = V dO^T on mma.sync, then
+ * (Q and dO staged row-major; ldmatrix reads them either way): S^T = K Q^T and dP^T = V dO^T on mma.sync, then
  * P^T Z and dS^T in registers, rounded to bf16 as the A operand of dV += (P Z)^T dO and
  * dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query tiles, in order.
  * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
@@ -853,8 +867,6 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Qs[BC][ATT_D + 8];
     __shared__ __align__(16) unsigned short dOs[BC][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Qt[ATT_D][BC + 8];
-    __shared__ __align__(16) unsigned short dOt[ATT_D][BC + 8];
     __shared__ float lses[BC], dsums[BC];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
@@ -890,8 +902,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 int vis = tid < BC && i < sq && att_qpos(qpos, i, pos_s, pos_cp, pos_rank) >= kmin;
                 if (!__syncthreads_or(vis)) continue;
             }
-            att_stage<BC>(Qs, Qt, q, q0, sq, b, A, bi, a);
-            att_stage<BC>(dOs, dOt, dout, q0, sq, b, A, bi, a);
+            att_stage<BC>(Qs, q, q0, sq, b, A, bi, a);
+            att_stage<BC>(dOs, dout, q0, sq, b, A, bi, a);
             if (tid < BC) {
                 int i = q0 + tid;
                 i64 rw = ((i64)i * b + bi) * A + a;
@@ -900,8 +912,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             }
             __syncthreads();
             float s[NT][4], dp[NT][4]; /* S^T and dP^T: rows keys r[h], columns queries */
-            att_mma_rows<BC>(s, kf, Qs, grp, tig);
-            att_mma_rows<BC>(dp, vf, dOs, grp, tig);
+            att_mma_rows<BC>(s, kf, Qs, lane);
+            att_mma_rows<BC>(dp, vf, dOs, lane);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -923,8 +935,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                         s[nt][2 * h + e] = p * z;                                     /* P^T Z */
                     }
                 }
-            att_mma_acc_t<BC, BC + 8>(dva, s, dOt, grp, tig);
-            att_mma_acc_t<BC, BC + 8>(dka, dp, Qt, grp, tig);
+            att_mma_acc<BC>(dva, s, dOs, lane);
+            att_mma_acc<BC>(dka, dp, Qs, lane);
             __syncthreads(); /* before the next tile overwrites the shared tiles */
         }
     }
@@ -935,8 +947,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
 #if defined(MGC_ENTRY_attention_bwd_dq) && ATT_TC_BWD
 /* attention_bwd_dq (bf16, tensor cores, D <= 64): warp w owns query rows q0 + 16 w .. +15
- * (Q and dO fragments in registers); per key tile of ATT_TBC rows (K, V row-major and K
- * transposed in shared memory): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
+ * (Q and dO fragments in registers); per key tile of ATT_TBC rows (K and V staged row-major;
+ * ldmatrix reads K transposed for dS K): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
  * grid (ceil(sq / ATT_TBR), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, const mgc_t *__restrict__ q,
@@ -950,7 +962,6 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[BC][ATT_D + 8];
     __shared__ __align__(16) unsigned short Vs[BC][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Kt[ATT_D][BC + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     const int q0 = blockIdx.x * BR, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
@@ -987,12 +998,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                       att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
             if (!__syncthreads_or(vis)) continue;
         }
-        att_stage<BC>(Ks, Kt, k, k0, sk, b, G, bi, g);
-        att_stage<BC>(Vs, (unsigned short (*)[BC + 8])0, v, k0, sk, b, G, bi, g);
+        att_stage<BC>(Ks, k, k0, sk, b, G, bi, g);
+        att_stage<BC>(Vs, v, k0, sk, b, G, bi, g);
         __syncthreads();
         float s[NT][4], dp[NT][4];
-        att_mma_rows<BC>(s, qf, Ks, grp, tig);
-        att_mma_rows<BC>(dp, of, Vs, grp, tig);
+        att_mma_rows<BC>(s, qf, Ks, lane);
+        att_mma_rows<BC>(dp, of, Vs, lane);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -1013,7 +1024,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dm[h]) * scale; /* dS */
                 }
             }
-        att_mma_acc_t<BC, BC + 8>(dqa, dp, Kt, grp, tig);
+        att_mma_acc<BC>(dqa, dp, Ks, lane);
         __syncthreads(); /* before the next tile overwrites the shared tiles */
     }
     att_store_acc(dq, dqa, r, sq, b, A, bi, a, tig);

@@ -3,12 +3,14 @@
 #include "exec.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cpu_ops.h" /* the LR schedule (pure arithmetic, no kernel) */
 #include "profile.h"
@@ -677,6 +679,56 @@ static uint64_t global_index(const mgc_exec *x, const pentry *e, const mgc_plan_
     return gi;
 }
 
+/* Initial values of elements [lo, hi) of param e into host[lo..hi): each element is a pure
+ * function of (seed, name, global index), so any split over threads gives the same bits. */
+typedef struct {
+    const mgc_exec *x;
+    const pentry *e;
+    const mgc_plan_tensor *T;
+    float *host;
+    int64_t lo, hi;
+} init_job;
+
+static void *init_range(void *arg) {
+    const init_job *j = arg;
+    const pentry *e = j->e;
+    uint64_t stream = mgc_rng_name_hash(e->pub.name);
+    double std = j->x->init_std * (e->scaled ? 1.0 / sqrt(2.0 * (double)j->x->num_layers) : 1.0);
+    float one = ends_with(e->pub.name, ".weight") ? 1.0f : 0.0f;
+    for (int64_t li = j->lo; li < j->hi; li++) {
+        if (j->T->rank < 2) { /* norms 1, biases 0 */
+            j->host[li] = one;
+            continue;
+        }
+        int64_t row;
+        uint64_t gi = global_index(j->x, e, j->T, li, &row);
+        if (e->vocab && row >= j->x->vocab_size) j->host[li] = 0.0f;
+        else j->host[li] = (float)(std * normal_at(j->x->seed, stream, gi));
+    }
+    return NULL;
+}
+
+/* init_range over all of param e on up to the machine's cores (a 1.5B-parameter model
+ * takes minutes on one); a thread that cannot be started leaves its range to this one. */
+static void init_fill(const mgc_exec *x, const pentry *e, const mgc_plan_tensor *T, float *host) {
+    enum { MAXT = 64 };
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t n = e->pub.numel, nt = nc < 1 ? 1 : (nc > MAXT ? MAXT : nc);
+    if (nt > n / 65536) nt = n / 65536 > 0 ? n / 65536 : 1;
+    init_job jobs[MAXT];
+    pthread_t tid[MAXT];
+    int started[MAXT] = {0};
+    for (int64_t t = 0; t < nt; t++) {
+        jobs[t] = (init_job){x, e, T, host, n * t / nt, n * (t + 1) / nt};
+        if (t > 0) started[t] = pthread_create(&tid[t], NULL, init_range, &jobs[t]) == 0;
+    }
+    init_range(&jobs[0]);
+    for (int64_t t = 1; t < nt; t++) {
+        if (started[t]) pthread_join(tid[t], NULL);
+        else init_range(&jobs[t]);
+    }
+}
+
 int mgc_exec_init_params(mgc_exec *x) {
     int64_t maxn = 0;
     for (int64_t i = 0; i < x->n_params; i++)
@@ -686,18 +738,7 @@ int mgc_exec_init_params(mgc_exec *x) {
     for (int64_t i = 0; i < x->n_params; i++) {
         const pentry *e = &x->params[i];
         const mgc_plan_tensor *T = &x->sp->chunks[e->pub.chunk].tensors[e->tensor];
-        uint64_t stream = mgc_rng_name_hash(e->pub.name);
-        double std = x->init_std * (e->scaled ? 1.0 / sqrt(2.0 * (double)x->num_layers) : 1.0);
-        for (int64_t li = 0; li < e->pub.numel; li++) {
-            if (T->rank < 2) { /* norms 1, biases 0 */
-                host[li] = ends_with(e->pub.name, ".weight") ? 1.0f : 0.0f;
-                continue;
-            }
-            int64_t row;
-            uint64_t gi = global_index(x, e, T, li, &row);
-            if (e->vocab && row >= x->vocab_size) host[li] = 0.0f;
-            else host[li] = (float)(std * normal_at(x->seed, stream, gi));
-        }
+        init_fill(x, e, T, host);
         int bad = 0;
         if (!x->wbf16) {
             bad = x->be->iface->upload(x->be, e->pub.weight, host, (size_t)e->pub.numel * 4);

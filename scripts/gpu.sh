@@ -6,6 +6,10 @@
 #
 #   sh scripts/gpu.sh [test|bench|all]        (default all)
 #
+# SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
+# models and tiny-gpt at head dim 64); bench/bench_gpu.sh reads BENCH_MODELS,
+# BENCH_TORCH and STEPS.
+#
 # The .deb files come from `sh scripts/gpu-debs.sh` on a Debian machine
 # (apt-get download; docs/testing.md): libyaml and OpenBLAS with its runtime.
 set -eu
@@ -42,7 +46,7 @@ if [ "$what" = test ] || [ "$what" = all ]; then
         echo "== compute-sanitizer" | tee "$OUT/sanitizer.log"
         # the tiny models (head dim 16) and tiny-gpt at head dim 64 with attention dropout
         # (the tensor-core attention backward)
-        for m in tiny-gpt tiny-llama tiny-moe tiny-gpt-d64; do
+        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64}; do
             case $m in
             tiny-gpt-d64) y=examples/tiny-gpt.yaml
                 x="--set model.hidden_size=128 --set model.num_attention_heads=2 --set model.attention_dropout=0.1" ;;
