@@ -31,9 +31,19 @@ static int64_t row_threads(int64_t h, int64_t per, int64_t cap) {
 
 /* The block sizes of the row kernels (constant T; the launcher reads it from the spec). */
 static int64_t mgc_kspec_norm_threads(int64_t h, int bwd) {
-    (void)bwd; /* the same rule both ways: <= 8 elements a thread up to h = 8192; the backward
-                  re-reads x and dy past that (norm.cuh MGC_NORM_RELOAD) */
-    return row_threads(h, 8, 1024);
+    (void)bwd; /* the same rule both ways: one 8-element vector a thread up to h = 8192; past
+                  that 384 threads of 3 or more vectors (the backward re-reads x and dy:
+                  norm.cuh MGC_NORM_HOLD), so that a thread may use 168 registers */
+    return (h + 7) / 8 > 1024 ? 384 : row_threads(h, 8, 1024);
+}
+/* Rows a norm block works on at once (constant R): the largest power of two with
+ * T * R <= 512 (at least 1, at most 16), so that blocks of ~256-512 threads, two an SM, keep
+ * enough rows in flight (norm.cuh). */
+static int64_t mgc_kspec_norm_rows(int64_t t) {
+    int64_t r = 1;
+    while (r < 16 && 2 * r * t <= 512)
+        r *= 2;
+    return r;
 }
 static int64_t mgc_kspec_embedding_threads(int64_t h) {
     return row_threads(h, 4, 1024);
@@ -75,8 +85,10 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         if (h <= 0) return -1;
         const char *e = bwd ? (rms ? "rmsnorm_bwd" : "layernorm_bwd")
                             : (rms ? "rmsnorm_fwd" : "layernorm_fwd");
+        int64_t t = mgc_kspec_norm_threads(h, bwd);
         mgc_kspec_init(&out[0], "norm.cuh", e, is_bf16(tin(ch, op, 0)));
-        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_norm_threads(h, bwd));
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
+        mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
         if (!bwd) return 1;
         /* a 4th input: the residual gradient fused in (compiler/fusion.c) */
         mgc_kspec_const(&out[0], "RES", op->n_in > 3);
@@ -88,7 +100,9 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         if (h <= 0) return -1;
         mgc_kspec_init(&out[0], "norm.cuh", op->iattr[0] == 1 ? "add_rmsnorm_fwd" : "add_layernorm_fwd",
                        is_bf16(tin(ch, op, 0)));
-        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_norm_threads(h, 0));
+        int64_t t = mgc_kspec_norm_threads(h, 0);
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
+        mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
         return 1;
     }
     case MGC_POP_DROPOUT:

@@ -20,7 +20,11 @@
 
 #if defined(MGC_ENTRY_ce_max) || defined(MGC_ENTRY_ce_sums) || defined(MGC_ENTRY_ce_rowstats)
 /* grid n (one block per row), block 512, smem 0 (static 128 B).  ce_max writes mx only;
- * ce_sums reads mx and writes sums; ce_rowstats does both (its mx goes to scratch). */
+ * ce_sums reads mx and writes sums; ce_rowstats does both (its mx goes to scratch) in one
+ * pass over the row: each thread keeps a running max m and sum s of exp(l - m) (s rescaled
+ * by exp(m_old - m_new) when m grows), then the block takes M = max m and sums
+ * s exp(m - M) (the same value as the CPU's two passes up to rounding).  Columns go by
+ * float4 when ld % 4 == 0 and logits is 16-byte aligned (a uniform test), else one by one. */
 extern "C" __global__ void __launch_bounds__(512)
     MGC_ENTRY_NAME(float *__restrict__ mx, float *__restrict__ sums,
                    const float *__restrict__ logits, const i64 *__restrict__ labels, i64 v0,
@@ -28,23 +32,64 @@ extern "C" __global__ void __launch_bounds__(512)
     __shared__ float sh[32];
     i64 r = blockIdx.x;
     const float *l = logits + r * ld;
-#if defined(MGC_ENTRY_ce_sums)
-    float m = mx[r];
-#else
+    const float4 *l4 = (const float4 *)l;
+    const i64 n4 = (ld & 3) == 0 && mgc_al16(logits) ? vv >> 2 : 0; /* float4 columns */
+    const int tid = threadIdx.x, bd = blockDim.x;
+#if defined(MGC_ENTRY_ce_max)
     float m = -INFINITY;
-    for (i64 c = threadIdx.x; c < vv; c += blockDim.x)
+#pragma unroll 4
+    for (i64 q = tid; q < n4; q += bd) {
+        float4 a = l4[q];
+        m = fmaxf(m, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
+    }
+    for (i64 c = 4 * n4 + tid; c < vv; c += bd)
         m = fmaxf(m, l[c]);
     m = mgc_block_max(m, sh);
-#endif
-#if defined(MGC_ENTRY_ce_max)
     (void)sums;
     (void)labels;
     (void)v0;
     if (threadIdx.x == 0) mx[r] = m;
 #else
+#if defined(MGC_ENTRY_ce_sums)
+    const float m = mx[r];
     float s = 0.0f;
-    for (i64 c = threadIdx.x; c < vv; c += blockDim.x)
+#pragma unroll 4
+    for (i64 q = tid; q < n4; q += bd) {
+        float4 a = l4[q];
+        s += expf(a.x - m);
+        s += expf(a.y - m);
+        s += expf(a.z - m);
+        s += expf(a.w - m);
+    }
+    for (i64 c = 4 * n4 + tid; c < vv; c += bd)
         s += expf(l[c] - m);
+#else /* ce_rowstats: online */
+    float m = -INFINITY, s = 0.0f;
+#pragma unroll 2
+    for (i64 q = tid; q < n4; q += bd) {
+        float4 a = l4[q];
+        float mn = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
+        if (mn > m) { /* m = -inf before: s = 0, exp(-inf) = 0 */
+            s *= expf(m - mn);
+            m = mn;
+        }
+        s += expf(a.x - m);
+        s += expf(a.y - m);
+        s += expf(a.z - m);
+        s += expf(a.w - m);
+    }
+    for (i64 c = 4 * n4 + tid; c < vv; c += bd) {
+        float v = l[c];
+        if (v > m) {
+            s *= expf(m - v);
+            m = v;
+        }
+        s += expf(v - m);
+    }
+    const float tm = m;
+    m = mgc_block_max(m, sh);
+    s = tm == -INFINITY ? 0.0f : tm == m ? s : s * expf(tm - m);
+#endif
     s = mgc_block_sum(s, sh);
     if (threadIdx.x == 0) {
         i64 id = labels[r] - v0;

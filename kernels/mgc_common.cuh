@@ -39,6 +39,115 @@ __device__ __forceinline__ mgc_t mgc_st(float f) {
 }
 #endif
 
+/* ---- 8-element vectors (16-byte accesses of bf16; two of fp32) -------------------------
+ * p must be 16-byte aligned (the arena aligns every tensor to 256 bytes; a row of H elements
+ * stays aligned when H % 8 == 0).  Values are fp32, as mgc_ld / mgc_st. */
+__device__ __forceinline__ void mgc_ld8(const mgc_t *__restrict__ p, float (&f)[8]) {
+#if MGC_BF16
+    uint4 u = *(const uint4 *)p;
+    unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(w[j] << 16);
+        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+#else
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+#endif
+}
+__device__ __forceinline__ void mgc_st8(mgc_t *__restrict__ p, const float (&f)[8]) {
+#if MGC_BF16
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        w[j] = (unsigned)mgc_st(f[2 * j]) | ((unsigned)mgc_st(f[2 * j + 1]) << 16);
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+#endif
+}
+/* The same, element by element, for the first `nv` (<= 8; 0 past it on loads) of 8 elements
+ * at any alignment. */
+__device__ __forceinline__ void mgc_ld8_part(const mgc_t *__restrict__ p, int nv, float (&f)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        f[j] = j < nv ? mgc_ld(p[j]) : 0.0f;
+}
+__device__ __forceinline__ void mgc_st8_part(mgc_t *__restrict__ p, int nv, const float (&f)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < nv) p[j] = mgc_st(f[j]);
+}
+/* Raw 8 storage values (bits of bf16 or fp32), to copy without conversion. */
+#if MGC_BF16
+typedef uint4 mgc_raw8;
+#else
+struct mgc_raw8 {
+    float4 a, b;
+};
+#endif
+__device__ __forceinline__ mgc_raw8 mgc_ldraw8(const mgc_t *p) {
+#if MGC_BF16
+    return *(const uint4 *)p;
+#else
+    mgc_raw8 r;
+    r.a = ((const float4 *)p)[0];
+    r.b = ((const float4 *)p)[1];
+    return r;
+#endif
+}
+__device__ __forceinline__ void mgc_straw8(mgc_t *p, mgc_raw8 r) {
+#if MGC_BF16
+    *(uint4 *)p = r;
+#else
+    ((float4 *)p)[0] = r.a;
+    ((float4 *)p)[1] = r.b;
+#endif
+}
+/* The fp32 values of raw storage values. */
+__device__ __forceinline__ void mgc_unraw8(const mgc_raw8 &r, float (&f)[8]) {
+#if MGC_BF16
+    unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(w[j] << 16);
+        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+#else
+    f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w;
+    f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
+#endif
+}
+__device__ __forceinline__ mgc_raw8 mgc_raw8_zero() {
+    mgc_raw8 r;
+#if MGC_BF16
+    r = make_uint4(0u, 0u, 0u, 0u);
+#else
+    r.a = r.b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#endif
+    return r;
+}
+/* 16-byte alignment of a pointer (a uniform test: kernels take the vector path when it holds). */
+__device__ __forceinline__ bool mgc_al16(const void *p) {
+    return ((unsigned long long)p & 15ull) == 0;
+}
+
+/* Sum over the warp in a fixed butterfly order; every lane gets the same bits (each level
+ * adds the same two values, commutatively). */
+__device__ __forceinline__ float mgc_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float mgc_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 /* Sum over a block of `blockDim.x` threads (a multiple of 32, at most 1024) in a
  * fixed order: warp shuffles, then warp 0 over the warp sums.  Every thread
  * gets the total.  `sh` holds 32 values of shared memory.  T: float or double. */
@@ -118,6 +227,22 @@ __device__ __forceinline__ unsigned mgc_philox_word(unsigned long long seed, uns
     mgc_philox_rounds(c0, c1, c2, c3, seed);
     unsigned w = e & 1 ? c1 : c0, w2 = e & 1 ? c3 : c2;
     return e & 2 ? w2 : w;
+}
+
+/* Words of the 8 consecutive elements e0 .. e0 + 7 of a stream: Philox blocks e0 >> 2 and
+ * the next one or two (when e0 & 3 != 0), shifted with selects (no dynamic index). */
+__device__ __forceinline__ void mgc_philox_words8(unsigned long long seed, unsigned long long stream,
+                                                  unsigned long long e0, unsigned (&wd)[8]) {
+    unsigned long long b = e0 >> 2;
+    int o = (int)(e0 & 3ull);
+    unsigned a[12];
+    mgc_philox4x32(seed, stream, b, a);
+    mgc_philox4x32(seed, stream, b + 1, a + 4);
+    a[8] = a[9] = a[10] = a[11] = 0u;
+    if (o) mgc_philox4x32(seed, stream, b + 2, a + 8);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        wd[j] = o == 0 ? a[j] : o == 1 ? a[j + 1] : o == 2 ? a[j + 2] : a[j + 3];
 }
 
 /* Position of row i of a context-parallel shard (runtime/cpu_backend.c ctx_positions):

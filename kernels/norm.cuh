@@ -1,11 +1,17 @@
 /* norm.cuh - LayerNorm and RMSNorm, forward and backward (runtime/cpu_ops_tmpl.h math).
  *
- * Constants: H (hidden size), T (threads per block, a multiple of 32, <= 1024; codegen
- * picks ceil(H / 8) rounded up to 32).  A thread holds the NPER = ceil(H / T) elements
- * c = k*T + tid of a row in registers (coalesced accesses); the backward, which also holds
- * the dw/db sums of its columns, re-reads x and dy from L1/L2 instead when NPER > 8
- * (H > 8192), so that nothing spills.  Statistics: two block reductions (mean, then the centred sum of squares,
- * biased variance) for LayerNorm, one (mean of squares) for RMSNorm; rstd = 1 / sqrt(. + eps).
+ * Constants: H (hidden size), T (threads of one row: a multiple of 32, <= 1024; codegen picks
+ * ceil(H / 8) rounded up to 32, or 384 past H = 8192), R (rows a block works on at once: a power of two, T * R <=
+ * 512 where T <= 512; codegen's choice).  A block of T * R threads is R row slots of T
+ * threads (slot s = threadIdx.x / T, whole warps).  Thread t of a slot owns the 8-element
+ * vectors v = k*T + t, k < NV = ceil(H / (8 T)), i.e. columns [8v, 8v + 8): 16-byte loads
+ * and stores of bf16 (two of fp32) when H % 8 == 0 (the launcher checks that every pointer
+ * is 16-byte aligned; the arena aligns tensors to 256 bytes), element by element otherwise.
+ * Row statistics: warp shuffles, then (T > 32) one __syncthreads and a second shuffle over
+ * the slot's warp sums: a fixed order, the same bits in every thread of the slot.
+ * LayerNorm: mean, then the centred sum of squares (biased variance); RMSNorm: mean of
+ * squares; rstd = 1 / sqrt(. + eps).  The row stays in registers (the backward re-reads x and
+ * dy from L1/L2 when NV > 1, i.e. H > 8192, so that nothing spills; it re-reads w always).
  *
  * Entries:
  *   layernorm_fwd, rmsnorm_fwd    y = (x - mean) rstd w + b  /  x rstd w
@@ -16,8 +22,9 @@
  *   add_layernorm_fwd, add_rmsnorm_fwd   the fused dropout_add + norm (compiler/fusion.c):
  *                                 h = residual + dropout(branch) (written, rounded to the
  *                                 compute dtype), y = norm(h as rounded), mask (may be NULL)
- * The backward never uses atomics: block p of the first kernel owns rows p, p + NB, ...
- * and writes its column sums to part[p][.]; the reduce kernel adds part[0..NB) in order. */
+ * The backward never uses atomics: block p of the first kernel owns rows p, p + NB, ... (its
+ * slot s the i-th of them for i = s mod R), adds the R slots' column sums in slot order and
+ * writes them to part[p][.]; the reduce kernel adds part[0..NB) in a fixed tree. */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -31,227 +38,432 @@
 #endif
 
 #if defined(MGC_H)
-#define MGC_NPER ((MGC_H + MGC_T - 1) / MGC_T)
+#define MGC_NV   ((MGC_H + 8 * MGC_T - 1) / (8 * MGC_T)) /* 8-element vectors a thread */
+#define MGC_NW   (MGC_T / 32)                            /* warps of a row slot */
+#define MGC_VEC8 (MGC_H % 8 == 0)                        /* whole, aligned vectors */
+/* forward: two blocks an SM (<= 64 registers) when they are small enough to share one; the
+ * backward (its column sums in registers too) asks for one, and gets two at <= 80 registers
+ * for T * R = 384 (H = 768) */
+#define MGC_NORM_MINB (MGC_T * MGC_R <= 512 ? 2 : 1)
+
+/* Columns of vector k of thread t that exist: 8, or fewer (<= 0: none) at the row's end. */
+__device__ __forceinline__ int mgc_norm_nvalid(int k, int t) {
+    return MGC_H - 8 * (k * MGC_T + t);
+}
+/* Vector k of thread t of a row (0 past H, and everywhere when !ok). */
+__device__ __forceinline__ void mgc_norm_ld(const mgc_t *__restrict__ row, int k, int t, bool ok,
+                                            float (&f)[8]) {
+    int c0 = 8 * (k * MGC_T + t), nv = MGC_H - c0;
+#if MGC_VEC8
+    if (ok && nv > 0) {
+        mgc_ld8(row + c0, f);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        f[j] = 0.0f;
+#else
+    mgc_ld8_part(row + c0, ok ? nv : 0, f);
 #endif
+}
+/* Vector k of thread t of a row as raw storage values (H % 8 == 0 only). */
+__device__ __forceinline__ mgc_raw8 mgc_norm_ldraw(const mgc_t *__restrict__ row, int k, int t, bool ok) {
+    int c0 = 8 * (k * MGC_T + t);
+    return ok && c0 < MGC_H ? mgc_ldraw8(row + c0) : mgc_raw8_zero();
+}
+__device__ __forceinline__ void mgc_norm_st(mgc_t *__restrict__ row, int k, int t, const float (&f)[8]) {
+    int c0 = 8 * (k * MGC_T + t), nv = MGC_H - c0;
+#if MGC_VEC8
+    if (nv > 0) mgc_st8(row + c0, f);
+#else
+    mgc_st8_part(row + c0, nv, f);
+#endif
+}
+
+/* Sums of N values over the T threads of row slot `slot` (every thread of the block calls it
+ * together: one __syncthreads when T > 32).  sh: this call's buffer of the slot, NW * N
+ * floats; consecutive calls alternate two buffers (see the callers), so that the buffer a
+ * call writes was read by every thread before the barrier of the call in between. */
+template <int N> __device__ __forceinline__ void mgc_slot_sum(float (&v)[N], float *sh) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        v[n] = mgc_warp_sum(v[n]);
+#if MGC_NW > 1
+    int w = (threadIdx.x % MGC_T) >> 5, l = threadIdx.x & 31;
+    if (l == 0)
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            sh[w * N + n] = v[n];
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        v[n] = mgc_warp_sum(l < MGC_NW ? sh[l * N + n] : 0.0f);
+#else
+    (void)sh;
+#endif
+}
+#endif /* MGC_H */
 
 #if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd) || \
     defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd)
-/* The forward of one row held in registers (v: NPER values a thread, c = k*T + tid, 0 past
- * H): its statistics by block reductions, then y = (v - mean) rstd w + b  /  v rstd w. */
-__device__ __forceinline__ void mgc_norm_row_fwd(const float (&v)[MGC_NPER], mgc_t *__restrict__ yr,
+/* The forward of one row held in registers (v: thread t's vectors, 0 past H): its statistics
+ * by slot sums, then yr = (v - mean) rstd w + b  /  v rstd w where ok.  sh: the slot's two
+ * buffers of NW floats. */
+__device__ __forceinline__ void mgc_norm_row_fwd(const float (&v)[MGC_NV][8], mgc_t *__restrict__ yr,
                                                  const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias,
-                                                 float eps, float *sh) {
+                                                 float eps, int t, bool ok, float (*sh)[MGC_NW]) {
 #if MGC_NORM_RMS
-    float ss = 0.0f;
+    float ss[1] = {0.0f};
 #pragma unroll
-    for (int k = 0; k < MGC_NPER; k++)
-        ss += v[k] * v[k];
-    ss = mgc_block_sum(ss, sh);
-    float m = 0.0f, rs = 1.0f / sqrtf(ss / (float)MGC_H + eps);
+    for (int k = 0; k < MGC_NV; k++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            ss[0] += v[k][j] * v[k][j];
+    mgc_slot_sum(ss, sh[0]); /* a slot does one row: no buffer is reused */
+    float m = 0.0f, rs = 1.0f / sqrtf(ss[0] / (float)MGC_H + eps);
     (void)bias;
 #else
-    float s = 0.0f;
+    float s[1] = {0.0f};
 #pragma unroll
-    for (int k = 0; k < MGC_NPER; k++)
-        s += v[k];
-    float m = mgc_block_sum(s, sh) / (float)MGC_H;
-    float q = 0.0f;
+    for (int k = 0; k < MGC_NV; k++)
 #pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        float d = v[k] - m;
-        q += c < MGC_H ? d * d : 0.0f;
-    }
-    float rs = 1.0f / sqrtf(mgc_block_sum(q, sh) / (float)MGC_H + eps);
-#endif
+        for (int j = 0; j < 8; j++)
+            s[0] += v[k][j];
+    mgc_slot_sum(s, sh[0]);
+    float m = s[0] / (float)MGC_H, q[1] = {0.0f};
 #pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) {
-#if MGC_NORM_RMS
-            yr[c] = mgc_st(v[k] * rs * mgc_ld(w[c]));
-#else
-            yr[c] = mgc_st((v[k] - m) * rs * mgc_ld(w[c]) + (bias ? mgc_ld(bias[c]) : 0.0f));
-#endif
+    for (int k = 0; k < MGC_NV; k++) {
+        int nv = mgc_norm_nvalid(k, t);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float d = v[k][j] - m;
+            q[0] += j < nv ? d * d : 0.0f;
         }
+    }
+    mgc_slot_sum(q, sh[1]);
+    float rs = 1.0f / sqrtf(q[0] / (float)MGC_H + eps);
+#endif
+    if (!ok) return;
+#pragma unroll
+    for (int k = 0; k < MGC_NV; k++) {
+        if (mgc_norm_nvalid(k, t) <= 0) continue;
+        float wv[8], o[8];
+        mgc_norm_ld(w, k, t, true, wv);
+#if MGC_NORM_RMS
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] = v[k][j] * rs * wv[j];
+#else
+        float bv[8];
+        mgc_norm_ld(bias, k, t, bias != 0, bv);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] = (v[k][j] - m) * rs * wv[j] + bv[j];
+#endif
+        mgc_norm_st(yr, k, t, o);
     }
 }
 #endif
 
 #if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd)
-/* grid rows, block T, smem 0 (128 B static).  bias may be NULL (LayerNorm only). */
-extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+/* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes).  Slot s of block b
+ * normalises row b R + s (none past rows: it still takes part in the barriers).  bias may
+ * be NULL (LayerNorm only). */
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows,
                    float eps) {
-    __shared__ float sh[32];
-    i64 r = blockIdx.x; /* grid = rows exactly (no early exit: ptxas then keeps no stack) */
-    (void)rows;
+    __shared__ float sh[MGC_R][2][MGC_NW];
+    const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
+    const i64 r = (i64)blockIdx.x * MGC_R + s;
+    const bool ok = r < rows;
     const mgc_t *xr = x + r * (i64)MGC_H;
-    float v[MGC_NPER];
+    float v[MGC_NV][8];
 #pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        v[k] = c < MGC_H ? mgc_ld(xr[c]) : 0.0f;
-    }
-    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, sh);
+    for (int k = 0; k < MGC_NV; k++)
+        mgc_norm_ld(xr, k, t, ok, v[k]);
+    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, t, ok, sh[s]);
 }
 #endif
 
 #if defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd)
-/* grid rows, block T, smem 0 (128 B static).  Row r, column c is element e = elem0 + r*H + c
- * of the dropout stream (pointwise.cuh's numbering: word e & 3 of Philox block e >> 2, kept
- * iff >= thr); drop == 0: no dropout.  h and y are exactly the unfused pair's: h is rounded
- * to the compute dtype before the norm reads it.  bias may be NULL (LayerNorm only). */
-extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+/* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row b R + s.
+ * Row r, column c is element e = elem0 + r*H + c of the dropout stream (pointwise.cuh's
+ * numbering: word e & 3 of Philox block e >> 2, kept iff >= thr); drop == 0: no dropout.
+ * h and y are exactly the unfused pair's: h is rounded to the compute dtype before the norm
+ * reads it.  bias may be NULL (LayerNorm only). */
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ h, mgc_t *__restrict__ y, unsigned char *__restrict__ mask,
                    const mgc_t *__restrict__ branch, const mgc_t *__restrict__ res,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows, float eps,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    unsigned thr, float sc, int drop) {
-    __shared__ float sh[32];
-    i64 r = blockIdx.x; /* grid = rows exactly */
-    (void)rows;
+    __shared__ float sh[MGC_R][2][MGC_NW];
+    const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
+    const i64 r = (i64)blockIdx.x * MGC_R + s;
+    const bool ok = r < rows;
     const mgc_t *br = branch + r * (i64)MGC_H, *rr = res + r * (i64)MGC_H;
     mgc_t *hr = h + r * (i64)MGC_H;
-    float v[MGC_NPER];
+    float v[MGC_NV][8];
 #pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        v[k] = 0.0f;
-        if (c < MGC_H) {
-            unsigned long long e = elem0 + (unsigned long long)(r * (i64)MGC_H + c);
-            int kp = drop ? mgc_philox_word(seed, stream, e) >= thr : 1;
-            float xv = mgc_ld(br[c]);
-            float s = (kp ? (drop ? xv * sc : xv) : 0.0f) + mgc_ld(rr[c]);
-            mgc_t hv = mgc_st(s);
-            hr[c] = hv;
-            if (mask) mask[r * (i64)MGC_H + c] = (unsigned char)kp;
-            v[k] = mgc_ld(hv);
+    for (int k = 0; k < MGC_NV; k++) {
+        int c0 = 8 * (k * MGC_T + t), nv = mgc_norm_nvalid(k, t);
+        float xv[8], rv[8];
+        mgc_norm_ld(br, k, t, ok, xv);
+        mgc_norm_ld(rr, k, t, ok, rv);
+        unsigned wd[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (ok && nv > 0 && drop)
+            mgc_philox_words8(seed, stream, elem0 + (unsigned long long)(r * (i64)MGC_H + c0), wd);
+        unsigned char kb[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int kp = drop ? wd[j] >= thr : 1;
+            kb[j] = (unsigned char)kp;
+            /* rounded to the compute dtype, as the unfused dropout_add writes it */
+            v[k][j] = mgc_ld(mgc_st((kp ? (drop ? xv[j] * sc : xv[j]) : 0.0f) + rv[j]));
+        }
+        if (!ok || nv <= 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[k][j] = 0.0f;
+            continue;
+        }
+        mgc_norm_st(hr, k, t, v[k]); /* exact: v holds values of the dtype */
+        if (mask) {
+            unsigned char *mr = mask + r * (i64)MGC_H + c0;
+#if MGC_VEC8 /* 8-byte aligned: the mask's base is, and r*H + c0 is a multiple of 8 */
+            *(uint2 *)mr = make_uint2((unsigned)kb[0] | (unsigned)kb[1] << 8 | (unsigned)kb[2] << 16 |
+                                          (unsigned)kb[3] << 24,
+                                      (unsigned)kb[4] | (unsigned)kb[5] << 8 | (unsigned)kb[6] << 16 |
+                                          (unsigned)kb[7] << 24);
+#else
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < nv) mr[j] = kb[j];
+#endif
         }
     }
-    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, sh);
+    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, t, ok, sh[s]);
 }
 #endif
 
 #if defined(MGC_ENTRY_layernorm_bwd) || defined(MGC_ENTRY_rmsnorm_bwd)
 /* grid NB = min(rows, 256) (the launcher's fixed choice, never the SM count, so the bits do
- * not depend on the GPU), block T, smem 0 (128 B static).  Block p handles rows p, p+NB, ...
- * and writes part[p*H + c] = sum over its rows of dy xhat (dw), and, when want_db,
- * part[(NB + p)*H + c] = sum of dy (db).  dx = rstd (g - mean(g) - xhat mean(g xhat)),
- * g = dy w (RMSNorm: no mean(g) term, xhat = x rstd). */
-#define MGC_NORM_RELOAD (MGC_NPER > 8)
-extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+ * not depend on the GPU), block T * R, smem 0 (static: R NW 6 floats, and (R - 1) T 8 NV
+ * floats for the slots' column sums).  Block p handles its rows p + i NB (i < its count),
+ * R at a time (slot s: i = s, s + R, ...), and writes part[p*H + c] = sum over its rows of
+ * dy xhat (dw) and, when want_db, part[(NB + p)*H + c] = sum of dy (db): each slot sums its
+ * rows in order, then the slots are added in order 0, 1, .., R-1.
+ * dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: no mean(g) term,
+ * xhat = x rstd); mean(g xhat) is computed as rstd mean(g (x - mean)). */
+#define MGC_NORM_HOLD (MGC_NV == 1) /* x and dy held in registers, else re-read (L1/L2) */
+
+/* Adds the R slots' column sums a (slot order 0, 1, ..) and writes them to pr[0..H) (slot 0).
+ * cmb: (R - 1) NV 8 T floats of shared memory; every thread of the block calls it. */
+template <typename C>
+__device__ __forceinline__ void mgc_norm_put_part(float (&a)[MGC_NV][8], float *__restrict__ pr, C cmb,
+                                                  int s, int t) {
+#if MGC_R > 1
+    if (s > 0)
+#pragma unroll
+        for (int k = 0; k < MGC_NV; k++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                cmb[s - 1][(k * 8 + j) * MGC_T + t] = a[k][j];
+    __syncthreads();
+    if (s == 0)
+#pragma unroll
+        for (int k = 0; k < MGC_NV; k++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                for (int q = 0; q < MGC_R - 1; q++)
+                    a[k][j] += cmb[q][(k * 8 + j) * MGC_T + t];
+    __syncthreads(); /* cmb is rewritten by the next call */
+#else
+    (void)cmb;
+#endif
+    if (s != 0) return;
+#pragma unroll
+    for (int k = 0; k < MGC_NV; k++) {
+        int c0 = 8 * (k * MGC_T + t), nv = mgc_norm_nvalid(k, t);
+#if MGC_VEC8 /* part is 16-byte aligned: scratch, rows of H % 8 == 0 floats */
+        if (nv > 0) {
+            ((float4 *)(pr + c0))[0] = make_float4(a[k][0], a[k][1], a[k][2], a[k][3]);
+            ((float4 *)(pr + c0))[1] = make_float4(a[k][4], a[k][5], a[k][6], a[k][7]);
+        }
+#else
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < nv) pr[c0 + j] = a[k][j];
+#endif
+    }
+}
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, 1)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, float *__restrict__ part,
                    const mgc_t *__restrict__ dy, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ gres, i64 rows, float eps,
                    int want_db) {
-    __shared__ float sh[32];
-    float aw[MGC_NPER], ab[MGC_NPER];
+    __shared__ float sh[MGC_R][2][MGC_NW * 3];
+    const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
+    const i64 nb = gridDim.x, p = blockIdx.x;
+    const i64 mine = rows > p ? (rows - 1 - p) / nb + 1 : 0; /* rows of this block */
+    float aw[MGC_NV][8], ab[MGC_NV][8];
 #pragma unroll
-    for (int k = 0; k < MGC_NPER; k++)
-        aw[k] = ab[k] = 0.0f;
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int k = 0; k < MGC_NV; k++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            aw[k][j] = ab[k][j] = 0.0f;
+    int buf = 0; /* the slot-sum buffer of the next call: alternates */
+#pragma unroll 1
+    for (i64 i0 = 0; i0 < mine; i0 += MGC_R) { /* the same trip count in every slot */
+        const i64 i = i0 + s, r = p + i * nb;
+        const bool ok = i < mine;
         const mgc_t *xr = x + r * (i64)MGC_H, *gr = dy + r * (i64)MGC_H;
-#if MGC_NORM_RELOAD /* wide rows: x and dy re-read (L1/L2) instead of held in registers */
-#define MGC_XV(k) ((k) * MGC_T + threadIdx.x < MGC_H ? mgc_ld(xr[(k) * MGC_T + threadIdx.x]) : 0.0f)
-#define MGC_GV(k) ((k) * MGC_T + threadIdx.x < MGC_H ? mgc_ld(gr[(k) * MGC_T + threadIdx.x]) : 0.0f)
-#else
-        float xv[MGC_NPER], gv[MGC_NPER];
-#pragma unroll
-        for (int k = 0; k < MGC_NPER; k++) {
-            int c = k * MGC_T + threadIdx.x;
-            xv[k] = c < MGC_H ? mgc_ld(xr[c]) : 0.0f;
-            gv[k] = c < MGC_H ? mgc_ld(gr[c]) : 0.0f;
-        }
-#define MGC_XV(k) xv[k]
-#define MGC_GV(k) gv[k]
+#if MGC_NORM_HOLD && MGC_VEC8 /* the row's x, dy (and gres) held as raw storage values */
+        mgc_raw8 xq = mgc_norm_ldraw(xr, 0, t, ok), gq = mgc_norm_ldraw(gr, 0, t, ok);
+#if MGC_RES /* issued early: its latency hides behind the statistics */
+        mgc_raw8 rq = mgc_norm_ldraw(gres + r * (i64)MGC_H, 0, t, ok);
 #endif
-#if MGC_NORM_RMS
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MGC_NPER; k++)
-            ss += MGC_XV(k) * MGC_XV(k);
-        float m = 0.0f, rs = 1.0f / sqrtf(mgc_block_sum(ss, sh) / (float)MGC_H + eps);
+#define MGC_XLOAD(k, f)                                                                        \
+    float f[8];                                                                                \
+    mgc_unraw8(xq, f)
+#define MGC_GLOAD(k, f)                                                                        \
+    float f[8];                                                                                \
+    mgc_unraw8(gq, f)
+#elif MGC_NORM_HOLD
+        float xv[1][8], gv[1][8];
+        mgc_norm_ld(xr, 0, t, ok, xv[0]);
+        mgc_norm_ld(gr, 0, t, ok, gv[0]);
+#define MGC_XLOAD(k, f) float(&f)[8] = xv[k]
+#define MGC_GLOAD(k, f) float(&f)[8] = gv[k]
 #else
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MGC_NPER; k++)
-            s += MGC_XV(k);
-        float m = mgc_block_sum(s, sh) / (float)MGC_H, q = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MGC_NPER; k++) {
-            int c = k * MGC_T + threadIdx.x;
-            float d = MGC_XV(k) - m;
-            q += c < MGC_H ? d * d : 0.0f;
-        }
-        float rs = 1.0f / sqrtf(mgc_block_sum(q, sh) / (float)MGC_H + eps);
+#define MGC_XLOAD(k, f)                                                                        \
+    float f[8];                                                                                \
+    mgc_norm_ld(xr, k, t, ok, f)
+#define MGC_GLOAD(k, f)                                                                        \
+    float f[8];                                                                                \
+    mgc_norm_ld(gr, k, t, ok, f)
 #endif
-        float sg = 0.0f, sgx = 0.0f;
+#define MGC_WLOAD(k, f) /* w: re-read, from L1 */                                              \
+    float f[8];                                                                                \
+    mgc_norm_ld(w, k, t, true, f)
+#if MGC_NORM_RMS /* one slot sum: sum x^2 and sum g x */
+        float st[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int k = 0; k < MGC_NPER; k++) {
-            int c = k * MGC_T + threadIdx.x;
-            if (c < MGC_H) {
-                float xh = (MGC_XV(k) - m) * rs, g = MGC_GV(k) * mgc_ld(w[c]);
-                sg += g;
-                sgx += g * xh;
-                aw[k] += MGC_GV(k) * xh;
-                ab[k] += MGC_GV(k);
+        for (int k = 0; k < MGC_NV; k++) {
+            MGC_XLOAD(k, xk);
+            MGC_GLOAD(k, gk);
+            MGC_WLOAD(k, wk);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                st[0] += xk[j] * xk[j];
+                st[1] += gk[j] * wk[j] * xk[j];
             }
         }
-#if !MGC_NORM_RMS
-        sg = mgc_block_sum(sg, sh) / (float)MGC_H;
+        mgc_slot_sum(st, sh[s][buf]);
+        buf ^= 1;
+        const float m = 0.0f, rs = 1.0f / sqrtf(st[0] / (float)MGC_H + eps), sg = 0.0f;
+        const float sgx = st[1] * rs / (float)MGC_H;
+#else /* two: sum x; then sum (x - m)^2, sum g, sum g (x - m) */
+        float s1[1] = {0.0f};
+#pragma unroll
+        for (int k = 0; k < MGC_NV; k++) {
+            MGC_XLOAD(k, xk);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                s1[0] += xk[j];
+        }
+        mgc_slot_sum(s1, sh[s][buf]);
+        buf ^= 1;
+        const float m = s1[0] / (float)MGC_H;
+        float st[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < MGC_NV; k++) {
+            MGC_XLOAD(k, xk);
+            MGC_GLOAD(k, gk);
+            MGC_WLOAD(k, wk);
+            int nv = mgc_norm_nvalid(k, t);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float d = j < nv ? xk[j] - m : 0.0f, g = gk[j] * wk[j];
+                st[0] += d * d;
+                st[1] += g;
+                st[2] += g * d;
+            }
+        }
+        mgc_slot_sum(st, sh[s][buf]);
+        buf ^= 1;
+        const float rs = 1.0f / sqrtf(st[0] / (float)MGC_H + eps), sg = st[1] / (float)MGC_H;
+        const float sgx = st[2] * rs / (float)MGC_H;
 #endif
-        sgx = mgc_block_sum(sgx, sh) / (float)MGC_H;
+        if (!ok) continue;
         mgc_t *dr = dx + r * (i64)MGC_H;
-#if MGC_RES
-        const mgc_t *rr = gres + r * (i64)MGC_H;
-#endif
 #pragma unroll
-        for (int k = 0; k < MGC_NPER; k++) {
-            int c = k * MGC_T + threadIdx.x;
-            if (c < MGC_H) {
-                float xh = (MGC_XV(k) - m) * rs, g = MGC_GV(k) * mgc_ld(w[c]);
-#if MGC_NORM_RMS
-                float v = rs * (g - xh * sgx);
-#else
-                float v = rs * (g - sg - xh * sgx);
+        for (int k = 0; k < MGC_NV; k++) {
+            if (mgc_norm_nvalid(k, t) <= 0) continue;
+            MGC_XLOAD(k, xk);
+            MGC_GLOAD(k, gk);
+            MGC_WLOAD(k, wk);
+#if MGC_RES && MGC_NORM_HOLD && MGC_VEC8
+            float rv[8];
+            mgc_unraw8(rq, rv);
+#elif MGC_RES
+            float rv[8];
+            mgc_norm_ld(gres + r * (i64)MGC_H, k, t, true, rv);
 #endif
+            float o[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float xh = (xk[j] - m) * rs, g = gk[j] * wk[j];
+                aw[k][j] += gk[j] * xh;
+                ab[k][j] += gk[j];
+                o[j] = rs * (g - sg - xh * sgx);
 #if MGC_RES /* the fused residual add: dx = g_res + d norm, rounded once */
-                v = mgc_ld(rr[c]) + v;
+                o[j] = rv[j] + o[j];
 #endif
-                dr[c] = mgc_st(v);
             }
+            mgc_norm_st(dr, k, t, o);
         }
+#undef MGC_XLOAD
+#undef MGC_GLOAD
+#undef MGC_WLOAD
     }
-#pragma unroll
-    for (int k = 0; k < MGC_NPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) {
-            part[(i64)blockIdx.x * MGC_H + c] = aw[k];
-            if (want_db) part[((i64)gridDim.x + blockIdx.x) * MGC_H + c] = ab[k];
-        }
-    }
+    /* the slots' column sums, added in slot order by slot 0 through shared memory */
+#if MGC_R > 1
+    __shared__ float cmb[MGC_R - 1][MGC_NV * 8 * MGC_T];
+#else
+    float *cmb = 0;
+#endif
+    mgc_norm_put_part(aw, part + p * (i64)MGC_H, cmb, s, t);
+    if (want_db) mgc_norm_put_part(ab, part + (nb + p) * (i64)MGC_H, cmb, s, t);
 }
 #endif
 
 #if defined(MGC_ENTRY_norm_bwd_reduce)
-/* grid ceil(h / 256), block 256, smem 0.  Column c: dw[c] += sum_{p < nb} part[p*h + c]
- * (p ascending); db (may be NULL) likewise from part[(nb + p)*h + c]. */
-extern "C" __global__ void __launch_bounds__(256)
+/* grid (ceil(h / 32), db ? 2 : 1), block 1024, smem 0 (static 4 KiB).  Block (x, y) owns
+ * the 32 columns c = 32x + (tid & 31) of dw (y = 0) or db (y = 1, the partials from
+ * part[nb*h]): thread row j = tid >> 5 sums the partials p = j, j + 32, ... < nb in order,
+ * then thread row 0 adds the 32 row sums in order j = 0..31: dw[c] += that.  The order
+ * depends on nb only. */
+extern "C" __global__ void __launch_bounds__(1024)
     MGC_ENTRY_NAME(float *__restrict__ dw, float *__restrict__ db,
                    const float *__restrict__ part, int nb, i64 h) {
-    i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= h) return;
+    __shared__ float sh[32][33];
+    const int cx = threadIdx.x & 31, j = threadIdx.x >> 5;
+    const i64 c = (i64)blockIdx.x * 32 + cx;
+    const float *src = part + (blockIdx.y ? (i64)nb * h : 0);
+    float *dst = blockIdx.y ? db : dw;
     float s = 0.0f;
-    for (int p = 0; p < nb; p++)
-        s += part[(i64)p * h + c];
-    dw[c] += s;
-    if (db) {
+    if (c < h)
+        for (int p = j; p < nb; p += 32)
+            s += src[(i64)p * h + c];
+    sh[j][cx] = s;
+    __syncthreads();
+    if (j == 0 && c < h) {
         float t = 0.0f;
-        for (int p = 0; p < nb; p++)
-            t += part[((i64)nb + p) * h + c];
-        db[c] += t;
+        for (int q = 0; q < 32; q++)
+            t += sh[q][cx];
+        dst[c] += t;
     }
 }
 #endif

@@ -10,8 +10,12 @@
  *   rope                                          D (head dim), ROT (rotary dim, even, <= D)
  *
  * Element-wise geometry (all but rope): grid-stride loops, so any grid works; the launcher
- * uses block 256 and grid min(ceil(work / 256), 16 * SMs), no dynamic shared memory.  The
- * index space is 64-bit. */
+ * uses block 256 and grid min(ceil(work / 256), 16 * SMs), no dynamic shared memory, with
+ * work = ceil(n / 8).  A work item is 8 consecutive elements (16-byte loads and stores of
+ * bf16, two of fp32) when every pointer is 16-byte aligned (a uniform test; the arena aligns
+ * tensors to 256 bytes), the last n % 8 elements one by one; otherwise element by element.
+ * The index space is 64-bit (additions only: no division per element but qkv_split's, by
+ * constants, in 32 bits when the index fits). */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -21,6 +25,19 @@
 #define MGC_GRID_STRIDE(i, n)                                                                  \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
          i += (i64)gridDim.x * blockDim.x)
+
+/* Element-wise y[i] = F(i, a[i] (, b[i])) for i < n: 8-element vectors when the pointers are
+ * 16-byte aligned (ok8), then the tail; else element by element.  VEC(v) handles elements
+ * 8v .. 8v+7, ONE(i) element i. */
+#define MGC_EW8(n, ok8, VEC, ONE)                                                              \
+    do {                                                                                       \
+        i64 n8_ = (ok8) ? (n) >> 3 : 0;                                                        \
+        MGC_GRID_STRIDE(v_, n8_) { VEC(v_); }                                                  \
+        for (i64 i_ = n8_ * 8 + (i64)blockIdx.x * blockDim.x + threadIdx.x; i_ < (n);           \
+             i_ += (i64)gridDim.x * blockDim.x) {                                              \
+            ONE(i_);                                                                           \
+        }                                                                                      \
+    } while (0)
 
 /* ---- dropout -----------------------------------------------------------------------------
  * Element i (0 .. n) of the shard is element elem0 + i of the stream; it is kept iff its
@@ -38,6 +55,51 @@ extern "C" __global__ void __launch_bounds__(256)
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    unsigned thr, float sc, int drop) {
     if (n <= 0) return;
+#if defined(MGC_ENTRY_dropout_add_fwd)
+    const bool rok = mgc_al16(res);
+#else
+    const bool rok = true;
+#endif
+    if ((elem0 & 3ull) == 0 && mgc_al16(y) && mgc_al16(x) && rok &&
+        ((unsigned long long)mask & 7ull) == 0) {
+        /* 8 elements (2 Philox blocks) an item; the rest one by one with its word */
+        i64 n8 = n >> 3;
+        MGC_GRID_STRIDE(v, n8) {
+            unsigned wd[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+            if (drop) mgc_philox_words8(seed, stream, elem0 + 8ull * (unsigned long long)v, wd);
+            float f[8];
+            mgc_ld8(x + 8 * v, f);
+#if defined(MGC_ENTRY_dropout_add_fwd)
+            float rv[8];
+            mgc_ld8(res + 8 * v, rv);
+#endif
+            unsigned mk[2] = {0u, 0u};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int kp = drop ? wd[j] >= thr : 1;
+                float o = kp ? (drop ? f[j] * sc : f[j]) : 0.0f;
+#if defined(MGC_ENTRY_dropout_add_fwd)
+                o = o + rv[j];
+#endif
+                f[j] = o;
+                mk[j >> 2] |= (unsigned)kp << (8 * (j & 3));
+            }
+            mgc_st8(y + 8 * v, f);
+            if (mask) *(uint2 *)(mask + 8 * v) = make_uint2(mk[0], mk[1]);
+        }
+        for (i64 i = n8 * 8 + (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+             i += (i64)gridDim.x * blockDim.x) {
+            int kp = drop ? mgc_philox_word(seed, stream, elem0 + (unsigned long long)i) >= thr : 1;
+            float xv = mgc_ld(x[i]);
+            float o = kp ? (drop ? xv * sc : xv) : 0.0f;
+#if defined(MGC_ENTRY_dropout_add_fwd)
+            o = o + mgc_ld(res[i]);
+#endif
+            y[i] = mgc_st(o);
+            if (mask) mask[i] = (unsigned char)kp;
+        }
+        return;
+    }
     unsigned long long b0 = elem0 >> 2;
     i64 units = (i64)(((elem0 + (unsigned long long)n - 1ull) >> 2) - b0 + 1ull);
     MGC_GRID_STRIDE(u, units) {
@@ -70,6 +132,41 @@ extern "C" __global__ void __launch_bounds__(256)
                    unsigned long long stream, unsigned long long elem0, unsigned thr, float sc,
                    int drop) {
     if (n <= 0) return;
+    if ((elem0 & 3ull) == 0 && mgc_al16(dx) && mgc_al16(dy) && ((unsigned long long)mask & 7ull) == 0) {
+        i64 n8 = n >> 3; /* 8 elements (2 Philox blocks, or 8 mask bytes) an item */
+        MGC_GRID_STRIDE(v, n8) {
+            float f[8];
+            mgc_ld8(dy + 8 * v, f);
+            if (drop) {
+                unsigned wd[8];
+                if (mask) {
+                    uint2 m2 = *(const uint2 *)(mask + 8 * v);
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        wd[j] = ((j < 4 ? m2.x : m2.y) >> (8 * (j & 3))) & 0xffu;
+                } else {
+                    mgc_philox_words8(seed, stream, elem0 + 8ull * (unsigned long long)v, wd);
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    int kp = mask ? wd[j] != 0 : wd[j] >= thr;
+                    f[j] = kp ? f[j] * sc : 0.0f;
+                }
+            }
+            mgc_st8(dx + 8 * v, f);
+        }
+        for (i64 i = n8 * 8 + (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+             i += (i64)gridDim.x * blockDim.x) {
+            float g = mgc_ld(dy[i]);
+            if (drop) {
+                int kp = mask ? mask[i] != 0
+                              : mgc_philox_word(seed, stream, elem0 + (unsigned long long)i) >= thr;
+                g = kp ? g * sc : 0.0f;
+            }
+            dx[i] = mgc_st(g);
+        }
+        return;
+    }
     unsigned long long b0 = elem0 >> 2;
     i64 units = (i64)(((elem0 + (unsigned long long)n - 1ull) >> 2) - b0 + 1ull);
     MGC_GRID_STRIDE(u, units) {
@@ -100,15 +197,28 @@ __device__ __forceinline__ float mgc_tanh_exp(float u) {
     return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); /* the CPU's form: exact at the limits */
 }
 
+__device__ __forceinline__ float mgc_gelu(float v) {
+    float u = MGC_GELU_C * (v + 0.044715f * v * v * v);
+    return 0.5f * v * (1.0f + mgc_tanh_exp(u));
+}
+/* dy * gelu'(x) */
+__device__ __forceinline__ float mgc_gelu_bwd(float g, float xi) {
+    float u = MGC_GELU_C * (xi + 0.044715f * xi * xi * xi), t = mgc_tanh_exp(u);
+    float du = MGC_GELU_C * (1.0f + 3.0f * 0.044715f * xi * xi);
+    return g * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * du);
+}
+
 #if defined(MGC_ENTRY_gelu_fwd)
 /* grid-stride over n; y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x, i64 n) {
-    MGC_GRID_STRIDE(i, n) {
-        float v = mgc_ld(x[i]);
-        float u = MGC_GELU_C * (v + 0.044715f * v * v * v);
-        y[i] = mgc_st(0.5f * v * (1.0f + mgc_tanh_exp(u)));
-    }
+#define MGC_GELU_VEC(v)                                                                        \
+    float f[8];                                                                                \
+    mgc_ld8(x + 8 * (v), f);                                                                   \
+    _Pragma("unroll") for (int j = 0; j < 8; j++) f[j] = mgc_gelu(f[j]);                       \
+    mgc_st8(y + 8 * (v), f)
+#define MGC_GELU_ONE(i) y[i] = mgc_st(mgc_gelu(mgc_ld(x[i])))
+    MGC_EW8(n, mgc_al16(y) && mgc_al16(x), MGC_GELU_VEC, MGC_GELU_ONE);
 }
 #endif
 
@@ -117,12 +227,14 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, const mgc_t *__restrict__ dy,
                    const mgc_t *__restrict__ x, i64 n) {
-    MGC_GRID_STRIDE(i, n) {
-        float xi = mgc_ld(x[i]);
-        float u = MGC_GELU_C * (xi + 0.044715f * xi * xi * xi), t = mgc_tanh_exp(u);
-        float du = MGC_GELU_C * (1.0f + 3.0f * 0.044715f * xi * xi);
-        dx[i] = mgc_st(mgc_ld(dy[i]) * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * du));
-    }
+#define MGC_GELUB_VEC(v)                                                                       \
+    float f[8], g[8];                                                                          \
+    mgc_ld8(x + 8 * (v), f);                                                                   \
+    mgc_ld8(dy + 8 * (v), g);                                                                  \
+    _Pragma("unroll") for (int j = 0; j < 8; j++) f[j] = mgc_gelu_bwd(g[j], f[j]);            \
+    mgc_st8(dx + 8 * (v), f)
+#define MGC_GELUB_ONE(i) dx[i] = mgc_st(mgc_gelu_bwd(mgc_ld(dy[i]), mgc_ld(x[i])))
+    MGC_EW8(n, mgc_al16(dx) && mgc_al16(dy) && mgc_al16(x), MGC_GELUB_VEC, MGC_GELUB_ONE);
 }
 #endif
 
@@ -163,9 +275,15 @@ extern "C" __global__ void __launch_bounds__(256)
 /* grid-stride over n; y = a + b (y may alias a or b). */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *y, const mgc_t *a, const mgc_t *b, i64 n) {
-    MGC_GRID_STRIDE(i, n) {
-        y[i] = mgc_st(mgc_ld(a[i]) + mgc_ld(b[i]));
-    }
+    /* y may alias a or b: an item reads its 8 elements before it writes them */
+#define MGC_ADD_VEC(v)                                                                         \
+    float f[8], g[8];                                                                          \
+    mgc_ld8(a + 8 * (v), f);                                                                   \
+    mgc_ld8(b + 8 * (v), g);                                                                   \
+    _Pragma("unroll") for (int j = 0; j < 8; j++) f[j] = f[j] + g[j];                          \
+    mgc_st8(y + 8 * (v), f)
+#define MGC_ADD_ONE(i) y[i] = mgc_st(mgc_ld(a[i]) + mgc_ld(b[i]))
+    MGC_EW8(n, mgc_al16(y) && mgc_al16(a) && mgc_al16(b), MGC_ADD_VEC, MGC_ADD_ONE);
 }
 #endif
 
@@ -174,27 +292,55 @@ extern "C" __global__ void __launch_bounds__(256)
 #if defined(MGC_ENTRY_qkv_split_fwd) || defined(MGC_ENTRY_qkv_split_bwd)
 #define MGC_QKV_GW ((i64)(MGC_PER + 2) * MGC_D) /* one group's width */
 #define MGC_QKV_W  ((i64)MGC_G * MGC_QKV_GW)     /* the fused row's width */
-/* grid-stride over rows * W fused elements; a pure copy of the storage bits.
+/* The element of q, k or v that fused element o (< GW) of group g of row r is. */
+template <typename I>
+__device__ __forceinline__ i64 mgc_qkv_dst(I r, I g, I o, int &which) {
+    if (o < (I)MGC_PER * MGC_D) {
+        which = 0;
+        return ((i64)r * MGC_G * MGC_PER + (i64)g * MGC_PER) * MGC_D + o;
+    }
+    which = o < (I)(MGC_PER + 1) * MGC_D ? 1 : 2;
+    return ((i64)r * MGC_G + g) * MGC_D + (o - (I)(MGC_PER + which - 1) * MGC_D);
+}
+/* Items of 8 elements (D % 8 == 0: never across a head) when every pointer is 16-byte aligned,
+ * else single elements; index arithmetic in I (32 bits when the item count fits). */
+template <typename I, int V>
+__device__ __forceinline__ void mgc_qkv_copy(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q,
+                                             mgc_t *__restrict__ k, mgc_t *__restrict__ v, I items) {
+    const I gw = (I)(MGC_QKV_GW / V), w = (I)MGC_G * gw; /* items of a group, of a row */
+    for (I it = (I)blockIdx.x * blockDim.x + threadIdx.x; it < items; it += (I)gridDim.x * blockDim.x) {
+        I r = it / w, rem = it - r * w, g = rem / gw, o = (rem - g * gw) * V;
+        int which;
+        i64 d = mgc_qkv_dst<I>(r, g, o, which);
+        mgc_t *p = (which == 0 ? q : which == 1 ? k : v) + d;
+        mgc_t *f = qkv + (i64)it * V;
+        if (V == 8) {
+#if defined(MGC_ENTRY_qkv_split_fwd)
+            mgc_straw8(p, mgc_ldraw8(f));
+#else
+            mgc_straw8(f, mgc_ldraw8(p));
+#endif
+        } else {
+#if defined(MGC_ENTRY_qkv_split_fwd)
+            *p = *f;
+#else
+            *f = *p;
+#endif
+        }
+    }
+}
+/* grid-stride over rows * W / 8 items (or rows * W elements); a pure copy of the storage bits.
  * fwd: q (rows, G*PER, D), k, v (rows, G, D) from qkv; bwd: dqkv from dq, dk, dv. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
                    mgc_t *__restrict__ v, i64 rows) {
-    MGC_GRID_STRIDE(i, rows * MGC_QKV_W) {
-        i64 r = i / MGC_QKV_W, rem = i - r * MGC_QKV_W;
-        i64 g = rem / MGC_QKV_GW, o = rem - g * MGC_QKV_GW;
-        mgc_t *p;
-        if (o < (i64)MGC_PER * MGC_D)
-            p = q + (r * MGC_G * MGC_PER + g * MGC_PER) * MGC_D + o;
-        else if (o < (i64)(MGC_PER + 1) * MGC_D)
-            p = k + (r * MGC_G + g) * MGC_D + (o - (i64)MGC_PER * MGC_D);
-        else
-            p = v + (r * MGC_G + g) * MGC_D + (o - (i64)(MGC_PER + 1) * MGC_D);
-#if defined(MGC_ENTRY_qkv_split_fwd)
-        *p = qkv[i];
-#else
-        qkv[i] = *p;
-#endif
-    }
+    const bool v8 = MGC_D % 8 == 0 && mgc_al16(qkv) && mgc_al16(q) && mgc_al16(k) && mgc_al16(v);
+    const i64 items = rows * MGC_QKV_W / (v8 ? 8 : 1);
+    const bool small = items + (i64)gridDim.x * blockDim.x < 2147483647ll;
+    if (v8 && small) mgc_qkv_copy<unsigned, 8>(qkv, q, k, v, (unsigned)items);
+    else if (v8) mgc_qkv_copy<i64, 8>(qkv, q, k, v, items);
+    else if (small) mgc_qkv_copy<unsigned, 1>(qkv, q, k, v, (unsigned)items);
+    else mgc_qkv_copy<i64, 1>(qkv, q, k, v, items);
 }
 #endif
 

@@ -83,6 +83,17 @@ static int act_dtype(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tenso
     return 0;
 }
 
+/* The norm kernels take 16-byte vector accesses when h % 8 == 0 (norm.cuh): every pointer
+ * must then be 16-byte aligned, which the arena's 256-byte alignment of tensors gives. */
+static int norm_aligned(mgc_backend *be, const mgc_op_call *c, int64_t h, const void *const *p, int n) {
+    if (h % 8) return 0;
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)p[i] & 15u)
+            return mgc_cuda_fail(be, "norm '%s': a tensor is not 16-byte aligned (the arena aligns "
+                                     "them to 256 bytes)", opname(c));
+    return 0;
+}
+
 #define CHECK(x)                                                                               \
     do {                                                                                       \
         if ((x) != 0) return -1;                                                               \
@@ -152,9 +163,12 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         CHECK(get_specs(be, c, k, 1));
         if (rows == 0) return 0;
         void *y = c->out[0], *x = c->in[0], *w = c->in[1];
+        const void *al[] = {y, x, w, bias};
+        CHECK(norm_aligned(be, c, h, al, 4));
+        int64_t R = kconst(&k[0], "R");
         void *args[] = {&y, &x, &w, &bias, &rows, &eps};
-        return mgc_cuda_launch(be, &k[0], (unsigned)rows, 1, 1, (unsigned)kconst(&k[0], "T"), 0,
-                               args);
+        return mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1,
+                               (unsigned)(kconst(&k[0], "T") * R), 0, args);
     }
     /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient); out: dx, dw (, db) -- dw, db
      * fp32, accumulated */
@@ -174,11 +188,14 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (want_db ? 2 : 1) * sizeof(float));
     if (!part) return -1;
     void *dx = c->out[0], *dy = c->in[2], *x = c->in[0], *w = c->in[1];
+    const void *al[] = {dx, dy, x, w, gres, part};
+    CHECK(norm_aligned(be, c, h, al, 6));
     void *a1[] = {&dx, &part, &dy, &x, &w, &gres, &rows, &eps, &want_db};
-    CHECK(mgc_cuda_launch(be, &k[0], (unsigned)nb, 1, 1, (unsigned)kconst(&k[0], "T"), 0, a1));
+    CHECK(mgc_cuda_launch(be, &k[0], (unsigned)nb, 1, 1,
+                          (unsigned)(kconst(&k[0], "T") * kconst(&k[0], "R")), 0, a1));
     void *dw = c->out[1], *db = want_db ? c->out[2] : NULL;
     void *a2[] = {&dw, &db, &part, &nb, &h};
-    return mgc_cuda_launch(be, &k[1], (unsigned)((h + 255) / 256), 1, 1, 256, 0, a2);
+    return mgc_cuda_launch(be, &k[1], (unsigned)((h + 31) / 32), want_db ? 2 : 1, 1, 1024, 0, a2);
 }
 
 /* ADD_NORM (compiler/fusion.c); in: branch, residual, w (, bias); out: h, y (, mask) */
@@ -215,8 +232,14 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     float sc = (float)(1.0 / (1.0 - p));
     int drop = p > 0;
     void *hp = c->out[0], *yp = c->out[1], *br = c->in[0], *rs = c->in[1], *w = c->in[2];
+    const void *al[] = {hp, yp, br, rs, w, bias};
+    CHECK(norm_aligned(be, c, hd, al, 6));
+    if (mask && hd % 8 == 0 && ((uintptr_t)mask & 7u))
+        return mgc_cuda_fail(be, "add_norm '%s': the mask is not 8-byte aligned", opname(c));
+    int64_t R = kconst(&k[0], "R");
     void *args[] = {&hp, &yp, &mask, &br, &rs, &w, &bias, &rows, &eps, &seed, &stream, &elem0, &thr, &sc, &drop};
-    return mgc_cuda_launch(be, &k[0], (unsigned)rows, 1, 1, (unsigned)kconst(&k[0], "T"), 0, args);
+    return mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1,
+                           (unsigned)(kconst(&k[0], "T") * R), 0, args);
 }
 
 static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
@@ -248,8 +271,9 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     if (add) CHECK(want(be, c, tin(c, 1), dt, "the residual"));
     CHECK(get_specs(be, c, k, 1));
     if (n == 0) return 0;
+    /* 8-element items (pointwise.cuh), or Philox blocks of 4 when the shard is not aligned */
     int64_t units = (int64_t)(((elem0 + (uint64_t)n - 1) >> 2) - (elem0 >> 2) + 1);
-    unsigned grid = ew_grid(be, units);
+    unsigned grid = ew_grid(be, (elem0 & 3) == 0 ? (n + 7) / 8 : units);
     void *y = c->out[0], *x = c->in[0];
     if (fwd) {
         void *res = add ? c->in[1] : NULL;
@@ -275,13 +299,13 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
         int64_t n = numel(tout(c, 0));
         if (n == 0) return 0;
         void *args[] = {&y, &a, &n};
-        return mgc_cuda_launch(be, &k[0], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
     }
     case MGC_POP_GELU_BWD: { /* in: x, dy */
         int64_t n = numel(tout(c, 0));
         if (n == 0) return 0;
         void *args[] = {&y, &b, &a, &n};
-        return mgc_cuda_launch(be, &k[0], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
     }
     case MGC_POP_SWIGLU: { /* in: x (n, 2f); out: y (n, f) */
         int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tout(c, 0)) / f : 0;
@@ -304,7 +328,7 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
         if (op->n_in < 2) return mgc_cuda_fail(be, "add '%s': one input", opname(c));
         if (n == 0) return 0;
         void *args[] = {&y, &a, &b, &n};
-        return mgc_cuda_launch(be, &k[0], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
     }
     }
 }
@@ -326,7 +350,8 @@ static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
     void *q = fwd ? c->out[0] : c->in[0], *kk = fwd ? c->out[1] : c->in[1],
          *v = fwd ? c->out[2] : c->in[2];
     void *args[] = {&qkv, &q, &kk, &v, &rows};
-    return mgc_cuda_launch(be, &k[0], ew_grid(be, rows * w), 1, 1, EW_BLOCK, 0, args);
+    return mgc_cuda_launch(be, &k[0], ew_grid(be, d % 8 ? rows * w : rows * w / 8), 1, 1, EW_BLOCK,
+                           0, args);
 }
 
 static int op_rope(mgc_backend *be, const mgc_op_call *c) {
