@@ -6,8 +6,9 @@
 #
 # Both sides train without dropout (the PyTorch model has none; mgc's models
 # set 0.1, overridden here), so the two compute the same function.
-# BENCH_MODELS="gpt2-124m" (default both) and BENCH_TORCH=0 (mgc rows only)
-# shorten a run.
+# BENCH_MODELS="gpt2-124m" (default both), BENCH_TORCH=0 (mgc rows only) and
+# BENCH_PROFILE_MODELS="gpt2-124m" (per-kernel profile and fitted cost model only for
+# these; default every model) shorten a run.
 #
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
@@ -33,7 +34,9 @@ predict_row() { # name measured-step-ms: the cost model against the measurement
     name=$1 meas=$2
     pb=$($MGC inspect --json --hardware h100-sxm "$OUT/$name.plan" 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["predicted"]["step_s"]*1e3)') || pb=nan
     pf=nan
-    if $RUN "$OUT/$name.plan" --backend cuda --iterations 6 --profile-warmup 2 -q --profile "$OUT/$name.prof.jsonl" >"$OUT/$name.prof.log" 2>&1 &&
+    prof=1
+    case " ${BENCH_PROFILE_MODELS:-$name} " in *" $name "*) ;; *) prof=0 ;; esac
+    if [ $prof = 1 ] && $RUN "$OUT/$name.plan" --backend cuda --iterations 6 --profile-warmup 2 -q --profile "$OUT/$name.prof.jsonl" >"$OUT/$name.prof.log" 2>&1 &&
        $MGC calibrate "$OUT/$name.plan" "$OUT/$name.prof.jsonl" -o "$OUT/$name.fit.yaml" >"$OUT/$name.fit.log" 2>&1; then
         # each kernel kind against the ceilings measured in this run (issue 5's per-kernel figures)
         cg=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["copy_bytes_per_s"]/1e9)' "$OUT/ceilings.json" 2>/dev/null) && cg="--copy-gbs $cg" || cg=

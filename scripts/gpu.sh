@@ -5,6 +5,8 @@
 # output folder) or build-gpu/out.
 #
 #   sh scripts/gpu.sh [test|bench|all]        (default all)
+#   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
+#                                             (one-off experiments within one lent call)
 #
 # SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
 # models and tiny-gpt at head dim 64); bench/bench_gpu.sh reads BENCH_MODELS,
@@ -35,6 +37,10 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$D" >"$O
     { tail -n 30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -n 30; exit 1; }
 echo "== built"
+if [ "$what" = shell ]; then
+    export OUT
+    exec sh -c "$2"
+fi
 rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
     echo "== gpu tests"
