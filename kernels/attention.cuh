@@ -18,18 +18,21 @@
  * queries: the rank's two chunks; keys: the same (k_gathered = 0) or the all-gathered rows of
  * ranks 0..cp-1 (k_gathered = 1).
  *
- * Every kernel is a block of 128 threads seen as 8 x 16 (ty = tid / 16, tx = tid % 16): a tile
- * row r of a thread is ty + 8 m, a tile column tx + 16 n (conflict-free shared-memory reads).
+ * Every kernel is a block of 128 threads.  The SIMT kernels see it as 8 x 16 (ty = tid / 16,
+ * tx = tid % 16): a tile row r of a thread is ty + 8 m, a tile column tx + 16 n (conflict-free
+ * shared-memory reads).  The tensor-core kernels (bf16: the forward, and the backward for
+ * D <= 64, ATT_TC_BWD) give each warp 16 rows whose A fragments stay in registers; the other
+ * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
+ * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
+ * are rounded to bf16 as operands, as in FlashAttention.
  * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory); the tile sizes are
  * functions of D only, written below and repeated by runtime/cuda_ops_attention.c:
  *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; bf16: 64),
  *             ATT_FBK keys per step (fp32: 64 for D <= 32, else 32; bf16: 64 for D <= 64,
  *             else 32)
- * The bf16 forward runs its two products on tensor cores (mma.sync m16n8k16, bf16 inputs,
- * fp32 accumulation; P is rounded to bf16 for P V as in FlashAttention); every other kernel
- * is SIMT fp32.
- *   backward: ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for D = 128),
- *             ATT_BC rows per step (32 for D <= 64, 16 for D = 128)
+ *   backward: tensor cores: ATT_TBR = 64 rows kept per block, ATT_TBC = 64 rows per step;
+ *             SIMT: ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for
+ *             D = 128), ATT_BC rows per step (32 for D <= 64, 16 for D = 128)
  * No float atomics: every sum has a fixed order (dK/dV iterate the group's query heads in
  * order, then the query tiles in order). */
 /* NVRTC compiles with no toolkit header: mgc_common.cuh's mgc_block_max uses INFINITY */
@@ -178,9 +181,7 @@ __device__ __forceinline__ void att_ldsm4(unsigned (&r)[4], const unsigned short
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                      : "r"(a));
 }
-#endif
 
-#if MGC_BF16
 /* Stages rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into
  * sh[ROWS][D + 8] (bf16, row-major); rows past n are 0.  16-byte loads, D / 8 consecutive
  * lanes per row (coalesced; rows are 16-byte aligned: the arena is 256-aligned, D >= 16).
