@@ -26,12 +26,12 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-30}
 mkdir -p "$OUT"
 T=$OUT/bench-gpu.md
-rm -f "$OUT/cost-model.md" "$OUT"/kernels-*.md
+rm -f "$OUT/cost-model.md" "$OUT/attention.md" "$OUT"/kernels-*.md
 ceil=$($PY bench/torch_gpt_gpu.py --ceilings 2>"$OUT/ceil.err") || ceil='{}'
 echo "$ceil" >"$OUT/ceilings.json"
 med() { $PY -c "import json,sys,statistics; v=[json.loads(l)[sys.argv[2]] for l in open(sys.argv[1])][8:]; m=statistics.median(v); print(\"%.2f\" % m if m < 1e4 else \"%.0f\" % m)" "$@"; }
-predict_row() { # name measured-step-ms: the cost model against the measurement
-    name=$1 meas=$2
+predict_row() { # name measured-step-ms model-args mbs: the cost model against the measurement
+    name=$1 meas=$2 margs=$3 mbs=$4
     pb=$($MGC inspect --json --hardware h100-sxm "$OUT/$name.plan" 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["predicted"]["step_s"]*1e3)') || pb=nan
     pf=nan
     prof=1
@@ -44,6 +44,21 @@ predict_row() { # name measured-step-ms: the cost model against the measurement
         # shellcheck disable=SC2086
         $MGC profile "$OUT/$name.plan" "$OUT/$name.prof.jsonl" $cg $gt >"$OUT/kernels-$name.md" 2>&1
         pf=$($MGC inspect --json --hardware "$OUT/$name.fit.yaml" "$OUT/$name.plan" 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["predicted"]["step_s"]*1e3)') || pf=nan
+        # attention alone against PyTorch's SDPA (flash) at the same shape, in this run
+        # shellcheck disable=SC2086
+        $PY bench/torch_gpt_gpu.py $margs --mbs $mbs --sdpa >"$OUT/$name.sdpa.json" 2>"$OUT/$name.sdpa.err" &&
+            $PY -c '
+import json, sys
+ops = [json.loads(l) for l in open(sys.argv[1])]
+ops = [o for o in ops if o.get("type") == "op"]
+def per_call(kind):
+    v = [o["mean_s"] * 1e3 for o in ops if o["kind"] == kind]
+    return sum(v) / len(v) if v else float("nan")
+f, b = per_call("attention"), per_call("attention_bwd")
+t = json.load(open(sys.argv[2]))
+sf, sb = t["sdpa_fwd_ms"], t["sdpa_bwd_ms"]
+print("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.2fx |" % (sys.argv[3], "x".join(map(str, t["shape"])), f, sf, b, sb, (sf + sb) / (f + b)))
+' "$OUT/$name.prof.jsonl" "$OUT/$name.sdpa.json" "$name" >>"$OUT/attention.md"
     fi
     $PY -c 'import sys; m,b,f=map(float,sys.argv[2:5]); e=lambda p: "%+.1f%%" % (100*(p-m)/m) if p==p else "n/a"; print("| %s | %.2f | %.2f | %s | %.2f | %s |" % (sys.argv[1], m, b, e(b), f, e(f)))' \
         "$name" "$meas" "$pb" "$pf" >>"$OUT/cost-model.md"
@@ -59,7 +74,7 @@ row() { # name model-args mgc-sets mbs
         -o "$OUT/$name.plan" >"$OUT/$name.compile.log" 2>&1 || { echo "| $name | mgc | compile failed: $(tail -n 1 "$OUT/$name.compile.log") |"; return; }
     if $RUN "$OUT/$name.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.jsonl" >"$OUT/$name.run.log" 2>&1; then
         echo "| $name | mgc | $(med "$OUT/$name.jsonl" step_ms) | $(med "$OUT/$name.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.jsonl" | tail -n 1) |"
-        predict_row "$name" "$(med "$OUT/$name.jsonl" step_ms)"
+        predict_row "$name" "$(med "$OUT/$name.jsonl" step_ms)" "$margs" "$mbs"
     else
         echo "| $name | mgc | failed: $(tail -n 1 "$OUT/$name.run.log") |"
     fi
@@ -90,5 +105,12 @@ row() { # name model-args mgc-sets mbs
     echo "| model | measured ms | built-in profile ms | error | fitted profile ms | error |"
     echo "|---|---:|---:|---:|---:|---:|"
     cat "$OUT/cost-model.md" 2>/dev/null
+    echo
+    echo "Attention alone (one layer's op, ms per call): mgc's kernels from the profile above against PyTorch's"
+    echo "scaled_dot_product_attention (causal, bf16, flash) timed with CUDA events at the same shape (b x heads x s x d)."
+    echo
+    echo "| model | shape | mgc fwd | SDPA fwd | mgc bwd | SDPA bwd | mgc speed vs SDPA (fwd+bwd) |"
+    echo "|---|---|---:|---:|---:|---:|---:|"
+    cat "$OUT/attention.md" 2>/dev/null
     for k in "$OUT"/kernels-*.md; do [ -f "$k" ] && { echo; sed 's/^# /## /' "$k"; }; done
 } | tee "$T"

@@ -3,7 +3,8 @@
 no dropout) trained with bf16 autocast, fp32 parameters and fused AdamW, with
 SDPA (flash) attention; eager or torch.compile.  Also measures the device's
 ceilings (--ceilings): device-to-device copy bandwidth and an 8192^3 bf16
-matrix product.  Prints one JSON line."""
+matrix product; and SDPA alone (--sdpa): causal flash attention forward and
+backward at the model's shape, bf16.  Prints one JSON line."""
 
 import argparse
 import json
@@ -48,6 +49,33 @@ def ceilings():
         ts.append(s.elapsed_time(e) / 1e3)
     gemm = 2 * m**3 / statistics.median(ts)
     return {"copy_bytes_per_s": copy_bw, "bf16_gemm_flops": gemm, "device": torch.cuda.get_device_name()}
+
+
+def sdpa(mbs, heads, seq, d, reps=50):
+    """Median ms of one causal SDPA forward, and of its backward (forward+backward minus
+    forward), q/k/v (mbs, heads, seq, d) bf16, fresh random values."""
+    dev = "cuda"
+    q, k, v = (torch.randn(mbs, heads, seq, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn(mbs, heads, seq, d, device=dev, dtype=torch.bfloat16)
+
+    def timed(fn):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e))
+        return statistics.median(ts)
+
+    fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    both = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout))
+    return {"sdpa_fwd_ms": fwd, "sdpa_bwd_ms": both - fwd, "shape": [mbs, heads, seq, d]}
 
 
 class Block(nn.Module):
@@ -95,9 +123,13 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--sdpa", action="store_true")
     a = ap.parse_args()
     if a.ceilings:
         print(json.dumps(ceilings()))
+        return
+    if a.sdpa:
+        print(json.dumps(sdpa(a.mbs, a.heads, a.seq, a.hidden // a.heads)))
         return
     torch.manual_seed(1234)
     model = GPT(a.vocab, a.seq, a.hidden, a.layers, a.heads, a.ffn).cuda()
