@@ -42,7 +42,8 @@ extern "C" {
 typedef struct mgc_kspec {
     const char *file;  /* template in kernels/: "norm.cuh" */
     const char *entry; /* entry point: "layernorm_fwd" (letters, digits, '_') */
-    int bf16;          /* storage dtype of activations and weights: 0 fp32, 1 bf16 */
+    int dtype;         /* storage dtype of activations and weights: MGC_DT_F32, MGC_DT_BF16 or
+                          MGC_DT_F16 (the prologue's MGC_BF16 / MGC_FP16) */
     int n_const;
     const char *const_name[MGC_KSPEC_MAX_CONST]; /* "H" -> #define MGC_H ... */
     int64_t const_val[MGC_KSPEC_MAX_CONST];
@@ -50,10 +51,14 @@ typedef struct mgc_kspec {
 
 /* Adds a constant; returns the spec for chaining. */
 mgc_kspec *mgc_kspec_const(mgc_kspec *k, const char *name, int64_t value);
-/* Initialises k for template `file`, entry `entry`, dtype. */
-void mgc_kspec_init(mgc_kspec *k, const char *file, const char *entry, int bf16);
+/* Initialises k for template `file`, entry `entry`, storage dtype (MGC_DT_BF16 or MGC_DT_F16;
+ * anything else is fp32). */
+void mgc_kspec_init(mgc_kspec *k, const char *file, const char *entry, int dtype);
+/* The storage dtype a kernel spec takes for tensor dtype `dt`: fp32, bf16 or fp16 as they are,
+ * -1 for any other (integers). */
+int mgc_kspec_storage(int dt);
 
-/* "mgc_<entry>_<f32|bf16>[_<NAME><value>...]" (negative values spelt m<abs>). */
+/* "mgc_<entry>_<f32|bf16|f16>[_<NAME><value>...]" (negative values spelt m<abs>). */
 void mgc_kspec_name(const mgc_kspec *k, char *buf, size_t size);
 /* The CUDA C++ source of the spec (prologue + template); malloc'd, NULL on OOM
  * or an unknown template. */
@@ -77,9 +82,10 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
                          mgc_kspec *out, int max);
 int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                    mgc_kspec *out, int max);
-/* The optimizer's kernels (sum of squares, AdamW, scale, fp32 -> bf16 cast) for a plan
- * whose compute dtype is bf16 (1) or fp32 (0); the order is fixed: see kspec_pointwise.c. */
-int mgc_kspecs_optimizer(int bf16, mgc_kspec *out, int max);
+/* The optimizer's kernels (sum of squares, AdamW, scale, fp32 -> 16-bit cast) for a plan whose
+ * weights are `dtype` (fp32, bf16 or fp16: AdamW's 16-bit copy-out and the cast write that
+ * type); the order is fixed: see kspec_pointwise.c. */
+int mgc_kspecs_optimizer(int dtype, mgc_kspec *out, int max);
 
 #ifdef __cplusplus
 }

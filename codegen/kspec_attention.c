@@ -5,17 +5,15 @@
  *                     attention_bwd_dq (D, CAUSAL)           (launch order)
  *
  * D is the head dim (q's last dim: 16, 32, 64 or 128), CAUSAL the op's iattr[0].  The storage
- * dtype is q's (fp32 or bf16); the sequence lengths, heads, scale, dropout and the context-
+ * dtype is q's (fp32, bf16 or fp16); the sequence lengths, heads, scale, dropout and the context-
  * parallel layout are kernel arguments (runtime/cuda_ops_attention.c). */
 #include "kspec.h"
 
-static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *bf16, int64_t *d) {
+static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype, int64_t *d) {
     if (op->n_in < 3 || op->in[0] < 0 || op->in[0] >= ch->n_tensors) return -1;
     const mgc_plan_tensor *q = &ch->tensors[op->in[0]];
     if (q->rank != 4) return -1;
-    if (q->dtype == MGC_DT_BF16) *bf16 = 1;
-    else if (q->dtype == MGC_DT_F32) *bf16 = 0;
-    else return -1;
+    if ((*dtype = mgc_kspec_storage(q->dtype)) < 0) return -1;
     *d = q->dim[3];
     if (*d != 16 && *d != 32 && *d != 64 && *d != 128) return -1;
     return 0;
@@ -24,21 +22,21 @@ static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *bf16,
 int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                          mgc_kspec *out, int max) {
     (void)p;
-    int bf16 = 0;
+    int dt = MGC_DT_F32;
     int64_t d = 0, causal = op->iattr[0] ? 1 : 0;
     switch ((mgc_plan_op_kind)op->kind) {
     case MGC_POP_ATTENTION:
-        if (attn_dims(ch, op, &bf16, &d) || max < 1) return -1;
-        mgc_kspec_init(&out[0], "attention.cuh", "attention_fwd", bf16);
+        if (attn_dims(ch, op, &dt, &d) || max < 1) return -1;
+        mgc_kspec_init(&out[0], "attention.cuh", "attention_fwd", dt);
         mgc_kspec_const(mgc_kspec_const(&out[0], "D", d), "CAUSAL", causal);
         return 1;
     case MGC_POP_ATTENTION_BWD:
-        if (attn_dims(ch, op, &bf16, &d) || max < 3) return -1;
-        mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dot", bf16);
+        if (attn_dims(ch, op, &dt, &d) || max < 3) return -1;
+        mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dot", dt);
         mgc_kspec_const(&out[0], "D", d);
-        mgc_kspec_init(&out[1], "attention.cuh", "attention_bwd_dkv", bf16);
+        mgc_kspec_init(&out[1], "attention.cuh", "attention_bwd_dkv", dt);
         mgc_kspec_const(mgc_kspec_const(&out[1], "D", d), "CAUSAL", causal);
-        mgc_kspec_init(&out[2], "attention.cuh", "attention_bwd_dq", bf16);
+        mgc_kspec_init(&out[2], "attention.cuh", "attention_bwd_dq", dt);
         mgc_kspec_const(mgc_kspec_const(&out[2], "D", d), "CAUSAL", causal);
         return 3;
     default:

@@ -34,10 +34,9 @@ static const mgc_plan_tensor *tout(const mgc_plan_chunk *ch, const mgc_plan_op *
                                                                           : NULL;
 }
 
-/* 1 bf16, 0 fp32, -1 another dtype (or no tensor). */
+/* The storage dtype (fp32, bf16, fp16), -1 another dtype (or no tensor). */
 static int storage(const mgc_plan_tensor *t) {
-    if (!t) return -1;
-    return t->dtype == MGC_DT_BF16 ? 1 : t->dtype == MGC_DT_F32 ? 0 : -1;
+    return t ? mgc_kspec_storage(t->dtype) : -1;
 }
 
 static int64_t last_dim(const mgc_plan_tensor *t) {
@@ -49,19 +48,19 @@ typedef struct list {
     int n, max, bad;
 } list;
 
-static mgc_kspec *add(list *l, const char *entry, int bf16) {
-    if (l->n >= l->max || bf16 < 0) {
+static mgc_kspec *add(list *l, const char *entry, int dtype) {
+    if (l->n >= l->max || dtype < 0) {
         l->bad = 1;
         return NULL;
     }
     mgc_kspec *k = &l->out[l->n++];
-    mgc_kspec_init(k, "moe.cuh", entry, bf16);
+    mgc_kspec_init(k, "moe.cuh", entry, dtype);
     return k;
 }
 
-static void add_c(list *l, const char *entry, int bf16, const char *c0, int64_t v0, const char *c1,
+static void add_c(list *l, const char *entry, int dtype, const char *c0, int64_t v0, const char *c1,
                   int64_t v1) {
-    mgc_kspec *k = add(l, entry, bf16);
+    mgc_kspec *k = add(l, entry, dtype);
     if (!k) return;
     if (c0) mgc_kspec_const(k, c0, v0);
     if (c1) mgc_kspec_const(k, c1, v1);

@@ -4,8 +4,8 @@
  * The spec of an op is a pure function of the plan (shapes, attributes, dtypes), never of
  * the rank: vocabulary starts, valid vocabulary columns and context-parallel positions are
  * kernel arguments (runtime/cuda_ops_pointwise.c), so every rank of a stage shares the
- * cubins.  The storage dtype (bf16 flag) is the dtype of the op's main activation; the
- * cross-entropy and optimizer kernels work on fp32 only and always use flag 0.
+ * cubins.  The storage dtype (fp32, bf16 or fp16) is the dtype of the op's main activation; the
+ * cross-entropy and optimizer kernels work on fp32 arrays and are always fp32 specs.
  *
  * Block sizes chosen here (constant T) are the launcher's: see kernels/README.md. */
 #include <stdint.h>
@@ -49,8 +49,8 @@ static int64_t mgc_kspec_embedding_threads(int64_t h) {
     return row_threads(h, 4, 1024);
 }
 
-static int is_bf16(const mgc_plan_tensor *t) {
-    return t->dtype == MGC_DT_BF16;
+static int dt(const mgc_plan_tensor *t) {
+    return t->dtype;
 }
 
 int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
@@ -62,7 +62,7 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         const mgc_plan_tensor *y = tout(ch, op, 0);
         int64_t h = y->dim[y->rank - 1];
         if (h <= 0) return -1;
-        mgc_kspec_init(&out[0], "embedding.cuh", "embedding_fwd", is_bf16(y));
+        mgc_kspec_init(&out[0], "embedding.cuh", "embedding_fwd", dt(y));
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_embedding_threads(h));
         return 1;
     }
@@ -71,10 +71,10 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         int64_t h = dy->dim[dy->rank - 1];
         if (h <= 0) return -1;
         int64_t t = mgc_kspec_embedding_threads(h);
-        mgc_kspec_init(&out[0], "embedding.cuh", "embedding_bwd_word", is_bf16(dy));
+        mgc_kspec_init(&out[0], "embedding.cuh", "embedding_bwd_word", dt(dy));
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
         if (op->n_out < 2) return 1;
-        mgc_kspec_init(&out[1], "embedding.cuh", "embedding_bwd_pos", is_bf16(dy));
+        mgc_kspec_init(&out[1], "embedding.cuh", "embedding_bwd_pos", dt(dy));
         mgc_kspec_const(mgc_kspec_const(&out[1], "H", h), "T", t);
         return 2;
     }
@@ -86,7 +86,7 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         const char *e = bwd ? (rms ? "rmsnorm_bwd" : "layernorm_bwd")
                             : (rms ? "rmsnorm_fwd" : "layernorm_fwd");
         int64_t t = mgc_kspec_norm_threads(h, bwd);
-        mgc_kspec_init(&out[0], "norm.cuh", e, is_bf16(tin(ch, op, 0)));
+        mgc_kspec_init(&out[0], "norm.cuh", e, dt(tin(ch, op, 0)));
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
         mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
         if (!bwd) return 1;
@@ -99,27 +99,27 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         int64_t h = op->iattr[2];
         if (h <= 0) return -1;
         mgc_kspec_init(&out[0], "norm.cuh", op->iattr[0] == 1 ? "add_rmsnorm_fwd" : "add_layernorm_fwd",
-                       is_bf16(tin(ch, op, 0)));
+                       dt(tin(ch, op, 0)));
         int64_t t = mgc_kspec_norm_threads(h, 0);
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
         mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
         return 1;
     }
     case MGC_POP_DROPOUT:
-        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_fwd", is_bf16(tin(ch, op, 0)));
+        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_fwd", dt(tin(ch, op, 0)));
         return 1;
     case MGC_POP_DROPOUT_ADD:
-        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_add_fwd", is_bf16(tin(ch, op, 0)));
+        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_add_fwd", dt(tin(ch, op, 0)));
         return 1;
     case MGC_POP_DROPOUT_BWD:
     case MGC_POP_DROPOUT_ADD_BWD:
-        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_bwd", is_bf16(tin(ch, op, 0)));
+        mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_bwd", dt(tin(ch, op, 0)));
         return 1;
     case MGC_POP_GELU:
-        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_fwd", is_bf16(tin(ch, op, 0)));
+        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_fwd", dt(tin(ch, op, 0)));
         return 1;
     case MGC_POP_GELU_BWD:
-        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_bwd", is_bf16(tin(ch, op, 0)));
+        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_bwd", dt(tin(ch, op, 0)));
         return 1;
     case MGC_POP_SWIGLU:
     case MGC_POP_SWIGLU_BWD: {
@@ -128,20 +128,20 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         int64_t f = y->dim[y->rank - 1];
         if (f <= 0) return -1;
         mgc_kspec_init(&out[0], "pointwise.cuh", bwd ? "swiglu_bwd" : "swiglu_fwd",
-                       is_bf16(tin(ch, op, 0)));
+                       dt(tin(ch, op, 0)));
         mgc_kspec_const(&out[0], "F", f);
         return 1;
     }
     case MGC_POP_ADD:
     case MGC_POP_ADD_BWD:
-        mgc_kspec_init(&out[0], "pointwise.cuh", "add", is_bf16(tin(ch, op, 0)));
+        mgc_kspec_init(&out[0], "pointwise.cuh", "add", dt(tin(ch, op, 0)));
         return 1;
     case MGC_POP_QKV_SPLIT:
     case MGC_POP_QKV_SPLIT_BWD: {
         if (op->iattr[0] <= 0 || op->iattr[1] <= 0 || op->iattr[2] <= 0) return -1;
         mgc_kspec_init(&out[0], "pointwise.cuh",
                        op->kind == MGC_POP_QKV_SPLIT ? "qkv_split_fwd" : "qkv_split_bwd",
-                       is_bf16(tin(ch, op, 0)));
+                       dt(tin(ch, op, 0)));
         mgc_kspec_const(&out[0], "G", op->iattr[0]);
         mgc_kspec_const(&out[0], "PER", op->iattr[1]);
         mgc_kspec_const(&out[0], "D", op->iattr[2]);
@@ -152,7 +152,7 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         const mgc_plan_tensor *x = tin(ch, op, 0);
         int64_t d = x->dim[3], rot = op->iattr[0];
         if (x->rank != 4 || d <= 0 || rot < 0 || rot > d || rot % 2) return -1;
-        mgc_kspec_init(&out[0], "pointwise.cuh", "rope", is_bf16(x));
+        mgc_kspec_init(&out[0], "pointwise.cuh", "rope", dt(x));
         mgc_kspec_const(mgc_kspec_const(&out[0], "D", d), "ROT", rot);
         return 1;
     }
@@ -167,7 +167,7 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
             return 2;
         }
     case MGC_POP_CROSS_ENTROPY_BWD: /* dlogits in the compute dtype */
-        mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_bwd", is_bf16(tout(ch, op, 0)));
+        mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_bwd", dt(tout(ch, op, 0)));
         return 1;
     default:
         return 0;
@@ -175,15 +175,19 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
 }
 
 /* The optimizer's kernels, always in this order (the launcher indexes them):
- *   0 sumsq_partial, 1 sumsq_final, 2 adamw, 3 scale, 4 cast_bf16.
- * They work on fp32 arrays whatever the compute dtype (AdamW's bf16 copy-out and the cast
- * write bf16 bits explicitly), so the flag is 0 and the names do not depend on `bf16`. */
-int mgc_kspecs_optimizer(int bf16, mgc_kspec *out, int max) {
+ *   0 sumsq_partial, 1 sumsq_final, 2 adamw, 3 scale, 4 cast_bf16 (cast_f16).
+ * They work on fp32 arrays whatever the compute dtype, so their storage dtype is fp32. AdamW's
+ * 16-bit copy-out and the cast write bf16 bits, or fp16 bits for fp16 weights: then AdamW has
+ * the constant COPY = 2 and the cast is cast_f16 (fp32 and bf16 plans share one set). */
+int mgc_kspecs_optimizer(int dtype, mgc_kspec *out, int max) {
     static const char *const entries[] = {"sumsq_partial", "sumsq_final", "adamw", "scale",
                                           "cast_bf16"};
-    (void)bf16;
     if (max < 5) return -1;
     for (int i = 0; i < 5; i++)
-        mgc_kspec_init(&out[i], "optim.cuh", entries[i], 0);
+        mgc_kspec_init(&out[i], "optim.cuh", entries[i], MGC_DT_F32);
+    if (dtype == MGC_DT_F16) {
+        mgc_kspec_const(&out[2], "COPY", 2);
+        out[4].entry = "cast_f16";
+    }
     return 5;
 }

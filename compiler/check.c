@@ -966,14 +966,22 @@ static void check_hardware(mgc_check_ctx *k) {
             }
         if (c->training.precision == MGC_PREC_BF16 && v < 80) {
             snprintf(hint, sizeof hint,
-                     "remove %" PRId64
-                     " from hardware.cuda_archs, or use training.precision fp16 or fp32",
+                     "remove %" PRId64 " from hardware.cuda_archs, or use training.precision fp32",
                      v);
             mgc_check_error(
                 k, al->loc[i], hint,
                 "training.precision bf16 needs compute capability 8.0 or newer, but sm_%" PRId64
                 " has no bf16 tensor cores",
                 v);
+        } else if (c->training.precision == MGC_PREC_FP16 && v < 80) {
+            snprintf(hint, sizeof hint,
+                     "remove %" PRId64 " from hardware.cuda_archs, or use training.precision fp32",
+                     v);
+            mgc_check_error(k, al->loc[i], hint,
+                            "training.precision fp16 needs compute capability 8.0 or newer for "
+                            "mgc's kernels (m16n8k16 tensor-core and packed-conversion "
+                            "instructions), but this entry is sm_%" PRId64,
+                            v);
         }
     }
 }

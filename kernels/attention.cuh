@@ -20,15 +20,15 @@
  *
  * Every kernel is a block of 128 threads.  The SIMT kernels see it as 8 x 16 (ty = tid / 16,
  * tx = tid % 16): a tile row r of a thread is ty + 8 m, a tile column tx + 16 n (conflict-free
- * shared-memory reads).  The tensor-core kernels (bf16: the forward, and the backward for
+ * shared-memory reads).  The tensor-core kernels (bf16 and fp16: the forward, and the backward for
  * D <= 64, ATT_TC_BWD) give each warp 16 rows whose A fragments stay in registers; the other
  * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
- * are rounded to bf16 as operands, as in FlashAttention.
+ * are rounded to the storage type as operands, as in FlashAttention.
  * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory); the tile sizes are
  * functions of D only, written below and repeated by runtime/cuda_ops_attention.c:
- *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; bf16: 64),
- *             ATT_FBK keys per step (fp32: 64 for D <= 32, else 32; bf16: 64 for D <= 64,
+ *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; 16-bit: 64),
+ *             ATT_FBK keys per step (fp32: 64 for D <= 32, else 32; 16-bit: 64 for D <= 64,
  *             else 32)
  *   backward: tensor cores: ATT_TBR = 64 rows kept per block, ATT_TBC = 64 rows per step;
  *             SIMT: ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for
@@ -50,8 +50,8 @@
 
 #define ATT_D ((int)MGC_D)
 #define ATT_NT 128
-#if MGC_BF16
-#define ATT_FBQ 64 /* bf16 forward: tensor cores, 16 query rows per warp */
+#if MGC_HALF
+#define ATT_FBQ 64 /* 16-bit forward: tensor cores, 16 query rows per warp */
 #define ATT_FBK (ATT_D <= 64 ? 64 : 32)
 #else
 #define ATT_FBQ (ATT_D <= 64 ? 64 : 32)
@@ -60,9 +60,9 @@
 #define ATT_BR (ATT_D <= 32 ? 64 : (ATT_D <= 64 ? 32 : 16))
 #define ATT_BC (ATT_D <= 64 ? 32 : 16)
 #define ATT_DC (ATT_D / 16) /* columns of D per thread */
-/* the bf16 backward runs on tensor cores for D <= 64 (D = 128 would need more than 255
+/* the 16-bit backward runs on tensor cores for D <= 64 (D = 128 would need more than 255
  * registers a thread with this tiling and keeps the SIMT kernels) */
-#define ATT_TC_BWD (MGC_BF16 && MGC_D <= 64)
+#define ATT_TC_BWD (MGC_HALF && MGC_D <= 64)
 #define ATT_TBR 64 /* tensor-core backward: rows owned per block (16 per warp) */
 #define ATT_TBC 64 /* tensor-core backward: rows of the other side per step */
 #define ATT_LOG2E 1.4426950408889634f
@@ -148,25 +148,32 @@ __device__ __forceinline__ int att_block_max_int(int v, int valid, float *red) {
     return f == att_ninf() ? -2147483647 - 1 : (int)f;
 }
 
+#if MGC_HALF
 #if MGC_BF16
-/* c += a (16x16, row) * b (16x8, col): bf16 inputs, fp32 accumulators.  Fragments (lane =
+#define ATT_MMA_TYPES "bf16.bf16"
+#define ATT_CVT2 "cvt.rn.bf16x2.f32"
+#else
+#define ATT_MMA_TYPES "f16.f16"
+#define ATT_CVT2 "cvt.rn.f16x2.f32"
+#endif
+/* c += a (16x16, row) * b (16x8, col): bf16 (fp16) inputs, fp32 accumulators.  Fragments (lane =
  * 4 grp + tig): a0 (row grp, k 2tig..+1), a1 (row grp+8, same k), a2/a3 (k + 8); b0 (k 2tig..+1,
  * col grp), b1 (k + 8); c0,c1 (row grp, cols 2tig..+1), c2,c3 (row grp+8). */
 __device__ __forceinline__ void att_mma(float c[4], const unsigned a[4], unsigned b0,
                                         unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ATT_MMA_TYPES ".f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-/* two floats as bf16x2 (lo in the low half), round to nearest even: one cvt (sm_80+), the
- * same bits as mgc_st except a NaN's payload */
+/* two floats as bf16x2 / f16x2 (lo in the low half), round to nearest even: one cvt (sm_80+),
+ * the same bits as mgc_st except a NaN's payload */
 __device__ __forceinline__ unsigned att_pack(float lo, float hi) {
     unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    asm(ATT_CVT2 " %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-/* four 8x8 bf16 matrices from shared memory: lane l gives the address of row l % 8 of matrix
+/* four 8x8 16-bit matrices from shared memory: lane l gives the address of row l % 8 of matrix
  * l / 8; r[m] is matrix m's fragment: lane 4 grp + tig holds (row grp, cols 2tig..+1), or with
  * TRANS (rows 2tig..+1, col grp) */
 template <bool TRANS>
@@ -183,7 +190,7 @@ __device__ __forceinline__ void att_ldsm4(unsigned (&r)[4], const unsigned short
 }
 
 /* Stages rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into
- * sh[ROWS][D + 8] (bf16, row-major); rows past n are 0.  16-byte loads, D / 8 consecutive
+ * sh[ROWS][D + 8] (16-bit storage, row-major); rows past n are 0.  16-byte loads, D / 8 consecutive
  * lanes per row (coalesced; rows are 16-byte aligned: the arena is 256-aligned, D >= 16).
  * The 8-element pad keeps ldmatrix's eight row addresses in distinct banks. */
 template <int ROWS>
@@ -216,7 +223,7 @@ __device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_D / 16][4], con
     }
 }
 
-/* acc[dt] += A (16 x NK: accumulator-layout fp32 values x[NK/8][4], rounded to bf16) times
+/* acc[dt] += A (16 x NK: accumulator-layout fp32 values x[NK/8][4], rounded to the storage type) times
  * B (NK x D) = the staged tile t[NK][D] itself (ldmatrix.trans). */
 template <int NK>
 __device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_D / 8][4], const float (&x)[NK / 8][4],
@@ -256,7 +263,7 @@ __device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsign
         }
 }
 
-/* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D) as bf16. */
+/* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D), rounded. */
 __device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[ATT_D / 8][4],
                                               const int r[2], int n, int b, int H, int bi, int h,
                                               int tig) {
@@ -271,7 +278,7 @@ __device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[ATT_D
 }
 #endif
 
-#if defined(MGC_ENTRY_attention_fwd) && !MGC_BF16
+#if defined(MGC_ENTRY_attention_fwd) && !MGC_HALF
 /* attention_fwd (fp32, SIMT): out = softmax(scale q k^T, masked) (dropout) v, lse per row.
  * grid (ceil(sq / ATT_FBQ), b, A), block 128, dynamic shared memory 0.
  * lse must not be NULL (the launcher passes scratch when the plan does not keep it). */
@@ -422,8 +429,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 }
 #endif
 
-#if defined(MGC_ENTRY_attention_fwd) && MGC_BF16
-/* attention_fwd (bf16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
+#if defined(MGC_ENTRY_attention_fwd) && MGC_HALF
+/* attention_fwd (bf16/fp16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
  * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); per key tile K and V are
  * staged row-major in shared memory and read by ldmatrix (V transposed); S = Q K^T and
  * O += P V on mma.sync.
@@ -850,10 +857,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if defined(MGC_ENTRY_attention_bwd_dkv) && ATT_TC_BWD
-/* attention_bwd_dkv (bf16, tensor cores, D <= 64): the SIMT kernel's math with warp w owning
+/* attention_bwd_dkv (bf16/fp16, tensor cores, D <= 64): the SIMT kernel's math with warp w owning
  * keys k0 + 16 w .. +15 (their K and V fragments in registers).  Per query tile of ATT_TBC rows
  * (Q and dO staged row-major; ldmatrix reads them either way): S^T = K Q^T and dP^T = V dO^T on mma.sync, then
- * P^T Z and dS^T in registers, rounded to bf16 as the A operand of dV += (P Z)^T dO and
+ * P^T Z and dS^T in registers, rounded to the storage type as the A operand of dV += (P Z)^T dO and
  * dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query tiles, in order.
  * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
@@ -947,7 +954,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if defined(MGC_ENTRY_attention_bwd_dq) && ATT_TC_BWD
-/* attention_bwd_dq (bf16, tensor cores, D <= 64): warp w owns query rows q0 + 16 w .. +15
+/* attention_bwd_dq (bf16/fp16, tensor cores, D <= 64): warp w owns query rows q0 + 16 w .. +15
  * (Q and dO fragments in registers); per key tile of ATT_TBC rows (K and V staged row-major;
  * ldmatrix reads K transposed for dS K): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
  * grid (ceil(sq / ATT_TBR), b, A), block 128, dynamic shared memory 0. */

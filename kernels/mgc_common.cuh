@@ -1,16 +1,23 @@
 /* mgc_common.cuh - what every kernel template includes: the storage type of
- * activations and weights (fp32 or bf16, from the prologue's MGC_BF16), loads
- * and stores that compute in fp32, and deterministic block reductions.
+ * activations and weights (fp32, bf16 or fp16, from the prologue's MGC_BF16 and
+ * MGC_FP16), loads and stores that compute in fp32, and deterministic block
+ * reductions.
  *
- * bf16 is handled as its bit pattern (unsigned short) with round-to-nearest-
- * even conversion written out here, so the templates need no toolkit header
- * and NVRTC compiles them with no include path. */
+ * bf16 and fp16 are handled as their bit patterns (unsigned short): bf16 with
+ * round-to-nearest-even conversion written out here, fp16 through PTX's cvt
+ * (round to nearest even; overflow to infinity, which dynamic loss scaling
+ * detects), so the templates need no toolkit header and NVRTC compiles them
+ * with no include path.  MGC_HALF: 16-bit storage, either kind. */
 #ifndef MGC_COMMON_CUH
 #define MGC_COMMON_CUH
 
 #ifndef MGC_BF16
 #error "the codegen prologue defines MGC_BF16"
 #endif
+#ifndef MGC_FP16
+#define MGC_FP16 0
+#endif
+#define MGC_HALF (MGC_BF16 || MGC_FP16)
 
 typedef long long i64;
 
@@ -29,6 +36,24 @@ __device__ __forceinline__ mgc_t mgc_st(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);                                       /* nearest even */
     return (mgc_t)(u >> 16);
 }
+#elif MGC_FP16
+typedef unsigned short mgc_t; /* fp16 bits */
+/* fp16 bits -> fp32, exactly, in integer/fp32 arithmetic (an inline-asm cvt made ptxas spill
+ * in the dropout kernels): normals and subnormals by rebiasing (x 2^112), then inf/NaN, sign */
+__device__ __forceinline__ float mgc_f16_to_f32(unsigned h) {
+    unsigned a = h & 0x7fffu;
+    float f = __uint_as_float(a << 13) * __uint_as_float(0x77800000u);
+    if (a >= 0x7c00u) f = __uint_as_float(0x7f800000u | (a << 13));
+    return __uint_as_float(__float_as_uint(f) | ((h & 0x8000u) << 16));
+}
+__device__ __forceinline__ float mgc_ld(mgc_t v) {
+    return mgc_f16_to_f32(v);
+}
+__device__ __forceinline__ mgc_t mgc_st(float f) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(0.0f), "f"(f));
+    return (mgc_t)r;
+}
 #else
 typedef float mgc_t;
 __device__ __forceinline__ float mgc_ld(mgc_t v) {
@@ -39,18 +64,38 @@ __device__ __forceinline__ mgc_t mgc_st(float f) {
 }
 #endif
 
-/* ---- 8-element vectors (16-byte accesses of bf16; two of fp32) -------------------------
+#if MGC_HALF
+/* the two values of a 32-bit word of 16-bit storage (lo: the lower half) */
+__device__ __forceinline__ void mgc_unpack2(unsigned w, float &lo, float &hi) {
+#if MGC_BF16
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+#else
+    lo = mgc_f16_to_f32(w & 0xffffu);
+    hi = mgc_f16_to_f32(w >> 16);
+#endif
+}
+/* two values as a 32-bit word of 16-bit storage (lo: the lower half), rounded as mgc_st */
+__device__ __forceinline__ unsigned mgc_pack2(float lo, float hi) {
+#if MGC_BF16
+    return (unsigned)mgc_st(lo) | ((unsigned)mgc_st(hi) << 16);
+#else
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#endif
+}
+#endif
+
+/* ---- 8-element vectors (16-byte accesses of bf16/fp16; two of fp32) --------------------
  * p must be 16-byte aligned (the arena aligns every tensor to 256 bytes; a row of H elements
  * stays aligned when H % 8 == 0).  Values are fp32, as mgc_ld / mgc_st. */
 __device__ __forceinline__ void mgc_ld8(const mgc_t *__restrict__ p, float (&f)[8]) {
-#if MGC_BF16
+#if MGC_HALF
     uint4 u = *(const uint4 *)p;
     unsigned w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
+    for (int j = 0; j < 4; j++) mgc_unpack2(w[j], f[2 * j], f[2 * j + 1]);
 #else
     float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
@@ -58,11 +103,11 @@ __device__ __forceinline__ void mgc_ld8(const mgc_t *__restrict__ p, float (&f)[
 #endif
 }
 __device__ __forceinline__ void mgc_st8(mgc_t *__restrict__ p, const float (&f)[8]) {
-#if MGC_BF16
+#if MGC_HALF
     unsigned w[4];
 #pragma unroll
     for (int j = 0; j < 4; j++)
-        w[j] = (unsigned)mgc_st(f[2 * j]) | ((unsigned)mgc_st(f[2 * j + 1]) << 16);
+        w[j] = mgc_pack2(f[2 * j], f[2 * j + 1]);
     *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
 #else
     ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
@@ -81,8 +126,8 @@ __device__ __forceinline__ void mgc_st8_part(mgc_t *__restrict__ p, int nv, cons
     for (int j = 0; j < 8; j++)
         if (j < nv) p[j] = mgc_st(f[j]);
 }
-/* Raw 8 storage values (bits of bf16 or fp32), to copy without conversion. */
-#if MGC_BF16
+/* Raw 8 storage values (bits of bf16, fp16 or fp32), to copy without conversion. */
+#if MGC_HALF
 typedef uint4 mgc_raw8;
 #else
 struct mgc_raw8 {
@@ -90,7 +135,7 @@ struct mgc_raw8 {
 };
 #endif
 __device__ __forceinline__ mgc_raw8 mgc_ldraw8(const mgc_t *p) {
-#if MGC_BF16
+#if MGC_HALF
     return *(const uint4 *)p;
 #else
     mgc_raw8 r;
@@ -100,7 +145,7 @@ __device__ __forceinline__ mgc_raw8 mgc_ldraw8(const mgc_t *p) {
 #endif
 }
 __device__ __forceinline__ void mgc_straw8(mgc_t *p, mgc_raw8 r) {
-#if MGC_BF16
+#if MGC_HALF
     *(uint4 *)p = r;
 #else
     ((float4 *)p)[0] = r.a;
@@ -109,13 +154,10 @@ __device__ __forceinline__ void mgc_straw8(mgc_t *p, mgc_raw8 r) {
 }
 /* The fp32 values of raw storage values. */
 __device__ __forceinline__ void mgc_unraw8(const mgc_raw8 &r, float (&f)[8]) {
-#if MGC_BF16
+#if MGC_HALF
     unsigned w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
+    for (int j = 0; j < 4; j++) mgc_unpack2(w[j], f[2 * j], f[2 * j + 1]);
 #else
     f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w;
     f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
@@ -123,7 +165,7 @@ __device__ __forceinline__ void mgc_unraw8(const mgc_raw8 &r, float (&f)[8]) {
 }
 __device__ __forceinline__ mgc_raw8 mgc_raw8_zero() {
     mgc_raw8 r;
-#if MGC_BF16
+#if MGC_HALF
     r = make_uint4(0u, 0u, 0u, 0u);
 #else
     r.a = r.b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

@@ -1,15 +1,17 @@
 /* optim.cuh - the optimizer's element-wise kernels on fp32 arena arrays (runtime/cpu_ops.c):
- * sum of squares (gradient norm), AdamW, scale, fp32 -> bf16 cast.  The arrays are fp32
- * whatever the compute dtype, so the specs are compiled with MGC_BF16 0 and no constants
- * (one cubin per entry for every plan); the bf16 copy-out is written as bf16 bits here.
+ * sum of squares (gradient norm), AdamW, scale, fp32 -> bf16 / fp16 cast.  The arrays are fp32
+ * whatever the compute dtype, so the specs are fp32 specs (one cubin per entry for fp32 and
+ * bf16 plans); the 16-bit copy-out is written as bf16 bits here, or as fp16 bits when the
+ * constant COPY is 2 (fp16 plans; codegen/kspec_pointwise.c).
  *
  * Entries:
  *   sumsq_partial  part[blk] = sum over its grid-stride slice of g^2 (fp64)
  *   sumsq_final    out[0] = sum of part[0 .. nb) (fp64, fixed order)
  *   adamw          mgc_cpu_adamw's fp64 math, bit for bit (no contraction: explicit _rn
- *                  intrinsics), with an optional bf16 copy of the updated weights
+ *                  intrinsics), with an optional 16-bit copy of the updated weights
  *   scale          x = (float)(x * s) (fp64 product)
- *   cast_bf16      dst = bf16(src), round to nearest even */
+ *   cast_bf16      dst = bf16(src), round to nearest even
+ *   cast_f16       dst = fp16(src), round to nearest even (overflow: infinity) */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -27,6 +29,15 @@ __device__ __forceinline__ unsigned short mgc_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (unsigned short)(u >> 16);
 }
+/* fp32 -> fp16 bits, round to nearest even. */
+__device__ __forceinline__ unsigned short mgc_f32_to_f16(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    return h;
+}
+#ifndef MGC_COPY
+#define MGC_COPY 1 /* AdamW's 16-bit copy-out: 1 bf16, 2 fp16 */
+#endif
 
 #if defined(MGC_ENTRY_sumsq_partial)
 /* grid NB = 1024 fixed (never the SM count: the result's bits do not depend on the GPU),
@@ -60,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 #if defined(MGC_ENTRY_adamw)
 /* grid-stride over n: grid min(ceil(n / 256), 16 SMs), block 256, smem 0.
  * c1 = 1 - beta1^step, c2 = 1 - beta2^step and wd (0 without decay) come from the host;
- * copy (bf16 bits) may be NULL. */
+ * copy (bf16 bits, or fp16 bits when COPY = 2) may be NULL. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
                    float *__restrict__ v, unsigned short *__restrict__ copy, i64 n, double lr,
@@ -79,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(256)
         m[i] = (float)mi;
         v[i] = (float)vi;
         p[i] = pf;
-        if (copy) copy[i] = mgc_f32_to_bf16(pf);
+        if (copy) copy[i] = MGC_COPY == 2 ? mgc_f32_to_f16(pf) : mgc_f32_to_bf16(pf);
     }
 }
 #endif
@@ -100,6 +111,16 @@ extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(unsigned short *__restrict__ dst, const float *__restrict__ src, i64 n) {
     MGC_GRID_STRIDE(i, n) {
         dst[i] = mgc_f32_to_bf16(src[i]);
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_cast_f16)
+/* grid-stride over n (as adamw).  dst (fp16 bits) = src rounded to nearest even. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(unsigned short *__restrict__ dst, const float *__restrict__ src, i64 n) {
+    MGC_GRID_STRIDE(i, n) {
+        dst[i] = mgc_f32_to_f16(src[i]);
     }
 }
 #endif

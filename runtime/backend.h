@@ -86,11 +86,12 @@ typedef struct mgc_backend_iface {
     int (*sumsq)(mgc_backend *be, const float *g, int64_t n, double *out); /* out = sum g^2 */
     int (*scale)(mgc_backend *be, float *x, int64_t n, double s);           /* x *= s */
     /* AdamW step `step` (1-based) on n elements: g is scaled by grad_scale first;
-     * decoupled weight decay when decay != 0.  copy_bf16: when not NULL, the updated
-     * fp32 weights are also written there rounded to bf16 (mixed precision). */
+     * decoupled weight decay when decay != 0.  copy16: when not NULL, the updated fp32
+     * weights are also written there rounded to copy_dtype, MGC_DT_BF16 or MGC_DT_F16
+     * (mixed precision). */
     int (*adamw)(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                  double lr, double beta1, double beta2, double eps, double weight_decay,
-                 int decay, int64_t step, double grad_scale, uint16_t *copy_bf16);
+                 int decay, int64_t step, double grad_scale, uint16_t *copy16, int copy_dtype);
     /* dst[i] = bf16(src[i]) (round to nearest even). */
     int (*cast_bf16)(mgc_backend *be, uint16_t *dst, const float *src, int64_t n);
     /* Wait for the backend's queued work (the step's end; timing). */

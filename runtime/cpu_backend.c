@@ -688,8 +688,9 @@ static int cpu_scale(mgc_backend *be, float *x, int64_t n, double s) {
 
 static int cpu_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                      double lr, double beta1, double beta2, double eps, double weight_decay,
-                     int decay, int64_t step, double grad_scale, uint16_t *copy_bf16) {
-    if (copy_bf16) return fail(be, "cpu backend: bf16 weights are not supported (fp32 only)");
+                     int decay, int64_t step, double grad_scale, uint16_t *copy16, int copy_dtype) {
+    (void)copy_dtype;
+    if (copy16) return fail(be, "cpu backend: 16-bit weights are not supported (fp32 only)");
     mgc_adamw_cfg cfg = {beta1, beta2, eps, weight_decay};
     mgc_cpu_adamw(p, g, m, v, n, &cfg, step, lr, grad_scale, decay);
     return 0;

@@ -314,10 +314,10 @@ static const mgc_plan_tensor *T_out(const mgc_op_call *c, int i) {
 }
 
 /* A deterministic bias gradient: db (N, fp32) += column sums of dy (M, N). */
-static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_bf16, int64_t M, int64_t N) {
+static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, int64_t M, int64_t N) {
     mgc_kspec k[2];
-    mgc_kspec_init(&k[0], "gemm_aux.cuh", "bias_grad_partial", dy_bf16);
-    mgc_kspec_init(&k[1], "gemm_aux.cuh", "bias_grad_finish", dy_bf16);
+    mgc_kspec_init(&k[0], "gemm_aux.cuh", "bias_grad_partial", dy_dtype);
+    mgc_kspec_init(&k[1], "gemm_aux.cuh", "bias_grad_finish", dy_dtype);
     int64_t chunks = (M + 255) / 256;
     float *part = mgc_cuda_scratch(be, (size_t)(chunks * N) * sizeof(float));
     if (!part) return -1;
@@ -344,7 +344,7 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
             return -1;
         if (!bias && op->n_in > 2 && !((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0)) {
             mgc_kspec k;
-            mgc_kspec_init(&k, "gemm_aux.cuh", "bias_add", T_out(c, 0)->dtype == MGC_DT_BF16);
+            mgc_kspec_init(&k, "gemm_aux.cuh", "bias_add", T_out(c, 0)->dtype);
             void *y = c->out[0], *b = c->in[2];
             void *a[] = {&y, &b, &M, &N};
             return mgc_cuda_launch(be, &k, (unsigned)((M * N + 255) / 256), 1, 1, 256, 0, a);
@@ -359,7 +359,7 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
                  dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, NULL, 0))
             return -1;
         if (op->n_out > 1)
-            return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype == MGC_DT_BF16, M, N);
+            return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
         return 0;
     }
 }
@@ -514,8 +514,8 @@ static int cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
 }
 static int cuda_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                       double lr, double b1, double b2, double eps, double wd, int decay, int64_t step,
-                      double gs, uint16_t *copy) {
-    return mgc_cuda_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, decay, step, gs, copy);
+                      double gs, uint16_t *copy, int copy_dtype) {
+    return mgc_cuda_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, decay, step, gs, copy, copy_dtype);
 }
 static int cuda_cast(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
     return mgc_cuda_cast_bf16(be, dst, src, n);

@@ -18,11 +18,11 @@
 #include "cuda_int.h"
 #include "rng.h"
 
-static int fwd_bq(int64_t d, int bf16) {
-    return bf16 || d <= 64 ? 64 : 32; /* ATT_FBQ */
+static int fwd_bq(int64_t d, int half) {
+    return half || d <= 64 ? 64 : 32; /* ATT_FBQ */
 }
-static int bwd_br(int64_t d, int bf16) {
-    if (bf16 && d <= 64) return 64;            /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
+static int bwd_br(int64_t d, int half) {
+    if (half && d <= 64) return 64;            /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
     return d <= 32 ? 64 : (d <= 64 ? 32 : 16); /* ATT_BR */
 }
 
@@ -76,7 +76,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                         &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
                         &drop_scale, &seed,    &stream,    &elem0,    &qpos, &kpos,  &pos_s,
                         &pos_cp,   &pos_rank,  &k_gathered};
-        int bq = fwd_bq(d, ks[0].bf16);
+        int bq = fwd_bq(d, ks[0].dtype != MGC_DT_F32);
         return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
                                (unsigned)A, 128, 0, args);
     }
@@ -91,7 +91,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     long long nrows = (long long)rows;
     void *a0[] = {&dsum, &dout, &o, &nrows};
     if (mgc_cuda_launch(be, &ks[0], (unsigned)((rows + 7) / 8), 1, 1, 256, 0, a0)) return -1;
-    int br = bwd_br(d, ks[1].bf16);
+    int br = bwd_br(d, ks[1].dtype != MGC_DT_F32);
     void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
                   &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &qpos,

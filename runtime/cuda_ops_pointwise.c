@@ -5,7 +5,7 @@
  * Every op is mapped exactly as runtime/cpu_backend.c maps it for the CPU twins (same
  * tensors, attributes and rank coordinates); kernels/README.md and the comment above each
  * kernel entry give the launch geometry used here.  Storage: activations and weights are
- * the op's compute dtype (fp32 or bf16: the spec's flag), parameter gradients, logits,
+ * the op's compute dtype (fp32, bf16 or fp16: the spec's dtype), parameter gradients, logits,
  * lse and the loss fp32, tokens and labels int64, the loss mask fp32, dropout masks u8;
  * every tensor's dtype is checked against that before a launch. */
 #include <math.h>
@@ -73,10 +73,10 @@ static int want(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t,
                          mgc_dtype_name((mgc_dtype)t->dtype), mgc_dtype_name((mgc_dtype)dt));
 }
 
-/* The compute dtype of an op: its main activation's, fp32 or bf16 only. */
+/* The compute dtype of an op: its main activation's, fp32, bf16 or fp16 only. */
 static int act_dtype(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t, int *dt) {
-    if (t->dtype != MGC_DT_F32 && t->dtype != MGC_DT_BF16)
-        return mgc_cuda_fail(be, "%s '%s': activations in %s (fp32 and bf16 only)",
+    if (mgc_kspec_storage(t->dtype) < 0)
+        return mgc_cuda_fail(be, "%s '%s': activations in %s (fp32, bf16 and fp16 only)",
                              mgc_plan_op_name((mgc_plan_op_kind)c->op->kind), opname(c),
                              mgc_dtype_name((mgc_dtype)t->dtype));
     *dt = t->dtype;
@@ -501,8 +501,9 @@ int mgc_cuda_ops_pointwise(mgc_backend *be, const mgc_op_call *c) {
 
 enum { OPT_SUMSQ_PARTIAL, OPT_SUMSQ_FINAL, OPT_ADAMW, OPT_SCALE, OPT_CAST, OPT__N };
 
-static int opt_specs(mgc_backend *be, mgc_kspec *k) {
-    if (mgc_kspecs_optimizer(0, k, OPT__N) != OPT__N)
+/* the optimizer's specs for weights of dtype `w` (the 16-bit copy-out's type) */
+static int opt_specs(mgc_backend *be, mgc_kspec *k, int w) {
+    if (mgc_kspecs_optimizer(w, k, OPT__N) != OPT__N)
         return mgc_cuda_fail(be, "optimizer: unexpected kernel specs");
     return 0;
 }
@@ -511,7 +512,7 @@ static int opt_specs(mgc_backend *be, mgc_kspec *k) {
  * the device in a fixed order (SUMSQ_NB block partials, then one block) and downloaded. */
 int mgc_cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
     mgc_kspec k[OPT__N];
-    CHECK(opt_specs(be, k));
+    CHECK(opt_specs(be, k, MGC_DT_F32));
     if (n <= 0) {
         *out = 0.0;
         return 0;
@@ -529,9 +530,9 @@ int mgc_cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
 
 int mgc_cuda_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                    double lr, double beta1, double beta2, double eps, double weight_decay,
-                   int decay, int64_t step, double grad_scale, uint16_t *copy) {
+                   int decay, int64_t step, double grad_scale, uint16_t *copy, int copy_dtype) {
     mgc_kspec k[OPT__N];
-    CHECK(opt_specs(be, k));
+    CHECK(opt_specs(be, k, copy ? copy_dtype : MGC_DT_F32));
     if (n <= 0) return 0;
     double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
     double wd = decay ? weight_decay : 0.0;
@@ -542,7 +543,7 @@ int mgc_cuda_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v
 
 int mgc_cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
     mgc_kspec k[OPT__N];
-    CHECK(opt_specs(be, k));
+    CHECK(opt_specs(be, k, MGC_DT_F32));
     if (n <= 0) return 0;
     void *args[] = {&x, &n, &s};
     return mgc_cuda_launch(be, &k[OPT_SCALE], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
@@ -550,7 +551,7 @@ int mgc_cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
 
 int mgc_cuda_cast_bf16(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
     mgc_kspec k[OPT__N];
-    CHECK(opt_specs(be, k));
+    CHECK(opt_specs(be, k, MGC_DT_F32));
     if (n <= 0) return 0;
     void *args[] = {&dst, &src, &n};
     return mgc_cuda_launch(be, &k[OPT_CAST], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cpu_ops.h" /* the LR schedule (pure arithmetic, no kernel) */
+#include "half.h"
 #include "profile.h"
 #include "rng.h"
 
@@ -64,7 +65,8 @@ struct mgc_exec {
     int32_t *input_buf;        /* (mb) INPUT buffer index */
     int64_t slot_tokens, slot_labels, slot_mask; /* byte offsets in an input buffer, -1 none */
     int32_t grad_buf, weight_buf, master_buf, m_buf, v_buf;
-    int wbf16;                 /* weights are bf16 (fp32 master copy in master_buf) */
+    int w16;                   /* weights are 16-bit (fp32 master copy in master_buf) */
+    int wdt;                   /* the weights' dtype: MGC_DT_F32, MGC_DT_BF16 or MGC_DT_F16 */
     pentry *params;
     int64_t n_params;
     seg *adam, *norm, *partial, *embed;
@@ -407,17 +409,19 @@ static int setup_params(mgc_exec *x) {
             const mgc_plan_tensor *T = &ch->tensors[t];
             if (T->role != MGC_TR_PARAM) continue;
             if (T->buffer < 0) continue; /* not used on this stage */
-            if (T->buffer != x->weight_buf || (T->dtype != MGC_DT_F32 && T->dtype != MGC_DT_BF16)) {
+            if (T->buffer != x->weight_buf ||
+                (T->dtype != MGC_DT_F32 && T->dtype != MGC_DT_BF16 && T->dtype != MGC_DT_F16)) {
                 free(marks);
-                return xfail(x, "stage %" PRId64 ": parameter '%s' is not an fp32 or bf16 weight in "
-                                "the weights buffer",
+                return xfail(x, "stage %" PRId64 ": parameter '%s' is not an fp32, bf16 or fp16 "
+                                "weight in the weights buffer",
                              sp->pp_rank, sname(x, T->name));
             }
-            x->wbf16 = T->dtype == MGC_DT_BF16;
-            if (x->wbf16 && x->master_buf < 0) {
+            x->wdt = T->dtype;
+            x->w16 = T->dtype != MGC_DT_F32;
+            if (x->w16 && x->master_buf < 0) {
                 free(marks);
-                return xfail(x, "stage %" PRId64 ": bf16 weights without a master_weights buffer",
-                             sp->pp_rank);
+                return xfail(x, "stage %" PRId64 ": %s weights without a master_weights buffer",
+                             sp->pp_rank, mgc_dtype_name((mgc_dtype)T->dtype));
             }
             int32_t g = -1;
             if (t + 1 < ch->n_tensors && ch->tensors[t + 1].role == MGC_TR_GRAD) g = (int32_t)t + 1;
@@ -508,11 +512,6 @@ int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, si
                  "the plan computes in %s but the CPU backend computes in fp32: compile with "
                  "--set training.precision=fp32 (or run on a GPU)",
                  prec == 1 ? "bf16" : "fp16");
-        return -1;
-    }
-    if (prec == 2) {
-        snprintf(err, errsz, "training.precision fp16 is not supported by this runtime yet (its dynamic "
-                             "loss scaling is built, but no backend has fp16 kernels): use bf16 or fp32");
         return -1;
     }
     /* kv-replicated QKV (tensor > query groups) needs a gradient sum this runtime lacks */
@@ -740,10 +739,10 @@ int mgc_exec_init_params(mgc_exec *x) {
         const mgc_plan_tensor *T = &x->sp->chunks[e->pub.chunk].tensors[e->tensor];
         init_fill(x, e, T, host);
         int bad = 0;
-        if (!x->wbf16) {
+        if (!x->w16) {
             bad = x->be->iface->upload(x->be, e->pub.weight, host, (size_t)e->pub.numel * 4);
         } else {
-            /* the fp32 master copy of the owned ranges, then bf16 weights everywhere */
+            /* the fp32 master copy of the owned ranges, then 16-bit weights everywhere */
             float *master = (float *)buf_addr(x, x->master_buf);
             for (int64_t si = 0; si < x->n_adam && !bad; si++) {
                 const seg *g = &x->adam[si];
@@ -754,13 +753,8 @@ int mgc_exec_init_params(mgc_exec *x) {
                                                host + (lo - e->elem), (size_t)(hi - lo) * 4);
             }
             uint16_t *h16 = (uint16_t *)host; /* in place: element i only reads i */
-            for (int64_t li = 0; li < e->pub.numel; li++) {
-                uint32_t u;
-                memcpy(&u, &host[li], 4);
-                if ((u & 0x7fffffffu) > 0x7f800000u) u = (u >> 16) | 0x40u;
-                else u = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-                h16[li] = (uint16_t)u;
-            }
+            for (int64_t li = 0; li < e->pub.numel; li++)
+                h16[li] = x->wdt == MGC_DT_F16 ? mgc_f32_to_f16(host[li]) : mgc_f32_to_bf16(host[li]);
             if (!bad) bad = x->be->iface->upload(x->be, e->pub.weight, h16, (size_t)e->pub.numel * 2);
         }
         if (bad) {
@@ -1052,7 +1046,7 @@ static float *gptr(const mgc_exec *x, int64_t elem) {
 }
 /* The weights of element `elem` (fp32, or bf16 bits with a master copy). */
 static void *wptr(const mgc_exec *x, int64_t elem) {
-    return buf_addr(x, x->weight_buf) + (size_t)elem * (x->wbf16 ? 2 : 4);
+    return buf_addr(x, x->weight_buf) + (size_t)elem * (x->w16 ? 2 : 4);
 }
 
 static int reduce_grads(mgc_exec *x, uint32_t bi) {
@@ -1084,10 +1078,10 @@ static int gather_params(mgc_exec *x, uint32_t bi) {
     mgc_comm *g = x->group[B->group];
     if (mgc_comm_size(g) == 1) return 0;
     size_t piece = (size_t)B->count / (size_t)B->shards;
-    size_t es = x->wbf16 ? 2 : 4;
+    size_t es = x->w16 ? 2 : 4;
     unsigned char *base = wptr(x, (int64_t)B->begin);
     mgc_comm_status s = mgc_comm_all_gather(g, base + (size_t)mgc_comm_rank(g) * piece * es, base,
-                                            piece, x->wbf16 ? MGC_DT_BF16 : MGC_DT_F32);
+                                            piece, (mgc_dtype)x->wdt);
     if (s != MGC_COMM_OK) return comm_fail(x, g, s, "parameter all-gather");
     return 0;
 }
@@ -1169,11 +1163,11 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     float *m = (float *)buf_addr(x, x->m_buf), *v = (float *)buf_addr(x, x->v_buf);
     for (int64_t i = 0; i < x->n_adam; i++) {
         const seg *g = &x->adam[i];
-        float *p = x->wbf16 ? (float *)buf_addr(x, x->master_buf) + g->moment : wptr(x, g->elem);
-        uint16_t *copy = x->wbf16 ? (uint16_t *)wptr(x, g->elem) : NULL;
+        float *p = x->w16 ? (float *)buf_addr(x, x->master_buf) + g->moment : wptr(x, g->elem);
+        uint16_t *copy = x->w16 ? (uint16_t *)wptr(x, g->elem) : NULL;
         if (be->iface->adamw(be, p, gptr(x, g->elem), m + g->moment, v + g->moment, g->n, lr,
                              x->beta1, x->beta2, x->eps, x->wd, g->decay, x->iteration + 1, scale,
-                             copy))
+                             copy, x->wdt))
             return be_fail(x, "AdamW");
     }
     return 0;

@@ -4,12 +4,14 @@
  *  1. Every kernel, op by op: the tiny GPT, LLaMA and MoE models run one
  *     training step on the CPU backend (fp32); before and after every compute
  *     op a hook replays the op on the GPU with the CPU's input values (in fp32,
- *     and in bf16 through the bf16 plan of the same model), outputs poisoned
- *     first, and compares each output: ||gpu - cpu|| / ||cpu|| <= 1e-5 (fp32,
- *     3e-5 for GEMM-like sums) or 1e-2 (bf16); integer outputs exactly (fp32).
+ *     and in bf16 and fp16 through the 16-bit plans of the same model), outputs
+ *     poisoned first, and compares each output: ||gpu - cpu|| / ||cpu|| <= 1e-5
+ *     (fp32, 3e-5 for GEMM-like sums) or 1e-2 (bf16, fp16); integer outputs
+ *     exactly (fp32).
  *  2. Training: 20 steps of each model on the GPU in fp32 track the CPU's
- *     losses within 1e-4 relative, in bf16 within 3e-2; a second GPU run gives
- *     bit-identical losses.
+ *     losses within 1e-4 relative, in bf16 and fp16 (dynamic loss scaling from
+ *     2^10, no step skipped) within 3e-2; a second GPU run gives bit-identical
+ *     losses.
  * The kernels come from the plan (compiled here for sm_80 and sm_90 by NVRTC);
  * a GPU of another architecture JIT-compiles them. */
 #include <math.h>
@@ -22,6 +24,7 @@
 #include "config.h"
 #include "diag.h"
 #include "exec.h"
+#include "half.h"
 #include "ir.h"
 #include "kernels.h"
 #include "plan.h"
@@ -43,6 +46,9 @@ static mgc_plan *compile(const char *path, const char *precision, const char *co
         mgc_config_set(c, sets[i], "--set", &d);
     for (int i = 0; extra && extra[i]; i++)
         mgc_config_set(c, extra[i], "--set", &d);
+    /* fp16: a loss scale the tiny models' gradients do not overflow, so that no step is
+     * skipped and the losses can track the CPU's step for step */
+    if (!strcmp(precision, "fp16")) mgc_config_set(c, "training.initial_loss_scale=1024", "--set", &d);
     if (d.errors == 0) mgc_config_finalize(c, &d);
     mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
     mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
@@ -70,14 +76,17 @@ static mgc_plan *compile(const char *path, const char *precision, const char *co
 
 /* ---- 1. op by op ------------------------------------------------------------------ */
 
+/* the 16-bit twins: [0] bf16, [1] fp16 */
+static const char *const half_name[2] = {"bf16", "fp16"};
+
 typedef struct replay {
-    const mgc_plan *plan_bf16; /* the same model in bf16 (NULL: fp32 only) */
+    const mgc_plan *plan16[2]; /* the same model in bf16 and fp16 (NULL: not replayed) */
     mgc_backend *gpu;
-    void *arena32, *arena16;   /* bound workspaces of the two plans */
+    void *arena32, *arena16[2]; /* bound workspaces of the plans */
     int stage;
     void *snap[MGC_PLAN_MAX_IO]; /* host copies of accumulating outputs before the op */
     int ops, worst_op, unmatched;
-    double worst32, worst16;
+    double worst32, worst16[2];
     char worst_name[256];
 } replay;
 
@@ -100,28 +109,15 @@ static void before_op(void *ctx, const mgc_op_call *c) {
     }
 }
 
-static float bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* Host fp32 values of a tensor whose CPU twin is fp32 -> the device layout of `dt`. */
 static void *to_device_layout(const void *cpu, const mgc_plan_tensor *tc, const mgc_plan_tensor *tg) {
     void *h = malloc(tg->bytes ? tg->bytes : 1);
     if (!h) return NULL;
-    if (tg->dtype == MGC_DT_BF16 && tc->dtype == MGC_DT_F32) {
+    if ((tg->dtype == MGC_DT_BF16 || tg->dtype == MGC_DT_F16) && tc->dtype == MGC_DT_F32) {
         const float *s = cpu;
         uint16_t *d = h;
         for (uint64_t i = 0; i < tg->bytes / 2; i++)
-            d[i] = f32_to_bf16(s[i]);
+            d[i] = tg->dtype == MGC_DT_F16 ? mgc_f32_to_f16(s[i]) : mgc_f32_to_bf16(s[i]);
     } else {
         memcpy(h, cpu, tg->bytes < tc->bytes ? tg->bytes : tc->bytes);
     }
@@ -135,8 +131,10 @@ static double compare(const void *gpu_host, const mgc_plan_tensor *tg, const voi
         const float *b = cpu;
         double num = 0, den = 0;
         for (uint64_t i = 0; i < n; i++) {
-            double a = tg->dtype == MGC_DT_BF16 ? bf16_to_f32(((const uint16_t *)gpu_host)[i])
-                                                : ((const float *)gpu_host)[i];
+            const uint16_t *h16 = gpu_host;
+            double a = tg->dtype == MGC_DT_BF16  ? mgc_bf16_to_f32(h16[i])
+                       : tg->dtype == MGC_DT_F16 ? mgc_f16_to_f32(h16[i])
+                                                 : ((const float *)gpu_host)[i];
             if (!isfinite(a) && isfinite(b[i])) return INFINITY;
             num += (a - b[i]) * (a - b[i]);
             den += (double)b[i] * b[i];
@@ -170,7 +168,8 @@ static const mgc_plan_op *same_op(const mgc_op_call *c, const mgc_plan *gp,
     return NULL;
 }
 
-static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void *arena, int bf16) {
+/* half: -1 the fp32 plan, else the index of the 16-bit twin (half_name) */
+static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void *arena, int half) {
     const mgc_plan_chunk *gch = &gp->stages[r->stage].chunks[c->chunk - c->plan->stages[r->stage].chunks];
     const mgc_plan_op *gop = same_op(c, gp, gch);
     if (!gop || gop->n_in != c->op->n_in || gop->n_out != c->op->n_out) {
@@ -214,7 +213,7 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
         free(h);
     }
     char what[200];
-    snprintf(what, sizeof what, "%s %s '%s'", bf16 ? "bf16" : "fp32",
+    snprintf(what, sizeof what, "%s %s '%s'", half >= 0 ? half_name[half] : "fp32",
              mgc_plan_op_name((mgc_plan_op_kind)gop->kind), mgc_plan_strat(gp, gop->name));
     if (ok && be->iface->run_op(be, &g)) {
         fprintf(stderr, "%s: %s\n", what, be->err);
@@ -227,7 +226,7 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
                   (kind >= MGC_POP_GROUPED_LINEAR && kind <= MGC_POP_GROUPED_LINEAR_WGRAD) ||
                   kind == MGC_POP_GROUPED_LINEAR_DGRAD || kind == MGC_POP_GROUPED_LINEAR_WGRAD ||
                   kind == MGC_POP_EMBEDDING_BWD || kind == MGC_POP_NORM_BWD;
-    double tol = bf16 ? 1e-2 : gemmish ? 3e-5 : 1e-5;
+    double tol = half >= 0 ? 1e-2 : gemmish ? 3e-5 : 1e-5;
     for (int k = 0; k < gop->n_out && ok; k++) {
         const mgc_plan_tensor *tg = &gch->tensors[gop->out[k]], *tc = &c->chunk->tensors[c->op->out[k]];
         void *h = malloc(tg->bytes ? tg->bytes : 1);
@@ -250,15 +249,15 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
                 }
         }
         free(h);
-        if (bf16 && bad_int) bad_int = 0; /* bf16 rounding may flip a router's near tie */
+        if (half >= 0 && bad_int) bad_int = 0; /* 16-bit rounding may flip a router's near tie */
         if (!(e <= tol) || bad_int) {
             fprintf(stderr, "%s output %d (%s): relative error %.3g > %.0e%s\n", what, k,
                     mgc_plan_strat(gp, tg->name), e, tol, bad_int ? " (integers differ)" : "");
         }
         T_CHECK(e <= tol);
         T_CHECK(!bad_int);
-        if (bf16 ? e > r->worst16 : e > r->worst32) {
-            if (bf16) r->worst16 = e;
+        if (half >= 0 ? e > r->worst16[half] : e > r->worst32) {
+            if (half >= 0) r->worst16[half] = e;
             else r->worst32 = e;
             snprintf(r->worst_name, sizeof r->worst_name, "%s", what);
         }
@@ -270,8 +269,9 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
 static void after_op(void *ctx, const mgc_op_call *c) {
     replay *r = ctx;
     r->ops++;
-    run_on_gpu(r, c, c->plan, r->arena32, 0);
-    if (r->plan_bf16) run_on_gpu(r, c, r->plan_bf16, r->arena16, 1);
+    run_on_gpu(r, c, c->plan, r->arena32, -1);
+    for (int h = 0; h < 2; h++)
+        if (r->plan16[h]) run_on_gpu(r, c, r->plan16[h], r->arena16[h], h);
     for (int k = 0; k < MGC_PLAN_MAX_IO; k++) {
         free(r->snap[k]);
         r->snap[k] = NULL;
@@ -279,9 +279,10 @@ static void after_op(void *ctx, const mgc_op_call *c) {
 }
 
 static void check_ops(const char *path, const char *const *extra) {
-    mgc_plan *p32 = compile(path, "fp32", extra), *p16 = compile(path, "bf16", extra);
-    T_CHECK(p32 && p16);
-    if (!p32 || !p16) goto out;
+    mgc_plan *p32 = compile(path, "fp32", extra), *p16[2] = {compile(path, "bf16", extra),
+                                                             compile(path, "fp16", extra)};
+    T_CHECK(p32 && p16[0] && p16[1]);
+    if (!p32 || !p16[0] || !p16[1]) goto out;
     char err[4096];
     mgc_backend *cpu = NULL, *gpu = NULL;
     mgc_comm *world[1];
@@ -289,13 +290,15 @@ static void check_ops(const char *path, const char *const *extra) {
     mgc_train_data *data = NULL;
     replay r;
     memset(&r, 0, sizeof r);
-    r.plan_bf16 = getenv("MGC_TEST_NO_BF16_OPS") ? NULL : p16;
+    r.plan16[0] = getenv("MGC_TEST_NO_BF16_OPS") ? NULL : p16[0];
+    r.plan16[1] = getenv("MGC_TEST_NO_FP16_OPS") ? NULL : p16[1];
     T_EQ_I64(mgc_backend_cpu_open(&cpu, err, sizeof err), 0);
     T_EQ_I64(mgc_backend_cuda_open(&gpu, 0, err, sizeof err), 0);
     T_EQ_I64(mgc_comm_local_world_create(1, NULL, world, err, sizeof err), MGC_COMM_OK);
     r.gpu = gpu;
     if (gpu->iface->arena_alloc(gpu, p32->stages[0].arena_bytes, &r.arena32) ||
-        gpu->iface->arena_alloc(gpu, p16->stages[0].arena_bytes, &r.arena16)) {
+        gpu->iface->arena_alloc(gpu, p16[0]->stages[0].arena_bytes, &r.arena16[0]) ||
+        gpu->iface->arena_alloc(gpu, p16[1]->stages[0].arena_bytes, &r.arena16[1])) {
         T_CHECK(0);
         goto done;
     }
@@ -308,26 +311,28 @@ static void check_ops(const char *path, const char *const *extra) {
     mgc_exec_set_op_hooks(x, before_op, after_op, &r);
     mgc_step_stats st;
     T_EQ_I64(mgc_exec_step(x, 0, mgc_train_data_sample, data, &st), 0);
-    printf("%s: %d ops replayed on the GPU (%d without a bf16 twin); worst relative error fp32 "
-           "%.2e, bf16 %.2e (%s)\n",
-           path, r.ops, r.unmatched, r.worst32, r.worst16, r.worst_name);
+    printf("%s: %d ops replayed on the GPU (%d twins not found); worst relative error fp32 "
+           "%.2e, bf16 %.2e, fp16 %.2e (%s)\n",
+           path, r.ops, r.unmatched, r.worst32, r.worst16[0], r.worst16[1], r.worst_name);
     T_CHECK(r.ops > 50);
 done:
     mgc_exec_free(x);
     mgc_train_data_free(data);
     if (r.arena32) gpu->iface->arena_free(gpu, r.arena32);
-    if (r.arena16) gpu->iface->arena_free(gpu, r.arena16);
+    for (int h = 0; h < 2; h++)
+        if (r.arena16[h]) gpu->iface->arena_free(gpu, r.arena16[h]);
     mgc_backend_close(gpu);
     mgc_backend_close(cpu);
     mgc_comm_free(world[0]);
 out:
     mgc_plan_free(p32);
-    mgc_plan_free(p16);
+    mgc_plan_free(p16[0]);
+    mgc_plan_free(p16[1]);
 }
 
 /* ---- 2. training ------------------------------------------------------------------- */
 
-static int train(const mgc_plan *p, const char *backend, double *loss) {
+static int train(const mgc_plan *p, const char *backend, double *loss, double *norms) {
     char err[4096];
     mgc_train_data *data = NULL;
     if (mgc_train_data_open(&data, p, STEPS, err, sizeof err)) {
@@ -337,9 +342,10 @@ static int train(const mgc_plan *p, const char *backend, double *loss) {
     mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
     o.iterations = STEPS;
     o.losses = loss;
+    o.grad_norms = norms;
     o.backend = backend;
     for (int i = 0; i < STEPS; i++)
-        loss[i] = NAN;
+        loss[i] = norms[i] = NAN;
     int rc = mgc_train_local(p, data, 1, &o, err, sizeof err);
     if (rc) fprintf(stderr, "train (%s): %s\n", backend, err);
     mgc_train_data_free(data);
@@ -347,33 +353,36 @@ static int train(const mgc_plan *p, const char *backend, double *loss) {
 }
 
 static void check_training(const char *path, const char *const *extra) {
-    mgc_plan *p32 = compile(path, "fp32", extra), *p16 = compile(path, "bf16", extra);
-    T_CHECK(p32 && p16);
-    if (!p32 || !p16) goto out;
-    double cpu[STEPS], g32[STEPS], g32b[STEPS], g16[STEPS], g16b[STEPS];
-    T_EQ_I64(train(p32, "cpu", cpu), 0);
-    T_EQ_I64(train(p32, "cuda", g32), 0);
-    T_EQ_I64(train(p32, "cuda", g32b), 0);
-    T_EQ_I64(train(p16, "cuda", g16), 0);
-    T_EQ_I64(train(p16, "cuda", g16b), 0);
-    double w32 = 0, w16 = 0;
-    for (int i = 0; i < STEPS; i++) {
-        double a = fabs(g32[i] - cpu[i]) / fabs(cpu[i]), b = fabs(g16[i] - cpu[i]) / fabs(cpu[i]);
-        T_NEAR_REL(g32[i], cpu[i], 1e-4);
-        T_NEAR_REL(g16[i], cpu[i], 3e-2);
-        if (a > w32 || !(a == a)) w32 = a;
-        if (b > w16 || !(b == b)) w16 = b;
+    static const char *const prec[3] = {"fp32", "bf16", "fp16"};
+    static const double tol[3] = {1e-4, 3e-2, 3e-2};
+    mgc_plan *p[3];
+    for (int k = 0; k < 3; k++)
+        p[k] = compile(path, prec[k], extra);
+    T_CHECK(p[0] && p[1] && p[2]);
+    if (!p[0] || !p[1] || !p[2]) goto out;
+    double cpu[STEPS], cn[STEPS], g[3][STEPS], gb[3][STEPS], gn[3][STEPS], w[3] = {0, 0, 0};
+    T_EQ_I64(train(p[0], "cpu", cpu, cn), 0);
+    int same = 1;
+    for (int k = 0; k < 3; k++) {
+        T_EQ_I64(train(p[k], "cuda", g[k], gn[k]), 0);
+        T_EQ_I64(train(p[k], "cuda", gb[k], cn), 0);
+        for (int i = 0; i < STEPS; i++) {
+            double e = fabs(g[k][i] - cpu[i]) / fabs(cpu[i]);
+            T_NEAR_REL(g[k][i], cpu[i], tol[k]);
+            T_CHECK(isfinite(gn[k][i])); /* fp16: no step skipped by loss scaling */
+            if (e > w[k] || !(e == e)) w[k] = e;
+        }
+        T_CHECK(memcmp(g[k], gb[k], sizeof g[k]) == 0);
+        same = same && !memcmp(g[k], gb[k], sizeof g[k]);
+        if (k > 0) T_CHECK(g[k][STEPS - 1] < g[k][0] - 0.3);
     }
-    T_CHECK(memcmp(g32, g32b, sizeof g32) == 0);
-    T_CHECK(memcmp(g16, g16b, sizeof g16) == 0);
-    T_CHECK(g16[STEPS - 1] < g16[0] - 0.3);
-    printf("%s: %d steps: cpu %.5f -> %.5f; gpu fp32 worst rel %.2e, bf16 worst rel %.2e (%.5f -> "
-           "%.5f); reruns %s\n",
-           path, STEPS, cpu[0], cpu[STEPS - 1], w32, w16, g16[0], g16[STEPS - 1],
-           memcmp(g32, g32b, sizeof g32) || memcmp(g16, g16b, sizeof g16) ? "DIFFER" : "bit-identical");
+    printf("%s: %d steps: cpu %.5f -> %.5f; gpu worst rel fp32 %.2e, bf16 %.2e (%.5f -> %.5f), "
+           "fp16 %.2e (%.5f -> %.5f); reruns %s\n",
+           path, STEPS, cpu[0], cpu[STEPS - 1], w[0], w[1], g[1][0], g[1][STEPS - 1], w[2], g[2][0],
+           g[2][STEPS - 1], same ? "bit-identical" : "DIFFER");
 out:
-    mgc_plan_free(p32);
-    mgc_plan_free(p16);
+    for (int k = 0; k < 3; k++)
+        mgc_plan_free(p[k]);
 }
 
 int main(int argc, char **argv) {

@@ -1,6 +1,8 @@
 /* test_kernels.c - every CUDA kernel of every model compiles through NVRTC for
  * sm_80 and sm_90 with no local-memory spill and no stack frame (ptxas's
- * report), and the plan carries the cubins through its file format.
+ * report), and the plan carries the cubins through its file format.  Each model
+ * in its own precision and in the 16-bit ones it does not use: fp16 for the bf16
+ * models, bf16 and fp16 for the fp32 ones (the tiny models).
  * Needs no GPU; exits 77 (skipped) where NVRTC is not installed.  The on-disk
  * kernel cache makes reruns fast (MGC_KERNEL_CACHE=off compiles everything). */
 #include <dirent.h>
@@ -21,12 +23,20 @@ static int by_name(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void check_file(const char *path) {
+/* precision: NULL for the file's, else "bf16" / "fp16"; returns the file's precision
+ * (mgc_precision; -1 when it does not load) */
+static int check_file(const char *path, const char *precision) {
     mgc_diags d;
     mgc_diags_init(&d);
     mgc_config *c = mgc_config_new();
     mgc_config_load_file(c, path, &d);
+    char set[64];
+    if (precision && d.errors == 0) {
+        snprintf(set, sizeof set, "training.precision=%s", precision);
+        mgc_config_set(c, set, "--set", &d);
+    }
     if (d.errors == 0) mgc_config_finalize(c, &d);
+    int own = d.errors == 0 ? c->training.precision : -1;
     mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
     mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
     T_CHECK(p != NULL);
@@ -40,7 +50,9 @@ static void check_file(const char *path) {
         if (rc) fprintf(stderr, "%s: %s\n", path, err);
         T_EQ_I64(st.max_spill_bytes, 0);
         T_EQ_I64(st.max_stack_bytes, 0);
-        if (st.max_spill_bytes) fprintf(stderr, "%s: %s spills\n", path, st.worst_spill);
+        if (st.max_spill_bytes)
+            fprintf(stderr, "%s (%s): %s spills\n", path, precision ? precision : "its precision",
+                    st.worst_spill);
         T_EQ_I64(p->n_kernels, (int64_t)st.specs * 2);
         /* the cubins survive the file format */
         uint8_t *buf = NULL;
@@ -52,9 +64,9 @@ static void check_file(const char *path) {
             T_EQ_I64(q->n_kernels, p->n_kernels);
             T_CHECK(q->kbin_len == p->kbin_len && !memcmp(q->kbin, p->kbin, p->kbin_len));
         }
-        printf("%-28s %3d kernel specs x 2 archs: %d compiled, %d cached, %.1f s, %.2f MiB, max %ld "
-               "registers, %ld spill bytes\n",
-               path, st.specs, st.compiled, st.cached, st.seconds, st.cubin_bytes / 1048576.0,
+        printf("%-28s %-5s %3d kernel specs x 2 archs: %d compiled, %d cached, %.1f s, %.2f MiB, "
+               "max %ld registers, %ld spill bytes\n",
+               path, precision ? precision : "", st.specs, st.compiled, st.cached, st.seconds, st.cubin_bytes / 1048576.0,
                st.max_registers, st.max_spill_bytes);
         mgc_plan_free(q);
         free(buf);
@@ -63,6 +75,7 @@ static void check_file(const char *path) {
     mgc_ir_free(g);
     mgc_config_free(c);
     mgc_diags_free(&d);
+    return own;
 }
 
 int main(void) {
@@ -90,7 +103,11 @@ int main(void) {
         closedir(dir);
         qsort(names, (size_t)n, sizeof *names, by_name);
         for (int i = 0; i < n; i++) {
-            if (strstr(names[i], "full.yaml") == NULL) check_file(names[i]);
+            if (strstr(names[i], "full.yaml") == NULL) {
+                int own = check_file(names[i], NULL);
+                if (own == MGC_PREC_FP32) check_file(names[i], "bf16");
+                if (own == MGC_PREC_FP32 || own == MGC_PREC_BF16) check_file(names[i], "fp16");
+            }
             free(names[i]);
         }
     }
