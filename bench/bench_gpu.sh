@@ -89,7 +89,7 @@ row() { # name model-args mgc-sets mbs
     echo "# GPU training throughput"
     echo
     echo "- $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
-    echo "- commit $(git describe --always --dirty 2>/dev/null), $(date -u +%Y-%m-%d)"
+    echo "- commit ${MGC_COMMIT:-$(git describe --always --dirty 2>/dev/null)}, $(date -u +%Y-%m-%d)"
     echo "- ceilings: $ceil"
     echo
     echo "| model | implementation | median step ms | tokens/s | memory bytes |"

@@ -9,8 +9,12 @@
 #                                             (one-off experiments within one lent call)
 #
 # SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
-# models and tiny-gpt at head dim 64); bench/bench_gpu.sh reads BENCH_MODELS,
-# BENCH_TORCH and STEPS.
+# models and tiny-gpt at head dim 64, one training step each); bench/bench_gpu.sh
+# reads BENCH_MODELS, BENCH_TORCH, BENCH_PROFILE_MODELS and STEPS.  On the lent
+# H100, `test` took about 5 minutes and `bench` about 5: run them as two calls
+# (one call is limited to 10 minutes).  The device's copy of .git can be stale:
+# pass MGC_COMMIT=$(git rev-parse --short HEAD) so that the reports name the
+# commit that was sent.
 #
 # The .deb files come from `sh scripts/gpu-debs.sh` on a Debian machine
 # (apt-get download; docs/testing.md): libyaml and OpenBLAS with its runtime.
@@ -29,7 +33,7 @@ export PKG_CONFIG_LIBDIR="$D/lib/x86_64-linux-gnu/pkgconfig:$D/lib/x86_64-linux-
 {
     echo "== device"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-    echo "commit $(git describe --always --dirty 2>/dev/null || echo unknown)"
+    echo "commit ${MGC_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
     nvcc --version | tail -n 2 || true
 } 2>&1 | tee "$OUT/device.txt"
 rm -f build-gpu/CMakeCache.txt  # the environment above decides what is found
@@ -63,7 +67,7 @@ if [ "$what" = test ] || [ "$what" = all ]; then
                 --set hardware.cuda_archs=[90] -o build-gpu/$m-bf16.plan >>"$OUT/sanitizer.log" 2>&1 || rc=1
             for tool in memcheck racecheck; do
                 if "$CS" --tool $tool --error-exitcode 9 build-gpu/runtime/mgc-run build-gpu/$m-bf16.plan \
-                    --backend cuda --iterations 2 -q >>"$OUT/sanitizer.log" 2>&1; then
+                    --backend cuda --iterations 1 -q >>"$OUT/sanitizer.log" 2>&1; then
                     echo "$m $tool: clean" | tee -a "$OUT/sanitizer.log"
                 else
                     echo "$m $tool: FAILED" | tee -a "$OUT/sanitizer.log"; rc=1
