@@ -559,6 +559,16 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 }
 #endif
 
+/* the inputs and arguments the dK/dV and dQ kernels share (after their outputs), in the
+ * launcher's order (runtime/cuda_ops_attention.c) */
+#define ATT_BWD_PARAMS                                                                           \
+    const mgc_t *__restrict__ q, const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,       \
+        const mgc_t *__restrict__ dout, const float *__restrict__ lse,                           \
+        const float *__restrict__ dsum, int sq, int sk, int b, int A, int G, float scale,        \
+        float drop_p, unsigned drop_thr, float drop_scale, unsigned long long seed,              \
+        unsigned long long stream, unsigned long long elem0, const int *__restrict__ qpos,       \
+        const int *__restrict__ kpos, int pos_s, int pos_cp, int pos_rank, int k_gathered
+
 #if defined(MGC_ENTRY_attention_bwd_dot)
 /* attention_bwd_dot: dsum[i,bi,a] = sum_c dout * out over the head dim (fixed order: lane
  * partial sums, then a warp butterfly).  One warp per (i, bi, a) row of n = sq*b*A rows.
@@ -585,14 +595,7 @@ extern "C" __global__ void __launch_bounds__(256)
  *   dV += (P Z)^T dO,  dS = P (Z (dO v^T) - dsum) scale,  dK += dS^T q.
  * grid (ceil(sk / ATT_BR), b, G), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, const mgc_t *__restrict__ q,
-                   const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,
-                   const mgc_t *__restrict__ dout, const float *__restrict__ lse,
-                   const float *__restrict__ dsum, int sq, int sk, int b, int A, int G,
-                   float scale, float drop_p, unsigned drop_thr, float drop_scale,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
-                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Ks[BR][ATT_D + 1];
     __shared__ float Vs[BR][ATT_D + 1];
@@ -731,14 +734,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * ATT_BC rows in order: dS = P (Z (dO v^T) - dsum) scale, dQ += dS k.
  * grid (ceil(sq / ATT_BR), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, const mgc_t *__restrict__ q,
-                   const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,
-                   const mgc_t *__restrict__ dout, const float *__restrict__ lse,
-                   const float *__restrict__ dsum, int sq, int sk, int b, int A, int G,
-                   float scale, float drop_p, unsigned drop_thr, float drop_scale,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
-                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Qs[BR][ATT_D + 1];
     __shared__ float dOs[BR][ATT_D + 1];
@@ -864,14 +860,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query tiles, in order.
  * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, const mgc_t *__restrict__ q,
-                   const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,
-                   const mgc_t *__restrict__ dout, const float *__restrict__ lse,
-                   const float *__restrict__ dsum, int sq, int sk, int b, int A, int G,
-                   float scale, float drop_p, unsigned drop_thr, float drop_scale,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
-                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Qs[BC][ATT_D + 8];
     __shared__ __align__(16) unsigned short dOs[BC][ATT_D + 8];
@@ -959,14 +948,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * ldmatrix reads K transposed for dS K): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
  * grid (ceil(sq / ATT_TBR), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, const mgc_t *__restrict__ q,
-                   const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,
-                   const mgc_t *__restrict__ dout, const float *__restrict__ lse,
-                   const float *__restrict__ dsum, int sq, int sk, int b, int A, int G,
-                   float scale, float drop_p, unsigned drop_thr, float drop_scale,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
-                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[BC][ATT_D + 8];
     __shared__ __align__(16) unsigned short Vs[BC][ATT_D + 8];
