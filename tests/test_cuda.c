@@ -2,7 +2,8 @@
  * without a GPU or without a CUDA build).
  *
  *  1. Every kernel, op by op: the tiny GPT, LLaMA and MoE models run one
- *     training step on the CPU backend (fp32); before and after every compute
+ *     training step on the CPU backend (fp32, loss scale 2^12 so that the
+ *     backward's values are in fp16's normal range); before and after every compute
  *     op a hook replays the op on the GPU with the CPU's input values (in fp32,
  *     and in bf16 and fp16 through the 16-bit plans of the same model), outputs
  *     poisoned first, and compares each output: ||gpu - cpu|| / ||cpu|| <= 1e-5
@@ -308,6 +309,10 @@ static void check_ops(const char *path, const char *const *extra) {
         T_CHECK(0);
         goto done;
     }
+    /* the backward's values scaled by 2^12, as fp16 training scales them: unscaled, the tiny
+     * models' gradients (~1e-6) would sit in fp16's subnormals and the fp16 replay would
+     * measure fp16's range, not the kernels (a power of two: exact in fp32 and bf16) */
+    mgc_exec_set_loss_scaling(x, 4096, 1000, 2);
     mgc_exec_set_op_hooks(x, before_op, after_op, &r);
     mgc_step_stats st;
     T_EQ_I64(mgc_exec_step(x, 0, mgc_train_data_sample, data, &st), 0);
