@@ -20,8 +20,8 @@
  *
  * Every kernel is a block of 128 threads.  The SIMT kernels see it as 8 x 16 (ty = tid / 16,
  * tx = tid % 16): a tile row r of a thread is ty + 8 m, a tile column tx + 16 n (conflict-free
- * shared-memory reads).  The tensor-core kernels (bf16 and fp16: the forward, and the backward for
- * D <= 64, ATT_TC_BWD) give each warp 16 rows whose A fragments stay in registers; the other
+ * shared-memory reads).  The tensor-core kernels (bf16 and fp16: the forward and the backward,
+ * ATT_TC_BWD) give each warp 16 rows whose A fragments stay in registers; the other
  * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
@@ -30,8 +30,9 @@
  *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; 16-bit: 64),
  *             ATT_FBK keys per step (fp32: 64 for D <= 32, else 32; 16-bit: 64 for D <= 64,
  *             else 32)
- *   backward: tensor cores: ATT_TBR = 64 rows kept per block, ATT_TBC = 64 rows per step;
- *             SIMT: ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for
+ *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
+ *             ATT_TBC_KV (dK/dV: 64, 16 for D = 128) and ATT_TBC_Q (dQ: 64, 32 for D = 128);
+ *             SIMT (fp32): ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for
  *             D = 128), ATT_BC rows per step (32 for D <= 64, 16 for D = 128)
  * No float atomics: every sum has a fixed order (dK/dV iterate the group's query heads in
  * order, then the query tiles in order). */
@@ -60,11 +61,13 @@
 #define ATT_BR (ATT_D <= 32 ? 64 : (ATT_D <= 64 ? 32 : 16))
 #define ATT_BC (ATT_D <= 64 ? 32 : 16)
 #define ATT_DC (ATT_D / 16) /* columns of D per thread */
-/* the 16-bit backward runs on tensor cores for D <= 64 (D = 128 would need more than 255
- * registers a thread with this tiling and keeps the SIMT kernels) */
-#define ATT_TC_BWD (MGC_HALF && MGC_D <= 64)
+/* the 16-bit backward runs on tensor cores; at D = 128 the steps are shorter so that the
+ * dK/dV accumulators (128 floats a thread) fit in 255 registers without spilling */
+#define ATT_TC_BWD (MGC_HALF)
 #define ATT_TBR 64 /* tensor-core backward: rows owned per block (16 per warp) */
-#define ATT_TBC 64 /* tensor-core backward: rows of the other side per step */
+#define ATT_TBC_KV (ATT_D <= 64 ? 64 : 16) /* dK/dV: query rows per step */
+#define ATT_TBC_Q (ATT_D <= 64 ? 64 : 32)  /* dQ: key rows per step */
+#define ATT_KV_SMEM (MGC_D > 64)           /* dK/dV: K and V A operands from shared memory */
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
@@ -261,6 +264,30 @@ __device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsign
             att_mma(s[nt], f[ks], bf[0], bf[1]);
             att_mma(s[nt + 1], f[ks], bf[2], bf[3]);
         }
+}
+
+/* att_mma_rows with A read from shared memory too: rows arow .. arow + 15 of the staged tile
+ * at[.][D] (ldmatrix: matrices (rows lo, k lo) (rows hi, k lo) (rows lo, k hi) (rows hi, k hi)
+ * are a0..a3).  The same sums in the same order; 4 registers of A live instead of 2 D. */
+template <int NN>
+__device__ __forceinline__ void att_mma_rows_sa(float (&s)[NN / 8][4],
+                                                const unsigned short (*at)[ATT_D + 8], int arow,
+                                                const unsigned short (*t)[ATT_D + 8], int lane) {
+    const int m = lane >> 3, rr = lane & 7;
+#pragma unroll
+    for (int nt = 0; nt < NN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < ATT_D / 16; ks++) {
+        unsigned af[4];
+        att_ldsm4<false>(af, &at[arow + 8 * (m & 1) + rr][16 * ks + 8 * (m >> 1)]);
+#pragma unroll
+        for (int nt = 0; nt < NN / 8; nt += 2) {
+            unsigned bf[4];
+            att_ldsm4<false>(bf, &t[8 * (nt + (m >> 1)) + rr][16 * ks + 8 * (m & 1)]);
+            att_mma(s[nt], af, bf[0], bf[1]);
+            att_mma(s[nt + 1], af, bf[2], bf[3]);
+        }
+    }
 }
 
 /* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D), rounded. */
@@ -853,15 +880,17 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if defined(MGC_ENTRY_attention_bwd_dkv) && ATT_TC_BWD
-/* attention_bwd_dkv (bf16/fp16, tensor cores, D <= 64): the SIMT kernel's math with warp w owning
- * keys k0 + 16 w .. +15 (their K and V fragments in registers).  Per query tile of ATT_TBC rows
+/* attention_bwd_dkv (bf16/fp16, tensor cores): the SIMT kernel's math with warp w owning
+ * keys k0 + 16 w .. +15 (their K and V fragments in registers; at D = 128 the block's K and V
+ * are staged in shared memory instead and read by ldmatrix, ATT_KV_SMEM, so that the dK/dV
+ * accumulators fit in registers).  Per query tile of ATT_TBC_KV rows
  * (Q and dO staged row-major; ldmatrix reads them either way): S^T = K Q^T and dP^T = V dO^T on mma.sync, then
  * P^T Z and dS^T in registers, rounded to the storage type as the A operand of dV += (P Z)^T dO and
  * dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query tiles, in order.
  * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, ATT_BWD_PARAMS) {
-    constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Qs[BC][ATT_D + 8];
     __shared__ __align__(16) unsigned short dOs[BC][ATT_D + 8];
     __shared__ float lses[BC], dsums[BC];
@@ -871,9 +900,17 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {k0 + 16 * w + grp, k0 + 16 * w + grp + 8};
 
+#if ATT_KV_SMEM
+    __shared__ __align__(16) unsigned short Ks[BR][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Vs[BR][ATT_D + 8];
+    att_stage<BR>(Ks, k, k0, sk, b, G, bi, g);
+    att_stage<BR>(Vs, v, k0, sk, b, G, bi, g);
+    __syncthreads();
+#else
     unsigned kf[KS][4], vf[KS][4];
     att_load_afrag(kf, k, r, sk, b, G, bi, g, tig);
     att_load_afrag(vf, v, r, sk, b, G, bi, g, tig);
+#endif
     int kp[2];
 #pragma unroll
     for (int h = 0; h < 2; h++)
@@ -909,8 +946,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             }
             __syncthreads();
             float s[NT][4], dp[NT][4]; /* S^T and dP^T: rows keys r[h], columns queries */
+#if ATT_KV_SMEM
+            att_mma_rows_sa<BC>(s, Ks, 16 * w, Qs, lane);
+            att_mma_rows_sa<BC>(dp, Vs, 16 * w, dOs, lane);
+#else
             att_mma_rows<BC>(s, kf, Qs, lane);
             att_mma_rows<BC>(dp, vf, dOs, lane);
+#endif
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -943,13 +985,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if defined(MGC_ENTRY_attention_bwd_dq) && ATT_TC_BWD
-/* attention_bwd_dq (bf16/fp16, tensor cores, D <= 64): warp w owns query rows q0 + 16 w .. +15
- * (Q and dO fragments in registers); per key tile of ATT_TBC rows (K and V staged row-major;
+/* attention_bwd_dq (bf16/fp16, tensor cores): warp w owns query rows q0 + 16 w .. +15
+ * (Q and dO fragments in registers); per key tile of ATT_TBC_Q rows (K and V staged row-major;
  * ldmatrix reads K transposed for dS K): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
  * grid (ceil(sq / ATT_TBR), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, ATT_BWD_PARAMS) {
-    constexpr int BR = ATT_TBR, BC = ATT_TBC, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    constexpr int BR = ATT_TBR, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[BC][ATT_D + 8];
     __shared__ __align__(16) unsigned short Vs[BC][ATT_D + 8];
     __shared__ float red[32];

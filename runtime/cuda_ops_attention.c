@@ -22,7 +22,7 @@ static int fwd_bq(int64_t d, int half) {
     return half || d <= 64 ? 64 : 32; /* ATT_FBQ */
 }
 static int bwd_br(int64_t d, int half) {
-    if (half && d <= 64) return 64;            /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
+    if (half) return 64;                       /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
     return d <= 32 ? 64 : (d <= 64 ? 32 : 16); /* ATT_BR */
 }
 

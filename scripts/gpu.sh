@@ -9,7 +9,7 @@
 #                                             (one-off experiments within one lent call)
 #
 # SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
-# models and tiny-gpt at head dim 64, one training step each); bench/bench_gpu.sh
+# models, tiny-gpt at head dim 64 and tiny-llama at 128, one training step each); bench/bench_gpu.sh
 # reads BENCH_MODELS, BENCH_TORCH, BENCH_PROFILE_MODELS and STEPS.  On the lent
 # H100, `test` took about 5 minutes and `bench` about 5: run them as two calls
 # (one call is limited to 10 minutes).  The device's copy of .git can be stale:
@@ -54,12 +54,14 @@ if [ "$what" = test ] || [ "$what" = all ]; then
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     if [ -x "$CS" ]; then
         echo "== compute-sanitizer" | tee "$OUT/sanitizer.log"
-        # the tiny models (head dim 16) and tiny-gpt at head dim 64 with attention dropout
-        # (the tensor-core attention backward)
-        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64}; do
+        # the tiny models (head dim 16), tiny-gpt at head dim 64 with attention dropout and
+        # tiny-llama at head dim 128 (the tensor-core attention backward's two layouts)
+        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64 tiny-llama-d128}; do
             case $m in
             tiny-gpt-d64) y=examples/tiny-gpt.yaml
                 x="--set model.hidden_size=128 --set model.num_attention_heads=2 --set model.attention_dropout=0.1" ;;
+            tiny-llama-d128) y=models/tiny-llama.yaml
+                x="--set model.hidden_size=512 --set model.num_attention_heads=4" ;;
             *) y=models/$m.yaml x= ;;
             esac
             # shellcheck disable=SC2086

@@ -406,14 +406,17 @@ int main(int argc, char **argv) {
         check_ops("examples/tiny-gpt.yaml", NULL);
         check_ops("models/tiny-llama.yaml", NULL);
         check_ops("models/tiny-moe.yaml", NULL);
-        /* head dims 32 and 64 (the bf16 tensor-core attention backward; the tiny models have
-         * 16), with attention dropout, and grouped queries at 32 */
+        /* head dims 32, 64 and 128 (the 16-bit tensor-core attention; the tiny models have
+         * 16), with attention dropout at 64, and grouped queries at 32 and 128 */
         static const char *const d64[] = {"model.hidden_size=128", "model.num_attention_heads=2",
                                           "model.attention_dropout=0.1", NULL};
         static const char *const d32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
                                           NULL};
         check_ops("examples/tiny-gpt.yaml", d64);
         check_ops("models/tiny-llama.yaml", d32);
+        static const char *const d128[] = {"model.hidden_size=512", "model.num_attention_heads=4",
+                                           NULL};
+        check_ops("models/tiny-llama.yaml", d128);
     }
     return t_summary("test_cuda");
 }
