@@ -21,7 +21,8 @@
  * Every kernel is a block of 128 threads.  The SIMT kernels see it as 8 x 16 (ty = tid / 16,
  * tx = tid % 16): a tile row r of a thread is ty + 8 m, a tile column tx + 16 n (conflict-free
  * shared-memory reads).  The tensor-core kernels (bf16 and fp16: the forward and the backward,
- * ATT_TC_BWD) give each warp 16 rows whose A fragments stay in registers; the other
+ * ATT_TC_BWD) give each warp 16 rows whose A fragments stay in registers (at D = 128 the dK/dV
+ * kernel reads its K and V from shared memory instead, ATT_KV_SMEM); the other
  * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
