@@ -80,6 +80,17 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
         if (op->n_in < 3 || max < 1) return 0;
         mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_add", ch->tensors[op->out[0]].dtype);
         return 1;
+    case MGC_POP_LINEAR_GELU: { /* cuBLASLt GELU_AUX(_BIAS); without it, the unfused kernels */
+        int dt = ch->tensors[op->out[0]].dtype, n = 0;
+        if (max < 2) return 0;
+        if (op->n_in > 2) mgc_kspec_init(&out[n++], "gemm_aux.cuh", "bias_add", dt);
+        mgc_kspec_init(&out[n++], "pointwise.cuh", "gelu_fwd", dt);
+        return n;
+    }
+    case MGC_POP_LINEAR_DGRAD_GELU: /* cuBLASLt DGELU; without it, gelu_bwd in place */
+        if (max < 1) return 0;
+        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_bwd", ch->tensors[op->out[0]].dtype);
+        return 1;
     case MGC_POP_LINEAR_WGRAD: /* cuBLASLt; the bias gradient */
         if (op->n_out < 2 || max < 2) return 0;
         mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_grad_partial", ch->tensors[op->in[0]].dtype);

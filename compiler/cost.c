@@ -152,12 +152,17 @@ static double gemm_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_o
         M = N = K = side;
     }
     double m = M / E, n = N, k = K; /* forward: (m x k) (k x n) per expert */
-    if (op->kind == MGC_POP_LINEAR_DGRAD || op->kind == MGC_POP_GROUPED_LINEAR_DGRAD) n = K, k = N;
+    if (op->kind == MGC_POP_LINEAR_DGRAD || op->kind == MGC_POP_LINEAR_DGRAD_GELU ||
+        op->kind == MGC_POP_GROUPED_LINEAR_DGRAD)
+        n = K, k = N;
     else if (op->kind == MGC_POP_LINEAR_WGRAD || op->kind == MGC_POP_GROUPED_LINEAR_WGRAD) m = N, n = K, k = M / E;
     if (m < 1) m = 1;
     double eff = c->hw->eff.gemm * gemm_shape(c->hw, m, n, k, E) / c->gemm_ref;
     if (eff > 1) eff = 1;
     double bytes = E * (m * k + k * n + m * n) * (double)c->dt_bytes;
+    /* the GELU epilogues' aux matrix: h written beside y, or read with dy W */
+    if (op->kind == MGC_POP_LINEAR_GELU || op->kind == MGC_POP_LINEAR_DGRAD_GELU)
+        bytes += m * n * (double)c->dt_bytes;
     return roofline(c, flops, eff, bytes);
 }
 
@@ -251,7 +256,9 @@ static double op_cost(ctx *c, int64_t stage, const mgc_plan_chunk *ch, const mgc
     double t = 0, f = 0;
     switch (op->kind) {
     case MGC_POP_LINEAR:
+    case MGC_POP_LINEAR_GELU:
     case MGC_POP_LINEAR_DGRAD:
+    case MGC_POP_LINEAR_DGRAD_GELU:
     case MGC_POP_LINEAR_WGRAD:
     case MGC_POP_GROUPED_LINEAR:
     case MGC_POP_GROUPED_LINEAR_DGRAD:

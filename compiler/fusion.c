@@ -102,8 +102,97 @@ static int64_t fuse_add_norm(mgc_plan_chunk *ch) {
     return fused;
 }
 
+/* LINEAR iattr[3] flags of the output layer (partition.c LIN_TIED | LIN_FP32_OUT): never
+ * fused. */
+#define LIN_OUTPUT_LAYER (1 | 2)
+
+/* linear (x, W [, b]) -> (h) followed by gelu (h) -> (y), in a forward program:
+ * linear_gelu (x, W [, b]) -> (y, h).  h stays an output: the backward reads it. */
+static int64_t fuse_linear_gelu(mgc_plan_chunk *ch) {
+    int64_t fused = 0, j = 0;
+    mgc_plan_op *ops = ch->fwd;
+    int64_t n = ch->n_fwd;
+    for (int64_t i = 0; i < n; i++) {
+        mgc_plan_op *ln = &ops[i];
+        const mgc_plan_op *g = i + 1 < n ? &ops[i + 1] : NULL;
+        if (ln->kind == MGC_POP_LINEAR && ln->n_in >= 2 && ln->n_in <= 3 && ln->n_out == 1 && g &&
+            g->kind == MGC_POP_GELU && g->n_in == 1 && g->n_out == 1 && g->in[0] == ln->out[0] &&
+            !(ln->iattr[3] & LIN_OUTPUT_LAYER) && !((ln->flags | g->flags) & MGC_POF_RECOMPUTE) &&
+            g->out[0] != ln->out[0]) {
+            mgc_plan_op f = *ln;
+            f.kind = MGC_POP_LINEAR_GELU;
+            f.flags = (uint16_t)(ln->flags | g->flags);
+            f.n_out = 2;
+            f.out[0] = g->out[0];
+            f.out[1] = ln->out[0];
+            ops[j++] = f;
+            i++;
+            fused++;
+            continue;
+        }
+        ops[j++] = *ln;
+    }
+    ch->n_fwd = j;
+    return fused;
+}
+
+/* linear_dgrad (dy, W) -> (dg) ... gelu_bwd (h, dg) -> (dh), with dg read by nothing else
+ * and nothing in between touching dh or h: linear_dgrad_gelu (dy, W, h) -> (dh) in the
+ * dgrad's place (the ops between, a wgrad in practice, read neither). */
+static int64_t fuse_dgrad_gelu(mgc_plan_chunk *ch) {
+    int64_t fused = 0;
+    mgc_plan_op *ops = ch->bwd;
+    int64_t n = ch->n_bwd;
+    int32_t *uses = count_uses(ch, ops, n);
+    if (!uses) return 0;
+    uint8_t *gone = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!gone) {
+        free(uses);
+        return 0;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        mgc_plan_op *gb = &ops[i];
+        if (gb->kind != MGC_POP_GELU_BWD || gb->n_in != 2 || gb->n_out != 1 ||
+            (gb->flags & MGC_POF_RECOMPUTE))
+            continue;
+        int32_t h = gb->in[0], dg = gb->in[1], dh = gb->out[0];
+        if (dg < BOUNDARY_TENSORS || uses[dg] != 2 || h == dg || dh == dg || dh == h) continue;
+        int64_t p = i - 1;
+        for (; p >= 0; p--) { /* the producer of dg; nothing between may touch h or dh */
+            const mgc_plan_op *o = &ops[p];
+            int writes_dg = 0, touches = 0;
+            for (int k = 0; k < o->n_out && k < MGC_PLAN_MAX_IO; k++) {
+                writes_dg |= o->out[k] == dg;
+                touches |= o->out[k] == h || o->out[k] == dh;
+            }
+            for (int k = 0; k < o->n_in && k < MGC_PLAN_MAX_IO; k++) touches |= o->in[k] == dh;
+            if (writes_dg || touches) break;
+        }
+        if (p < 0) continue;
+        mgc_plan_op *dx = &ops[p];
+        if (dx->kind != MGC_POP_LINEAR_DGRAD || dx->n_in != 2 || dx->n_out != 1 ||
+            dx->out[0] != dg || (dx->flags & MGC_POF_RECOMPUTE) || dx->in[0] == dh || dx->in[1] == dh)
+            continue;
+        dx->kind = MGC_POP_LINEAR_DGRAD_GELU;
+        dx->in[2] = h;
+        dx->n_in = 3;
+        dx->out[0] = dh;
+        gone[i] = 1;
+        fused++;
+    }
+    int64_t j = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!gone[i]) ops[j++] = ops[i];
+    ch->n_bwd = j;
+    free(gone);
+    free(uses);
+    return fused;
+}
+
 void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
     int64_t a = fuse_norm_bwd_add(ch);
     int64_t b = fuse_add_norm(ch);
-    if (st) st->norm_bwd_add += a, st->add_norm += b;
+    int64_t c = fuse_linear_gelu(ch);
+    int64_t d = fuse_dgrad_gelu(ch);
+    if (st) st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
 }

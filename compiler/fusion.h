@@ -12,6 +12,10 @@
  *   dropout_add (h = residual + dropout(branch)) ; norm (y = norm(h))
  *     -> add_norm: h and y in one pass over the row (the forward programs;
  *        recompute copies in the backward stay unfused)
+ *   linear (h = x W^T + b) ; gelu (y = gelu(h))
+ *     -> linear_gelu: (y, h) from one GEMM (cuBLASLt's GELU_AUX epilogue), forward programs
+ *   linear_dgrad (dg = dy W) ... gelu_bwd (dh = gelu'(h) dg)
+ *     -> linear_dgrad_gelu: dh from one GEMM (cuBLASLt's DGELU epilogue, h as its aux input)
  */
 #ifndef MGC_FUSION_H
 #define MGC_FUSION_H
@@ -27,6 +31,8 @@ extern "C" {
 typedef struct mgc_fusion_stats {
     int64_t norm_bwd_add; /* norm_bwd + add_bwd pairs fused */
     int64_t add_norm;     /* dropout_add + norm pairs fused */
+    int64_t linear_gelu;  /* linear + gelu pairs fused */
+    int64_t dgrad_gelu;   /* linear_dgrad + gelu_bwd pairs fused */
 } mgc_fusion_stats;
 
 /* Fuse in place what can be fused in one chunk; counts added to *st (may be

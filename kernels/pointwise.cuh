@@ -223,10 +223,10 @@ extern "C" __global__ void __launch_bounds__(256)
 #endif
 
 #if defined(MGC_ENTRY_gelu_bwd)
-/* grid-stride over n; dx = dy * gelu'(x). */
+/* grid-stride over n; dx = dy * gelu'(x).  dx may be dy (linear_dgrad_gelu without cuBLASLt's
+ * DGELU epilogue runs it in place): each element is read before it is written, by one thread. */
 extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dx, const mgc_t *__restrict__ dy,
-                   const mgc_t *__restrict__ x, i64 n) {
+    MGC_ENTRY_NAME(mgc_t *dx, const mgc_t *dy, const mgc_t *__restrict__ x, i64 n) {
 #define MGC_GELUB_VEC(v)                                                                       \
     float f[8], g[8];                                                                          \
     mgc_ld8(x + 8 * (v), f);                                                                   \

@@ -188,19 +188,24 @@ typedef enum mgc_plan_op_kind {
     MGC_POP_ADD_NORM,     /* fused dropout_add + norm (compiler/fusion.c): in branch, residual,
                              weight (, bias); out h = residual + dropout(branch), y = norm(h)
                              (, dropout mask) */
+    MGC_POP_LINEAR_GELU,  /* fused linear + gelu (compiler/fusion.c): in x, W (, bias); out
+                             y = gelu(h), h = x W^T (+ bias) (the GELU input the backward reads) */
     /* backward compute */
     MGC_POP_EMBEDDING_BWD = 32, MGC_POP_DROPOUT_BWD, MGC_POP_NORM_BWD, MGC_POP_LINEAR_DGRAD,
     MGC_POP_LINEAR_WGRAD, MGC_POP_QKV_SPLIT_BWD, MGC_POP_ROPE_BWD, MGC_POP_ATTENTION_BWD,
     MGC_POP_DROPOUT_ADD_BWD, MGC_POP_GELU_BWD, MGC_POP_SWIGLU_BWD, MGC_POP_ADD_BWD,
     MGC_POP_MOE_ROUTE_BWD, MGC_POP_MOE_DISPATCH_BWD, MGC_POP_GROUPED_LINEAR_DGRAD,
     MGC_POP_GROUPED_LINEAR_WGRAD, MGC_POP_MOE_COMBINE_BWD, MGC_POP_CROSS_ENTROPY_BWD,
+    MGC_POP_LINEAR_DGRAD_GELU, /* fused linear_dgrad + gelu_bwd (compiler/fusion.c): in dy, W, h
+                                  (the GELU input); out dh = gelu'(h) * (dy W) */
     /* collectives inserted by partitioning */
     MGC_POP_ALL_REDUCE = 64, MGC_POP_ALL_GATHER, MGC_POP_REDUCE_SCATTER, MGC_POP_ALL_TO_ALL,
     MGC_POP_BROADCAST,
     MGC_POP__END
 } mgc_plan_op_kind;
 
-#define MGC_POP_LAST_FWD MGC_POP_ADD_NORM /* forward kinds are 0 .. this */
+#define MGC_POP_LAST_FWD MGC_POP_LINEAR_GELU       /* forward kinds are 0 .. this */
+#define MGC_POP_LAST_BWD MGC_POP_LINEAR_DGRAD_GELU /* backward kinds are 32 .. this */
 
 #define MGC_POF_RECOMPUTE 1u /* forward op re-run before the backward (recompute) */
 #define MGC_POF_SAVED 2u     /* its outputs are stashed for the backward */

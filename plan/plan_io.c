@@ -430,7 +430,7 @@ static int str_ok(const mgc_plan *p, uint32_t off) {
 
 static int op_kind_ok(uint16_t k) {
     return k <= MGC_POP_LAST_FWD ||
-           (k >= MGC_POP_EMBEDDING_BWD && k <= MGC_POP_CROSS_ENTROPY_BWD) ||
+           (k >= MGC_POP_EMBEDDING_BWD && k <= MGC_POP_LAST_BWD) ||
            (k >= MGC_POP_ALL_REDUCE && k < MGC_POP__END);
 }
 

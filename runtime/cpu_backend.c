@@ -599,9 +599,35 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     return op_norm(be, &nc);
 }
 
+/* linear_gelu and linear_dgrad_gelu (compiler/fusion.c) as the pairs they replace: the
+ * linear into h, then y = gelu(h); the dgrad into dh, then dh = gelu'(h) dh in place. */
+static int op_linear_gelu(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    mgc_plan_op lop = *op;
+    mgc_op_call lc = *c;
+    lc.op = &lop;
+    int64_t n = (int64_t)numel(tout(c, 0));
+    if (op->kind == MGC_POP_LINEAR_GELU) { /* out y, h */
+        lop.kind = MGC_POP_LINEAR;
+        lop.n_out = 1;
+        lop.out[0] = op->out[1];
+        lc.out[0] = c->out[1];
+        if (op_linear(be, &lc)) return -1;
+        mgc_cpu_gelu_fwd_f32(F(c->out[0]), CF(c->out[1]), n);
+        return 0;
+    }
+    lop.kind = MGC_POP_LINEAR_DGRAD; /* in dy, W, h; out dh */
+    lop.n_in = 2;
+    if (op_linear(be, &lc)) return -1;
+    mgc_cpu_gelu_bwd_f32(F(c->out[0]), CF(c->out[0]), CF(c->in[2]), n);
+    return 0;
+}
+
 static int cpu_run_op(mgc_backend *be, const mgc_op_call *c) {
     switch ((mgc_plan_op_kind)c->op->kind) {
     case MGC_POP_ADD_NORM: return op_add_norm(be, c);
+    case MGC_POP_LINEAR_GELU:
+    case MGC_POP_LINEAR_DGRAD_GELU: return op_linear_gelu(be, c);
     case MGC_POP_EMBEDDING:
     case MGC_POP_EMBEDDING_BWD: return op_embedding(be, c);
     case MGC_POP_NORM:

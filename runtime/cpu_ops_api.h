@@ -70,7 +70,8 @@ void MGC_FN(mgc_cpu_grouped_linear_wgrad)(MGC_REAL *dW /* (E_l,N,K) */, const MG
 
 /* ---- pointwise ------------------------------------------------------------------------ */
 
-/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).  The
+ * backward's dx may be dy (element by element, in place). */
 void MGC_FN(mgc_cpu_gelu_fwd)(MGC_REAL *y, const MGC_REAL *x, int64_t n);
 void MGC_FN(mgc_cpu_gelu_bwd)(MGC_REAL *dx, const MGC_REAL *dy, const MGC_REAL *x, int64_t n);
 /* SwiGLU: x = [gate | up] along the last dim; y = silu(gate) * up. */

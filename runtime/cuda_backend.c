@@ -33,9 +33,20 @@ typedef struct loaded_kernel {
 
 typedef struct gemm_key {
     int ta, tb;
-    int64_t m, n, k, lda, ldb, ldc;
-    int atype, btype, ctype, epilogue, biastype, beta1;
+    int64_t m, n, k, lda, ldb, ldc, aux_ld;
+    int atype, btype, ctype, epilogue, has_bias, biastype, has_aux, auxtype, beta1;
 } gemm_key;
+
+/* What a GEMM's epilogue does besides D = op(A) op(B) (+ beta D): a bias (length m) added,
+ * and with GELU_AUX(_BIAS) / DGELU an aux matrix (m x n, aux_ld) written or read. */
+typedef struct gemm_epi {
+    int kind; /* cublasLtEpilogue_t */
+    const void *bias;
+    int bias_type; /* cudaDataType_t */
+    const void *aux;
+    int64_t aux_ld;
+    int aux_type;
+} gemm_epi;
 
 typedef struct gemm_entry {
     gemm_key key;
@@ -61,6 +72,9 @@ typedef struct cuda_ctx {
     gemm_entry gemm[MAX_GEMM_CACHE];
     int n_gemm;
     int jit_compiled, jit_cached;
+    int dry;       /* bind's warm-up: GEMMs pick their algorithm, kernels load; nothing runs */
+    const mgc_stage_program *warm; /* the stage program warmed up last (bind again: no-op) */
+    int epilogues; /* cuBLASLt GELU epilogues for the fused linear ops (MGC_GEMM_EPILOGUES) */
 } cuda_ctx;
 
 int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...) {
@@ -193,6 +207,7 @@ int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned g
     cuda_ctx *c = be->context;
     loaded_kernel *lk = find_kernel(be, k);
     if (!lk) return -1;
+    if (c->dry) return 0;
     if (smem > lk->smem_set) {
         CUDA_TRY(be,
                  cudaKernelSetAttributeForDevice(lk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -212,90 +227,139 @@ static cudaDataType_t dt_of(uint16_t d) {
     return d == MGC_DT_BF16 ? CUDA_R_16BF : d == MGC_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-/* Column-major D (m x n, ldc) = alpha op(A) op(B) + beta C (C = D), with an
- * optional bias epilogue (bias of length m). */
+static void gemm_entry_free(gemm_entry *e) {
+    if (e->op) cublasLtMatmulDescDestroy(e->op);
+    if (e->a) cublasLtMatrixLayoutDestroy(e->a);
+    if (e->b) cublasLtMatrixLayoutDestroy(e->b);
+    if (e->c) cublasLtMatrixLayoutDestroy(e->c);
+    memset(e, 0, sizeof *e);
+}
+
+/* The descriptors of key k and cuBLASLt's first algorithm for them (e->ok = 0 when it has
+ * none).  0, or -1 with be->err. */
+static int gemm_entry_make(mgc_backend *be, gemm_entry *e, const gemm_key *k) {
+    cuda_ctx *c = be->context;
+    int ta = k->ta, tb = k->tb, atype = k->atype, btype = k->btype, ctype = k->ctype;
+    int64_t m = k->m, n = k->n, kk = k->k, lda = k->lda, ldb = k->ldb, ldc = k->ldc;
+    LT_TRY(be, cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+    cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa),
+           "transa");
+    LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob),
+           "transb");
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
+    LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+           "epilogue");
+    if (k->has_bias) {
+        cudaDataType_t bt = (cudaDataType_t)k->biastype;
+        LT_TRY(be,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                              sizeof bt),
+               "bias type");
+    }
+    if (k->has_aux) {
+        int64_t ld = k->aux_ld;
+        int32_t at = k->auxtype;
+        LT_TRY(be,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                              sizeof ld),
+               "aux ld");
+        LT_TRY(be,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                              &at, sizeof at),
+               "aux type");
+    }
+    LT_TRY(be,
+           cublasLtMatrixLayoutCreate(&e->a, (cudaDataType_t)atype, ta ? (uint64_t)kk : (uint64_t)m,
+                                      ta ? (uint64_t)m : (uint64_t)kk, lda),
+           "layout A");
+    LT_TRY(be,
+           cublasLtMatrixLayoutCreate(&e->b, (cudaDataType_t)btype, tb ? (uint64_t)n : (uint64_t)kk,
+                                      tb ? (uint64_t)kk : (uint64_t)n, ldb),
+           "layout B");
+    LT_TRY(be, cublasLtMatrixLayoutCreate(&e->c, (cudaDataType_t)ctype, (uint64_t)m, (uint64_t)n, ldc),
+           "layout C");
+    cublasLtMatmulPreference_t pref;
+    LT_TRY(be, cublasLtMatmulPreferenceCreate(&pref), "preference");
+    uint64_t wsb = c->ws_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                         sizeof wsb);
+    /* deterministic: no reductions through atomics */
+    uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE |
+                    CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                         sizeof mask);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->a, e->b, e->c, e->c, pref,
+                                                       1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    e->ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (e->ok) e->algo = res.algo;
+    return 0;
+}
+
+static int fused_epilogue(int kind) {
+    return kind != CUBLASLT_EPILOGUE_DEFAULT && kind != CUBLASLT_EPILOGUE_BIAS;
+}
+
+/* Column-major D (m x n, ldc) = alpha op(A) op(B) + beta C (C = D), with the epilogue `ep`
+ * (NULL: none).  The descriptors and the algorithm are made once per key (bind's warm-up
+ * makes them for every GEMM of the plan) and cached.  0; -1 with be->err; 1 when cuBLASLt
+ * has no algorithm for a GELU epilogue (the caller runs the unfused kernels instead). */
 static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                 int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
-                int64_t ldc, int ctype, float beta, const void *bias, int biastype) {
+                int64_t ldc, int ctype, float beta, const gemm_epi *ep) {
     cuda_ctx *c = be->context;
+    gemm_epi none = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
+    if (!ep) ep = &none;
     if (m == 0 || n == 0) return 0;
     gemm_key key;
     memset(&key, 0, sizeof key);
     key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb;
     key.ldc = ldc, key.atype = atype, key.btype = btype, key.ctype = ctype;
-    key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    key.biastype = bias ? biastype : 0;
+    key.epilogue = ep->kind;
+    key.has_bias = ep->bias != NULL;
+    key.biastype = ep->bias ? ep->bias_type : 0;
+    key.has_aux = ep->aux != NULL;
+    key.aux_ld = ep->aux ? ep->aux_ld : 0;
+    key.auxtype = ep->aux ? ep->aux_type : 0;
     key.beta1 = beta != 0.0f;
     gemm_entry *e = NULL;
     for (int i = 0; i < c->n_gemm; i++)
         if (!memcmp(&c->gemm[i].key, &key, sizeof key)) e = &c->gemm[i];
     if (!e) {
         if (c->n_gemm == MAX_GEMM_CACHE) { /* evict the oldest: shapes are few in practice */
-            gemm_entry *o = &c->gemm[0];
-            cublasLtMatmulDescDestroy(o->op);
-            cublasLtMatrixLayoutDestroy(o->a), cublasLtMatrixLayoutDestroy(o->b);
-            cublasLtMatrixLayoutDestroy(o->c);
+            gemm_entry_free(&c->gemm[0]);
             memmove(c->gemm, c->gemm + 1, (MAX_GEMM_CACHE - 1) * sizeof *c->gemm);
             c->n_gemm--;
         }
-        e = &c->gemm[c->n_gemm];
+        e = &c->gemm[c->n_gemm++];
         memset(e, 0, sizeof *e);
         e->key = key;
-        LT_TRY(be, cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
-        cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa),
-               "transa");
-        LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob),
-               "transb");
-        cublasLtEpilogue_t ep = (cublasLtEpilogue_t)key.epilogue;
-        LT_TRY(be, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep),
-               "epilogue");
-        if (bias) {
-            cudaDataType_t bt = (cudaDataType_t)biastype;
-            LT_TRY(be,
-                   cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                                  sizeof bt),
-                   "bias type");
+        if (gemm_entry_make(be, e, &key)) {
+            e->ok = 0;
+            if (!fused_epilogue(key.epilogue)) return -1;
         }
-        LT_TRY(be,
-               cublasLtMatrixLayoutCreate(&e->a, (cudaDataType_t)atype, ta ? (uint64_t)k : (uint64_t)m,
-                                          ta ? (uint64_t)m : (uint64_t)k, lda),
-               "layout A");
-        LT_TRY(be,
-               cublasLtMatrixLayoutCreate(&e->b, (cudaDataType_t)btype, tb ? (uint64_t)n : (uint64_t)k,
-                                          tb ? (uint64_t)k : (uint64_t)n, ldb),
-               "layout B");
-        LT_TRY(be, cublasLtMatrixLayoutCreate(&e->c, (cudaDataType_t)ctype, (uint64_t)m, (uint64_t)n, ldc),
-               "layout C");
-        cublasLtMatmulPreference_t pref;
-        LT_TRY(be, cublasLtMatmulPreferenceCreate(&pref), "preference");
-        uint64_t wsb = c->ws_bytes;
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                             sizeof wsb);
-        /* deterministic: no reductions through atomics */
-        uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE |
-                        CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
-                                             sizeof mask);
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->a, e->b, e->c, e->c, pref,
-                                                           1, &res, &found);
-        cublasLtMatmulPreferenceDestroy(pref);
-        e->ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
-        if (e->ok) e->algo = res.algo;
-        c->n_gemm++;
     }
-    if (!e->ok)
+    if (!e->ok) {
+        if (fused_epilogue(key.epilogue)) return 1;
         return mgc_cuda_fail(be,
                              "cuBLASLt has no algorithm for a %" PRId64 "x%" PRId64 "x%" PRId64
                              " GEMM (types %d/%d/%d%s)",
-                             m, n, k, atype, btype, ctype, bias ? ", bias epilogue" : "");
-    if (bias)
+                             m, n, k, atype, btype, ctype, ep->bias ? ", bias epilogue" : "");
+    }
+    if (c->dry) return 0;
+    if (ep->bias)
         LT_TRY(be,
-               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof bias),
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep->bias,
+                                              sizeof ep->bias),
                "bias pointer");
+    if (ep->aux)
+        LT_TRY(be,
+               cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep->aux,
+                                              sizeof ep->aux),
+               "aux pointer");
     float alpha = 1.0f;
     LT_TRY(be,
            cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D, e->c, &e->algo,
@@ -328,35 +392,97 @@ static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, i
     return mgc_cuda_launch(be, &k[1], (unsigned)((N + 255) / 256), 1, 1, 256, 0, a2);
 }
 
+/* The plan's op as another kind on the same call (a fused op's unfused half). */
+static int run_as(mgc_backend *be, const mgc_op_call *c, mgc_plan_op_kind kind, int n_in,
+                  const int32_t *in, void *const *in_ptr, int n_out, const int32_t *out,
+                  void *const *out_ptr) {
+    mgc_plan_op op = *c->op;
+    mgc_op_call call = *c;
+    op.kind = (uint16_t)kind;
+    op.n_in = (uint16_t)n_in, op.n_out = (uint16_t)n_out;
+    for (int i = 0; i < n_in; i++) op.in[i] = in[i], call.in[i] = in_ptr[i];
+    for (int i = 0; i < n_out; i++) op.out[i] = out[i], call.out[i] = out_ptr[i];
+    call.op = &op;
+    return mgc_cuda_ops_pointwise(be, &call);
+}
+
+/* y (M,N) = x (M,K) W (N,K)^T (+ bias), the GEMM of linear and linear_gelu: with
+ * gelu_out, cuBLASLt's GELU_AUX(_BIAS) epilogue writes gelu(h) there and h to y (1 when it
+ * cannot: the caller then applies the gelu kernel).  The bias goes to the epilogue when its
+ * type allows, else to the bias_add kernel. */
+static int linear_fwd(mgc_backend *be, const mgc_op_call *c, void *y, const mgc_plan_tensor *ty,
+                      void *gelu_out) {
+    const mgc_plan_op *op = c->op;
+    int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
+    const void *bias = op->n_in > 2 ? c->in[2] : NULL;
+    if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0) bias = NULL;
+    int want_bias = bias != NULL;
+    int bt = bias ? dt_of(T_in(c, 2)->dtype) : 0;
+    int yt = dt_of(ty->dtype);
+    /* cuBLASLt's bias epilogue wants the bias in the output type (or compute type) */
+    if (bias && bt != yt && yt != CUDA_R_32F) bias = NULL;
+    gemm_epi ep = {bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, bt, NULL, 0, 0};
+    void *d = y;
+    if (gelu_out) {
+        if (want_bias && !bias) return 1; /* the bias would come after the GELU */
+        ep.kind = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        ep.aux = y, ep.aux_ld = N, ep.aux_type = yt;
+        d = gelu_out;
+    }
+    int rc = gemm(be, 1, 0, N, M, K, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], K,
+                  dt_of(T_in(c, 0)->dtype), d, N, yt, 0.0f, &ep);
+    if (rc || gelu_out || !want_bias || bias) return rc;
+    mgc_kspec k;
+    mgc_kspec_init(&k, "gemm_aux.cuh", "bias_add", ty->dtype);
+    void *b = c->in[2];
+    void *a[] = {&y, &b, &M, &N};
+    return mgc_cuda_launch(be, &k, (unsigned)((M * N + 255) / 256), 1, 1, 256, 0, a);
+}
+
+/* The GELU epilogues run for 16-bit outputs only, where their rounding is the output's; an
+ * fp32 plan keeps the element-wise kernels, the CPU's arithmetic. */
+static int use_epilogue(const cuda_ctx *cx, const mgc_plan_tensor *t) {
+    return cx->epilogues && t->dtype != MGC_DT_F32;
+}
+
 static int op_linear(mgc_backend *be, const mgc_op_call *c) {
+    cuda_ctx *cx = be->context;
     const mgc_plan_op *op = c->op;
     int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
     switch (op->kind) {
-    case MGC_POP_LINEAR: { /* y (M,N) = x (M,K) W (N,K)^T + bias */
-        const void *bias = op->n_in > 2 ? c->in[2] : NULL;
-        if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0) bias = NULL;
-        int bt = bias ? dt_of(T_in(c, 2)->dtype) : 0;
-        int yt = dt_of(T_out(c, 0)->dtype);
-        /* cuBLASLt's bias epilogue wants the bias in the output type (or compute type) */
-        if (bias && bt != yt && yt != CUDA_R_32F) bias = NULL;
-        if (gemm(be, 1, 0, N, M, K, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], K,
-                 dt_of(T_in(c, 0)->dtype), c->out[0], N, yt, 0.0f, bias, bt))
-            return -1;
-        if (!bias && op->n_in > 2 && !((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0)) {
-            mgc_kspec k;
-            mgc_kspec_init(&k, "gemm_aux.cuh", "bias_add", T_out(c, 0)->dtype);
-            void *y = c->out[0], *b = c->in[2];
-            void *a[] = {&y, &b, &M, &N};
-            return mgc_cuda_launch(be, &k, (unsigned)((M * N + 255) / 256), 1, 1, 256, 0, a);
+    case MGC_POP_LINEAR: /* y (M,N) = x (M,K) W (N,K)^T + bias */
+        return linear_fwd(be, c, c->out[0], T_out(c, 0), NULL);
+    case MGC_POP_LINEAR_GELU: { /* out y = gelu(h), h */
+        if (use_epilogue(cx, T_out(c, 0))) {
+            int rc = linear_fwd(be, c, c->out[1], T_out(c, 1), c->out[0]);
+            if (rc <= 0) return rc;
         }
-        return 0;
+        if (linear_fwd(be, c, c->out[1], T_out(c, 1), NULL)) return -1;
+        int32_t in = op->out[1], out = op->out[0];
+        return run_as(be, c, MGC_POP_GELU, 1, &in, &c->out[1], 1, &out, &c->out[0]);
     }
-    case MGC_POP_LINEAR_DGRAD: /* dx (M,K) = dy (M,N) W (N,K) */
-        return gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                    dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f, NULL, 0);
+    case MGC_POP_LINEAR_DGRAD:      /* dx (M,K) = dy (M,N) W (N,K) */
+    case MGC_POP_LINEAR_DGRAD_GELU: { /* dh = gelu'(h) (dy W), h the third input */
+        gemm_epi ep = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
+        int fused = op->kind == MGC_POP_LINEAR_DGRAD_GELU;
+        if (fused && use_epilogue(cx, T_out(c, 0)))
+            ep = (gemm_epi){CUBLASLT_EPILOGUE_DGELU, NULL, 0, c->in[2], K, dt_of(T_in(c, 2)->dtype)};
+        int rc = gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
+                      dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f, &ep);
+        if (rc == 1) /* no DGELU algorithm: the plain GEMM */
+            rc = gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
+                      dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f, NULL);
+        else if (ep.aux || rc)
+            return rc;
+        if (rc || !fused) return rc;
+        /* gelu_bwd in place: dh = gelu'(h) dh (pointwise.cuh allows dx == dy) */
+        int32_t in[2] = {op->in[2], op->out[0]}, out = op->out[0];
+        void *inp[2] = {c->in[2], c->out[0]};
+        return run_as(be, c, MGC_POP_GELU_BWD, 2, in, inp, 1, &out, &c->out[0]);
+    }
     default: /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
         if (gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                 dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, NULL, 0))
+                 dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, NULL))
             return -1;
         if (op->n_out > 1)
             return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
@@ -393,18 +519,18 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
             char *y = (char *)c->out[0] + (size_t)(row * N) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
             rc = gemm(be, 1, 0, N, r, K, (const char *)c->in[1] + (size_t)(e * N * K) * ws, K,
                       dt_of(w->dtype), x, K, dt_of(T_in(c, 0)->dtype), y, N, dt_of(T_out(c, 0)->dtype),
-                      0.0f, NULL, 0);
+                      0.0f, NULL);
         } else if (op->kind == MGC_POP_GROUPED_LINEAR_DGRAD) { /* in dy (rows,N), W; out dx (rows,K) */
             const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
             char *dx = (char *)c->out[0] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
             rc = gemm(be, 0, 0, K, r, N, (const char *)c->in[1] + (size_t)(e * N * K) * ws, K,
                       dt_of(w->dtype), dy, N, dt_of(T_in(c, 0)->dtype), dx, K,
-                      dt_of(T_out(c, 0)->dtype), 0.0f, NULL, 0);
+                      dt_of(T_out(c, 0)->dtype), 0.0f, NULL);
         } else { /* in dy (rows,N), x (rows,K); out dW (E_l,N,K) fp32 += */
             const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
             const char *x = (const char *)c->in[1] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_in(c, 1)->dtype);
             rc = gemm(be, 0, 1, K, N, r, x, K, dt_of(T_in(c, 1)->dtype), dy, N, dt_of(T_in(c, 0)->dtype),
-                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, dt_of(w->dtype), 1.0f, NULL, 0);
+                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, dt_of(w->dtype), 1.0f, NULL);
         }
         row += r;
     }
@@ -415,7 +541,9 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
 static int cuda_run_op(mgc_backend *be, const mgc_op_call *c) {
     switch ((mgc_plan_op_kind)c->op->kind) {
     case MGC_POP_LINEAR:
+    case MGC_POP_LINEAR_GELU:
     case MGC_POP_LINEAR_DGRAD:
+    case MGC_POP_LINEAR_DGRAD_GELU:
     case MGC_POP_LINEAR_WGRAD: return op_linear(be, c);
     case MGC_POP_GROUPED_LINEAR:
     case MGC_POP_GROUPED_LINEAR_DGRAD:
@@ -463,6 +591,48 @@ static void cuda_arena_free(mgc_backend *be, void *arena) {
     cudaFree(arena);
 }
 
+static int is_linear(uint16_t kind) {
+    return kind == MGC_POP_LINEAR || kind == MGC_POP_LINEAR_GELU || kind == MGC_POP_LINEAR_DGRAD ||
+           kind == MGC_POP_LINEAR_DGRAD_GELU || kind == MGC_POP_LINEAR_WGRAD;
+}
+
+/* Before the first step: every kernel the stage's ops and the optimizer launch is loaded
+ * (or JIT-compiled), and every GEMM of the stage has its descriptors and algorithm, so a
+ * missing kernel or an unsupported GEMM fails here, not mid-step.  The ops run `dry`:
+ * launchers and GEMMs stop before queueing work.  (Grouped GEMMs size their calls by the
+ * routed counts: theirs are made at first use.) */
+static int warm_up(mgc_backend *be, const mgc_stage_program *st, void *arena) {
+    cuda_ctx *c = be->context;
+    mgc_kspec ks[MGC_KSPEC_MAX_PER_OP > 16 ? MGC_KSPEC_MAX_PER_OP : 16];
+    char err[256];
+    int rc = 0;
+    c->dry = 1;
+    for (int64_t k = 0; k < st->n_chunks && !rc; k++) {
+        const mgc_plan_chunk *ch = &st->chunks[k];
+        for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd && !rc; i++) {
+            const mgc_plan_op *op = i < ch->n_fwd ? &ch->fwd[i] : &ch->bwd[i - ch->n_fwd];
+            int n = mgc_kspecs_for_op(c->plan, ch, op, ks, MGC_KSPEC_MAX_PER_OP, err, sizeof err);
+            if (n < 0) {
+                rc = mgc_cuda_fail(be, "%s", err);
+                break;
+            }
+            for (int j = 0; j < n && !rc; j++)
+                if (!find_kernel(be, &ks[j])) rc = -1;
+            if (rc || !is_linear(op->kind)) continue;
+            mgc_op_call call;
+            memset(&call, 0, sizeof call);
+            call.plan = c->plan, call.chunk = ch, call.op = op;
+            for (int j = 0; j < MGC_PLAN_MAX_IO; j++) call.in[j] = call.out[j] = arena;
+            rc = op_linear(be, &call);
+        }
+    }
+    int n = rc ? 0 : mgc_kspecs_for_plan(c->plan, ks, (int)(sizeof ks / sizeof ks[0]));
+    for (int j = 0; j < n && !rc; j++)
+        if (!find_kernel(be, &ks[j])) rc = -1;
+    c->dry = 0;
+    return rc;
+}
+
 static int cuda_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_program *st, void *arena) {
     cuda_ctx *c = be->context;
     c->plan = plan;
@@ -474,6 +644,9 @@ static int cuda_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_prog
             c->ws_bytes = (size_t)st->buffers[b].bytes;
             break;
         }
+    if (c->warm == st) return 0;
+    if (warm_up(be, st, arena)) return -1;
+    c->warm = st;
     return 0;
 }
 
@@ -534,12 +707,7 @@ static void cuda_close(mgc_backend *be) {
     cuda_ctx *c = be->context;
     if (c) {
         cudaStreamSynchronize(c->stream);
-        for (int i = 0; i < c->n_gemm; i++) {
-            cublasLtMatmulDescDestroy(c->gemm[i].op);
-            cublasLtMatrixLayoutDestroy(c->gemm[i].a);
-            cublasLtMatrixLayoutDestroy(c->gemm[i].b);
-            cublasLtMatrixLayoutDestroy(c->gemm[i].c);
-        }
+        for (int i = 0; i < c->n_gemm; i++) gemm_entry_free(&c->gemm[i]);
         for (int i = 0; i < c->n_libs; i++)
             cudaLibraryUnload(c->libs[i]);
         free(c->libs);
@@ -608,6 +776,8 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     }
     c->arch = prop.major * 10 + prop.minor;
     c->sms = prop.multiProcessorCount;
+    const char *epi = getenv("MGC_GEMM_EPILOGUES"); /* docs/cuda-backend.md */
+    c->epilogues = !(epi && !strcmp(epi, "0"));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, err_size, "CUDA device %d: cublasLtCreate failed", device);
         cuda_close(be);

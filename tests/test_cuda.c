@@ -223,6 +223,7 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
     T_CHECK(ok);
     int kind = gop->kind;
     int gemmish = kind == MGC_POP_LINEAR || kind == MGC_POP_LINEAR_DGRAD || kind == MGC_POP_LINEAR_WGRAD ||
+                  kind == MGC_POP_LINEAR_GELU || kind == MGC_POP_LINEAR_DGRAD_GELU ||
                   kind == MGC_POP_ATTENTION || kind == MGC_POP_ATTENTION_BWD ||
                   (kind >= MGC_POP_GROUPED_LINEAR && kind <= MGC_POP_GROUPED_LINEAR_WGRAD) ||
                   kind == MGC_POP_GROUPED_LINEAR_DGRAD || kind == MGC_POP_GROUPED_LINEAR_WGRAD ||

@@ -211,7 +211,8 @@ static void check_loss_scaling(void) {
 }
 
 /* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
- * like the unfused one (MGC_FUSION=0), and no norm_bwd + add_bwd pair is left. */
+ * like the unfused one (MGC_FUSION=0), and no norm_bwd + add_bwd, dropout_add + norm,
+ * linear + gelu or gelu_bwd is left (GPT's MLP: every gelu and gelu_bwd is fused). */
 static void check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
     mgc_plan *u = compile(path, NULL, sets);
@@ -224,40 +225,59 @@ static void check_fusion(const char *path, const char *const *sets) {
         return;
     }
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
+    int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
     for (int64_t s = 0; s < f->n_stages; s++)
         for (int64_t c = 0; c < f->stages[s].n_chunks; c++) {
             const mgc_plan_chunk *ch = &f->stages[s].chunks[c], *cu = &u->stages[s].chunks[c];
             for (int64_t i = 0; i < ch->n_bwd; i++) {
+                dg += ch->bwd[i].kind == MGC_POP_LINEAR_DGRAD_GELU;
+                gelub_f += ch->bwd[i].kind == MGC_POP_GELU_BWD;
+                for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_GELU_BWD; j++)
+                    pairs += ch->bwd[j].kind == MGC_POP_LINEAR_DGRAD && ch->bwd[j].out[0] == ch->bwd[i].in[1];
                 fused += ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i].n_in == 4;
                 adds_f += ch->bwd[i].kind == MGC_POP_ADD_BWD;
                 if (i + 1 < ch->n_bwd && ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i + 1].kind == MGC_POP_ADD_BWD &&
                     (ch->bwd[i + 1].in[0] == ch->bwd[i].out[0] || ch->bwd[i + 1].in[1] == ch->bwd[i].out[0]))
                     pairs++;
             }
-            for (int64_t i = 0; i < cu->n_bwd; i++) adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
+            for (int64_t i = 0; i < cu->n_bwd; i++) {
+                adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
+                gelub_u += cu->bwd[i].kind == MGC_POP_GELU_BWD;
+            }
             for (int64_t i = 0; i < ch->n_fwd; i++) {
+                lg += ch->fwd[i].kind == MGC_POP_LINEAR_GELU;
+                gelu_f += ch->fwd[i].kind == MGC_POP_GELU;
+                if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_LINEAR && ch->fwd[i + 1].kind == MGC_POP_GELU &&
+                    ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
+                    fpairs++;
                 addnorm += ch->fwd[i].kind == MGC_POP_ADD_NORM;
                 dadd_f += ch->fwd[i].kind == MGC_POP_DROPOUT_ADD;
                 if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_DROPOUT_ADD && ch->fwd[i + 1].kind == MGC_POP_NORM &&
                     ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
                     fpairs++;
             }
-            for (int64_t i = 0; i < cu->n_fwd; i++) dadd_u += cu->fwd[i].kind == MGC_POP_DROPOUT_ADD;
+            for (int64_t i = 0; i < cu->n_fwd; i++) {
+                dadd_u += cu->fwd[i].kind == MGC_POP_DROPOUT_ADD;
+                gelu_u += cu->fwd[i].kind == MGC_POP_GELU;
+            }
         }
     T_CHECK(fused > 0 && addnorm > 0);
+    T_CHECK(gelu_u == 0 || lg > 0); /* a model with GELU fuses some */
     T_EQ_I64(pairs, 0);
     T_EQ_I64(fpairs, 0);
     T_EQ_I64(adds_u - adds_f, fused);
     T_EQ_I64(dadd_u - dadd_f, addnorm);
+    T_EQ_I64(gelu_u - gelu_f, lg); /* each linear_gelu replaced one gelu */
+    T_EQ_I64(gelub_u - gelub_f, dg);
     double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS];
     T_EQ_I64(train(u, lu, nu), 0);
     T_EQ_I64(train(f, lf, nf), 0);
     int same = 1;
     for (int i = 0; i < STEPS; i++) same &= lu[i] == lf[i] && nu[i] == nf[i];
     T_CHECK(same);
-    printf("%s: %lld norm_bwd + add_bwd and %lld dropout_add + norm pairs fused, %d steps bit-identical to "
-           "the unfused plan\n",
-           path, (long long)fused, (long long)addnorm, STEPS);
+    printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu and %lld "
+           "linear_dgrad + gelu_bwd pairs fused, %d steps bit-identical to the unfused plan\n",
+           path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
 }
