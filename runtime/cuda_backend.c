@@ -439,8 +439,9 @@ static int linear_fwd(mgc_backend *be, const mgc_op_call *c, void *y, const mgc_
     return mgc_cuda_launch(be, &k, (unsigned)((M * N + 255) / 256), 1, 1, 256, 0, a);
 }
 
-/* The GELU epilogues run for 16-bit outputs only, where their rounding is the output's; an
- * fp32 plan keeps the element-wise kernels, the CPU's arithmetic. */
+/* The fused epilogues (GELU, DGELU, BGRADB) run in 16-bit plans only, where their rounding
+ * hides in the storage type's; an fp32 plan keeps the kernels that do the CPU's arithmetic
+ * (the element-wise GELU, the bias gradient summed row by row). */
 static int use_epilogue(const cuda_ctx *cx, const mgc_plan_tensor *t) {
     return cx->epilogues && t->dtype != MGC_DT_F32;
 }
@@ -480,13 +481,32 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         void *inp[2] = {c->in[2], c->out[0]};
         return run_as(be, c, MGC_POP_GELU_BWD, 2, in, inp, 1, &out, &c->out[0]);
     }
-    default: /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
+    default: { /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
+        if (op->n_out > 1 && use_epilogue(cx, T_in(c, 0))) {
+            /* cuBLASLt's BGRADB writes the column sums of dy (the GEMM's B) to part; the plan
+             * accumulates db over microbatches, so bias_grad_finish adds part to it */
+            float *part = mgc_cuda_scratch(be, (size_t)N * sizeof(float));
+            if (!part) return -1;
+            gemm_epi ep = {CUBLASLT_EPILOGUE_BGRADB, part, CUDA_R_32F, NULL, 0, 0};
+            int rc = gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
+                          dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, &ep);
+            if (rc < 0) return -1;
+            if (rc == 0) {
+                mgc_kspec k;
+                mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", T_in(c, 0)->dtype);
+                void *db = c->out[1];
+                int64_t one = 1;
+                void *a[] = {&db, &part, &one, &N};
+                return mgc_cuda_launch(be, &k, (unsigned)((N + 255) / 256), 1, 1, 256, 0, a);
+            }
+        }
         if (gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
                  dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, NULL))
             return -1;
         if (op->n_out > 1)
             return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
         return 0;
+    }
     }
 }
 
