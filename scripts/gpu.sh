@@ -7,6 +7,9 @@
 #   sh scripts/gpu.sh [test|bench|all]        (default all)
 #   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
 #                                             (one-off experiments within one lent call)
+#   sh scripts/gpu.sh ncu                     Nsight Compute on one GPT-2 124M step's attention
+#                                             kernels (NCU_KERNELS: a regex; NCU_MBS): stall
+#                                             reasons, occupancy, pipes, to $OUT/ncu-*.txt
 #
 # SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
 # models, tiny-gpt at head dim 64 and tiny-llama at 128, one training step each); bench/bench_gpu.sh
@@ -46,6 +49,30 @@ if [ "$what" = shell ]; then
     exec sh -c "$2"
 fi
 rc=0
+if [ "$what" = ncu ]; then
+    # One bf16 step of GPT-2 124M (seq 1024, no dropout), the first launch of each kernel whose
+    # name the regex matches (--kernel-id ::regex:R:1) profiled with the sections that say where the time goes.  --clock-control
+    # none: the lent machine's clocks stay as they are (METHOD.md).
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    build-gpu/compiler/mgc compile models/gpt2-124m.yaml --set training.precision=bf16 \
+        --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.data=1 \
+        --set training.micro_batch_size="${NCU_MBS:-8}" --set training.global_batch_size="${NCU_MBS:-8}" \
+        --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.recompute=none \
+        --set hardware.cuda_archs=[90] -o build-gpu/ncu.plan >"$OUT/ncu-compile.log" 2>&1 || exit 1
+    for sec in "SpeedOfLight Occupancy LaunchStats" "WarpStateStats SchedulerStats" \
+        "ComputeWorkloadAnalysis MemoryWorkloadAnalysis"; do
+        name=$(echo "$sec" | cut -d' ' -f1)
+        args=
+        for x in $sec; do args="$args --section $x"; done
+        # shellcheck disable=SC2086
+        "$NCU" --clock-control none --kernel-id "::regex:${NCU_KERNELS:-attention}:1" \
+            $args build-gpu/runtime/mgc-run build-gpu/ncu.plan --backend cuda --iterations 1 -q \
+            >"$OUT/ncu-$name.txt" 2>&1 || rc=1
+        grep -E "attention|Duration|Throughput|Occupancy|Registers|Stall|Issued|Eligible|Pipe|Warp Cycles|Block Limit" \
+            "$OUT/ncu-$name.txt" | head -n 60
+    done
+    exit $rc
+fi
 if [ "$what" = test ] || [ "$what" = all ]; then
     echo "== gpu tests"
     (cd build-gpu && ctest -L gpu --output-on-failure --timeout 1200) >"$OUT/gpu-tests.log" 2>&1 || rc=1
