@@ -32,7 +32,9 @@
  *             ATT_FBK keys per step (fp32: 64 for D <= 32, else 32; 16-bit: 64 for D <= 64,
  *             else 32)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
- *             ATT_TBC_KV (dK/dV: 64, 16 for D = 128) and ATT_TBC_Q (dQ: 64, 32 for D = 128);
+ *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D = 64, 16 for D = 128: the
+ *             double-buffered query tiles fit in the registers and shared memory left) and
+ *             ATT_TBC_Q (dQ: 64, 32 for D = 128);
  *             SIMT (fp32): ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for
  *             D = 128), ATT_BC rows per step (32 for D <= 64, 16 for D = 128)
  * No float atomics: every sum has a fixed order (dK/dV iterate the group's query heads in
@@ -66,7 +68,7 @@
  * dK/dV accumulators (128 floats a thread) fit in 255 registers without spilling */
 #define ATT_TC_BWD (MGC_HALF)
 #define ATT_TBR 64 /* tensor-core backward: rows owned per block (16 per warp) */
-#define ATT_TBC_KV (ATT_D <= 64 ? 64 : 16) /* dK/dV: query rows per step */
+#define ATT_TBC_KV (ATT_D < 64 ? 64 : ATT_D == 64 ? 32 : 16) /* dK/dV: query rows per step */
 #define ATT_TBC_Q (ATT_D <= 64 ? 64 : 32)  /* dQ: key rows per step */
 #define ATT_KV_SMEM (MGC_D > 64)           /* dK/dV: K and V A operands from shared memory */
 #define ATT_LOG2E 1.4426950408889634f
@@ -206,6 +208,38 @@ __device__ __forceinline__ void att_stage(unsigned short (*sh)[ATT_D + 8], const
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (i < n) v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
         *(uint4 *)&sh[rr][8 * c8] = v;
+    }
+}
+
+/* att_stage through cp.async (sm_80+): the copies land without passing through registers while
+ * the block computes; att_cp_wait<N> waits until at most N of this thread's committed groups
+ * are in flight (a barrier then makes every thread's copies visible).  Rows past n are
+ * zero-filled (source size 0; the address is row 0's, which exists). */
+__device__ __forceinline__ void att_cp16(void *dst, const void *src, bool ok) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void att_cp4(void *dst, const void *src, bool ok) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void att_cp_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void att_cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+template <int ROWS>
+__device__ __forceinline__ void att_stage_async(unsigned short (*sh)[ATT_D + 8], const mgc_t *x,
+                                                int r0, int n, int b, int H, int bi, int h) {
+#pragma unroll
+    for (int idx = threadIdx.x; idx < ROWS * (ATT_D / 8); idx += ATT_NT) {
+        int rr = idx / (ATT_D / 8), c8 = idx % (ATT_D / 8), i = r0 + rr;
+        const mgc_t *row = x + (((i64)(i < n ? i : 0) * b + bi) * H + h) * ATT_D;
+        att_cp16(&sh[rr][8 * c8], row + 8 * c8, i < n);
     }
 }
 
@@ -458,13 +492,29 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if defined(MGC_ENTRY_attention_fwd) && MGC_HALF
+/* Whether any query of the block sees a key of the tile at k0 (block-uniform: a barrier).
+ * qmax is the block's largest query position. */
+__device__ __forceinline__ bool att_fwd_tile_seen(int k0, int qmax, int sk, const int *kpos,
+                                                  int pos_s, int pos_cp, int pos_rank,
+                                                  int k_gathered) {
+    if (!MGC_CAUSAL) return true;
+    int j = k0 + (int)threadIdx.x;
+    int vis = threadIdx.x < ATT_FBK && j < sk &&
+              att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
+    return __syncthreads_or(vis) != 0;
+}
+
 /* attention_fwd (bf16/fp16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
- * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); per key tile K and V are
- * staged row-major in shared memory and read by ldmatrix (V transposed); S = Q K^T and
- * O += P V on mma.sync.
+ * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); K and V tiles are staged
+ * row-major in shared memory, two buffers deep: cp.async fetches the next tile the block sees
+ * while this one is computed.  They are read by ldmatrix (V transposed); S = Q K^T and
+ * O += P V on mma.sync.  A tile every query of the block sees whole (rows are positions and
+ * the tile ends at or before the block's first query) skips the per-element mask.
  * grid (ceil(sq / ATT_FBQ), b, A), block 128, dynamic shared memory 0.
- * lse must not be NULL (the launcher passes scratch when the plan does not keep it). */
-extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
+ * lse must not be NULL (the launcher passes scratch when the plan does not keep it).
+ * Three blocks per multiprocessor (at most 168 registers) at D <= 64: 12 warps hide the
+ * latency the two-deep copies leave. */
+extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ out, float *__restrict__ lse, const mgc_t *__restrict__ q,
                    const mgc_t *__restrict__ k, const mgc_t *__restrict__ v, int sq, int sk, int b,
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
@@ -472,13 +522,15 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
                    int pos_cp, int pos_rank, int k_gathered) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
-    __shared__ __align__(16) unsigned short Ks[BK][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Vs[BK][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Vs[2][BK][ATT_D + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     const int q0 = blockIdx.x * BQ, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
+    /* rows are positions: a tile that ends at or before q0 is seen whole by every row */
+    const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
 
     unsigned qf[KS][4];
     att_load_afrag(qf, q, r, sq, b, A, bi, a, tig);
@@ -498,35 +550,57 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     mrow[0] = mrow[1] = att_ninf();
     lrow[0] = lrow[1] = 0.0f;
 
-    for (int k0 = 0; k0 < sk; k0 += BK) {
-        if (MGC_CAUSAL) { /* skip a key tile no query of the tile sees */
-            int j = k0 + tid;
-            int vis = tid < BK && j < sk &&
-                      att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
-            if (!__syncthreads_or(vis)) continue;
+    /* the first tile the block sees, fetched before the loop */
+    int k0 = 0;
+    while (k0 < sk && !att_fwd_tile_seen(k0, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
+        k0 += BK;
+    if (k0 < sk) {
+        att_stage_async<BK>(Ks[0], k, k0, sk, b, G, bi, g);
+        att_stage_async<BK>(Vs[0], v, k0, sk, b, G, bi, g);
+    }
+    att_cp_commit();
+    for (int buf = 0; k0 < sk; buf ^= 1) {
+        int kn = k0 + BK; /* the next tile the block sees: its copies start now */
+        while (kn < sk && !att_fwd_tile_seen(kn, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
+            kn += BK;
+        if (kn < sk) {
+            att_stage_async<BK>(Ks[buf ^ 1], k, kn, sk, b, G, bi, g);
+            att_stage_async<BK>(Vs[buf ^ 1], v, kn, sk, b, G, bi, g);
         }
-        att_stage<BK>(Ks, k, k0, sk, b, G, bi, g);
-        att_stage<BK>(Vs, v, k0, sk, b, G, bi, g);
+        att_cp_commit();
+        att_cp_wait<1>(); /* this tile's copies (all but the group just committed) */
         __syncthreads();
         float s[NT][4];
-        att_mma_rows<BK>(s, qf, Ks, lane);
+        att_mma_rows<BK>(s, qf, Ks[buf], lane);
         float mx[2] = {att_ninf(), att_ninf()};
+        const bool whole = rows_are_pos && k0 + BK <= sk && (!MGC_CAUSAL || k0 + BK - 1 <= q0);
+        if (whole) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = k0 + nt * 8 + 2 * tig + e;
-                int kpj = 0;
-                if (MGC_CAUSAL && j < sk)
-                    kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    bool visible = j < sk && (!MGC_CAUSAL || kpj <= qp[h]);
-                    float x = visible ? s[nt][2 * h + e] * sl2 : att_ninf();
-                    s[nt][2 * h + e] = x;
-                    mx[h] = fmaxf(mx[h], x);
+                for (int e = 0; e < 4; e++) {
+                    float x = s[nt][e] * sl2;
+                    s[nt][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
-            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int j = k0 + nt * 8 + 2 * tig + e;
+                    int kpj = 0;
+                    if (MGC_CAUSAL && j < sk)
+                        kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        bool visible = j < sk && (!MGC_CAUSAL || kpj <= qp[h]);
+                        float x = visible ? s[nt][2 * h + e] * sl2 : att_ninf();
+                        s[nt][2 * h + e] = x;
+                        mx[h] = fmaxf(mx[h], x);
+                    }
+                }
+        }
         float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -564,9 +638,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             o[dt][2] *= alpha[1];
             o[dt][3] *= alpha[1];
         }
-        att_mma_acc<BK>(o, s, Vs, lane);
-        __syncthreads(); /* before the next tile overwrites Ks and Vs */
+        att_mma_acc<BK>(o, s, Vs[buf], lane);
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
+        k0 = kn;
     }
+    att_cp_wait<0>();
 
     float inv[2];
 #pragma unroll
@@ -884,22 +960,28 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 /* attention_bwd_dkv (bf16/fp16, tensor cores): the SIMT kernel's math with warp w owning
  * keys k0 + 16 w .. +15 (their K and V fragments in registers; at D = 128 the block's K and V
  * are staged in shared memory instead and read by ldmatrix, ATT_KV_SMEM, so that the dK/dV
- * accumulators fit in registers).  Per query tile of ATT_TBC_KV rows
- * (Q and dO staged row-major; ldmatrix reads them either way): S^T = K Q^T and dP^T = V dO^T on mma.sync, then
- * P^T Z and dS^T in registers, rounded to the storage type as the A operand of dV += (P Z)^T dO and
- * dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query tiles, in order.
+ * accumulators fit in registers).  Per query tile of ATT_TBC_KV rows (Q, dO and the rows' lse
+ * and dsum staged, two buffers deep: cp.async fetches the next tile the block sees while this
+ * one is computed; ldmatrix reads Q and dO either way): S^T = K Q^T and dP^T = V dO^T on
+ * mma.sync, then P^T Z and dS^T in registers, rounded to the storage type as the A operand of
+ * dV += (P Z)^T dO and dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query
+ * tiles, in order.  A tile whose queries all see every key of the block skips the mask.
  * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
-    __shared__ __align__(16) unsigned short Qs[BC][ATT_D + 8];
-    __shared__ __align__(16) unsigned short dOs[BC][ATT_D + 8];
-    __shared__ float lses[BC], dsums[BC];
+    /* buffers of the query-side tiles: one at D = 128, where K and V take the shared memory
+     * (the next tile is then fetched after this one is done) */
+    constexpr int NB = ATT_KV_SMEM ? 1 : 2;
+    __shared__ __align__(16) unsigned short Qs[NB][BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short dOs[NB][BC][ATT_D + 8];
+    __shared__ float lses[NB][BC], dsums[NB][BC]; /* raw: lse, dsum; 0 past sq */
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     const int k0 = blockIdx.x * BR, bi = blockIdx.y, g = blockIdx.z, per = A / G;
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {k0 + 16 * w + grp, k0 + 16 * w + grp + 8};
+    const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
 
 #if ATT_KV_SMEM
     __shared__ __align__(16) unsigned short Ks[BR][ATT_D + 8];
@@ -930,56 +1012,92 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
 
-    for (int a = g * per; a < (g + 1) * per; a++) {
-        for (int q0 = 0; q0 < sq; q0 += BC) {
-            if (MGC_CAUSAL) { /* skip a query tile that sees no key of the block */
-                int i = q0 + tid;
-                int vis = tid < BC && i < sq && att_qpos(qpos, i, pos_s, pos_cp, pos_rank) >= kmin;
-                if (!__syncthreads_or(vis)) continue;
-            }
-            att_stage<BC>(Qs, q, q0, sq, b, A, bi, a);
-            att_stage<BC>(dOs, dout, q0, sq, b, A, bi, a);
-            if (tid < BC) {
-                int i = q0 + tid;
-                i64 rw = ((i64)i * b + bi) * A + a;
-                lses[tid] = i < sq ? lse[rw] * ATT_LOG2E : att_ninf();
-                dsums[tid] = i < sq ? dsum[rw] : 0.0f;
-            }
-            __syncthreads();
-            float s[NT][4], dp[NT][4]; /* S^T and dP^T: rows keys r[h], columns queries */
-#if ATT_KV_SMEM
-            att_mma_rows_sa<BC>(s, Ks, 16 * w, Qs, lane);
-            att_mma_rows_sa<BC>(dp, Vs, 16 * w, dOs, lane);
-#else
-            att_mma_rows<BC>(s, kf, Qs, lane);
-            att_mma_rows<BC>(dp, vf, dOs, lane);
-#endif
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int ql = nt * 8 + 2 * tig + e, i = q0 + ql;
-                    float l2 = lses[ql], Dv = dsums[ql];
-                    int qpi = 0;
-                    if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        bool visible = i < sq && r[h] < sk && l2 != att_ninf() &&
-                                       (!MGC_CAUSAL || kp[h] <= qpi);
-                        float p = visible ? exp2f(s[nt][2 * h + e] * sl2 - l2) : 0.0f;
-                        float z = 1.0f;
-                        if (drop_p > 0.0f && visible)
-                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
-                                         i, r[h], A, sq, sk);
-                        dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv) * scale; /* dS^T */
-                        s[nt][2 * h + e] = p * z;                                     /* P^T Z */
-                    }
-                }
-            att_mma_acc<BC>(dva, s, dOs, lane);
-            att_mma_acc<BC>(dka, dp, Qs, lane);
-            __syncthreads(); /* before the next tile overwrites the shared tiles */
+    /* the (head, query tile) steps in order, skipping tiles that see no key of the block
+     * (block-uniform: a barrier each); the next step's tiles are fetched during this one's */
+#define ATT_DKV_SEEN(q0_)                                                                        \
+    (!MGC_CAUSAL ||                                                                              \
+     __syncthreads_or(tid < BC && (q0_) + tid < sq &&                                            \
+                      att_qpos(qpos, (q0_) + tid, pos_s, pos_cp, pos_rank) >= kmin))
+#define ATT_DKV_NEXT(a_, q0_)                                                                    \
+    do {                                                                                         \
+        for (;;) {                                                                               \
+            if ((q0_) >= sq) (a_)++, (q0_) = 0;                                                  \
+            if ((a_) >= (g + 1) * per || ATT_DKV_SEEN(q0_)) break;                               \
+            (q0_) += BC;                                                                         \
+        }                                                                                        \
+    } while (0)
+#define ATT_DKV_FETCH(bf_, a_, q0_)                                                              \
+    do {                                                                                         \
+        att_stage_async<BC>(Qs[bf_], q, (q0_), sq, b, A, bi, (a_));                              \
+        att_stage_async<BC>(dOs[bf_], dout, (q0_), sq, b, A, bi, (a_));                          \
+        if (tid < BC) {                                                                          \
+            int i_ = (q0_) + tid;                                                                \
+            i64 rw_ = ((i64)(i_ < sq ? i_ : 0) * b + bi) * A + (a_);                             \
+            att_cp4(&lses[bf_][tid], lse + rw_, i_ < sq);                                        \
+            att_cp4(&dsums[bf_][tid], dsum + rw_, i_ < sq);                                      \
+        }                                                                                        \
+    } while (0)
+    int a = g * per, q0 = 0;
+    ATT_DKV_NEXT(a, q0);
+    if (a < (g + 1) * per) ATT_DKV_FETCH(0, a, q0);
+    att_cp_commit();
+    for (int buf = 0; a < (g + 1) * per; buf ^= NB - 1) {
+        int an = a, qn = q0 + BC;
+        if (NB == 2) {
+            ATT_DKV_NEXT(an, qn);
+            if (an < (g + 1) * per) ATT_DKV_FETCH(buf ^ 1, an, qn);
+            att_cp_commit();
+            att_cp_wait<1>();
+        } else {
+            att_cp_wait<0>();
         }
+        __syncthreads();
+        float s[NT][4], dp[NT][4]; /* S^T and dP^T: rows keys r[h], columns queries */
+#if ATT_KV_SMEM
+        att_mma_rows_sa<BC>(s, Ks, 16 * w, Qs[buf], lane);
+        att_mma_rows_sa<BC>(dp, Vs, 16 * w, dOs[buf], lane);
+#else
+        att_mma_rows<BC>(s, kf, Qs[buf], lane);
+        att_mma_rows<BC>(dp, vf, dOs[buf], lane);
+#endif
+        /* every query of the tile sees every key of the block */
+        const bool whole = rows_are_pos && q0 + BC <= sq && (!MGC_CAUSAL || k0 + BR - 1 <= q0);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int ql = nt * 8 + 2 * tig + e, i = q0 + ql;
+                bool iok = whole || i < sq;
+                float l2 = iok ? lses[buf][ql] * ATT_LOG2E : att_ninf(), Dv = dsums[buf][ql];
+                int qpi = 0;
+                if (MGC_CAUSAL && !whole && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    bool visible = iok && r[h] < sk && l2 != att_ninf() &&
+                                   (whole || !MGC_CAUSAL || kp[h] <= qpi);
+                    float p = visible ? exp2f(s[nt][2 * h + e] * sl2 - l2) : 0.0f;
+                    float z = 1.0f;
+                    if (drop_p > 0.0f && visible)
+                        z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
+                                     i, r[h], A, sq, sk);
+                    dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv) * scale; /* dS^T */
+                    s[nt][2 * h + e] = p * z;                                     /* P^T Z */
+                }
+            }
+        att_mma_acc<BC>(dva, s, dOs[buf], lane);
+        att_mma_acc<BC>(dka, dp, Qs[buf], lane);
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
+        if (NB == 1) {
+            ATT_DKV_NEXT(an, qn);
+            if (an < (g + 1) * per) ATT_DKV_FETCH(0, an, qn);
+            att_cp_commit();
+        }
+        a = an, q0 = qn;
     }
+#undef ATT_DKV_FETCH
+#undef ATT_DKV_NEXT
+#undef ATT_DKV_SEEN
+    att_cp_wait<0>();
     att_store_acc(dk, dka, r, sk, b, G, bi, g, tig);
     att_store_acc(dv, dva, r, sk, b, G, bi, g, tig);
 }
@@ -987,31 +1105,36 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
 #if defined(MGC_ENTRY_attention_bwd_dq) && ATT_TC_BWD
 /* attention_bwd_dq (bf16/fp16, tensor cores): warp w owns query rows q0 + 16 w .. +15
- * (Q and dO fragments in registers); per key tile of ATT_TBC_Q rows (K and V staged row-major;
+ * (Q and dO fragments in registers); per key tile of ATT_TBC_Q rows (K and V staged row-major,
+ * two buffers deep: cp.async fetches the next tile the block sees while this one is computed;
  * ldmatrix reads K transposed for dS K): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
+ * A tile every query of the block sees whole skips the per-element mask (as the forward).
  * grid (ceil(sq / ATT_TBR), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_TBR, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
-    __shared__ __align__(16) unsigned short Ks[BC][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Vs[BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Ks[2][BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Vs[2][BC][ATT_D + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     const int q0 = blockIdx.x * BR, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
+    const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
 
     unsigned qf[KS][4], of[KS][4];
     att_load_afrag(qf, q, r, sq, b, A, bi, a, tig);
     att_load_afrag(of, dout, r, sq, b, A, bi, a, tig);
     int qp[2];
     float l2[2], Dm[2];
+    bool rowok[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         i64 rw = ((i64)r[h] * b + bi) * A + a;
         qp[h] = r[h] < sq ? att_qpos(qpos, r[h], pos_s, pos_cp, pos_rank) : -2147483647 - 1;
         l2[h] = r[h] < sq ? lse[rw] * ATT_LOG2E : att_ninf();
         Dm[h] = r[h] < sq ? dsum[rw] : 0.0f;
+        rowok[h] = r[h] < sq && l2[h] != att_ninf();
     }
     int qmax = 0;
     if (MGC_CAUSAL) {
@@ -1024,31 +1147,45 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int dt = 0; dt < DT; dt++) dqa[dt][0] = dqa[dt][1] = dqa[dt][2] = dqa[dt][3] = 0.0f;
     __syncthreads();
 
-    for (int k0 = 0; k0 < sk; k0 += BC) {
-        if (MGC_CAUSAL) { /* skip a key tile no query of the block sees */
-            int j = k0 + tid;
-            int vis = tid < BC && j < sk &&
-                      att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
-            if (!__syncthreads_or(vis)) continue;
+    /* key tiles no query of the block sees are skipped (block-uniform: a barrier each) */
+#define ATT_DQ_SEEN(k0_)                                                                         \
+    (!MGC_CAUSAL ||                                                                              \
+     __syncthreads_or(tid < BC && (k0_) + tid < sk &&                                            \
+                      att_kpos(kpos, (k0_) + tid, sk, pos_s, pos_cp, pos_rank, k_gathered) <=    \
+                          qmax))
+    int k0 = 0;
+    while (k0 < sk && !ATT_DQ_SEEN(k0)) k0 += BC;
+    if (k0 < sk) {
+        att_stage_async<BC>(Ks[0], k, k0, sk, b, G, bi, g);
+        att_stage_async<BC>(Vs[0], v, k0, sk, b, G, bi, g);
+    }
+    att_cp_commit();
+    for (int buf = 0; k0 < sk; buf ^= 1) {
+        int kn = k0 + BC;
+        while (kn < sk && !ATT_DQ_SEEN(kn)) kn += BC;
+        if (kn < sk) {
+            att_stage_async<BC>(Ks[buf ^ 1], k, kn, sk, b, G, bi, g);
+            att_stage_async<BC>(Vs[buf ^ 1], v, kn, sk, b, G, bi, g);
         }
-        att_stage<BC>(Ks, k, k0, sk, b, G, bi, g);
-        att_stage<BC>(Vs, v, k0, sk, b, G, bi, g);
+        att_cp_commit();
+        att_cp_wait<1>();
         __syncthreads();
         float s[NT][4], dp[NT][4];
-        att_mma_rows<BC>(s, qf, Ks, lane);
-        att_mma_rows<BC>(dp, of, Vs, lane);
+        att_mma_rows<BC>(s, qf, Ks[buf], lane);
+        att_mma_rows<BC>(dp, of, Vs[buf], lane);
+        const bool whole = rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 int j = k0 + nt * 8 + 2 * tig + e;
+                bool jok = whole || j < sk;
                 int kpj = 0;
-                if (MGC_CAUSAL && j < sk)
+                if (MGC_CAUSAL && !whole && j < sk)
                     kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    bool visible = r[h] < sq && j < sk && l2[h] != att_ninf() &&
-                                   (!MGC_CAUSAL || kpj <= qp[h]);
+                    bool visible = rowok[h] && jok && (whole || !MGC_CAUSAL || kpj <= qp[h]);
                     float p = visible ? exp2f(s[nt][2 * h + e] * sl2 - l2[h]) : 0.0f;
                     float z = 1.0f;
                     if (drop_p > 0.0f && visible)
@@ -1057,9 +1194,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dm[h]) * scale; /* dS */
                 }
             }
-        att_mma_acc<BC>(dqa, dp, Ks, lane);
-        __syncthreads(); /* before the next tile overwrites the shared tiles */
+        att_mma_acc<BC>(dqa, dp, Ks[buf], lane);
+        __syncthreads(); /* every warp is done with this buffer before it is refilled */
+        k0 = kn;
     }
+#undef ATT_DQ_SEEN
+    att_cp_wait<0>();
     att_store_acc(dq, dqa, r, sq, b, A, bi, a, tig);
 }
 #endif
