@@ -10,19 +10,26 @@
  *   embedding_fwd       out[r] = wte[tok[r] - v0] (0 outside the shard) + wpe[pos(i)]
  *   embedding_bwd_word  dwte[v] += dy[r] for every row r with tok[r] = v0 + v, r ascending
  *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending
+ *   embedding_sort      keys = (tok[r] << 32 | r) sorted: each token's rows together, ascending
+ *   embedding_bwd_sorted  the word gradient from the sorted keys, one block per token
  * The backward is deterministic without atomics: one block per gradient row, which owns
  * that row and adds its contributions in the CPU's order (row index ascending), starting
  * from the row's current value, so even the rounding matches the CPU reference.
- * embedding_bwd_word scans the token array once per vocabulary row in chunks of T tokens
- * (coalesced, from L2), skipping a chunk with one __syncthreads_or when no token of it hits
- * the row: V_l * n / T cheap iterations in all. */
+ * For microbatches of up to 16384 tokens the launcher sorts the rows by token in one block
+ * (a bitonic network in shared memory), and embedding_bwd_sorted walks each token's run of
+ * rows: every row of dy is read once.  Larger microbatches take embedding_bwd_word, which
+ * scans the token array once per vocabulary row in chunks of T tokens (coalesced, from L2),
+ * skipping a chunk with one __syncthreads_or when no token of it hits the row: V_l * n / T
+ * cheap iterations in all. */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 #include "mgc_common.cuh"
 
+#ifdef MGC_H /* embedding_sort has no H, T */
 #define MGC_EPER ((MGC_H + MGC_T - 1) / MGC_T)
+#endif
 
 #if defined(MGC_ENTRY_embedding_fwd)
 /* grid s*b (one block per output row), block T, smem 0.  wpe may be NULL (no learned
@@ -89,6 +96,69 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
         __syncthreads(); /* hit[] is rewritten by the next chunk */
     }
     if (!any) return; /* no token of this row: the gradient row is unchanged */
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) dwte[v * MGC_H + c] = acc[k];
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_embedding_sort)
+/* keys[0..n) = (tok[r] << 32 | r) in ascending order: rows with the same token together, in
+ * ascending r (every key is distinct, so the order is total).  One block of blockDim.x threads
+ * (a power of two); a bitonic network over N (a power of two >= n) keys in dynamic shared memory
+ * (N * 8 bytes), the N - n past the end ~0.  Tokens are vocabulary ids, below 2^32. */
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    MGC_ENTRY_NAME(unsigned long long *__restrict__ keys, const i64 *__restrict__ tok, int n,
+                   int N) {
+    extern __shared__ unsigned long long sk[];
+    const int nt = (int)blockDim.x;
+    for (int i = threadIdx.x; i < N; i += nt)
+        sk[i] = i < n ? ((unsigned long long)(unsigned)tok[i] << 32) | (unsigned)i : ~0ull;
+    __syncthreads();
+    for (int k = 2; k <= N; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < N; i += nt) {
+                int l = i ^ j;
+                if (l > i) {
+                    unsigned long long x = sk[i], y = sk[l];
+                    if ((i & k) == 0 ? x > y : x < y) sk[i] = y, sk[l] = x;
+                }
+            }
+            __syncthreads();
+        }
+    for (int i = threadIdx.x; i < n; i += nt) keys[i] = sk[i];
+}
+#endif
+
+#if defined(MGC_ENTRY_embedding_bwd_sorted)
+/* grid n (one block per sorted key), block T.  The block of each token's first key adds that
+ * token's rows of dy, r ascending, to its gradient row, starting from the row's value (the
+ * CPU's order and rounding); the other blocks return at once.  dwte (V_l, H) fp32,
+ * accumulated; tokens outside the shard [v0, v0 + V_l) are skipped. */
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+    MGC_ENTRY_NAME(float *__restrict__ dwte, const mgc_t *__restrict__ dy,
+                   const unsigned long long *__restrict__ keys, i64 v0, i64 V_l, i64 n) {
+    i64 i = blockIdx.x;
+    unsigned t = (unsigned)(keys[i] >> 32);
+    if (i > 0 && (unsigned)(keys[i - 1] >> 32) == t) return;
+    i64 v = (i64)t - v0;
+    if (v < 0 || v >= V_l) return;
+    float acc[MGC_EPER];
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        acc[k] = c < MGC_H ? dwte[v * MGC_H + c] : 0.0f;
+    }
+    for (i64 j = i; j < n && (unsigned)(keys[j] >> 32) == t; j++) {
+        const mgc_t *g = dy + (i64)(unsigned)keys[j] * MGC_H;
+#pragma unroll
+        for (int k = 0; k < MGC_EPER; k++) {
+            int c = k * MGC_T + threadIdx.x;
+            if (c < MGC_H) acc[k] += mgc_ld(g[c]);
+        }
+    }
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;

@@ -101,6 +101,11 @@ static int norm_aligned(mgc_backend *be, const mgc_op_call *c, int64_t h, const 
 
 /* ---- the ops ------------------------------------------------------------------------------ */
 
+/* Microbatches of up to this many tokens take the sorted embedding backward (embedding.cuh):
+ * its one-block sort holds 8 bytes a token (rounded up to a power of two) in shared memory,
+ * 128 KiB here, within sm_80's 163 KiB. */
+#define EMB_SORT_MAX 16384
+
 static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     const mgc_plan_tensor *tok = tin(c, 0);
@@ -127,11 +132,21 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     CHECK(want(be, c, tout(c, 0), MGC_DT_F32, "the word embedding's gradient"));
     int with_dpos = op->n_out > 1;
     if (with_dpos) CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the position embedding's gradient"));
-    CHECK(get_specs(be, c, k, with_dpos ? 2 : 1));
+    CHECK(get_specs(be, c, k, with_dpos ? 4 : 3));
     int64_t n = s * b;
     if (n == 0) return 0;
     void *dw = c->out[0], *dy = c->in[1], *tk = c->in[0];
-    if (V_l > 0) {
+    if (V_l > 0 && n <= EMB_SORT_MAX) { /* sort the rows by token, then one pass over dy */
+        int in = (int)n, N = 2, nt;
+        while (N < in) N *= 2;
+        nt = N < 1024 ? N : 1024;
+        void *keys = mgc_cuda_scratch(be, (size_t)n * 8);
+        if (!keys) return -1;
+        void *a1[] = {&keys, &tk, &in, &N};
+        CHECK(mgc_cuda_launch(be, &k[1], 1, 1, 1, (unsigned)nt, (size_t)N * 8, a1));
+        void *a2[] = {&dw, &dy, &keys, &v0, &V_l, &n};
+        CHECK(mgc_cuda_launch(be, &k[2], (unsigned)n, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a2));
+    } else if (V_l > 0) {
         void *args[] = {&dw, &dy, &tk, &v0, &n};
         CHECK(mgc_cuda_launch(be, &k[0], (unsigned)V_l, 1, 1, (unsigned)kconst(&k[0], "T"), 0,
                               args));
@@ -139,7 +154,7 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     if (!with_dpos) return 0;
     void *dp = c->out[1];
     void *args[] = {&dp, &dy, &b, &cp, &cpr, &half};
-    return mgc_cuda_launch(be, &k[1], (unsigned)s, 1, 1, (unsigned)kconst(&k[1], "T"), 0, args);
+    return mgc_cuda_launch(be, &k[3], (unsigned)s, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
 }
 
 static int op_norm(mgc_backend *be, const mgc_op_call *c) {
