@@ -8,8 +8,8 @@
 # set 0.1, overridden here), so the two compute the same function.
 # BENCH_MODELS="gpt2-124m" (default both), BENCH_TORCH=0 (mgc rows only) and
 # BENCH_PROFILE_MODELS="gpt2-124m" (per-kernel profile and fitted cost model only for
-# these; default every model) and BENCH_AB=0 (no second mgc row without cuBLASLt's GELU
-# epilogues) shorten a run.
+# these; default every model) and BENCH_AB=0 (no extra mgc rows: without cuBLASLt's
+# epilogues, with CUDA graphs) shorten a run.
 #
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
@@ -79,14 +79,18 @@ row() { # name model-args mgc-sets mbs
     else
         echo "| $name | mgc | failed: $(tail -n 1 "$OUT/$name.run.log") |"
     fi
-    # the same plan with the fused linear ops on element-wise kernels instead of cuBLASLt's
-    # GELU epilogues (docs/cuda-backend.md): what the epilogues buy
+    # the same plan without cuBLASLt's epilogues (the fused linear ops on element-wise kernels,
+    # docs/cuda-backend.md), and with CUDA graphs: what each buys
     if [ "${BENCH_AB:-1}" = 1 ]; then
-        if MGC_GEMM_EPILOGUES=0 $RUN "$OUT/$name.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.noepi.jsonl" >"$OUT/$name.noepi.log" 2>&1; then
-            echo "| $name | mgc, MGC_GEMM_EPILOGUES=0 | $(med "$OUT/$name.noepi.jsonl" step_ms) | $(med "$OUT/$name.noepi.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.noepi.jsonl" | tail -n 1) |"
-        else
-            echo "| $name | mgc, MGC_GEMM_EPILOGUES=0 | failed: $(tail -n 1 "$OUT/$name.noepi.log") |"
-        fi
+        for v in "noepi|mgc, MGC_GEMM_EPILOGUES=0|env MGC_GEMM_EPILOGUES=0 $RUN" "graphs|mgc --cuda-graphs|$RUN --cuda-graphs"; do
+            tag=${v%%|*} rest=${v#*|} label=${rest%%|*} cmd=${rest#*|}
+            # shellcheck disable=SC2086
+            if $cmd "$OUT/$name.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.$tag.jsonl" >"$OUT/$name.$tag.log" 2>&1; then
+                echo "| $name | $label | $(med "$OUT/$name.$tag.jsonl" step_ms) | $(med "$OUT/$name.$tag.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.$tag.jsonl" | tail -n 1) |"
+            else
+                echo "| $name | $label | failed: $(tail -n 1 "$OUT/$name.$tag.log") |"
+            fi
+        done
     fi
     [ "${BENCH_TORCH:-1}" = 1 ] || return 0
     for c in "" --compile; do

@@ -15,7 +15,8 @@
  *
  * A backend is { iface, context } as in ggml: the iface is a const table of
  * function pointers, the wrappers below call through it.  Every slot is
- * required.  A slot returns 0 on success, -1 with a message in be->err. */
+ * required except graph_begin / graph_end (NULL: no graphs).  A slot returns 0 on
+ * success, -1 with a message in be->err. */
 #ifndef MGC_BACKEND_H
 #define MGC_BACKEND_H
 
@@ -96,6 +97,16 @@ typedef struct mgc_backend_iface {
     int (*cast_bf16)(mgc_backend *be, uint16_t *dst, const float *src, int64_t n);
     /* Wait for the backend's queued work (the step's end; timing). */
     int (*sync)(mgc_backend *be);
+    /* Graphs (optional; the CUDA backend's CUDA graphs): the executor brackets a program
+     * whose ops depend on nothing that changes between steps (docs/runtime.md) with
+     * graph_begin and graph_end, `key` naming the program and its arguments.
+     * graph_begin returns 1 when it replayed the program's recorded work (the executor then
+     * issues no op), 0 when the executor must issue the ops (the backend may be recording
+     * them), -1 on error.  graph_end(failed: an op of the program failed) returns 0 when
+     * the work is done or queued, 2 when a recording failed and nothing ran (the executor
+     * issues the ops again, not recorded), -1 on error. */
+    int (*graph_begin)(mgc_backend *be, uint64_t key);
+    int (*graph_end)(mgc_backend *be, uint64_t key, int failed);
     /* Set the compute threads (CPU); 0 = the backend's default. */
     int (*set_threads)(mgc_backend *be, int threads);
     void (*close)(mgc_backend *be);

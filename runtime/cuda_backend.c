@@ -56,6 +56,16 @@ typedef struct gemm_entry {
     int ok; /* the heuristic found an algorithm */
 } gemm_entry;
 
+/* A program's CUDA graph (backend.h graph_begin): recorded on its second run, replayed after. */
+typedef struct graph_entry {
+    uint64_t key;
+    int runs;              /* runs so far, eager or recorded */
+    int never;             /* its recording failed: always eager */
+    cudaGraphExec_t exec;  /* NULL until recorded */
+} graph_entry;
+
+#define MAX_GRAPHS 256
+
 typedef struct cuda_ctx {
     int device, arch, sms;
     cudaStream_t stream;
@@ -74,6 +84,9 @@ typedef struct cuda_ctx {
     int jit_compiled, jit_cached;
     int dry;       /* bind's warm-up: GEMMs pick their algorithm, kernels load; nothing runs */
     const mgc_stage_program *warm; /* the stage program warmed up last (bind again: no-op) */
+    graph_entry graphs[MAX_GRAPHS];
+    int n_graphs;
+    graph_entry *recording; /* the graph being captured on the stream, NULL when none */
     int epilogues; /* cuBLASLt GELU epilogues for the fused linear ops (MGC_GEMM_EPILOGUES) */
 } cuda_ctx;
 
@@ -105,11 +118,22 @@ int mgc_cuda_sm_count(mgc_backend *be) {
     return ((cuda_ctx *)be->context)->sms;
 }
 
+static void graphs_drop(cuda_ctx *c) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+}
+
 void *mgc_cuda_scratch(mgc_backend *be, size_t bytes) {
     cuda_ctx *c = be->context;
     if (bytes <= c->scratch_bytes) return c->scratch;
+    if (c->recording) { /* no allocation while capturing: the program runs eagerly instead */
+        mgc_cuda_fail(be, "kernel scratch grows during a CUDA graph capture");
+        return NULL;
+    }
     size_t n = bytes + bytes / 2 + 65536;
     cudaStreamSynchronize(c->stream); /* the old scratch may be in use by queued work */
+    graphs_drop(c);                   /* recorded graphs hold the old address */
     cudaFree(c->scratch);
     c->scratch = NULL;
     c->scratch_bytes = 0;
@@ -723,10 +747,66 @@ static int cuda_set_threads(mgc_backend *be, int threads) {
     return 0;
 }
 
+/* ---- CUDA graphs (backend.h graph_begin / graph_end) ------------------------------------- */
+
+static graph_entry *graph_find(cuda_ctx *c, uint64_t key) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key) return &c->graphs[i];
+    if (c->n_graphs == MAX_GRAPHS) return NULL; /* full: the rest run eagerly */
+    graph_entry *e = &c->graphs[c->n_graphs++];
+    memset(e, 0, sizeof *e);
+    e->key = key;
+    return e;
+}
+
+static int cuda_graph_begin(mgc_backend *be, uint64_t key) {
+    cuda_ctx *c = be->context;
+    graph_entry *e = graph_find(c, key);
+    if (!e || e->never || c->recording || getenv("MGC_CUDA_SYNC_CHECK")) return 0;
+    if (e->exec) {
+        CUDA_TRY(be, cudaGraphLaunch(e->exec, c->stream), "replaying a CUDA graph");
+        return 1;
+    }
+    if (e->runs++ == 0) return 0; /* the first run is eager: kernels load, scratch grows */
+    CUDA_TRY(be, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+             "starting a CUDA graph capture");
+    c->recording = e;
+    return 0;
+}
+
+static int cuda_graph_end(mgc_backend *be, uint64_t key, int failed) {
+    cuda_ctx *c = be->context;
+    graph_entry *e = c->recording;
+    if (!e) return 0; /* the ops ran eagerly */
+    c->recording = NULL;
+    cudaGraph_t g = NULL;
+    cudaError_t err = cudaStreamEndCapture(c->stream, &g);
+    cudaGraphExec_t ex = NULL;
+    if (!failed && err == cudaSuccess && g && e->key == key)
+        err = cudaGraphInstantiate(&ex, g, 0);
+    else if (err == cudaSuccess)
+        err = cudaErrorStreamCaptureInvalidated;
+    if (g) cudaGraphDestroy(g);
+    if (err != cudaSuccess || !ex) {
+        (void)cudaGetLastError(); /* a failed capture leaves no sticky error */
+        e->never = 1;
+        return 2; /* nothing ran: the executor issues the ops again, eagerly */
+    }
+    e->exec = ex;
+    CUDA_TRY(be, cudaGraphLaunch(ex, c->stream), "launching a CUDA graph");
+    return 0;
+}
+
 static void cuda_close(mgc_backend *be) {
     cuda_ctx *c = be->context;
     if (c) {
+        if (c->recording) {
+            cudaGraph_t g = NULL;
+            cudaStreamEndCapture(c->stream, &g);
+            if (g) cudaGraphDestroy(g);
+        }
         cudaStreamSynchronize(c->stream);
+        graphs_drop(c);
         for (int i = 0; i < c->n_gemm; i++) gemm_entry_free(&c->gemm[i]);
         for (int i = 0; i < c->n_libs; i++)
             cudaLibraryUnload(c->libs[i]);
@@ -755,6 +835,8 @@ static const mgc_backend_iface cuda_iface = {
     .adamw = cuda_adamw,
     .cast_bf16 = cuda_cast,
     .sync = cuda_sync,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
     .set_threads = cuda_set_threads,
     .close = cuda_close,
 };

@@ -86,11 +86,14 @@ struct mgc_exec {
     int64_t ls_clean, ls_left; /* clean steps since the last change; overflows left */
     /* per step */
     double loss_sum, aux_sum, z_sum;
+    int64_t graph_replays;
     int64_t iteration;
     int32_t *tok;              /* (seq_length + 1) */
     mgc_exec_op_hook hook_before, hook_after;
     void *hook_ctx;
     mgc_profile *prof;         /* --profile: where the times go; NULL: no timing at all */
+    int graphs;                /* mgc_exec_set_graphs */
+    uint8_t *graph_ok;         /* (n_chunks * 2) the chunk's forward / backward qualifies */
     char err[2048];
 };
 
@@ -135,6 +138,56 @@ void mgc_exec_set_op_hooks(mgc_exec *x, mgc_exec_op_hook before, mgc_exec_op_hoo
 
 mgc_backend *mgc_exec_backend(const mgc_exec *x) {
     return x->be;
+}
+
+/* A program whose kernels' arguments are the same every step: no collective (the
+ * communicator runs on the host), no MoE op (the routed sizes come back to the host), no
+ * dropout (its Philox stream is per step and microbatch). */
+static int graphable(const mgc_plan_op *ops, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const mgc_plan_op *o = &ops[i];
+        switch ((mgc_plan_op_kind)o->kind) {
+        case MGC_POP_MOE_ROUTE:
+        case MGC_POP_MOE_DISPATCH:
+        case MGC_POP_MOE_COMBINE:
+        case MGC_POP_GROUPED_LINEAR:
+        case MGC_POP_MOE_ROUTE_BWD:
+        case MGC_POP_MOE_DISPATCH_BWD:
+        case MGC_POP_MOE_COMBINE_BWD:
+        case MGC_POP_GROUPED_LINEAR_DGRAD:
+        case MGC_POP_GROUPED_LINEAR_WGRAD: return 0;
+        case MGC_POP_DROPOUT:
+        case MGC_POP_DROPOUT_BWD:
+        case MGC_POP_DROPOUT_ADD:
+        case MGC_POP_DROPOUT_ADD_BWD:
+            if (o->fattr[0] > 0) return 0;
+            break;
+        case MGC_POP_ADD_NORM:
+        case MGC_POP_ATTENTION:
+        case MGC_POP_ATTENTION_BWD:
+            if (o->fattr[1] > 0) return 0;
+            break;
+        default:
+            if (o->kind >= MGC_POP_ALL_REDUCE) return 0;
+            break;
+        }
+    }
+    return 1;
+}
+
+void mgc_exec_set_graphs(mgc_exec *x, int on) {
+    x->graphs = 0;
+    if (!on || !x->be->iface->graph_begin || !x->be->iface->graph_end) return;
+    if (!x->graph_ok) {
+        x->graph_ok = calloc((size_t)(2 * x->sp->n_chunks + 1), 1);
+        if (!x->graph_ok) return; /* no memory: no graphs, which changes no result */
+        for (int64_t c = 0; c < x->sp->n_chunks; c++) {
+            const mgc_plan_chunk *ch = &x->sp->chunks[c];
+            x->graph_ok[2 * c] = (uint8_t)graphable(ch->fwd, ch->n_fwd);
+            x->graph_ok[2 * c + 1] = (uint8_t)graphable(ch->bwd, ch->n_bwd);
+        }
+    }
+    x->graphs = 1;
 }
 
 void mgc_exec_set_profile(mgc_exec *x, mgc_profile *p) {
@@ -636,6 +689,7 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->params);
     free(x->adam), free(x->norm), free(x->partial), free(x->embed);
     free(x->tok);
+    free(x->graph_ok);
     free(x);
 }
 
@@ -918,12 +972,24 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
 /* ---- passes ------------------------------------------------------------------------------ */
 
 /* Runs a chunk's forward (pass 0) or backward (pass 1) ops for microbatch mb. */
+static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb,
+                     mgc_op_call *callp);
+
+/* The graph key of a program run: the chunk, the pass, the microbatch (its stash slot: the
+ * addresses) and the loss gradient's seed (the loss scale); FNV-1a. */
+static uint64_t graph_key(int c, int pass, int32_t mb, double dloss) {
+    uint64_t v[4] = {(uint64_t)c, (uint64_t)pass, (uint64_t)(uint32_t)mb, 0}, h = 1469598103934665603ull;
+    memcpy(&v[3], &dloss, sizeof dloss);
+    const unsigned char *p = (const unsigned char *)v;
+    for (size_t i = 0; i < sizeof v; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
 static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb) {
-    const mgc_plan_chunk *ch = &x->sp->chunks[c];
     mgc_op_call call;
     memset(&call, 0, sizeof call);
     call.plan = x->plan;
-    call.chunk = ch;
+    call.chunk = &x->sp->chunks[c];
     call.co = x->co;
     call.grid_tp = x->grid.tp;
     call.grid_cp = x->grid.cp;
@@ -936,6 +1002,27 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
     call.microbatch = (int64_t)mb * x->dp + x->co.dp;
     /* the seed of every loss's gradient, times the loss scale when scaling */
     call.dloss = (x->ls_on ? x->ls_scale : 1.0) / (double)(x->mb_count * x->dp);
+    if (!x->graphs || x->prof || x->hook_before || x->hook_after || !x->graph_ok[2 * c + pass])
+        return issue_ops(x, c, pass, ops, n, mb, &call);
+    mgc_backend *be = x->be;
+    uint64_t key = graph_key(c, pass, mb, call.dloss);
+    int g = be->iface->graph_begin(be, key);
+    if (g < 0) return be_fail(x, "starting a CUDA graph");
+    if (g == 1) { /* replayed */
+        x->graph_replays++;
+        return 0;
+    }
+    int rc = issue_ops(x, c, pass, ops, n, mb, &call);
+    int e = be->iface->graph_end(be, key, rc != 0);
+    if (e == 2) return issue_ops(x, c, pass, ops, n, mb, &call); /* the recording failed */
+    if (e < 0 && !rc) return be_fail(x, "ending a CUDA graph");
+    return rc;
+}
+
+static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb,
+                     mgc_op_call *callp) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    mgc_op_call call = *callp;
     double t0 = 0, t1 = 0;
     for (int64_t i = 0; i < n; i++) {
         const mgc_plan_op *op = &ops[i];
@@ -1179,6 +1266,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     memset(st, 0, sizeof *st);
     x->iteration = iteration;
     x->loss_sum = x->aux_sum = x->z_sum = 0;
+    x->graph_replays = 0;
     const mgc_stage_program *sp = x->sp;
     double step_t0 = 0, t0 = 0, t1 = 0;
     if (x->prof && prof_clock(x, &step_t0)) {
@@ -1232,6 +1320,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     st->aux_loss = tot[1] / denom;
     st->z_loss = tot[2] / denom;
     st->tokens = x->mbs * x->mb_count * x->dp * x->seq_length;
+    st->graph_replays = x->graph_replays;
     if (x->prof) {
         if (prof_clock(x, &t1)) {
             mgc_comm_abort(x->world, x->err);

@@ -53,6 +53,7 @@ typedef struct mgc_step_stats {
     int64_t tokens;   /* tokens the step trained on (global batch x seq_length) */
     double loss_scale; /* dynamic loss scaling: the scale this step's gradients had; 0 when off */
     int skipped;      /* 1: the gradients overflowed (loss scaling) and the update was skipped */
+    int64_t graph_replays; /* programs this step replayed from recorded graphs (mgc_exec_set_graphs) */
 } mgc_step_stats;
 
 /* What can be refused without starting: a precision the backend ("cpu") does
@@ -117,6 +118,12 @@ void mgc_exec_set_profile(mgc_exec *x, mgc_profile *p);
  * `hysteresis` such steps, the scale halves (never below 1); `window` clean
  * steps in a row double it. */
 void mgc_exec_set_loss_scaling(mgc_exec *x, double initial, int64_t window, int64_t hysteresis);
+/* Graphs (backend.h graph_begin / graph_end): on (1) or off (0, the default).  The forward and
+ * backward programs that qualify (no collective, no MoE op with host-side sizes, no dropout:
+ * nothing in their kernels' arguments changes from step to step but the loss scale, which is
+ * part of the key) are recorded on their second run and replayed after.  Ignored by a
+ * backend without graphs, and while a profile or op hooks are set. */
+void mgc_exec_set_graphs(mgc_exec *x, int on);
 double mgc_exec_loss_scale(const mgc_exec *x); /* the current scale, 1 when off */
 
 void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */

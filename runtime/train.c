@@ -63,6 +63,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         mgc_comm_abort(world, err);
         goto done;
     }
+    mgc_exec_set_graphs(x, o->graphs);
     int64_t iters = o->iterations, log_every = o->log_interval;
     if (iters <= 0) mgc_plan_config_int(plan, "training.iterations", &iters);
     if (log_every <= 0) mgc_plan_config_int(plan, "training.log_interval", &log_every);

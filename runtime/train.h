@@ -39,10 +39,11 @@ typedef struct mgc_train_opts {
                               profile in profiles[its world rank] (the caller frees it); each
                               rank writes only its own slot */
     int64_t profile_warmup; /* steps run before the profile records (0 <= it < iterations) */
+    int graphs;             /* 1: CUDA graphs for the programs that qualify (mgc_exec_set_graphs) */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \
-    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0 }
+    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0, 0 }
 
 /* One rank's whole run over `world` (a world communicator of plan->grid.world ranks). */
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,

@@ -282,6 +282,168 @@ static void check_fusion(const char *path, const char *const *sets) {
     mgc_plan_free(f);
 }
 
+/* ---- graphs (backend.h graph_begin / graph_end) on the CPU ------------------------------
+ * A backend that records as the CUDA one captures: a program's first run is eager; on its
+ * second the executor's ops are recorded, not run, and run at graph_end; later runs replay the
+ * record.  One recording is made to fail (an op refuses while recording), which the executor
+ * must answer by issuing the ops again.  Training with it must match training without, bit
+ * for bit, and the programs with dropout must never be offered. */
+typedef struct rec_graph {
+    uint64_t key;
+    int runs, never, done;
+    mgc_op_call *calls;
+    int n, cap;
+} rec_graph;
+
+static struct {
+    const mgc_backend_iface *cpu; /* the CPU backend's table */
+    rec_graph g[64];
+    int n;
+    rec_graph *recording;
+    int fail_next;                /* the next recorded op fails */
+    long begins, recorded, replays, failed;
+    int64_t step_replays;         /* the executor's count (mgc_step_stats.graph_replays) */
+} R;
+
+static int rec_replay(mgc_backend *be, const rec_graph *g) {
+    for (int i = 0; i < g->n; i++)
+        if (R.cpu->run_op(be, &g->calls[i])) return -1;
+    return 0;
+}
+
+static int rec_run_op(mgc_backend *be, const mgc_op_call *c) {
+    if (!R.recording) return R.cpu->run_op(be, c);
+    if (R.fail_next) {
+        R.fail_next = 0;
+        snprintf(be->err, sizeof be->err, "refused while recording (injected)");
+        return -1;
+    }
+    rec_graph *g = R.recording;
+    if (g->n == g->cap) {
+        int nc = g->cap ? 2 * g->cap : 64;
+        mgc_op_call *p = realloc(g->calls, (size_t)nc * sizeof *p);
+        if (!p) return -1;
+        g->calls = p, g->cap = nc;
+    }
+    g->calls[g->n++] = *c; /* the op lives in the plan, the addresses in the arena */
+    return 0;
+}
+
+static int rec_begin(mgc_backend *be, uint64_t key) {
+    R.begins++;
+    rec_graph *g = NULL;
+    for (int i = 0; i < R.n && !g; i++)
+        if (R.g[i].key == key) g = &R.g[i];
+    if (!g) {
+        if (R.n == 64) return 0;
+        g = &R.g[R.n++];
+        memset(g, 0, sizeof *g);
+        g->key = key;
+    }
+    if (g->never) return 0;
+    if (g->done) {
+        R.replays++;
+        return rec_replay(be, g) ? -1 : 1;
+    }
+    if (g->runs++ == 0) return 0;
+    R.recording = g;
+    return 0;
+}
+
+static int rec_end(mgc_backend *be, uint64_t key, int failed) {
+    rec_graph *g = R.recording;
+    if (!g) return 0;
+    R.recording = NULL;
+    if (failed || g->key != key) {
+        g->never = 1;
+        g->n = 0;
+        R.failed++;
+        return 2;
+    }
+    g->done = 1;
+    R.recorded++;
+    return rec_replay(be, g);
+}
+
+/* Trains `steps` steps on one rank of the CPU backend, through the recording backend when
+ * `graphs`; losses and norms out. */
+static int train_graphs(const mgc_plan *p, int graphs, int steps, double *loss, double *norm) {
+    char err[4096];
+    mgc_backend *cpu = NULL;
+    mgc_comm *w[1] = {NULL};
+    mgc_exec *x = NULL;
+    mgc_train_data *data = NULL;
+    int rc = -1;
+    static mgc_backend_iface iface;
+    mgc_backend rec;
+    if (mgc_backend_cpu_open(&cpu, err, sizeof err)) return -1;
+    iface = *cpu->iface;
+    iface.run_op = rec_run_op;
+    iface.graph_begin = rec_begin;
+    iface.graph_end = rec_end;
+    memset(&rec, 0, sizeof rec);
+    rec.iface = &iface;
+    rec.context = cpu->context; /* the CPU's slots read only the context */
+    R.cpu = cpu->iface;
+    if (mgc_comm_local_world_create(1, NULL, w, err, sizeof err) != MGC_COMM_OK) goto out;
+    if (mgc_exec_open(&x, p, w[0], &rec, err, sizeof err) || mgc_exec_init_params(x) ||
+        mgc_train_data_open(&data, p, steps, err, sizeof err))
+        goto out;
+    mgc_exec_set_graphs(x, graphs);
+    for (int i = 0; i < steps; i++) {
+        mgc_step_stats st;
+        if (mgc_exec_step(x, i, mgc_train_data_sample, data, &st)) {
+            snprintf(err, sizeof err, "%s", mgc_exec_error(x));
+            goto out;
+        }
+        loss[i] = st.loss, norm[i] = st.grad_norm;
+        R.step_replays += st.graph_replays;
+    }
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "train_graphs: %s\n", err);
+    mgc_exec_free(x);
+    mgc_comm_free(w[0]);
+    mgc_train_data_free(data);
+    mgc_backend_close(cpu);
+    for (int i = 0; i < R.n; i++) free(R.g[i].calls);
+    R.n = 0;
+    R.recording = NULL;
+    return rc;
+}
+
+static void check_graphs(void) {
+    static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
+    static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", NULL, nodrop), *q = compile("examples/tiny-gpt.yaml", NULL, drop);
+    T_CHECK(p && q);
+    if (p && q) {
+        enum { N = 5 };
+        double l0[N], n0[N], l1[N], n1[N];
+        memset(&R, 0, sizeof R);
+        T_EQ_I64(train_graphs(p, 0, N, l0, n0), 0);
+        T_EQ_I64(R.begins, 0); /* off: never offered */
+        R.fail_next = 1;       /* the first recording fails */
+        T_EQ_I64(train_graphs(p, 1, N, l1, n1), 0);
+        int same = 1;
+        for (int i = 0; i < N; i++) same &= l0[i] == l1[i] && n0[i] == n1[i];
+        T_CHECK(same);
+        /* 2 microbatches x (forward, backward): 4 programs; one recording failed */
+        T_EQ_I64(R.failed, 1);
+        T_EQ_I64(R.recorded, 3);
+        T_CHECK(R.replays >= 3 * (N - 2) - 1);
+        T_EQ_I64(R.step_replays, R.replays);
+        printf("graphs: %ld programs recorded (1 recording failed and ran eagerly), %ld replays, %d "
+               "steps bit-identical to no graphs\n",
+               R.recorded, R.replays, N);
+        memset(&R, 0, sizeof R);
+        T_EQ_I64(train_graphs(q, 1, 2, l1, n1), 0);
+        T_EQ_I64(R.begins, 0); /* dropout: its Philox stream changes every step */
+    }
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
 typedef struct layout {
     const char *name;
     const char *sets[8];
@@ -374,6 +536,7 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-llama.yaml");
         check_all_grads("models/tiny-moe.yaml");
         check_loss_scaling();
+        check_graphs();
         /* dropout on: the fused op must draw the same dropout stream; tp2 + SP: sharded rows */
         static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
         static const char *const drop_tp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",

@@ -3,7 +3,7 @@
  *
  *     mgc-run PLAN [--local-ranks N] [--backend cpu] [--threads N]
  *                  [--iterations N] [--log-interval N] [--metrics FILE]
- *                  [--profile FILE [--profile-warmup N]] [-q]
+ *                  [--profile FILE [--profile-warmup N]] [--cuda-graphs] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
  *
  * Every check that can fail on bad input (the plan, the launch size, the
@@ -43,6 +43,9 @@ static void usage(FILE *out) {
           "                     synchronised around each) and write the sums to FILE as JSON\n"
           "                     lines; under mpirun rank k > 0 writes FILE.rank<k>\n"
           "  --profile-warmup N steps not recorded by --profile (default 1; below --iterations)\n"
+          "  --cuda-graphs      cuda backend: record each forward and backward program that\n"
+          "                     qualifies as a CUDA graph on its second run and replay it after\n"
+          "                     (docs/runtime.md; not yet verified on a GPU, so off by default)\n"
           "  -q, --quiet        no progress lines\n"
           "\n"
           "exit status: 0 ok, 1 error, 2 usage error\n",
@@ -110,13 +113,17 @@ static int under_mpi(void) {
 int main(int argc, char **argv) {
     const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
-    int quiet = 0;
+    int quiet = 0, graphs = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int64_t *target = NULL, lo = 1, hi = 4096;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout), 0;
         if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = 1;
+            continue;
+        }
+        if (!strcmp(a, "--cuda-graphs")) {
+            graphs = 1;
             continue;
         }
         if (!strcmp(a, "--local-ranks")) target = &local;
@@ -284,6 +291,7 @@ int main(int argc, char **argv) {
     o.backend = backend;
     o.profiles = profiles;
     o.profile_warmup = warmup;
+    o.graphs = graphs;
     int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
                      : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
     if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
