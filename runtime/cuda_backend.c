@@ -385,10 +385,14 @@ static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k
                                               sizeof ep->aux),
                "aux pointer");
     float alpha = 1.0f;
-    LT_TRY(be,
-           cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D, e->c, &e->algo,
-                          c->ws, c->ws_bytes, c->stream),
-           "cublasLtMatmul");
+    cublasStatus_t ms = cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D,
+                                       e->c, &e->algo, c->ws, c->ws_bytes, c->stream);
+    if (ms != CUBLAS_STATUS_SUCCESS && fused_epilogue(key.epilogue) &&
+        (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE)) {
+        e->ok = 0; /* refused at the call, not by the heuristic: unfused from now on */
+        return 1;
+    }
+    LT_TRY(be, ms, "cublasLtMatmul");
     return 0;
 }
 
