@@ -526,7 +526,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
     __shared__ __align__(16) unsigned short Vs[2][BK][ATT_D + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
-    const int q0 = blockIdx.x * BQ, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
+    /* under a causal mask the last query tiles do the most work: they go first (a shorter
+     * tail); blockIdx.x only orders the tiles */
+    const int q0 = (int)(MGC_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BQ;
+    const int bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
     /* rows are positions: a tile that ends at or before q0 is seen whole by every row */
@@ -1117,7 +1120,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     __shared__ __align__(16) unsigned short Vs[2][BC][ATT_D + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
-    const int q0 = blockIdx.x * BR, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
+    /* under a causal mask the last query tiles do the most work: they go first (a shorter
+     * tail); blockIdx.x only orders the tiles */
+    const int q0 = (int)(MGC_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
+    const int bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
     const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
