@@ -12,7 +12,8 @@
 #                                             reasons, occupancy, pipes, to $OUT/ncu-*.txt
 #
 # SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
-# models, tiny-gpt at head dim 64 and tiny-llama at 128, one training step each); bench/bench_gpu.sh
+# models, tiny-gpt at head dim 64 and tiny-llama at 128, one training step each, and tiny-gpt
+# without dropout for three steps with --cuda-graphs); bench/bench_gpu.sh
 # reads BENCH_MODELS, BENCH_TORCH, BENCH_PROFILE_MODELS and STEPS.  On the lent
 # H100, `test` took about 5 minutes and `bench` about 5: run them as two calls
 # (one call is limited to 10 minutes).  The device's copy of .git can be stale:
@@ -83,20 +84,25 @@ if [ "$what" = test ] || [ "$what" = all ]; then
         echo "== compute-sanitizer" | tee "$OUT/sanitizer.log"
         # the tiny models (head dim 16), tiny-gpt at head dim 64 with attention dropout and
         # tiny-llama at head dim 128 (the tensor-core attention backward's two layouts)
-        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64 tiny-llama-d128}; do
+        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64 tiny-llama-d128 tiny-gpt-graphs}; do
+            run="--iterations 1"
             case $m in
             tiny-gpt-d64) y=examples/tiny-gpt.yaml
                 x="--set model.hidden_size=128 --set model.num_attention_heads=2 --set model.attention_dropout=0.1" ;;
             tiny-llama-d128) y=models/tiny-llama.yaml
                 x="--set model.hidden_size=512 --set model.num_attention_heads=4" ;;
+            tiny-gpt-graphs) y=examples/tiny-gpt.yaml # no dropout: every program is captured
+                x="--set model.hidden_dropout=0 --set model.attention_dropout=0"
+                run="--iterations 3 --cuda-graphs" ;;
             *) y=models/$m.yaml x= ;;
             esac
             # shellcheck disable=SC2086
             build-gpu/compiler/mgc compile $y $x --set training.precision=bf16 \
                 --set hardware.cuda_archs=[90] -o build-gpu/$m-bf16.plan >>"$OUT/sanitizer.log" 2>&1 || rc=1
             for tool in memcheck racecheck; do
+                # shellcheck disable=SC2086
                 if "$CS" --tool $tool --error-exitcode 9 build-gpu/runtime/mgc-run build-gpu/$m-bf16.plan \
-                    --backend cuda --iterations 1 -q >>"$OUT/sanitizer.log" 2>&1; then
+                    --backend cuda $run -q >>"$OUT/sanitizer.log" 2>&1; then
                     echo "$m $tool: clean" | tee -a "$OUT/sanitizer.log"
                 else
                     echo "$m $tool: FAILED" | tee -a "$OUT/sanitizer.log"; rc=1
