@@ -9,7 +9,8 @@
 # BENCH_MODELS="gpt2-124m" (default both), BENCH_TORCH=0 (mgc rows only) and
 # BENCH_PROFILE_MODELS="gpt2-124m" (per-kernel profile and fitted cost model only for
 # these; default every model) and BENCH_AB=0 (no extra mgc rows: without cuBLASLt's
-# epilogues, with CUDA graphs) shorten a run.
+# epilogues, with CUDA graphs; BENCH_AB_MODELS, default gpt2-124m, says for which) shorten
+# a run.
 #
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
@@ -81,7 +82,9 @@ row() { # name model-args mgc-sets mbs
     fi
     # the same plan without cuBLASLt's epilogues (the fused linear ops on element-wise kernels,
     # docs/cuda-backend.md), and with CUDA graphs: what each buys
-    if [ "${BENCH_AB:-1}" = 1 ]; then
+    ab=0
+    case " ${BENCH_AB_MODELS:-gpt2-124m} " in *" $name "*) ab=1 ;; esac
+    if [ "${BENCH_AB:-1}" = 1 ] && [ $ab = 1 ]; then
         for v in "noepi|mgc, MGC_GEMM_EPILOGUES=0|env MGC_GEMM_EPILOGUES=0 $RUN" "graphs|mgc --cuda-graphs|$RUN --cuda-graphs"; do
             tag=${v%%|*} rest=${v#*|} label=${rest%%|*} cmd=${rest#*|}
             # shellcheck disable=SC2086
