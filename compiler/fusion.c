@@ -60,46 +60,56 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
     return fused;
 }
 
-/* dropout_add (branch, residual) -> (h [, mask]) followed by norm (h, w [, b]) -> (y):
- * add_norm (branch, residual, w [, b]) -> (h, y [, mask]).  The fused op keeps the
- * dropout_add's name, so its dropout stream (hashed from the name) is the same. */
-static int64_t fuse_add_norm(mgc_plan_chunk *ch) {
+/* Replaces each adjacent pair (a, b) of the forward program that `pair` fuses (it writes the
+ * fused op to *f and returns 1) by that op; the number fused.  Neither op may be a recompute
+ * copy. */
+static int64_t fuse_fwd_pairs(mgc_plan_chunk *ch,
+                              int (*pair)(const mgc_plan_op *a, const mgc_plan_op *b, mgc_plan_op *f)) {
     int64_t fused = 0, j = 0;
     mgc_plan_op *ops = ch->fwd;
     int64_t n = ch->n_fwd;
     for (int64_t i = 0; i < n; i++) {
-        mgc_plan_op *da = &ops[i];
-        const mgc_plan_op *nm = i + 1 < n ? &ops[i + 1] : NULL;
-        if (da->kind == MGC_POP_DROPOUT_ADD && da->n_in == 2 && (da->n_out == 1 || da->n_out == 2) && nm &&
-            nm->kind == MGC_POP_NORM && nm->n_in >= 2 && nm->n_in <= 3 && nm->n_out == 1 &&
-            nm->in[0] == da->out[0] && !((da->flags | nm->flags) & MGC_POF_RECOMPUTE)) {
-            mgc_plan_op f = *da;
-            f.kind = MGC_POP_ADD_NORM;
-            f.flags = (uint16_t)(da->flags | nm->flags);
-            f.n_in = (uint16_t)(2 + nm->n_in - 1);
-            f.in[2] = nm->in[1];
-            if (nm->n_in > 2) f.in[3] = nm->in[2];
-            f.n_out = (uint16_t)(1 + da->n_out);
-            f.out[0] = da->out[0];
-            f.out[1] = nm->out[0];
-            if (da->n_out > 1) f.out[2] = da->out[1];
-            memset(f.fattr, 0, sizeof f.fattr);
-            memset(f.iattr, 0, sizeof f.iattr);
-            f.fattr[0] = nm->fattr[0]; /* eps */
-            f.fattr[1] = da->fattr[0]; /* dropout probability */
-            f.iattr[0] = nm->iattr[0]; /* 1: RMSNorm */
-            f.iattr[1] = nm->iattr[1]; /* rows */
-            f.iattr[2] = nm->iattr[2]; /* h */
-            f.flops = 0;
+        mgc_plan_op f;
+        if (i + 1 < n && !((ops[i].flags | ops[i + 1].flags) & MGC_POF_RECOMPUTE) &&
+            pair(&ops[i], &ops[i + 1], &f)) {
             ops[j++] = f;
-            i++;
+            i++; /* the second op is absorbed */
             fused++;
             continue;
         }
-        ops[j++] = *da;
+        ops[j++] = ops[i];
     }
     ch->n_fwd = j;
     return fused;
+}
+
+/* dropout_add (branch, residual) -> (h [, mask]) followed by norm (h, w [, b]) -> (y):
+ * add_norm (branch, residual, w [, b]) -> (h, y [, mask]).  The fused op keeps the
+ * dropout_add's name, so its dropout stream (hashed from the name) is the same. */
+static int pair_add_norm(const mgc_plan_op *da, const mgc_plan_op *nm, mgc_plan_op *f) {
+    if (!(da->kind == MGC_POP_DROPOUT_ADD && da->n_in == 2 && (da->n_out == 1 || da->n_out == 2) &&
+          nm->kind == MGC_POP_NORM && nm->n_in >= 2 && nm->n_in <= 3 && nm->n_out == 1 &&
+          nm->in[0] == da->out[0]))
+        return 0;
+    *f = *da;
+    f->kind = MGC_POP_ADD_NORM;
+    f->flags = (uint16_t)(da->flags | nm->flags);
+    f->n_in = (uint16_t)(2 + nm->n_in - 1);
+    f->in[2] = nm->in[1];
+    if (nm->n_in > 2) f->in[3] = nm->in[2];
+    f->n_out = (uint16_t)(1 + da->n_out);
+    f->out[0] = da->out[0];
+    f->out[1] = nm->out[0];
+    if (da->n_out > 1) f->out[2] = da->out[1];
+    memset(f->fattr, 0, sizeof f->fattr);
+    memset(f->iattr, 0, sizeof f->iattr);
+    f->fattr[0] = nm->fattr[0]; /* eps */
+    f->fattr[1] = da->fattr[0]; /* dropout probability */
+    f->iattr[0] = nm->iattr[0]; /* 1: RMSNorm */
+    f->iattr[1] = nm->iattr[1]; /* rows */
+    f->iattr[2] = nm->iattr[2]; /* h */
+    f->flops = 0;
+    return 1;
 }
 
 /* LINEAR iattr[3] flags of the output layer (partition.c LIN_TIED | LIN_FP32_OUT): never
@@ -108,32 +118,18 @@ static int64_t fuse_add_norm(mgc_plan_chunk *ch) {
 
 /* linear (x, W [, b]) -> (h) followed by gelu (h) -> (y), in a forward program:
  * linear_gelu (x, W [, b]) -> (y, h).  h stays an output: the backward reads it. */
-static int64_t fuse_linear_gelu(mgc_plan_chunk *ch) {
-    int64_t fused = 0, j = 0;
-    mgc_plan_op *ops = ch->fwd;
-    int64_t n = ch->n_fwd;
-    for (int64_t i = 0; i < n; i++) {
-        mgc_plan_op *ln = &ops[i];
-        const mgc_plan_op *g = i + 1 < n ? &ops[i + 1] : NULL;
-        if (ln->kind == MGC_POP_LINEAR && ln->n_in >= 2 && ln->n_in <= 3 && ln->n_out == 1 && g &&
-            g->kind == MGC_POP_GELU && g->n_in == 1 && g->n_out == 1 && g->in[0] == ln->out[0] &&
-            !(ln->iattr[3] & LIN_OUTPUT_LAYER) && !((ln->flags | g->flags) & MGC_POF_RECOMPUTE) &&
-            g->out[0] != ln->out[0]) {
-            mgc_plan_op f = *ln;
-            f.kind = MGC_POP_LINEAR_GELU;
-            f.flags = (uint16_t)(ln->flags | g->flags);
-            f.n_out = 2;
-            f.out[0] = g->out[0];
-            f.out[1] = ln->out[0];
-            ops[j++] = f;
-            i++;
-            fused++;
-            continue;
-        }
-        ops[j++] = *ln;
-    }
-    ch->n_fwd = j;
-    return fused;
+static int pair_linear_gelu(const mgc_plan_op *ln, const mgc_plan_op *g, mgc_plan_op *f) {
+    if (!(ln->kind == MGC_POP_LINEAR && ln->n_in >= 2 && ln->n_in <= 3 && ln->n_out == 1 &&
+          g->kind == MGC_POP_GELU && g->n_in == 1 && g->n_out == 1 && g->in[0] == ln->out[0] &&
+          g->out[0] != ln->out[0] && !(ln->iattr[3] & LIN_OUTPUT_LAYER)))
+        return 0;
+    *f = *ln;
+    f->kind = MGC_POP_LINEAR_GELU;
+    f->flags = (uint16_t)(ln->flags | g->flags);
+    f->n_out = 2;
+    f->out[0] = g->out[0];
+    f->out[1] = ln->out[0];
+    return 1;
 }
 
 /* linear_dgrad (dy, W) -> (dg) ... gelu_bwd (h, dg) -> (dh), with dg read by nothing else
@@ -191,8 +187,8 @@ static int64_t fuse_dgrad_gelu(mgc_plan_chunk *ch) {
 
 void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
     int64_t a = fuse_norm_bwd_add(ch);
-    int64_t b = fuse_add_norm(ch);
-    int64_t c = fuse_linear_gelu(ch);
+    int64_t b = fuse_fwd_pairs(ch, pair_add_norm);
+    int64_t c = fuse_fwd_pairs(ch, pair_linear_gelu);
     int64_t d = fuse_dgrad_gelu(ch);
     if (st) st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
 }
