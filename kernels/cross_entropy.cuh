@@ -131,9 +131,11 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 #if defined(MGC_ENTRY_ce_bwd)
 /* grid (n, ceil(ld / 2048)), block 256, smem 0: block (r, y) writes columns
- * [2048y, 2048y + 2048) of row r, 8 per thread, coalesced.  The scale is computed on the
- * device from the loss tensor (count = loss[1]): dl = count > 0 ? dloss / count : 0 in
- * fp64, then m = mask[r] * (float)dl as the CPU. mask may be NULL. */
+ * [2048y, 2048y + 2048) of row r, 8 consecutive ones per thread: two 16-byte loads of
+ * logits and one 16-byte store (fp32: two) when ld % 8 == 0 and the tensors are 16-byte
+ * aligned, else element by element.  The scale is computed on the device from the loss
+ * tensor (count = loss[1]): dl = count > 0 ? dloss / count : 0 in fp64, then
+ * m = mask[r] * (float)dl as the CPU. mask may be NULL. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dlogits, const float *__restrict__ logits,
                    const float *__restrict__ lse, const i64 *__restrict__ labels,
@@ -146,13 +148,25 @@ extern "C" __global__ void __launch_bounds__(256)
     i64 id = labels[r] - v0;
     const float *l = logits + r * ld;
     mgc_t *d = dlogits + r * ld; /* the compute dtype: it feeds the output layer's GEMMs */
+    i64 c0 = (i64)blockIdx.y * 2048 + 8 * (i64)threadIdx.x;
+    if (c0 >= ld) return;
+    float x[8], g[8];
+    bool vec = c0 + 8 <= ld && (ld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
+    if (vec) {
+        float4 a = *(const float4 *)(l + c0), b = *(const float4 *)(l + c0 + 4);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+        x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        i64 c = (i64)blockIdx.y * 2048 + k * 256 + threadIdx.x;
-        if (c >= ld) break;
-        float g = 0.0f;
-        if (c < vv && m != 0.0f) g = m * (expf(l[c] - ls) - (c == id ? 1.0f : 0.0f));
-        d[c] = mgc_st(g);
+        for (int j = 0; j < 8; j++) x[j] = c0 + j < ld ? l[c0 + j] : 0.0f;
     }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        i64 c = c0 + j;
+        g[j] = 0.0f;
+        if (c < vv && m != 0.0f) g[j] = m * (expf(x[j] - ls) - (c == id ? 1.0f : 0.0f));
+    }
+    if (vec) mgc_st8(d + c0, g);
+    else mgc_st8_part(d + c0, (int)(ld - c0 < 8 ? ld - c0 : 8), g);
 }
 #endif
