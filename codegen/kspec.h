@@ -82,6 +82,25 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
                          mgc_kspec *out, int max);
 int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                    mgc_kspec *out, int max);
+/* ---- kernel scratch (kspec_scratch.c) ------------------------------------------------------
+ * Launchers of the CUDA backend carve the device scratch their kernels need (partial sums, row
+ * statistics, sort keys, the MoE dispatch map) from the plan's `kernel_scratch` buffer, which the
+ * memory plan sizes with these functions: the arena stays the one device allocation of a rank.
+ * The runtime's launchers and the plan share the constants and sizes below. */
+#define MGC_KSPEC_NORM_NB      256   /* norm backward: blocks of partial sums (fixed: bits independent of the GPU) */
+#define MGC_KSPEC_SUMSQ_NB     1024  /* sum of squares: blocks of partial sums (fixed, as NORM_NB) */
+#define MGC_KSPEC_EMB_SORT_MAX 16384 /* embedding backward: the sorted path up to this many tokens */
+#define MGC_KSPEC_MOE_TILE     256   /* kernels/moe.cuh: assignments per map block */
+/* A carve's size: bytes rounded up to 256 (every carve starts 256-aligned). */
+uint64_t mgc_kspec_align(uint64_t bytes);
+/* The MoE dispatch map of nk assignments to E experts (capacity cap, 0: none; probs: capacity
+ * decided by probability, two passes). */
+uint64_t mgc_kspec_moe_map_bytes(int64_t nk, int64_t E, int64_t cap, int probs);
+/* The most scratch bytes the CUDA launchers of op `op` ask for in one call (0: none). */
+uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op *op);
+/* The optimizer's (the sum of squares' partials and result). */
+uint64_t mgc_kspec_optimizer_scratch_bytes(void);
+
 /* The optimizer's kernels (sum of squares, AdamW, scale, fp32 -> 16-bit cast) for a plan whose
  * weights are `dtype` (fp32, bf16 or fp16: AdamW's 16-bit copy-out and the cast write that
  * type); the order is fixed: see kspec_pointwise.c. */

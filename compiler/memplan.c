@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kspec.h"
+
 static uint64_t align_up(uint64_t v, uint64_t a) {
     return (v + (a - 1)) & ~(a - 1);
 }
@@ -948,6 +950,22 @@ int mgc_memplan_build_cached(const mgc_config *c, const mgc_grid *grid, mgc_plan
     if (buf_add(b, MGC_BUF_WORKSPACE, -1, -1, name_of(b, "gemm_workspace"),
                 MGC_MEMPLAN_GEMM_WORKSPACE_BYTES, 0, n) < 0)
         goto nomem;
+    {
+        /* the CUDA kernels' scratch: the most any one op (or the optimizer) asks for, so that
+         * the arena stays the rank's one device allocation (codegen/kspec_scratch.c) */
+        uint64_t ks = mgc_kspec_optimizer_scratch_bytes();
+        for (int64_t ch = 0; ch < b->V; ch++) {
+            const mgc_plan_chunk *pc = &sp->chunks[ch];
+            for (int64_t i = 0; i < pc->n_fwd + pc->n_bwd; i++) {
+                uint64_t o = mgc_kspec_op_scratch_bytes(pc, i < pc->n_fwd ? &pc->fwd[i]
+                                                                          : &pc->bwd[i - pc->n_fwd]);
+                if (o > ks) ks = o;
+            }
+        }
+        if (buf_add(b, MGC_BUF_WORKSPACE, -1, -1, name_of(b, "kernel_scratch"), mgc_kspec_align(ks),
+                    0, n) < 0)
+            goto nomem;
+    }
     if (ws && b->first_compute >= 0) {
         idx[CAT_ACT] = buf_add(b, MGC_BUF_ACTIVATION, -1, -1, name_of(b, "pass_workspace"), ws,
                                b->first_compute, b->last_compute + 1);

@@ -77,8 +77,12 @@ typedef struct cuda_ctx {
     int n_kernels, cap_kernels;
     cudaLibrary_t *libs;
     int n_libs, cap_libs;
-    void *scratch;
+    void *scratch;        /* kernel scratch: the plan's kernel_scratch buffer, or (a plan of an
+                             older mgc, a request past it) an allocation beside the arena */
     size_t scratch_bytes;
+    int scratch_owned;    /* scratch is cudaMalloc'd (not the arena's) */
+    int scratch_warned;
+    void *scratch_arena;  /* the arena that holds it when not owned */
     gemm_entry gemm[MAX_GEMM_CACHE];
     int n_gemm;
     int jit_compiled, jit_cached;
@@ -131,18 +135,29 @@ void *mgc_cuda_scratch(mgc_backend *be, size_t bytes) {
         mgc_cuda_fail(be, "kernel scratch grows during a CUDA graph capture");
         return NULL;
     }
+    /* past the plan's kernel_scratch (codegen/kspec_scratch.c does not bound this request, or
+     * the plan predates it): an allocation beside the arena, said once */
+    if (!c->scratch_warned) {
+        fprintf(stderr, "mgc-run: warning: a kernel asks for %zu bytes of scratch, more than the "
+                        "plan's kernel_scratch (%zu bytes): allocating it beside the arena "
+                        "(recompile the plan with this mgc; if it persists, report it)\n",
+                bytes, c->scratch_bytes);
+        c->scratch_warned = 1;
+    }
     size_t n = bytes + bytes / 2 + 65536;
     cudaStreamSynchronize(c->stream); /* the old scratch may be in use by queued work */
     graphs_drop(c);                   /* recorded graphs hold the old address */
-    cudaFree(c->scratch);
+    if (c->scratch_owned) cudaFree(c->scratch);
     c->scratch = NULL;
     c->scratch_bytes = 0;
+    c->scratch_owned = 0;
     cudaError_t e = cudaMalloc(&c->scratch, n);
     if (e != cudaSuccess) {
         mgc_cuda_fail(be, "cannot allocate %zu bytes of kernel scratch: %s", n, cudaGetErrorString(e));
         return NULL;
     }
     c->scratch_bytes = n;
+    c->scratch_owned = 1;
     return c->scratch;
 }
 
@@ -636,6 +651,10 @@ static int cuda_arena_alloc(mgc_backend *be, uint64_t bytes, void **out) {
 static void cuda_arena_free(mgc_backend *be, void *arena) {
     cuda_ctx *c = be->context;
     cudaStreamSynchronize(c->stream);
+    graphs_drop(c); /* they hold addresses in the arena */
+    if (!c->scratch_owned && c->scratch_arena == arena && arena) {
+        c->scratch = NULL, c->scratch_bytes = 0, c->scratch_arena = NULL;
+    }
     cudaFree(arena);
 }
 
@@ -686,12 +705,25 @@ static int cuda_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_prog
     c->plan = plan;
     c->ws = NULL;
     c->ws_bytes = 0;
-    for (int64_t b = 0; b < st->n_buffers; b++)
-        if (st->buffers[b].kind == MGC_BUF_WORKSPACE) {
+    void *ks = NULL;
+    size_t ks_bytes = 0;
+    for (int64_t b = 0; b < st->n_buffers; b++) {
+        if (st->buffers[b].kind != MGC_BUF_WORKSPACE) continue;
+        if (!strcmp(mgc_plan_strat(plan, st->buffers[b].name), "kernel_scratch")) {
+            ks = (char *)arena + st->buffers[b].offset;
+            ks_bytes = (size_t)st->buffers[b].bytes;
+        } else if (!c->ws) { /* gemm_workspace */
             c->ws = (char *)arena + st->buffers[b].offset;
             c->ws_bytes = (size_t)st->buffers[b].bytes;
-            break;
         }
+    }
+    if (ks && ks != c->scratch) { /* the plan's, in the arena */
+        cudaStreamSynchronize(c->stream); /* queued work may still use the old one */
+        graphs_drop(c);
+        if (c->scratch_owned) cudaFree(c->scratch);
+        c->scratch = ks, c->scratch_bytes = ks_bytes, c->scratch_owned = 0;
+        c->scratch_arena = arena;
+    }
     if (c->warm == st) return 0;
     if (warm_up(be, st, arena)) return -1;
     c->warm = st;
@@ -816,7 +848,7 @@ static void cuda_close(mgc_backend *be) {
             cudaLibraryUnload(c->libs[i]);
         free(c->libs);
         free(c->kernels);
-        cudaFree(c->scratch);
+        if (c->scratch_owned) cudaFree(c->scratch);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);

@@ -27,9 +27,10 @@ extern "C" {
  * the message in be->err (naming the kernel). */
 int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned grid_x, unsigned grid_y,
                     unsigned grid_z, unsigned block, size_t smem_bytes, void **args);
-/* Device scratch of at least `bytes`, owned by the backend and reused by every
- * op (ops run one after another on one stream); NULL with be->err on failure.
- * Its high-water mark is reported next to the arena. */
+/* Device scratch of at least `bytes`, reused by every op (ops run one after another on one
+ * stream): the plan's kernel_scratch buffer, which codegen/kspec_scratch.c sizes for every
+ * request a launcher makes (a larger one is allocated beside the arena, with a warning).  One
+ * call per op: a second may return the same memory.  NULL with be->err on failure. */
 void *mgc_cuda_scratch(mgc_backend *be, size_t bytes);
 /* Records a message in be->err; returns -1. */
 int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...)

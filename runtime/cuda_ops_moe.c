@@ -17,7 +17,7 @@
 
 #include "cuda_int.h"
 
-#define MOE_TILE 256 /* kernels/moe.cuh: assignments per map block */
+#define MOE_TILE MGC_KSPEC_MOE_TILE /* kernels/moe.cuh: assignments per map block */
 
 /* mgc_router_score (cpu_ops.h) from the plan's mgc_score: 1 sigmoid, else softmax. */
 static int score_of(int64_t s) {
@@ -74,7 +74,7 @@ static int launch(moe_ctx *x, const char *entry, uint64_t grid, unsigned block, 
 /* Bump allocator over one scratch block (one mgc_cuda_scratch call per op:
  * a second call may move the block). */
 static size_t al(size_t b) {
-    return (b + 255) & ~(size_t)255;
+    return (size_t)mgc_kspec_align(b);
 }
 static void *carve(unsigned char **p, size_t bytes) {
     void *r = *p;
@@ -92,11 +92,7 @@ typedef struct moe_map {
 } moe_map;
 
 static size_t map_bytes(int64_t nk, int64_t E, int64_t cap, int policy) {
-    int64_t ntiles = (nk + MOE_TILE - 1) / MOE_TILE;
-    size_t b = 2 * al((size_t)(ntiles * E) * 4) + al((size_t)E * 4) + al((size_t)(E + 1) * 4) +
-               al((size_t)nk * 4);
-    if (cap > 0 && policy == DROP_PROBS) b += al((size_t)nk * 4) + al((size_t)nk);
-    return b;
+    return (size_t)mgc_kspec_moe_map_bytes(nk, E, cap, policy == DROP_PROBS); /* the plan's size */
 }
 
 static void map_carve(moe_map *m, unsigned char **p, int64_t nk, int64_t E, int64_t cap,

@@ -16,8 +16,8 @@
 #include "rng.h"
 
 #define EW_BLOCK 256 /* element-wise kernels */
-#define NORM_NB  256 /* norm backward: blocks of partial sums (fixed: bits independent of GPU) */
-#define SUMSQ_NB 1024 /* sum of squares: blocks of partial sums (fixed, as NORM_NB) */
+#define NORM_NB  MGC_KSPEC_NORM_NB  /* kspec.h: the plan sizes kernel_scratch with it */
+#define SUMSQ_NB MGC_KSPEC_SUMSQ_NB
 
 static const mgc_plan_tensor *tin(const mgc_op_call *c, int i) {
     return &c->chunk->tensors[c->op->in[i]];
@@ -103,8 +103,8 @@ static int norm_aligned(mgc_backend *be, const mgc_op_call *c, int64_t h, const 
 
 /* Microbatches of up to this many tokens take the sorted embedding backward (embedding.cuh):
  * its one-block sort holds 8 bytes a token (rounded up to a power of two) in shared memory,
- * 128 KiB here, within sm_80's 163 KiB. */
-#define EMB_SORT_MAX 16384
+ * 128 KiB at 16384, within sm_80's 163 KiB. */
+#define EMB_SORT_MAX MGC_KSPEC_EMB_SORT_MAX
 
 static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;

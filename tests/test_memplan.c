@@ -791,6 +791,38 @@ static void pass_interval(const mgc_plan_op *ops, int64_t n, int32_t t, int64_t 
 
 /* Checks that hold for any stage program, synthetic or from the real
  * partitioner and scheduler. */
+/* What the CUDA launchers ask their kernel scratch for, derived here from the launchers
+ * (runtime/cuda_*.c), not from codegen's sizes: the plan's kernel_scratch must hold the largest. */
+static uint64_t scratch_need(const mgc_stage_program *sp) {
+    uint64_t need = (1024 + 1) * 8; /* the gradient norm's partials (mgc_cuda_sumsq) */
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd; i++) {
+            const mgc_plan_op *o = i < ch->n_fwd ? &ch->fwd[i] : &ch->bwd[i - ch->n_fwd];
+            const mgc_plan_tensor *t0 = o->n_in > 0 ? &ch->tensors[o->in[0]] : NULL;
+            uint64_t b = 0;
+            if (o->kind == MGC_POP_NORM_BWD) {
+                uint64_t rows = (uint64_t)o->iattr[1], nb = rows < 256 ? rows : 256;
+                b = nb * (uint64_t)o->iattr[2] * (o->iattr[0] != 1 && o->n_out > 2 ? 2 : 1) * 4;
+            } else if (o->kind == MGC_POP_ATTENTION_BWD && t0 && t0->rank == 4) {
+                b = (uint64_t)(t0->dim[0] * t0->dim[1] * t0->dim[2]) * 4; /* dsum: sq b A */
+            } else if (o->kind == MGC_POP_LINEAR_WGRAD && o->n_out > 1) {
+                b = (uint64_t)((o->iattr[0] + 255) / 256) * (uint64_t)o->iattr[1] * 4;
+            } else if (o->kind == MGC_POP_EMBEDDING_BWD && t0 && o->iattr[0] > 0) {
+                uint64_t n = (uint64_t)(t0->dim[0] * (t0->rank > 1 ? t0->dim[1] : 1));
+                b = n <= 16384 ? n * 8 : 0; /* the sort keys (a vocabulary shard: iattr[0]) */
+            } else if (o->kind == MGC_POP_CROSS_ENTROPY && o->n_in > 1) {
+                const mgc_plan_tensor *lab = &ch->tensors[o->in[1]];
+                uint64_t n = 1;
+                for (int d = 0; d < lab->rank; d++) n *= (uint64_t)lab->dim[d];
+                b = n * 3 * 4; /* the fused path's row max and sums */
+            }
+            if (b > need) need = b;
+        }
+    }
+    return need;
+}
+
 static void check_generic(const mgc_plan *p, int64_t r, const mgc_memplan_info *info) {
     const mgc_stage_program *sp = &p->stages[r];
     char what[64];
@@ -816,7 +848,18 @@ static void check_generic(const mgc_plan *p, int64_t r, const mgc_memplan_info *
     for (int k = 0; k < MGC_BUF__COUNT; k++)
         sum += sp->by_kind[k];
     T_EQ_U64(sum, lb); /* by_kind is the breakdown at the peak */
-    T_EQ_U64(sp->by_kind[MGC_BUF_WORKSPACE], MGC_MEMPLAN_GEMM_WORKSPACE_BYTES);
+    /* the workspaces: cuBLASLt's and the kernels' scratch, whole-step buffers */
+    uint64_t ks = 0;
+    int n_ks = 0;
+    for (int64_t i = 0; i < sp->n_buffers; i++)
+        if (!strcmp(mgc_plan_strat(p, sp->buffers[i].name), "kernel_scratch")) {
+            ks = sp->buffers[i].bytes, n_ks++;
+            T_CHECK(sp->buffers[i].kind == MGC_BUF_WORKSPACE && sp->buffers[i].live_begin == 0 &&
+                    sp->buffers[i].live_end == sp->n_instrs);
+        }
+    T_EQ_I64(n_ks, 1);
+    T_EQ_U64(sp->by_kind[MGC_BUF_WORKSPACE], MGC_MEMPLAN_GEMM_WORKSPACE_BYTES + ks);
+    T_CHECK(ks >= scratch_need(sp));
     free(v);
 
     /* 2. a stash per (mb, chunk) with stash bytes, live exactly from its forward to the end of
