@@ -971,7 +971,6 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
 
 /* ---- passes ------------------------------------------------------------------------------ */
 
-/* Runs a chunk's forward (pass 0) or backward (pass 1) ops for microbatch mb. */
 static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb,
                      mgc_op_call *callp);
 
@@ -985,6 +984,8 @@ static uint64_t graph_key(int c, int pass, int32_t mb, double dloss) {
     return h;
 }
 
+/* Runs a chunk's forward (pass 0) or backward (pass 1) ops for microbatch mb: through a
+ * recorded graph when the backend has one for it (mgc_exec_set_graphs), else one by one. */
 static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb) {
     mgc_op_call call;
     memset(&call, 0, sizeof call);
@@ -1019,6 +1020,7 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
     return rc;
 }
 
+/* Issues the ops one by one to the backend (collectives to the communicator). */
 static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb,
                      mgc_op_call *callp) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
