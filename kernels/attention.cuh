@@ -491,18 +491,21 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 }
 #endif
 
-#if defined(MGC_ENTRY_attention_fwd) && MGC_HALF
-/* Whether any query of the block sees a key of the tile at k0 (block-uniform: a barrier).
- * qmax is the block's largest query position. */
-__device__ __forceinline__ bool att_fwd_tile_seen(int k0, int qmax, int sk, const int *kpos,
-                                                  int pos_s, int pos_cp, int pos_rank,
-                                                  int k_gathered) {
+#if (defined(MGC_ENTRY_attention_fwd) || defined(MGC_ENTRY_attention_bwd_dq)) && MGC_HALF
+/* Whether any query of the block sees a key of the TK-key tile at k0 (block-uniform: a
+ * barrier; TK <= the block's 128 threads).  qmax is the block's largest query position. */
+template <int TK>
+__device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int sk, const int *kpos, int pos_s,
+                                              int pos_cp, int pos_rank, int k_gathered) {
     if (!MGC_CAUSAL) return true;
     int j = k0 + (int)threadIdx.x;
-    int vis = threadIdx.x < ATT_FBK && j < sk &&
+    int vis = threadIdx.x < TK && j < sk &&
               att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
     return __syncthreads_or(vis) != 0;
 }
+#endif
+
+#if defined(MGC_ENTRY_attention_fwd) && MGC_HALF
 
 /* attention_fwd (bf16/fp16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
  * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); K and V tiles are staged
@@ -555,7 +558,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
 
     /* the first tile the block sees, fetched before the loop */
     int k0 = 0;
-    while (k0 < sk && !att_fwd_tile_seen(k0, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
+    while (k0 < sk && !att_keys_seen<BK>(k0, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
         k0 += BK;
     if (k0 < sk) {
         att_stage_async<BK>(Ks[0], k, k0, sk, b, G, bi, g);
@@ -564,7 +567,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
     att_cp_commit();
     for (int buf = 0; k0 < sk; buf ^= 1) {
         int kn = k0 + BK; /* the next tile the block sees: its copies start now */
-        while (kn < sk && !att_fwd_tile_seen(kn, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
+        while (kn < sk && !att_keys_seen<BK>(kn, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
             kn += BK;
         if (kn < sk) {
             att_stage_async<BK>(Ks[buf ^ 1], k, kn, sk, b, G, bi, g);
@@ -1154,11 +1157,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     __syncthreads();
 
     /* key tiles no query of the block sees are skipped (block-uniform: a barrier each) */
-#define ATT_DQ_SEEN(k0_)                                                                         \
-    (!MGC_CAUSAL ||                                                                              \
-     __syncthreads_or(tid < BC && (k0_) + tid < sk &&                                            \
-                      att_kpos(kpos, (k0_) + tid, sk, pos_s, pos_cp, pos_rank, k_gathered) <=    \
-                          qmax))
+#define ATT_DQ_SEEN(k0_) att_keys_seen<BC>((k0_), qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered)
     int k0 = 0;
     while (k0 < sk && !ATT_DQ_SEEN(k0)) k0 += BC;
     if (k0 < sk) {
