@@ -507,48 +507,47 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
     }
     case MGC_POP_LINEAR_DGRAD:      /* dx (M,K) = dy (M,N) W (N,K) */
     case MGC_POP_LINEAR_DGRAD_GELU: { /* dh = gelu'(h) (dy W), h the third input */
-        gemm_epi ep = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
-        int fused = op->kind == MGC_POP_LINEAR_DGRAD_GELU;
+        const gemm_epi none = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
+        gemm_epi ep = none;
+        int fused = op->kind == MGC_POP_LINEAR_DGRAD_GELU, rc;
         if (fused && use_epilogue(cx, T_out(c, 0)))
             ep = (gemm_epi){CUBLASLT_EPILOGUE_DGELU, NULL, 0, c->in[2], K, dt_of(T_in(c, 2)->dtype)};
-        int rc = gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                      dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f, &ep);
-        if (rc == 1) /* no DGELU algorithm: the plain GEMM */
-            rc = gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                      dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f, NULL);
-        else if (ep.aux || rc)
-            return rc;
-        if (rc || !fused) return rc;
+        /* 1: cuBLASLt has no DGELU algorithm; the plain GEMM (never 1) then */
+        while ((rc = gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
+                          dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f,
+                          &ep)) == 1)
+            ep = none;
+        if (rc || !fused || ep.aux) return rc;
         /* gelu_bwd in place: dh = gelu'(h) dh (pointwise.cuh allows dx == dy) */
         int32_t in[2] = {op->in[2], op->out[0]}, out = op->out[0];
         void *inp[2] = {c->in[2], c->out[0]};
         return run_as(be, c, MGC_POP_GELU_BWD, 2, in, inp, 1, &out, &c->out[0]);
     }
     default: { /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
+        const gemm_epi none = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
+        gemm_epi ep = none;
+        float *part = NULL;
         if (op->n_out > 1 && use_epilogue(cx, T_in(c, 0))) {
             /* cuBLASLt's BGRADB writes the column sums of dy (the GEMM's B) to part; the plan
              * accumulates db over microbatches, so bias_grad_finish adds part to it */
-            float *part = mgc_cuda_scratch(be, (size_t)N * sizeof(float));
-            if (!part) return -1;
-            gemm_epi ep = {CUBLASLT_EPILOGUE_BGRADB, part, CUDA_R_32F, NULL, 0, 0};
-            int rc = gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                          dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, &ep);
-            if (rc < 0) return -1;
-            if (rc == 0) {
-                mgc_kspec k;
-                mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", T_in(c, 0)->dtype);
-                void *db = c->out[1];
-                int64_t one = 1;
-                void *a[] = {&db, &part, &one, &N};
-                return mgc_cuda_launch(be, &k, (unsigned)((N + 255) / 256), 1, 1, 256, 0, a);
-            }
+            if (!(part = mgc_cuda_scratch(be, (size_t)N * sizeof(float)))) return -1;
+            ep = (gemm_epi){CUBLASLT_EPILOGUE_BGRADB, part, CUDA_R_32F, NULL, 0, 0};
         }
-        if (gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                 dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f, NULL))
-            return -1;
-        if (op->n_out > 1)
-            return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
-        return 0;
+        int rc;
+        /* 1: cuBLASLt has no BGRADB algorithm; the plain GEMM (never 1) and the kernels then */
+        while ((rc = gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
+                          dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f,
+                          &ep)) == 1)
+            ep = none;
+        if (rc) return -1;
+        if (op->n_out < 2) return 0;
+        if (!ep.bias) return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
+        mgc_kspec k;
+        mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", T_in(c, 0)->dtype);
+        void *db = c->out[1];
+        int64_t one = 1;
+        void *a[] = {&db, &part, &one, &N};
+        return mgc_cuda_launch(be, &k, (unsigned)((N + 255) / 256), 1, 1, 256, 0, a);
     }
     }
 }
