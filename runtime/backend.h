@@ -4,9 +4,9 @@
  * touches tensor memory goes through a backend: the arena allocation, one call
  * per compute op of a chunk program (MGC_POP_* below MGC_POP_ALL_REDUCE), the
  * copies between staging buffers and boundary tensors, and the optimizer's
- * element-wise kernels.  Collectives go to the communicator (comm.h) on the
- * same arena pointers, so a backend whose memory a communicator can read
- * (host memory for local/mpi, device memory for nccl) needs nothing more.
+ * element-wise kernels.  Collectives go to the communicator (comm.h): on the
+ * arena pointers when the communicator can read the backend's memory (host
+ * memory for local/mpi), else through a host staging buffer (device_memory).
  *
  *     mgc_backend *be = NULL;
  *     mgc_backend_cpu_open(&be, err, sizeof err);     // or the CUDA one (issue 5)
@@ -15,7 +15,8 @@
  *
  * A backend is { iface, context } as in ggml: the iface is a const table of
  * function pointers, the wrappers below call through it.  Every slot is
- * required except graph_begin / graph_end (NULL: no graphs).  A slot returns 0 on
+ * required except graph_begin / graph_end (NULL: no graphs) and host_alloc /
+ * host_free (NULL: malloc).  A slot returns 0 on
  * success, -1 with a message in be->err. */
 #ifndef MGC_BACKEND_H
 #define MGC_BACKEND_H
@@ -110,6 +111,15 @@ typedef struct mgc_backend_iface {
     /* Set the compute threads (CPU); 0 = the backend's default. */
     int (*set_threads)(mgc_backend *be, int threads);
     void (*close)(mgc_backend *be);
+    /* 1: the arena is device memory the host cannot address (CUDA).  The executor then
+     * moves every collective and pipeline transfer through host memory, since the local
+     * and mpi communicators read and write host memory (docs/runtime.md, "Communication
+     * on device memory"). */
+    int device_memory;
+    /* Optional (NULL: malloc and free): host memory for that staging, page-locked where
+     * the backend can (fast transfers). */
+    int (*host_alloc)(mgc_backend *be, size_t bytes, void **out);
+    void (*host_free)(mgc_backend *be, void *p);
 } mgc_backend_iface;
 
 #define MGC_BACKEND_ERR_MAX 1024

@@ -657,6 +657,22 @@ static void cuda_arena_free(mgc_backend *be, void *arena) {
     cudaFree(arena);
 }
 
+/* Page-locked host memory for the executor's communication staging (backend.h). */
+static int cuda_host_alloc(mgc_backend *be, size_t bytes, void **out) {
+    cuda_ctx *c = be->context;
+    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 256, cudaHostAllocPortable);
+    if (e != cudaSuccess)
+        return mgc_cuda_fail(be, "cannot allocate %zu bytes of page-locked host memory for GPU %d's "
+                                 "communication: %s",
+                             bytes, c->device, cudaGetErrorString(e));
+    return 0;
+}
+
+static void cuda_host_free(mgc_backend *be, void *p) {
+    (void)be;
+    cudaFreeHost(p);
+}
+
 static int is_linear(uint16_t kind) {
     return kind == MGC_POP_LINEAR || kind == MGC_POP_LINEAR_GELU || kind == MGC_POP_LINEAR_DGRAD ||
            kind == MGC_POP_LINEAR_DGRAD_GELU || kind == MGC_POP_LINEAR_WGRAD;
@@ -874,6 +890,9 @@ static const mgc_backend_iface cuda_iface = {
     .graph_end = cuda_graph_end,
     .set_threads = cuda_set_threads,
     .close = cuda_close,
+    .device_memory = 1,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 int mgc_backend_cuda_available(void) {

@@ -94,6 +94,12 @@ struct mgc_exec {
     mgc_profile *prof;         /* --profile: where the times go; NULL: no timing at all */
     int graphs;                /* mgc_exec_set_graphs */
     uint8_t *graph_ok;         /* (n_chunks * 2) the chunk's forward / backward qualifies */
+    /* communication on device memory (the backend's device_memory) */
+    int staged;                /* 1: collectives and transfers go through `host` */
+    unsigned char *host;       /* the staging buffer (backend host_alloc, or malloc) */
+    size_t host_cap;
+    int host_pinned;           /* `host` came from the backend's host_alloc */
+    int64_t staged_bytes;      /* this step's bytes moved between the arena and `host` */
     char err[2048];
 };
 
@@ -265,6 +271,142 @@ static void *taddr(const mgc_exec *x, int c, int32_t t, int32_t mb) {
         return b >= 0 ? buf_addr(x, b) + T->offset : NULL;
     }
     return buf_addr(x, T->buffer) + T->offset;
+}
+
+/* ---- communication on device memory --------------------------------------------------
+ * The local and mpi communicators read and write host memory.  When the backend's arena is
+ * device memory (iface->device_memory), every collective and pipeline transfer goes through
+ * one host buffer: the send side is downloaded, the host collective runs on the buffer, and
+ * the receive side is uploaded.  The reductions are still the communicator's, in group-rank
+ * order, so the numbers are those of a host arena.  The c_* functions below are the
+ * communicator calls of the executor on arena pointers; they return 0, or -1 with x->err
+ * set (`what` names the call). */
+
+static void host_release(mgc_exec *x) {
+    if (!x->host) return;
+    if (x->host_pinned) x->be->iface->host_free(x->be, x->host);
+    else free(x->host);
+    x->host = NULL;
+    x->host_cap = 0;
+}
+
+/* The staging buffer, at least `bytes` long (NULL with x->err set). */
+static unsigned char *stage(mgc_exec *x, size_t bytes) {
+    if (bytes <= x->host_cap) return x->host;
+    host_release(x);
+    void *p = NULL;
+    size_t n = bytes < 256 ? 256 : bytes;
+    if (x->be->iface->host_alloc && x->be->iface->host_free) {
+        if (x->be->iface->host_alloc(x->be, n, &p)) {
+            be_fail(x, "allocating the host staging buffer for communication");
+            return NULL;
+        }
+        x->host_pinned = 1;
+    } else {
+        if (!(p = malloc(n))) {
+            xfail(x, "rank %" PRId64 ": out of memory for a %zu-byte communication staging buffer",
+                  x->rank, n);
+            return NULL;
+        }
+        x->host_pinned = 0;
+    }
+    x->host = p;
+    x->host_cap = n;
+    return x->host;
+}
+
+static int stage_down(mgc_exec *x, void *host, const void *arena, size_t bytes) {
+    x->staged_bytes += (int64_t)bytes;
+    return x->be->iface->download(x->be, host, arena, bytes) ? be_fail(x, "staging for communication") : 0;
+}
+static int stage_up(mgc_exec *x, void *arena, const void *host, size_t bytes) {
+    x->staged_bytes += (int64_t)bytes;
+    return x->be->iface->upload(x->be, arena, host, bytes) ? be_fail(x, "staging for communication") : 0;
+}
+
+static int c_check(mgc_exec *x, mgc_comm *g, mgc_comm_status s, const char *what) {
+    return s == MGC_COMM_OK ? 0 : comm_fail(x, g, s, what);
+}
+
+static int c_all_reduce(mgc_exec *x, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
+                        mgc_comm_red red, const char *what) {
+    if (!x->staged) return c_check(x, g, mgc_comm_all_reduce(g, in, out, n, dt, red), what);
+    size_t b = n * mgc_dtype_size(dt);
+    unsigned char *h = stage(x, b);
+    if (!h || stage_down(x, h, in, b)) return -1;
+    if (c_check(x, g, mgc_comm_all_reduce(g, h, h, n, dt, red), what)) return -1;
+    return stage_up(x, out, h, b);
+}
+
+/* in: (group size * n) elements; out: this rank's n (it may lie inside in). */
+static int c_reduce_scatter(mgc_exec *x, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
+                            const char *what) {
+    if (!x->staged) return c_check(x, g, mgc_comm_reduce_scatter(g, in, out, n, dt, MGC_COMM_SUM), what);
+    size_t b = n * mgc_dtype_size(dt), all = b * (size_t)mgc_comm_size(g);
+    unsigned char *h = stage(x, all);
+    if (!h || stage_down(x, h, in, all)) return -1;
+    unsigned char *mine = h + (size_t)mgc_comm_rank(g) * b;
+    if (c_check(x, g, mgc_comm_reduce_scatter(g, h, mine, n, dt, MGC_COMM_SUM), what)) return -1;
+    return stage_up(x, out, mine, b);
+}
+
+/* in: this rank's n elements (it may be out + rank * n); out: (group size * n). */
+static int c_all_gather(mgc_exec *x, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
+                        const char *what) {
+    if (!x->staged) return c_check(x, g, mgc_comm_all_gather(g, in, out, n, dt), what);
+    size_t b = n * mgc_dtype_size(dt), all = b * (size_t)mgc_comm_size(g);
+    unsigned char *h = stage(x, all);
+    if (!h) return -1;
+    unsigned char *mine = h + (size_t)mgc_comm_rank(g) * b;
+    if (stage_down(x, mine, in, b)) return -1;
+    if (c_check(x, g, mgc_comm_all_gather(g, mine, h, n, dt), what)) return -1;
+    return stage_up(x, out, h, all);
+}
+
+/* Packed all-to-all-v: cnt[0..size) send counts, cnt[size..2 size) receive counts. */
+static int c_all_to_all(mgc_exec *x, mgc_comm *g, const void *in, void *out, const size_t *cnt,
+                        mgc_dtype dt, const char *what) {
+    int size = mgc_comm_size(g);
+    if (!x->staged)
+        return c_check(x, g, mgc_comm_all_to_all_v(g, in, cnt, NULL, out, cnt + size, NULL, dt), what);
+    size_t es = mgc_dtype_size(dt), sb = 0, rb = 0;
+    for (int j = 0; j < size; j++)
+        sb += cnt[j] * es, rb += cnt[size + j] * es;
+    unsigned char *h = stage(x, sb + rb);
+    if (!h || stage_down(x, h, in, sb)) return -1;
+    if (c_check(x, g, mgc_comm_all_to_all_v(g, h, cnt, NULL, h + sb, cnt + size, NULL, dt), what))
+        return -1;
+    return stage_up(x, out, h + sb, rb);
+}
+
+static int c_broadcast(mgc_exec *x, mgc_comm *g, void *buf, size_t n, mgc_dtype dt, const char *what) {
+    if (!x->staged) return c_check(x, g, mgc_comm_broadcast(g, buf, n, dt, 0), what);
+    size_t b = n * mgc_dtype_size(dt);
+    unsigned char *h = stage(x, b);
+    if (!h || (mgc_comm_rank(g) == 0 && stage_down(x, h, buf, b))) return -1;
+    if (c_check(x, g, mgc_comm_broadcast(g, h, n, dt, 0), what)) return -1;
+    return mgc_comm_rank(g) == 0 ? 0 : stage_up(x, buf, h, b);
+}
+
+static int c_send(mgc_exec *x, mgc_comm *g, const void *buf, size_t bytes, int peer, const char *what) {
+    if (!x->staged) return c_check(x, g, mgc_comm_send(g, buf, bytes, MGC_DT_U8, peer), what);
+    unsigned char *h = stage(x, bytes);
+    if (!h || stage_down(x, h, buf, bytes)) return -1;
+    return c_check(x, g, mgc_comm_send(g, h, bytes, MGC_DT_U8, peer), what);
+}
+
+static int c_recv(mgc_exec *x, mgc_comm *g, void *buf, size_t bytes, int peer, const char *what) {
+    if (!x->staged) return c_check(x, g, mgc_comm_recv(g, buf, bytes, MGC_DT_U8, peer), what);
+    unsigned char *h = stage(x, bytes);
+    if (!h || c_check(x, g, mgc_comm_recv(g, h, bytes, MGC_DT_U8, peer), what)) return -1;
+    return stage_up(x, buf, h, bytes);
+}
+
+/* A small arena array the executor reads on the host (row counts, token counts): the
+ * address itself on a host arena, else a copy in `tmp`. */
+static const void *host_view(mgc_exec *x, const void *arena, void *tmp, size_t bytes) {
+    if (!x->staged) return arena;
+    return stage_down(x, tmp, arena, bytes) ? NULL : tmp;
 }
 
 /* ---- setup --------------------------------------------------------------------------- */
@@ -588,6 +730,37 @@ int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, si
     return 0;
 }
 
+/* The most any one communication of the stage stages (c_* above): a gradient bucket, a
+ * pipeline staging buffer, or a collective's send and receive sides together. */
+static size_t stage_bytes(const mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    uint64_t most = 0;
+    for (int64_t b = 0; b < sp->n_buckets; b++)
+        if (sp->buckets[b].count * 4 > most) most = sp->buckets[b].count * 4;
+    for (int64_t b = 0; b < sp->n_buffers; b++)
+        if (sp->buffers[b].kind == MGC_BUF_COMM && sp->buffers[b].bytes > most) most = sp->buffers[b].bytes;
+    for (int64_t i = 0; i < x->n_embed; i++)
+        if ((uint64_t)x->embed[i].n * 4 > most) most = (uint64_t)x->embed[i].n * 4;
+    for (int64_t i = 0; i < x->n_partial; i++)
+        if ((uint64_t)x->partial[i].n * 4 > most) most = (uint64_t)x->partial[i].n * 4;
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        for (int pass = 0; pass < 2; pass++) {
+            const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+            for (int64_t i = 0; i < (pass ? ch->n_bwd : ch->n_fwd); i++) {
+                const mgc_plan_op *o = &ops[i];
+                if (o->kind < MGC_POP_ALL_REDUCE) continue;
+                uint64_t es = mgc_dtype_size((mgc_dtype)o->iattr[2]);
+                uint64_t n = ((uint64_t)o->iattr[0] + (uint64_t)o->iattr[1]) * es;
+                uint64_t t = ch->tensors[o->in[0]].bytes + ch->tensors[o->out[0]].bytes;
+                if (n > most) most = n;
+                if (t > most) most = t;
+            }
+        }
+    }
+    return (size_t)most;
+}
+
 int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_backend *be,
                   char *err, size_t errsz) {
     *out = NULL;
@@ -661,6 +834,8 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
         be_fail(x, "binding the plan to the backend");
         goto done;
     }
+    x->staged = be->iface->device_memory && plan->grid.world > 1;
+    if (x->staged && !stage(x, stage_bytes(x))) goto done; /* sized once: no growth in a step */
     rc = 0;
 done:
     if (rc) {
@@ -674,6 +849,7 @@ done:
 
 void mgc_exec_free(mgc_exec *x) {
     if (!x) return;
+    host_release(x);
     for (int k = 0; k < MGC_GROUP__COUNT; k++)
         mgc_comm_free(x->group[k]);
     if (x->arena) x->be->iface->arena_free(x->be, x->arena);
@@ -892,7 +1068,6 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
     if (!in || !out) return xfail(x, "'%s': tensor not materialised", sname(x, op->name));
     mgc_dtype dt = (mgc_dtype)op->iattr[2];
     size_t n_in = (size_t)op->iattr[0], n_out = (size_t)op->iattr[1];
-    mgc_comm_status s = MGC_COMM_OK;
     int size = mgc_comm_size(g);
     if (size == 1) { /* a group of one: the identity, on the backend's memory */
         size_t n = n_in < n_out ? n_in : n_out;
@@ -900,73 +1075,78 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
             return be_fail(x, "a one-rank collective");
         return 0;
     }
+    char what[300];
+    snprintf(what, sizeof what, "%s '%s' (microbatch %d, chunk %d)",
+             mgc_plan_op_name((mgc_plan_op_kind)op->kind), sname(x, op->name), mb, c);
     switch (op->kind) {
     case MGC_POP_ALL_REDUCE: {
         mgc_comm_red red = (op->iattr[3] & PCOLL_MAX) ? MGC_COMM_MAX : MGC_COMM_SUM;
-        if (dt == MGC_DT_F32) {
-            s = mgc_comm_all_reduce(g, in, out, n_in, dt, red);
-        } else if (dt == MGC_DT_I64) { /* token counts: exact in fp32 below 2^24 */
-            float *f = malloc(n_in * sizeof *f);
-            if (!f) return xfail(x, "out of memory");
-            const int64_t *a = in;
-            for (size_t i = 0; i < n_in; i++)
-                f[i] = (float)a[i];
-            s = mgc_comm_all_reduce(g, f, f, n_in, MGC_DT_F32, red);
-            int64_t *o = out;
-            for (size_t i = 0; i < n_in && s == MGC_COMM_OK; i++)
-                o[i] = (int64_t)f[i];
-            free(f);
-        } else {
+        if (dt == MGC_DT_F32) return c_all_reduce(x, g, in, out, n_in, dt, red, what);
+        if (dt != MGC_DT_I64)
             return xfail(x, "'%s': all-reduce of %s is not supported", sname(x, op->name),
                          mgc_dtype_name(dt));
+        /* token counts, summed on the host: exact in fp32 below 2^24 */
+        int64_t *v = malloc(n_in * sizeof *v);
+        float *f = malloc(n_in * sizeof *f);
+        const int64_t *a = v ? host_view(x, in, v, n_in * sizeof *v) : NULL;
+        int rc = -1;
+        if (!f || !v) xfail(x, "out of memory");
+        else if (a) {
+            for (size_t i = 0; i < n_in; i++)
+                f[i] = (float)a[i];
+            if (!c_check(x, g, mgc_comm_all_reduce(g, f, f, n_in, MGC_DT_F32, red), what)) {
+                for (size_t i = 0; i < n_in; i++)
+                    v[i] = (int64_t)f[i];
+                rc = x->staged ? stage_up(x, out, v, n_in * sizeof *v)
+                               : (memcpy(out, v, n_in * sizeof *v), 0);
+            }
         }
-        break;
+        free(f), free(v);
+        return rc;
     }
     case MGC_POP_ALL_GATHER:
         if (op->iattr[3] & PCOLL_VARIABLE)
             return xfail(x, "'%s': variable all-gather is not supported yet", sname(x, op->name));
-        s = mgc_comm_all_gather(g, in, out, n_in, dt);
-        break;
+        return c_all_gather(x, g, in, out, n_in, dt, what);
     case MGC_POP_REDUCE_SCATTER:
         if (op->iattr[3] & PCOLL_VARIABLE)
             return xfail(x, "'%s': variable reduce-scatter is not supported yet", sname(x, op->name));
-        s = mgc_comm_reduce_scatter(g, in, out, n_out, dt, MGC_COMM_SUM);
-        break;
+        return c_reduce_scatter(x, g, in, out, n_out, dt, what);
     case MGC_POP_ALL_TO_ALL: {
         size_t *cnt = calloc((size_t)(2 * size), sizeof *cnt);
         if (!cnt) return xfail(x, "out of memory");
+        int rc = 0;
         if (op->n_in > 2) {
             const mgc_plan_tensor *t = &ch->tensors[op->in[0]], *sc = &ch->tensors[op->in[1]],
-                                  *rc = &ch->tensors[op->in[2]];
+                                  *rcv = &ch->tensors[op->in[2]];
             int64_t width = t->dim[t->rank - 1];
-            const int64_t *sa = taddr(x, c, op->in[1], mb), *ra = taddr(x, c, op->in[2], mb);
-            if (!sa || !ra || a2a_counts(sa, (int64_t)tnumel(sc), size, width, cnt) ||
-                a2a_counts(ra, (int64_t)tnumel(rc), size, width, cnt + size)) {
-                free(cnt);
-                return xfail(x, "'%s': bad row counts", sname(x, op->name));
-            }
+            size_t ns = (size_t)tnumel(sc), nr = (size_t)tnumel(rcv);
+            int64_t *tmp = malloc((ns + nr) * sizeof *tmp);
+            const void *sd = taddr(x, c, op->in[1], mb), *rd = taddr(x, c, op->in[2], mb);
+            const int64_t *sa = tmp && sd ? host_view(x, sd, tmp, ns * sizeof *tmp) : NULL;
+            const int64_t *ra = sa && rd ? host_view(x, rd, tmp + ns, nr * sizeof *tmp) : NULL;
+            if (!tmp) rc = xfail(x, "out of memory");
+            else if (sa && ra && (a2a_counts(sa, (int64_t)ns, size, width, cnt) ||
+                                  a2a_counts(ra, (int64_t)nr, size, width, cnt + size)))
+                rc = xfail(x, "'%s': bad row counts", sname(x, op->name));
+            else if (!sa || !ra) rc = sd && rd ? -1 : xfail(x, "'%s': row counts not materialised",
+                                                              sname(x, op->name));
+            free(tmp);
         } else {
             for (int j = 0; j < size; j++)
                 cnt[j] = n_in / (size_t)size, cnt[size + j] = n_out / (size_t)size;
         }
-        s = mgc_comm_all_to_all_v(g, in, cnt, NULL, out, cnt + size, NULL, dt);
+        if (!rc) rc = c_all_to_all(x, g, in, out, cnt, dt, what);
         free(cnt);
-        break;
+        return rc;
     }
     case MGC_POP_BROADCAST:
-        if (in != out) x->be->iface->copy(x->be, out, in, n_in * mgc_dtype_size(dt));
-        s = mgc_comm_broadcast(g, out, n_in, dt, 0);
-        break;
+        if (in != out && x->be->iface->copy(x->be, out, in, n_in * mgc_dtype_size(dt)))
+            return be_fail(x, what);
+        return c_broadcast(x, g, out, n_in, dt, what);
     default:
         return xfail(x, "op kind %u is not a collective", op->kind);
     }
-    if (s != MGC_COMM_OK) {
-        char what[300];
-        snprintf(what, sizeof what, "%s '%s' (microbatch %d, chunk %d)",
-                 mgc_plan_op_name((mgc_plan_op_kind)op->kind), sname(x, op->name), mb, c);
-        return comm_fail(x, g, s, what);
-    }
-    return 0;
 }
 
 /* ---- passes ------------------------------------------------------------------------------ */
@@ -1116,16 +1296,12 @@ static int p2p(mgc_exec *x, const mgc_instr *in) {
     if (b < 0) return xfail(x, "stage %" PRId64 ": no staging buffer for a transfer", x->sp->pp_rank);
     mgc_comm *g = x->group[MGC_GROUP_PP];
     size_t n = (size_t)x->sp->buffers[b].bytes;
-    mgc_comm_status s = (k & 1) ? mgc_comm_recv(g, buf_addr(x, b), n, MGC_DT_U8, in->peer)
-                                : mgc_comm_send(g, buf_addr(x, b), n, MGC_DT_U8, in->peer);
-    if (s != MGC_COMM_OK) {
-        char what[160];
-        snprintf(what, sizeof what, "%s of microbatch %d chunk %u with pipeline rank %d",
-                 k == 0 ? "send_act" : k == 1 ? "recv_act" : k == 2 ? "send_grad" : "recv_grad",
-                 in->mb, in->chunk, in->peer);
-        return comm_fail(x, g, s, what);
-    }
-    return 0;
+    char what[160];
+    snprintf(what, sizeof what, "%s of microbatch %d chunk %u with pipeline rank %d",
+             k == 0 ? "send_act" : k == 1 ? "recv_act" : k == 2 ? "send_grad" : "recv_grad", in->mb,
+             in->chunk, in->peer);
+    return (k & 1) ? c_recv(x, g, buf_addr(x, b), n, in->peer, what)
+                   : c_send(x, g, buf_addr(x, b), n, in->peer, what);
 }
 
 /* ---- gradients and the optimizer ----------------------------------------------------------- */
@@ -1143,22 +1319,15 @@ static int reduce_grads(mgc_exec *x, uint32_t bi) {
     mgc_comm *g = x->group[B->group];
     if (mgc_comm_size(g) == 1) return 0;
     size_t count = (size_t)B->count;
-    mgc_comm_status s;
+    char what[96];
+    snprintf(what, sizeof what, "gradient bucket %u reduction", bi);
+    float *base = gptr(x, (int64_t)B->begin);
     if (B->shards > 1) {
         size_t piece = count / (size_t)B->shards;
-        float *base = gptr(x, (int64_t)B->begin);
-        s = mgc_comm_reduce_scatter(g, base, base + (size_t)mgc_comm_rank(g) * piece, piece,
-                                    MGC_DT_F32, MGC_COMM_SUM);
-    } else {
-        s = mgc_comm_all_reduce(g, gptr(x, (int64_t)B->begin), gptr(x, (int64_t)B->begin), count,
-                                MGC_DT_F32, MGC_COMM_SUM);
+        return c_reduce_scatter(x, g, base, base + (size_t)mgc_comm_rank(g) * piece, piece,
+                                MGC_DT_F32, what);
     }
-    if (s != MGC_COMM_OK) {
-        char what[96];
-        snprintf(what, sizeof what, "gradient bucket %u reduction", bi);
-        return comm_fail(x, g, s, what);
-    }
-    return 0;
+    return c_all_reduce(x, g, base, base, count, MGC_DT_F32, MGC_COMM_SUM, what);
 }
 
 static int gather_params(mgc_exec *x, uint32_t bi) {
@@ -1169,19 +1338,18 @@ static int gather_params(mgc_exec *x, uint32_t bi) {
     size_t piece = (size_t)B->count / (size_t)B->shards;
     size_t es = x->w16 ? 2 : 4;
     unsigned char *base = wptr(x, (int64_t)B->begin);
-    mgc_comm_status s = mgc_comm_all_gather(g, base + (size_t)mgc_comm_rank(g) * piece * es, base,
-                                            piece, (mgc_dtype)x->wdt);
-    if (s != MGC_COMM_OK) return comm_fail(x, g, s, "parameter all-gather");
-    return 0;
+    return c_all_gather(x, g, base + (size_t)mgc_comm_rank(g) * piece * es, base, piece,
+                        (mgc_dtype)x->wdt, "parameter all-gather");
 }
 
 static int embed_grads(mgc_exec *x) {
     mgc_comm *g = x->group[MGC_GROUP_EMBED];
     if (!g || mgc_comm_size(g) == 1) return 0;
     for (int64_t i = 0; i < x->n_embed; i++) {
-        mgc_comm_status s = mgc_comm_all_reduce(g, gptr(x, x->embed[i].elem), gptr(x, x->embed[i].elem),
-                                                (size_t)x->embed[i].n, MGC_DT_F32, MGC_COMM_SUM);
-        if (s != MGC_COMM_OK) return comm_fail(x, g, s, "tied embedding gradient all-reduce");
+        float *p = gptr(x, x->embed[i].elem);
+        if (c_all_reduce(x, g, p, p, (size_t)x->embed[i].n, MGC_DT_F32, MGC_COMM_SUM,
+                         "tied embedding gradient all-reduce"))
+            return -1;
     }
     return 0;
 }
@@ -1200,10 +1368,10 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     mgc_backend *be = x->be;
     /* gradients partial over TP (norms and the router under SP): sum them */
     for (int64_t i = 0; i < x->n_partial && mgc_comm_size(x->group[MGC_GROUP_TP]) > 1; i++) {
-        mgc_comm_status s = mgc_comm_all_reduce(x->group[MGC_GROUP_TP], gptr(x, x->partial[i].elem),
-                                                gptr(x, x->partial[i].elem), (size_t)x->partial[i].n,
-                                                MGC_DT_F32, MGC_COMM_SUM);
-        if (s != MGC_COMM_OK) return comm_fail(x, x->group[MGC_GROUP_TP], s, "partial gradient sum");
+        float *p = gptr(x, x->partial[i].elem);
+        if (c_all_reduce(x, x->group[MGC_GROUP_TP], p, p, (size_t)x->partial[i].n, MGC_DT_F32,
+                         MGC_COMM_SUM, "partial gradient sum"))
+            return -1;
     }
     /* global norm: each element counted on exactly one rank, summed over the world */
     double local = 0;
@@ -1269,6 +1437,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     x->iteration = iteration;
     x->loss_sum = x->aux_sum = x->z_sum = 0;
     x->graph_replays = 0;
+    x->staged_bytes = 0;
     const mgc_stage_program *sp = x->sp;
     double step_t0 = 0, t0 = 0, t1 = 0;
     if (x->prof && prof_clock(x, &step_t0)) {
@@ -1323,6 +1492,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     st->z_loss = tot[2] / denom;
     st->tokens = x->mbs * x->mb_count * x->dp * x->seq_length;
     st->graph_replays = x->graph_replays;
+    st->staged_bytes = x->staged_bytes;
     if (x->prof) {
         if (prof_clock(x, &t1)) {
             mgc_comm_abort(x->world, x->err);

@@ -54,6 +54,8 @@ typedef struct mgc_step_stats {
     double loss_scale; /* dynamic loss scaling: the scale this step's gradients had; 0 when off */
     int skipped;      /* 1: the gradients overflowed (loss scaling) and the update was skipped */
     int64_t graph_replays; /* programs this step replayed from recorded graphs (mgc_exec_set_graphs) */
+    int64_t staged_bytes;  /* bytes this step's communication moved between a device arena and
+                              host memory (backend device_memory; docs/runtime.md) */
 } mgc_step_stats;
 
 /* What can be refused without starting: a precision the backend ("cpu") does

@@ -22,6 +22,23 @@ static const char *mib(char *buf, size_t n, uint64_t b) {
     return buf;
 }
 
+/* The GPU of a rank: its place among the ranks of its node, modulo the visible GPUs
+ * (mgc_backend_cuda_open).  Threads of one process (local) are the node's ranks in world
+ * order; under mpirun or srun the launcher names the node-local rank. */
+static int device_of(mgc_comm *world) {
+    if (strcmp(mgc_comm_transport(world), "local")) {
+        static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                           "SLURM_LOCALID", "LOCAL_RANK"};
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+            const char *v = getenv(vars[i]);
+            char *end;
+            long r = v ? strtol(v, &end, 10) : -1;
+            if (v && *v && !*end && r >= 0 && r < 1 << 20) return (int)r;
+        }
+    }
+    return mgc_comm_world_rank(world);
+}
+
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                    const mgc_train_opts *o, char *err, size_t errsz) {
     mgc_backend *be = NULL;
@@ -31,16 +48,11 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     char berr[512];
     const char *want = o->backend ? o->backend : "cpu";
     int cuda = !strcmp(want, "cuda") || (!strcmp(want, "auto") && mgc_backend_cuda_available());
-    if (cuda && mgc_comm_size(world) > 1) {
-        snprintf(err, errsz, "the CUDA backend runs one rank per job until the NCCL communicator "
-                             "lands: compile for parallel.world_size 1, or use --backend cpu");
-        mgc_comm_abort(world, err);
-        return -1;
-    }
-    int brc = cuda ? mgc_backend_cuda_open(&be, mgc_comm_world_rank(world), berr, sizeof berr)
-                   : mgc_backend_cpu_open(&be, berr, sizeof berr);
+    int brc = o->open_backend ? o->open_backend(o->open_ctx, mgc_comm_world_rank(world), &be, berr, sizeof berr)
+              : cuda          ? mgc_backend_cuda_open(&be, device_of(world), berr, sizeof berr)
+                              : mgc_backend_cpu_open(&be, berr, sizeof berr);
     if (brc) {
-        snprintf(err, errsz, "%s", berr);
+        snprintf(err, errsz, "rank %d: %s", mgc_comm_world_rank(world), berr);
         mgc_comm_abort(world, err);
         return -1;
     }
@@ -108,6 +120,8 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             if (st.loss_scale > 0)
                 fprintf(o->metrics, ", \"loss_scale\": %.9g, \"skipped\": %s", st.loss_scale,
                         st.skipped ? "true" : "false");
+            if (st.staged_bytes > 0)
+                fprintf(o->metrics, ", \"staged_bytes\": %" PRId64, st.staged_bytes);
             fputs("}\n", o->metrics);
             fflush(o->metrics);
         }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "backend.h"
 #include "comm.h"
 #include "plan.h"
 #include "profile.h"
@@ -40,10 +41,14 @@ typedef struct mgc_train_opts {
                               rank writes only its own slot */
     int64_t profile_warmup; /* steps run before the profile records (0 <= it < iterations) */
     int graphs;             /* 1: CUDA graphs for the programs that qualify (mgc_exec_set_graphs) */
+    /* Opens world rank `rank`'s backend in place of `backend` (programs that embed the
+     * runtime, tests); NULL: by name.  Called in the rank's thread. */
+    int (*open_backend)(void *ctx, int64_t rank, mgc_backend **out, char *err, size_t errsz);
+    void *open_ctx;
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \
-    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0, 0 }
+    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0, 0, NULL, NULL }
 
 /* One rank's whole run over `world` (a world communicator of plan->grid.world ranks). */
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,

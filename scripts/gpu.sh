@@ -84,7 +84,8 @@ if [ "$what" = test ] || [ "$what" = all ]; then
         echo "== compute-sanitizer" | tee "$OUT/sanitizer.log"
         # the tiny models (head dim 16), tiny-gpt at head dim 64 with attention dropout and
         # tiny-llama at head dim 128 (the tensor-core attention backward's two layouts)
-        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64 tiny-llama-d128 tiny-gpt-graphs}; do
+        # tiny-gpt-tp2pp2: four ranks as threads on the one GPU, communication through host memory
+        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64 tiny-llama-d128 tiny-gpt-graphs tiny-gpt-tp2pp2}; do
             run="--iterations 1"
             case $m in
             tiny-gpt-d64) y=examples/tiny-gpt.yaml
@@ -94,6 +95,9 @@ if [ "$what" = test ] || [ "$what" = all ]; then
             tiny-gpt-graphs) y=examples/tiny-gpt.yaml # no dropout: every program is captured
                 x="--set model.hidden_dropout=0 --set model.attention_dropout=0"
                 run="--iterations 3 --cuda-graphs" ;;
+            tiny-gpt-tp2pp2) y=examples/tiny-gpt.yaml
+                x="--set parallel.world_size=4 --set parallel.tensor=2 --set parallel.pipeline=2"
+                run="--iterations 1 --local-ranks 4" ;;
             *) y=models/$m.yaml x= ;;
             esac
             # shellcheck disable=SC2086

@@ -12,7 +12,10 @@
  *  2. Training: 20 steps of each model on the GPU in fp32 track the CPU's
  *     losses within 1e-4 relative, in bf16 and fp16 (dynamic loss scaling from
  *     2^10, no step skipped) within 3e-2; a second GPU run gives bit-identical
- *     losses.
+ *     losses.  Parallel layouts (tensor + sequence, interleaved pipeline, data with the
+ *     distributed optimizer, context, tensor x pipeline x data, expert) run their ranks as
+ *     threads on this one GPU, communication staged through host memory: the losses track
+ *     the CPU backend's run of the same layout (fp32 1e-4, bf16 3e-2), reruns bit-identical.
  *  3. CUDA graphs: tiny GPT without dropout trains 6 steps in fp32 and bf16 with graphs
  *     (recorded on the second step, replayed after) to the same bits as without, and
  *     the programs do replay.
@@ -355,7 +358,7 @@ static int train(const mgc_plan *p, const char *backend, double *loss, double *n
     o.backend = backend;
     for (int i = 0; i < STEPS; i++)
         loss[i] = norms[i] = NAN;
-    int rc = mgc_train_local(p, data, 1, &o, err, sizeof err);
+    int rc = mgc_train_local(p, data, (int)p->grid.world, &o, err, sizeof err);
     if (rc) fprintf(stderr, "train (%s): %s\n", backend, err);
     mgc_train_data_free(data);
     return rc;
@@ -392,6 +395,57 @@ static void check_training(const char *path, const char *const *extra) {
 out:
     for (int k = 0; k < 3; k++)
         mgc_plan_free(p[k]);
+}
+
+/* ---- 2b. several ranks on the GPU ---------------------------------------------------- */
+
+/* Parallel layouts on the CUDA backend, every rank a thread on this GPU (local ranks): the
+ * communication is staged through host memory (docs/runtime.md), so the losses must track
+ * the CPU backend's run of the same layout, and a rerun must give the same bits. */
+static void check_layout(const char *path, const char *precision, const char *const *sets, double tol) {
+    mgc_plan *gp = compile(path, precision, sets), *cp = compile(path, "fp32", sets);
+    T_CHECK(gp && cp);
+    if (gp && cp) {
+        double cpu[STEPS], cn[STEPS], g[STEPS], gn[STEPS], g2[STEPS], gn2[STEPS], worst = 0;
+        T_EQ_I64(train(cp, "cpu", cpu, cn), 0);
+        T_EQ_I64(train(gp, "cuda", g, gn), 0);
+        T_EQ_I64(train(gp, "cuda", g2, gn2), 0);
+        for (int i = 0; i < STEPS; i++) {
+            T_NEAR_REL(g[i], cpu[i], tol);
+            double e = fabs(g[i] - cpu[i]) / fabs(cpu[i]);
+            if (e > worst || !(e == e)) worst = e;
+        }
+        T_CHECK(memcmp(g, g2, sizeof g) == 0 && memcmp(gn, gn2, sizeof gn) == 0);
+        printf("%s (%s), world %lld:", path, precision, (long long)gp->grid.world);
+        for (int i = 0; sets[i]; i++)
+            printf(" %s", sets[i]);
+        printf(": gpu vs cpu worst rel %.2e; rerun %s\n", worst,
+               memcmp(g, g2, sizeof g) ? "DIFFERS" : "bit-identical");
+    }
+    mgc_plan_free(gp);
+    mgc_plan_free(cp);
+}
+
+static void check_layouts(void) {
+    static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
+                                        "parallel.sequence_parallel=true", NULL};
+    static const char *const pp2i[] = {"parallel.world_size=2", "parallel.pipeline=2",
+                                       "parallel.virtual_stages=2", NULL};
+    static const char *const dp2d[] = {"parallel.world_size=2", "parallel.data=2",
+                                       "parallel.distributed_optimizer=true", NULL};
+    static const char *const cp2[] = {"parallel.world_size=2", "parallel.context=2", NULL};
+    static const char *const all8[] = {"parallel.world_size=8", "parallel.tensor=2",
+                                       "parallel.pipeline=2", "parallel.data=2", NULL};
+    static const char *const ep2[] = {"parallel.world_size=2", "parallel.data=2",
+                                      "parallel.expert=2", NULL};
+    check_layout("examples/tiny-gpt.yaml", "fp32", tp2sp, 1e-4);
+    check_layout("examples/tiny-gpt.yaml", "fp32", pp2i, 1e-4);
+    check_layout("examples/tiny-gpt.yaml", "fp32", dp2d, 1e-4);
+    check_layout("examples/tiny-gpt.yaml", "fp32", cp2, 1e-4);
+    check_layout("examples/tiny-gpt.yaml", "fp32", all8, 1e-4);
+    check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2);
+    check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2);
+    check_layout("models/tiny-moe.yaml", "fp32", ep2, 1e-4);
 }
 
 /* ---- 3. CUDA graphs ------------------------------------------------------------------ */
@@ -467,6 +521,7 @@ int main(int argc, char **argv) {
         check_training("models/tiny-llama.yaml", NULL);
         check_training("models/tiny-moe.yaml", NULL);
     }
+    if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!only || !strcmp(only, "graphs")) check_graphs();
     if (!only || !strcmp(only, "ops")) {
         check_ops("examples/tiny-gpt.yaml", NULL);
