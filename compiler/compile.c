@@ -84,8 +84,9 @@ int mgc_compile_config_kv(const mgc_config *c, mgc_plan *p) {
 
 /* ---- the driver ------------------------------------------------------------- */
 
-/* Megatron's default DDP bucket: max(40M, 1M * dp) parameters. */
+/* parallel.grad_bucket_size, or Megatron's default DDP bucket: max(40M, 1M * dp) parameters. */
 static int64_t bucket_elems(const mgc_config *c) {
+    if (c->parallel.grad_bucket_size > 0) return c->parallel.grad_bucket_size;
     int64_t dpcp = c->parallel.data * c->parallel.context;
     int64_t b = 1000000 * dpcp;
     return b > 40000000 ? b : 40000000;

@@ -203,6 +203,9 @@ typedef struct mgc_blend {
       "Interleaved schedule: microbatches issued per model chunk before moving to the next.")                \
     X(PAR_DISTOPT, "parallel.distributed_optimizer", BOOL, parallel.distributed_optimizer, 0, 0, 0, NULL, 0, \
       NULL, "Shard fp32 master weights and Adam moments over data x context ranks (ZeRO-1).")                \
+    X(PAR_BUCKET, "parallel.grad_bucket_size", INT, parallel.grad_bucket_size, 0, 0, 1099511627776.0, NULL,   \
+      0, NULL,                                                                                               \
+      "Parameters per data-parallel gradient bucket (each is reduced as soon as the backward has finished it); 0: Megatron's max(40M, 1M * data * context).") \
     /* training */                                                                                           \
     X(TRAIN_MBS, "training.micro_batch_size", INT, training.micro_batch_size, 1, 1, 1073741824, NULL, 0,    \
       NULL, "Sequences per microbatch per data-parallel rank.")                                              \
@@ -355,6 +358,7 @@ typedef struct mgc_parallel_cfg {
     int schedule;                    /* mgc_sched */
     int64_t microbatch_group_size;
     int distributed_optimizer;
+    int64_t grad_bucket_size;        /* parameters per gradient bucket; 0: Megatron's rule */
 } mgc_parallel_cfg;
 
 typedef struct mgc_training_cfg {

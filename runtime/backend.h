@@ -15,8 +15,9 @@
  *
  * A backend is { iface, context } as in ggml: the iface is a const table of
  * function pointers, the wrappers below call through it.  Every slot is
- * required except graph_begin / graph_end (NULL: no graphs) and host_alloc /
- * host_free (NULL: malloc).  A slot returns 0 on
+ * required except graph_begin / graph_end (NULL: no graphs), host_alloc /
+ * host_free (NULL: malloc) and xfer_* (NULL: no reduction beside the compute on
+ * device memory).  A slot returns 0 on
  * success, -1 with a message in be->err. */
 #ifndef MGC_BACKEND_H
 #define MGC_BACKEND_H
@@ -120,6 +121,19 @@ typedef struct mgc_backend_iface {
      * the backend can (fast transfers). */
     int (*host_alloc)(mgc_backend *be, size_t bytes, void **out);
     void (*host_free)(mgc_backend *be, void *p);
+    /* Optional, all three or none (device memory): transfers beside the compute, for the
+     * executor's gradient reducer thread (exec.h mgc_exec_set_grad_overlap).
+     * xfer_mark (the executor's thread) records how far the compute issued so far has got,
+     * in a mark the backend owns (*mark NULL: make one; else reuse it).  xfer_download
+     * copies arena to host once the compute has passed `mark`, xfer_upload host to arena;
+     * both run on the backend's transfer queue, are finished when they return, may be
+     * called from the reducer thread while the executor's thread issues compute, and
+     * report failures in err (not be->err). */
+    int (*xfer_mark)(mgc_backend *be, void **mark);
+    int (*xfer_download)(mgc_backend *be, void *mark, void *host, const void *src, size_t bytes,
+                         char *err, size_t errsz);
+    int (*xfer_upload)(mgc_backend *be, void *dst, const void *host, size_t bytes, char *err,
+                       size_t errsz);
 } mgc_backend_iface;
 
 #define MGC_BACKEND_ERR_MAX 1024

@@ -191,6 +191,9 @@ const char *mgc_comm_name(const mgc_comm *c) {
 const char *mgc_comm_transport(const mgc_comm *c) {
     return c ? c->iface->name : "(null)";
 }
+int mgc_comm_concurrent(const mgc_comm *c) {
+    return c ? c->iface->concurrent : 0;
+}
 uint64_t mgc_comm_seq(const mgc_comm *c) {
     return c ? c->seq : 0;
 }

@@ -129,6 +129,10 @@ int mgc_comm_member(const mgc_comm *c, int r);
 /* "tp#3" style name of the group (kind and group id), "world", or "split#<color>". */
 const char *mgc_comm_name(const mgc_comm *c);
 const char *mgc_comm_transport(const mgc_comm *c); /* "local", "mpi" */
+/* 1 when this rank may call handles of different groups from different threads at the same
+ * time (local: yes; mpi: no, it is initialised MPI_THREAD_FUNNELED).  The executor reduces
+ * gradient buckets on a second thread only then. */
+int mgc_comm_concurrent(const mgc_comm *c);
 /* Collectives this handle has completed or started (its next sequence number). */
 uint64_t mgc_comm_seq(const mgc_comm *c);
 /* The last error on this handle: "tp#1 rank 0 (world 4): ..."; "" when none. */
@@ -245,6 +249,9 @@ typedef struct mgc_comm_iface {
     void (*abort)(mgc_comm *c, const char *reason);
     /* Release this rank's handle and its context. */
     void (*free)(mgc_comm *c);
+    /* 1: one rank may use handles of different groups from different threads at the same
+     * time (mgc_comm_concurrent). */
+    int concurrent;
 } mgc_comm_iface;
 
 #define MGC_COMM_NAME_MAX 48

@@ -677,4 +677,5 @@ static const mgc_comm_iface local_iface = {
     .split = local_split,
     .abort = local_abort,
     .free = local_free,
+    .concurrent = 1, /* a team per group: handles share only the job's lock */
 };

@@ -92,6 +92,10 @@ typedef struct cuda_ctx {
     int n_graphs;
     graph_entry *recording; /* the graph being captured on the stream, NULL when none */
     int epilogues; /* cuBLASLt GELU epilogues for the fused linear ops (MGC_GEMM_EPILOGUES) */
+    /* the transfer stream of the executor's gradient reducer (xfer_*), and its marks */
+    cudaStream_t xstream;
+    cudaEvent_t *marks;
+    int n_marks, cap_marks;
 } cuda_ctx;
 
 int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...) {
@@ -673,6 +677,54 @@ static void cuda_host_free(mgc_backend *be, void *p) {
     cudaFreeHost(p);
 }
 
+/* The gradient reducer's transfers (backend.h xfer_*): a mark is an event recorded on the
+ * compute stream; the reducer thread's copies run on the transfer stream behind it, so the
+ * compute queued after the mark goes on beside them. */
+static int cuda_xfer_mark(mgc_backend *be, void **mark) {
+    cuda_ctx *c = be->context;
+    if (!*mark) {
+        if (c->n_marks == c->cap_marks) {
+            int n = c->cap_marks ? 2 * c->cap_marks : 16;
+            cudaEvent_t *m = realloc(c->marks, (size_t)n * sizeof *m);
+            if (!m) return mgc_cuda_fail(be, "out of memory for transfer marks");
+            c->marks = m, c->cap_marks = n;
+        }
+        CUDA_TRY(be, cudaEventCreateWithFlags(&c->marks[c->n_marks], cudaEventDisableTiming),
+                 "creating a transfer mark");
+        *mark = c->marks[c->n_marks++];
+    }
+    CUDA_TRY(be, cudaEventRecord((cudaEvent_t)*mark, c->stream), "recording a transfer mark");
+    return 0;
+}
+
+static int xfer_fail(char *err, size_t errsz, const char *what, cudaError_t e, int device) {
+    snprintf(err, errsz, "GPU %d: %s: %s", device, what, cudaGetErrorString(e));
+    return -1;
+}
+
+static int cuda_xfer_download(mgc_backend *be, void *mark, void *host, const void *src, size_t n,
+                              char *err, size_t errsz) {
+    cuda_ctx *c = be->context;
+    cudaError_t e;
+    if ((e = cudaSetDevice(c->device)) != cudaSuccess || /* the reducer's own thread */
+        (e = cudaStreamWaitEvent(c->xstream, (cudaEvent_t)mark, 0)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, c->xstream)) != cudaSuccess ||
+        (e = cudaStreamSynchronize(c->xstream)) != cudaSuccess)
+        return xfer_fail(err, errsz, "downloading a gradient bucket", e, c->device);
+    return 0;
+}
+
+static int cuda_xfer_upload(mgc_backend *be, void *dst, const void *host, size_t n, char *err,
+                            size_t errsz) {
+    cuda_ctx *c = be->context;
+    cudaError_t e;
+    if ((e = cudaSetDevice(c->device)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, c->xstream)) != cudaSuccess ||
+        (e = cudaStreamSynchronize(c->xstream)) != cudaSuccess)
+        return xfer_fail(err, errsz, "uploading a reduced gradient bucket", e, c->device);
+    return 0;
+}
+
 static int is_linear(uint16_t kind) {
     return kind == MGC_POP_LINEAR || kind == MGC_POP_LINEAR_GELU || kind == MGC_POP_LINEAR_DGRAD ||
            kind == MGC_POP_LINEAR_DGRAD_GELU || kind == MGC_POP_LINEAR_WGRAD;
@@ -865,6 +917,13 @@ static void cuda_close(mgc_backend *be) {
         free(c->kernels);
         if (c->scratch_owned) cudaFree(c->scratch);
         if (c->lt) cublasLtDestroy(c->lt);
+        if (c->xstream) {
+            cudaStreamSynchronize(c->xstream);
+            cudaStreamDestroy(c->xstream);
+        }
+        for (int i = 0; i < c->n_marks; i++)
+            cudaEventDestroy(c->marks[i]);
+        free(c->marks);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -893,6 +952,9 @@ static const mgc_backend_iface cuda_iface = {
     .device_memory = 1,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .xfer_mark = cuda_xfer_mark,
+    .xfer_download = cuda_xfer_download,
+    .xfer_upload = cuda_xfer_upload,
 };
 
 int mgc_backend_cuda_available(void) {
@@ -925,7 +987,8 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     struct cudaDeviceProp prop;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&c->xstream, cudaStreamNonBlocking)) != cudaSuccess) {
         snprintf(err, err_size, "CUDA device %d: %s", device, cudaGetErrorString(e));
         cuda_close(be);
         return -1;

@@ -94,14 +94,25 @@ struct mgc_exec {
     mgc_profile *prof;         /* --profile: where the times go; NULL: no timing at all */
     int graphs;                /* mgc_exec_set_graphs */
     uint8_t *graph_ok;         /* (n_chunks * 2) the chunk's forward / backward qualifies */
-    /* communication on device memory (the backend's device_memory) */
-    int staged;                /* 1: collectives and transfers go through `host` */
-    unsigned char *host;       /* the staging buffer (backend host_alloc, or malloc) */
-    size_t host_cap;
-    int host_pinned;           /* `host` came from the backend's host_alloc */
-    int64_t staged_bytes;      /* this step's bytes moved between the arena and `host` */
+    struct xcomm *fg;          /* this thread's communication (staging on device memory) */
+    struct reducer *red;       /* the gradient reducer's thread, or NULL (reductions in line) */
+    int overlap;               /* mgc_exec_set_grad_overlap */
+    int32_t *last_bwd_mb;      /* (n_chunks) the microbatch of the chunk's last BACKWARD, -1 none */
+    int32_t *ready_op;         /* (n_buckets) the bucket is final after this op of its chunk's
+                                  last backward (-1: before the first); INT32_MIN: at its
+                                  REDUCE_GRADS only */
+    int64_t overlapped;        /* this step's buckets reduced beside the backward */
     char err[2048];
 };
+
+/* the gradient reducer (below, after the gradients' helpers) */
+static void reducer_stop(mgc_exec *x);
+static int64_t reducer_staged(mgc_exec *x);
+static int setup_overlap(mgc_exec *x);
+static int overlapping(const mgc_exec *x);
+static int hand_over(mgc_exec *x, int c, int32_t op);
+static int reducer_wait(mgc_exec *x, int64_t bi);
+static int reducer_reset(mgc_exec *x);
 
 static int xfail(mgc_exec *x, const char *fmt, ...) {
     va_list ap;
@@ -278,135 +289,185 @@ static void *taddr(const mgc_exec *x, int c, int32_t t, int32_t mb) {
  * device memory (iface->device_memory), every collective and pipeline transfer goes through
  * one host buffer: the send side is downloaded, the host collective runs on the buffer, and
  * the receive side is uploaded.  The reductions are still the communicator's, in group-rank
- * order, so the numbers are those of a host arena.  The c_* functions below are the
- * communicator calls of the executor on arena pointers; they return 0, or -1 with x->err
- * set (`what` names the call). */
+ * order, so the numbers are those of a host arena.
+ *
+ * A thread that communicates has an xcomm: the executor's own thread (x->fg), and the
+ * gradient reducer's (below).  The reducer's moves go through the backend's transfer slots
+ * (xfer_*), ordered after the compute the executor had issued when it handed the bucket over
+ * (`mark`).  The c_* functions are the communicator calls on arena pointers; they return 0, or
+ * -1 with k->err set (`what` names the call). */
+typedef struct xcomm {
+    mgc_backend *be;
+    int64_t rank;
+    int staged;                /* 1: through `host` */
+    int xfer;                  /* stage through the backend's xfer slots, after `mark` */
+    void *mark;
+    unsigned char *host;       /* the staging buffer (backend host_alloc, or malloc) */
+    size_t host_cap;
+    int host_pinned;           /* `host` came from the backend's host_alloc */
+    int64_t staged_bytes;      /* bytes moved between the arena and `host` */
+    char *err;
+    size_t errsz;
+} xcomm;
 
-static void host_release(mgc_exec *x) {
-    if (!x->host) return;
-    if (x->host_pinned) x->be->iface->host_free(x->be, x->host);
-    else free(x->host);
-    x->host = NULL;
-    x->host_cap = 0;
+static int kfail(xcomm *k, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static int kfail(xcomm *k, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->err, k->errsz, fmt, ap);
+    va_end(ap);
+    return -1;
 }
 
-/* The staging buffer, at least `bytes` long (NULL with x->err set). */
-static unsigned char *stage(mgc_exec *x, size_t bytes) {
-    if (bytes <= x->host_cap) return x->host;
-    host_release(x);
+static void host_release(xcomm *k) {
+    if (!k->host) return;
+    if (k->host_pinned) k->be->iface->host_free(k->be, k->host);
+    else free(k->host);
+    k->host = NULL;
+    k->host_cap = 0;
+}
+
+/* The staging buffer, at least `bytes` long (NULL with k->err set). */
+static unsigned char *stage(xcomm *k, size_t bytes) {
+    if (bytes <= k->host_cap) return k->host;
+    host_release(k);
     void *p = NULL;
     size_t n = bytes < 256 ? 256 : bytes;
-    if (x->be->iface->host_alloc && x->be->iface->host_free) {
-        if (x->be->iface->host_alloc(x->be, n, &p)) {
-            be_fail(x, "allocating the host staging buffer for communication");
+    if (k->be->iface->host_alloc && k->be->iface->host_free) {
+        if (k->be->iface->host_alloc(k->be, n, &p)) {
+            kfail(k, "rank %" PRId64 ": allocating the host staging buffer for communication: %s",
+                  k->rank, k->be->err);
             return NULL;
         }
-        x->host_pinned = 1;
+        k->host_pinned = 1;
     } else {
         if (!(p = malloc(n))) {
-            xfail(x, "rank %" PRId64 ": out of memory for a %zu-byte communication staging buffer",
-                  x->rank, n);
+            kfail(k, "rank %" PRId64 ": out of memory for a %zu-byte communication staging buffer",
+                  k->rank, n);
             return NULL;
         }
-        x->host_pinned = 0;
+        k->host_pinned = 0;
     }
-    x->host = p;
-    x->host_cap = n;
-    return x->host;
+    k->host = p;
+    k->host_cap = n;
+    return k->host;
 }
 
-static int stage_down(mgc_exec *x, void *host, const void *arena, size_t bytes) {
-    x->staged_bytes += (int64_t)bytes;
-    return x->be->iface->download(x->be, host, arena, bytes) ? be_fail(x, "staging for communication") : 0;
+static int stage_down(xcomm *k, void *host, const void *arena, size_t bytes) {
+    k->staged_bytes += (int64_t)bytes;
+    if (k->xfer) {
+        char e[512];
+        if (k->be->iface->xfer_download(k->be, k->mark, host, arena, bytes, e, sizeof e))
+            return kfail(k, "rank %" PRId64 ": staging a gradient bucket for its reduction: %s", k->rank, e);
+        return 0;
+    }
+    if (k->be->iface->download(k->be, host, arena, bytes))
+        return kfail(k, "rank %" PRId64 ": staging for communication: %s", k->rank, k->be->err);
+    return 0;
 }
-static int stage_up(mgc_exec *x, void *arena, const void *host, size_t bytes) {
-    x->staged_bytes += (int64_t)bytes;
-    return x->be->iface->upload(x->be, arena, host, bytes) ? be_fail(x, "staging for communication") : 0;
+static int stage_up(xcomm *k, void *arena, const void *host, size_t bytes) {
+    k->staged_bytes += (int64_t)bytes;
+    if (k->xfer) {
+        char e[512];
+        if (k->be->iface->xfer_upload(k->be, arena, host, bytes, e, sizeof e))
+            return kfail(k, "rank %" PRId64 ": returning a reduced gradient bucket: %s", k->rank, e);
+        return 0;
+    }
+    if (k->be->iface->upload(k->be, arena, host, bytes))
+        return kfail(k, "rank %" PRId64 ": staging for communication: %s", k->rank, k->be->err);
+    return 0;
 }
 
-static int c_check(mgc_exec *x, mgc_comm *g, mgc_comm_status s, const char *what) {
-    return s == MGC_COMM_OK ? 0 : comm_fail(x, g, s, what);
+static int c_check(xcomm *k, mgc_comm *g, mgc_comm_status s, const char *what) {
+    if (s == MGC_COMM_OK) return 0;
+    const char *e = g ? mgc_comm_error(g) : "";
+    return kfail(k, "rank %" PRId64 ": %s: %s%s%s", k->rank, what, mgc_comm_status_name(s),
+                 e[0] ? ": " : "", e);
 }
 
-static int c_all_reduce(mgc_exec *x, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
+static int c_all_reduce(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                         mgc_comm_red red, const char *what) {
-    if (!x->staged) return c_check(x, g, mgc_comm_all_reduce(g, in, out, n, dt, red), what);
+    if (!k->staged) return c_check(k, g, mgc_comm_all_reduce(g, in, out, n, dt, red), what);
     size_t b = n * mgc_dtype_size(dt);
-    unsigned char *h = stage(x, b);
-    if (!h || stage_down(x, h, in, b)) return -1;
-    if (c_check(x, g, mgc_comm_all_reduce(g, h, h, n, dt, red), what)) return -1;
-    return stage_up(x, out, h, b);
+    unsigned char *h = stage(k, b);
+    if (!h || stage_down(k, h, in, b)) return -1;
+    if (c_check(k, g, mgc_comm_all_reduce(g, h, h, n, dt, red), what)) return -1;
+    return stage_up(k, out, h, b);
 }
 
 /* in: (group size * n) elements; out: this rank's n (it may lie inside in). */
-static int c_reduce_scatter(mgc_exec *x, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
+static int c_reduce_scatter(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                             const char *what) {
-    if (!x->staged) return c_check(x, g, mgc_comm_reduce_scatter(g, in, out, n, dt, MGC_COMM_SUM), what);
+    if (!k->staged) return c_check(k, g, mgc_comm_reduce_scatter(g, in, out, n, dt, MGC_COMM_SUM), what);
     size_t b = n * mgc_dtype_size(dt), all = b * (size_t)mgc_comm_size(g);
-    unsigned char *h = stage(x, all);
-    if (!h || stage_down(x, h, in, all)) return -1;
+    unsigned char *h = stage(k, all);
+    if (!h || stage_down(k, h, in, all)) return -1;
     unsigned char *mine = h + (size_t)mgc_comm_rank(g) * b;
-    if (c_check(x, g, mgc_comm_reduce_scatter(g, h, mine, n, dt, MGC_COMM_SUM), what)) return -1;
-    return stage_up(x, out, mine, b);
+    if (c_check(k, g, mgc_comm_reduce_scatter(g, h, mine, n, dt, MGC_COMM_SUM), what)) return -1;
+    return stage_up(k, out, mine, b);
 }
 
 /* in: this rank's n elements (it may be out + rank * n); out: (group size * n). */
-static int c_all_gather(mgc_exec *x, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
+static int c_all_gather(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                         const char *what) {
-    if (!x->staged) return c_check(x, g, mgc_comm_all_gather(g, in, out, n, dt), what);
+    if (!k->staged) return c_check(k, g, mgc_comm_all_gather(g, in, out, n, dt), what);
     size_t b = n * mgc_dtype_size(dt), all = b * (size_t)mgc_comm_size(g);
-    unsigned char *h = stage(x, all);
+    unsigned char *h = stage(k, all);
     if (!h) return -1;
     unsigned char *mine = h + (size_t)mgc_comm_rank(g) * b;
-    if (stage_down(x, mine, in, b)) return -1;
-    if (c_check(x, g, mgc_comm_all_gather(g, mine, h, n, dt), what)) return -1;
-    return stage_up(x, out, h, all);
+    if (stage_down(k, mine, in, b)) return -1;
+    if (c_check(k, g, mgc_comm_all_gather(g, mine, h, n, dt), what)) return -1;
+    return stage_up(k, out, h, all);
 }
 
 /* Packed all-to-all-v: cnt[0..size) send counts, cnt[size..2 size) receive counts. */
-static int c_all_to_all(mgc_exec *x, mgc_comm *g, const void *in, void *out, const size_t *cnt,
+static int c_all_to_all(xcomm *k, mgc_comm *g, const void *in, void *out, const size_t *cnt,
                         mgc_dtype dt, const char *what) {
     int size = mgc_comm_size(g);
-    if (!x->staged)
-        return c_check(x, g, mgc_comm_all_to_all_v(g, in, cnt, NULL, out, cnt + size, NULL, dt), what);
+    if (!k->staged)
+        return c_check(k, g, mgc_comm_all_to_all_v(g, in, cnt, NULL, out, cnt + size, NULL, dt), what);
     size_t es = mgc_dtype_size(dt), sb = 0, rb = 0;
     for (int j = 0; j < size; j++)
         sb += cnt[j] * es, rb += cnt[size + j] * es;
-    unsigned char *h = stage(x, sb + rb);
-    if (!h || stage_down(x, h, in, sb)) return -1;
-    if (c_check(x, g, mgc_comm_all_to_all_v(g, h, cnt, NULL, h + sb, cnt + size, NULL, dt), what))
+    unsigned char *h = stage(k, sb + rb);
+    if (!h || stage_down(k, h, in, sb)) return -1;
+    if (c_check(k, g, mgc_comm_all_to_all_v(g, h, cnt, NULL, h + sb, cnt + size, NULL, dt), what))
         return -1;
-    return stage_up(x, out, h + sb, rb);
+    return stage_up(k, out, h + sb, rb);
 }
 
-static int c_broadcast(mgc_exec *x, mgc_comm *g, void *buf, size_t n, mgc_dtype dt, const char *what) {
-    if (!x->staged) return c_check(x, g, mgc_comm_broadcast(g, buf, n, dt, 0), what);
+static int c_broadcast(xcomm *k, mgc_comm *g, void *buf, size_t n, mgc_dtype dt, const char *what) {
+    if (!k->staged) return c_check(k, g, mgc_comm_broadcast(g, buf, n, dt, 0), what);
     size_t b = n * mgc_dtype_size(dt);
-    unsigned char *h = stage(x, b);
-    if (!h || (mgc_comm_rank(g) == 0 && stage_down(x, h, buf, b))) return -1;
-    if (c_check(x, g, mgc_comm_broadcast(g, h, n, dt, 0), what)) return -1;
-    return mgc_comm_rank(g) == 0 ? 0 : stage_up(x, buf, h, b);
+    unsigned char *h = stage(k, b);
+    if (!h || (mgc_comm_rank(g) == 0 && stage_down(k, h, buf, b))) return -1;
+    if (c_check(k, g, mgc_comm_broadcast(g, h, n, dt, 0), what)) return -1;
+    return mgc_comm_rank(g) == 0 ? 0 : stage_up(k, buf, h, b);
 }
 
-static int c_send(mgc_exec *x, mgc_comm *g, const void *buf, size_t bytes, int peer, const char *what) {
-    if (!x->staged) return c_check(x, g, mgc_comm_send(g, buf, bytes, MGC_DT_U8, peer), what);
-    unsigned char *h = stage(x, bytes);
-    if (!h || stage_down(x, h, buf, bytes)) return -1;
-    return c_check(x, g, mgc_comm_send(g, h, bytes, MGC_DT_U8, peer), what);
+static int c_send(xcomm *k, mgc_comm *g, const void *buf, size_t bytes, int peer, const char *what) {
+    if (!k->staged) return c_check(k, g, mgc_comm_send(g, buf, bytes, MGC_DT_U8, peer), what);
+    unsigned char *h = stage(k, bytes);
+    if (!h || stage_down(k, h, buf, bytes)) return -1;
+    return c_check(k, g, mgc_comm_send(g, h, bytes, MGC_DT_U8, peer), what);
 }
 
-static int c_recv(mgc_exec *x, mgc_comm *g, void *buf, size_t bytes, int peer, const char *what) {
-    if (!x->staged) return c_check(x, g, mgc_comm_recv(g, buf, bytes, MGC_DT_U8, peer), what);
-    unsigned char *h = stage(x, bytes);
-    if (!h || c_check(x, g, mgc_comm_recv(g, h, bytes, MGC_DT_U8, peer), what)) return -1;
-    return stage_up(x, buf, h, bytes);
+static int c_recv(xcomm *k, mgc_comm *g, void *buf, size_t bytes, int peer, const char *what) {
+    if (!k->staged) return c_check(k, g, mgc_comm_recv(g, buf, bytes, MGC_DT_U8, peer), what);
+    unsigned char *h = stage(k, bytes);
+    if (!h || c_check(k, g, mgc_comm_recv(g, h, bytes, MGC_DT_U8, peer), what)) return -1;
+    return stage_up(k, buf, h, bytes);
 }
 
 /* A small arena array the executor reads on the host (row counts, token counts): the
  * address itself on a host arena, else a copy in `tmp`. */
-static const void *host_view(mgc_exec *x, const void *arena, void *tmp, size_t bytes) {
-    if (!x->staged) return arena;
-    return stage_down(x, tmp, arena, bytes) ? NULL : tmp;
+static const void *host_view(xcomm *k, const void *arena, void *tmp, size_t bytes) {
+    if (!k->staged) return arena;
+    return stage_down(k, tmp, arena, bytes) ? NULL : tmp;
 }
 
 /* ---- setup --------------------------------------------------------------------------- */
@@ -775,6 +836,11 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->grid = plan->grid;
     x->rank = mgc_comm_world_rank(world);
     int rc = -1;
+    if (!(x->fg = calloc(1, sizeof *x->fg))) {
+        xfail(x, "out of memory");
+        goto done;
+    }
+    x->fg->be = be, x->fg->rank = x->rank, x->fg->err = x->err, x->fg->errsz = sizeof x->err;
     if (mgc_comm_size(world) != plan->grid.world) {
         xfail(x, "the plan is for %" PRId64 " ranks (world = tensor %" PRId64 " x context %" PRId64
                  " x data %" PRId64 " x pipeline %" PRId64 ") but %d were launched: run it with "
@@ -834,8 +900,10 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
         be_fail(x, "binding the plan to the backend");
         goto done;
     }
-    x->staged = be->iface->device_memory && plan->grid.world > 1;
-    if (x->staged && !stage(x, stage_bytes(x))) goto done; /* sized once: no growth in a step */
+    x->fg->staged = be->iface->device_memory && plan->grid.world > 1;
+    /* sized once: no growth in a step */
+    if (x->fg->staged && !stage(x->fg, stage_bytes(x))) goto done;
+    if (setup_overlap(x)) goto done;
     rc = 0;
 done:
     if (rc) {
@@ -849,7 +917,11 @@ done:
 
 void mgc_exec_free(mgc_exec *x) {
     if (!x) return;
-    host_release(x);
+    reducer_stop(x);
+    if (x->fg) host_release(x->fg);
+    free(x->fg);
+    free(x->last_bwd_mb);
+    free(x->ready_op);
     for (int k = 0; k < MGC_GROUP__COUNT; k++)
         mgc_comm_free(x->group[k]);
     if (x->arena) x->be->iface->arena_free(x->be, x->arena);
@@ -1081,23 +1153,23 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
     switch (op->kind) {
     case MGC_POP_ALL_REDUCE: {
         mgc_comm_red red = (op->iattr[3] & PCOLL_MAX) ? MGC_COMM_MAX : MGC_COMM_SUM;
-        if (dt == MGC_DT_F32) return c_all_reduce(x, g, in, out, n_in, dt, red, what);
+        if (dt == MGC_DT_F32) return c_all_reduce(x->fg, g, in, out, n_in, dt, red, what);
         if (dt != MGC_DT_I64)
             return xfail(x, "'%s': all-reduce of %s is not supported", sname(x, op->name),
                          mgc_dtype_name(dt));
         /* token counts, summed on the host: exact in fp32 below 2^24 */
         int64_t *v = malloc(n_in * sizeof *v);
         float *f = malloc(n_in * sizeof *f);
-        const int64_t *a = v ? host_view(x, in, v, n_in * sizeof *v) : NULL;
+        const int64_t *a = v ? host_view(x->fg, in, v, n_in * sizeof *v) : NULL;
         int rc = -1;
         if (!f || !v) xfail(x, "out of memory");
         else if (a) {
             for (size_t i = 0; i < n_in; i++)
                 f[i] = (float)a[i];
-            if (!c_check(x, g, mgc_comm_all_reduce(g, f, f, n_in, MGC_DT_F32, red), what)) {
+            if (!c_check(x->fg, g, mgc_comm_all_reduce(g, f, f, n_in, MGC_DT_F32, red), what)) {
                 for (size_t i = 0; i < n_in; i++)
                     v[i] = (int64_t)f[i];
-                rc = x->staged ? stage_up(x, out, v, n_in * sizeof *v)
+                rc = x->fg->staged ? stage_up(x->fg, out, v, n_in * sizeof *v)
                                : (memcpy(out, v, n_in * sizeof *v), 0);
             }
         }
@@ -1107,11 +1179,11 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
     case MGC_POP_ALL_GATHER:
         if (op->iattr[3] & PCOLL_VARIABLE)
             return xfail(x, "'%s': variable all-gather is not supported yet", sname(x, op->name));
-        return c_all_gather(x, g, in, out, n_in, dt, what);
+        return c_all_gather(x->fg, g, in, out, n_in, dt, what);
     case MGC_POP_REDUCE_SCATTER:
         if (op->iattr[3] & PCOLL_VARIABLE)
             return xfail(x, "'%s': variable reduce-scatter is not supported yet", sname(x, op->name));
-        return c_reduce_scatter(x, g, in, out, n_out, dt, what);
+        return c_reduce_scatter(x->fg, g, in, out, n_out, dt, what);
     case MGC_POP_ALL_TO_ALL: {
         size_t *cnt = calloc((size_t)(2 * size), sizeof *cnt);
         if (!cnt) return xfail(x, "out of memory");
@@ -1123,8 +1195,8 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
             size_t ns = (size_t)tnumel(sc), nr = (size_t)tnumel(rcv);
             int64_t *tmp = malloc((ns + nr) * sizeof *tmp);
             const void *sd = taddr(x, c, op->in[1], mb), *rd = taddr(x, c, op->in[2], mb);
-            const int64_t *sa = tmp && sd ? host_view(x, sd, tmp, ns * sizeof *tmp) : NULL;
-            const int64_t *ra = sa && rd ? host_view(x, rd, tmp + ns, nr * sizeof *tmp) : NULL;
+            const int64_t *sa = tmp && sd ? host_view(x->fg, sd, tmp, ns * sizeof *tmp) : NULL;
+            const int64_t *ra = sa && rd ? host_view(x->fg, rd, tmp + ns, nr * sizeof *tmp) : NULL;
             if (!tmp) rc = xfail(x, "out of memory");
             else if (sa && ra && (a2a_counts(sa, (int64_t)ns, size, width, cnt) ||
                                   a2a_counts(ra, (int64_t)nr, size, width, cnt + size)))
@@ -1136,14 +1208,14 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
             for (int j = 0; j < size; j++)
                 cnt[j] = n_in / (size_t)size, cnt[size + j] = n_out / (size_t)size;
         }
-        if (!rc) rc = c_all_to_all(x, g, in, out, cnt, dt, what);
+        if (!rc) rc = c_all_to_all(x->fg, g, in, out, cnt, dt, what);
         free(cnt);
         return rc;
     }
     case MGC_POP_BROADCAST:
         if (in != out && x->be->iface->copy(x->be, out, in, n_in * mgc_dtype_size(dt)))
             return be_fail(x, what);
-        return c_broadcast(x, g, out, n_in, dt, what);
+        return c_broadcast(x->fg, g, out, n_in, dt, what);
     default:
         return xfail(x, "op kind %u is not a collective", op->kind);
     }
@@ -1183,7 +1255,9 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
     call.microbatch = (int64_t)mb * x->dp + x->co.dp;
     /* the seed of every loss's gradient, times the loss scale when scaling */
     call.dloss = (x->ls_on ? x->ls_scale : 1.0) / (double)(x->mb_count * x->dp);
-    if (!x->graphs || x->prof || x->hook_before || x->hook_after || !x->graph_ok[2 * c + pass])
+    /* the last backward of a chunk hands buckets to the reducer: never recorded */
+    int hands = pass == 1 && overlapping(x) && x->last_bwd_mb[c] == mb;
+    if (!x->graphs || x->prof || x->hook_before || x->hook_after || !x->graph_ok[2 * c + pass] || hands)
         return issue_ops(x, c, pass, ops, n, mb, &call);
     mgc_backend *be = x->be;
     uint64_t key = graph_key(c, pass, mb, call.dloss);
@@ -1206,8 +1280,11 @@ static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     mgc_op_call call = *callp;
     double t0 = 0, t1 = 0;
+    int hands = pass == 1 && overlapping(x) && x->last_bwd_mb[c] == mb;
+    if (hands && hand_over(x, c, -1)) return -1;
     for (int64_t i = 0; i < n; i++) {
         const mgc_plan_op *op = &ops[i];
+        if (hands && i > 0 && hand_over(x, c, (int32_t)i - 1)) return -1;
         if (op->kind >= MGC_POP_ALL_REDUCE) {
             if (x->prof && prof_clock(x, &t0)) return -1;
             if (run_collective(x, c, op, mb)) return -1;
@@ -1241,6 +1318,7 @@ static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64
             return be_fail(x, what);
         }
     }
+    if (hands && n > 0 && hand_over(x, c, (int32_t)n - 1)) return -1;
     return 0;
 }
 
@@ -1300,8 +1378,8 @@ static int p2p(mgc_exec *x, const mgc_instr *in) {
     snprintf(what, sizeof what, "%s of microbatch %d chunk %u with pipeline rank %d",
              k == 0 ? "send_act" : k == 1 ? "recv_act" : k == 2 ? "send_grad" : "recv_grad", in->mb,
              in->chunk, in->peer);
-    return (k & 1) ? c_recv(x, g, buf_addr(x, b), n, in->peer, what)
-                   : c_send(x, g, buf_addr(x, b), n, in->peer, what);
+    return (k & 1) ? c_recv(x->fg, g, buf_addr(x, b), n, in->peer, what)
+                   : c_send(x->fg, g, buf_addr(x, b), n, in->peer, what);
 }
 
 /* ---- gradients and the optimizer ----------------------------------------------------------- */
@@ -1314,7 +1392,9 @@ static void *wptr(const mgc_exec *x, int64_t elem) {
     return buf_addr(x, x->weight_buf) + (size_t)elem * (x->w16 ? 2 : 4);
 }
 
-static int reduce_grads(mgc_exec *x, uint32_t bi) {
+/* Bucket bi's data-parallel sum, on k's thread: an all-reduce, or a reduce-scatter into this
+ * rank's shard (distributed optimizer). */
+static int reduce_bucket(const mgc_exec *x, xcomm *k, uint32_t bi) {
     const mgc_bucket *B = &x->sp->buckets[bi];
     mgc_comm *g = x->group[B->group];
     if (mgc_comm_size(g) == 1) return 0;
@@ -1324,10 +1404,220 @@ static int reduce_grads(mgc_exec *x, uint32_t bi) {
     float *base = gptr(x, (int64_t)B->begin);
     if (B->shards > 1) {
         size_t piece = count / (size_t)B->shards;
-        return c_reduce_scatter(x, g, base, base + (size_t)mgc_comm_rank(g) * piece, piece,
+        return c_reduce_scatter(k, g, base, base + (size_t)mgc_comm_rank(g) * piece, piece,
                                 MGC_DT_F32, what);
     }
-    return c_all_reduce(x, g, base, base, count, MGC_DT_F32, MGC_COMM_SUM, what);
+    return c_all_reduce(k, g, base, base, count, MGC_DT_F32, MGC_COMM_SUM, what);
+}
+
+/* ---- the gradient reducer -------------------------------------------------------------
+ * With grad overlap (mgc_exec_set_grad_overlap, on by default), a bucket's data-parallel
+ * reduction starts as soon as its gradients are final: after the op of its chunk's last
+ * backward that last writes them (x->ready_op).  A second thread per rank runs it, in the
+ * order the buckets became ready, while this thread goes on with the backward; the bucket's
+ * REDUCE_GRADS instruction waits for it.  Only the reduction's timing changes, never its
+ * arguments, so the numbers are the in-line ones bit for bit.  It needs a communicator whose
+ * handles of different groups may be used from two threads at once (mgc_comm_concurrent),
+ * and, on device memory, the backend's transfer slots (xfer_*), which order the bucket's
+ * download after the compute issued before it. */
+typedef struct reducer {
+    const mgc_exec *x;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t *queue;           /* (n_buckets) bucket indices in the order handed over */
+    int64_t head, tail;        /* queue[head..tail) waits; reset each step */
+    int8_t *state;             /* (n_buckets) R_IDLE, R_QUEUED, R_DONE, R_FAILED */
+    void **marks;              /* (n_buckets) xfer_mark's marks (device memory) */
+    int stop;
+    xcomm k;                   /* the reducer thread's communication */
+    char err[2048];            /* its first failure this step */
+} reducer;
+
+enum { R_IDLE = 0, R_QUEUED, R_DONE, R_FAILED };
+
+static void *reducer_main(void *arg) {
+    reducer *r = arg;
+    const mgc_exec *x = r->x;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && r->head == r->tail)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->stop) break;
+        uint32_t bi = r->queue[r->head++];
+        r->k.mark = r->marks ? r->marks[bi] : NULL;
+        pthread_mutex_unlock(&r->mu);
+        int rc = reduce_bucket(x, &r->k, bi);
+        pthread_mutex_lock(&r->mu);
+        r->state[bi] = rc ? R_FAILED : R_DONE;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static void reducer_stop(mgc_exec *x) {
+    reducer *r = x->red;
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->th, NULL);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    host_release(&r->k);
+    free(r->queue), free(r->state), free(r->marks);
+    free(r);
+    x->red = NULL;
+}
+
+static int64_t reducer_staged(mgc_exec *x) {
+    pthread_mutex_lock(&x->red->mu);
+    int64_t n = x->red->k.staged_bytes;
+    x->red->k.staged_bytes = 0;
+    pthread_mutex_unlock(&x->red->mu);
+    return n;
+}
+
+/* Which op of its chunk's last backward last writes each bucket's gradients, and the
+ * reducer thread when overlap can run here. */
+static int setup_overlap(mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    x->overlap = 1;
+    x->last_bwd_mb = malloc((size_t)(sp->n_chunks ? sp->n_chunks : 1) * sizeof *x->last_bwd_mb);
+    x->ready_op = malloc((size_t)(sp->n_buckets ? sp->n_buckets : 1) * sizeof *x->ready_op);
+    if (!x->last_bwd_mb || !x->ready_op) return xfail(x, "out of memory");
+    for (int64_t c = 0; c < sp->n_chunks; c++)
+        x->last_bwd_mb[c] = -1;
+    for (int64_t i = 0; i < sp->n_instrs; i++)
+        if (sp->instrs[i].op == MGC_I_BACKWARD && sp->instrs[i].chunk < sp->n_chunks)
+            x->last_bwd_mb[sp->instrs[i].chunk] = sp->instrs[i].mb;
+    mgc_comm *eg = x->group[MGC_GROUP_EMBED];
+    int embed_sum = eg && mgc_comm_size(eg) > 1 && x->n_embed > 0;
+    int any = 0;
+    for (int64_t bi = 0; bi < sp->n_buckets; bi++) {
+        const mgc_bucket *B = &sp->buckets[bi];
+        int64_t lo = (int64_t)B->begin, hi = lo + (int64_t)B->count;
+        int32_t ready = -1;
+        int eligible = B->chunk < sp->n_chunks && x->last_bwd_mb[B->chunk] >= 0 &&
+                       mgc_comm_size(x->group[B->group]) > 1;
+        /* the tied embedding's two copies are summed (EMBED_GRADS) before the bucket's
+         * reduction: such a bucket waits for its instruction */
+        for (int64_t i = 0; eligible && embed_sum && i < x->n_embed; i++)
+            if (x->embed[i].elem < hi && lo < x->embed[i].elem + x->embed[i].n) eligible = 0;
+        const mgc_plan_chunk *ch = eligible ? &sp->chunks[B->chunk] : NULL;
+        for (int64_t p = 0; ch && p < x->n_params; p++) {
+            const pentry *e = &x->params[p];
+            if (e->elem >= hi || e->elem + e->pub.numel <= lo) continue;
+            if (e->pub.chunk != B->chunk) { /* a gradient written by another chunk */
+                eligible = 0;
+                break;
+            }
+            for (int64_t o = 0; o < ch->n_bwd; o++)
+                for (int j = 0; j < ch->bwd[o].n_out; j++)
+                    if (ch->bwd[o].out[j] == e->grad_tensor && (int32_t)o > ready) ready = (int32_t)o;
+            for (int64_t o = 0; o < ch->n_fwd; o++) /* none expected: keep it in line */
+                for (int j = 0; j < ch->fwd[o].n_out; j++)
+                    if (ch->fwd[o].out[j] == e->grad_tensor) eligible = 0;
+        }
+        x->ready_op[bi] = eligible ? ready : INT32_MIN;
+        any |= eligible;
+    }
+    const mgc_backend_iface *bi = x->be->iface;
+    int xfer = bi->xfer_mark && bi->xfer_download && bi->xfer_upload;
+    if (!any || !mgc_comm_concurrent(x->world) || (x->fg->staged && !xfer)) return 0;
+    reducer *r = calloc(1, sizeof *r);
+    if (!r) return xfail(x, "out of memory");
+    r->queue = malloc((size_t)sp->n_buckets * sizeof *r->queue);
+    r->state = calloc((size_t)sp->n_buckets, sizeof *r->state);
+    r->marks = x->fg->staged ? calloc((size_t)sp->n_buckets, sizeof *r->marks) : NULL;
+    r->x = x;
+    r->k = *x->fg;
+    r->k.host = NULL, r->k.host_cap = 0, r->k.staged_bytes = 0;
+    r->k.xfer = x->fg->staged;
+    r->k.err = r->err, r->k.errsz = sizeof r->err;
+    if (!r->queue || !r->state || (x->fg->staged && !r->marks)) {
+        free(r->queue), free(r->state), free(r->marks), free(r);
+        return xfail(x, "out of memory");
+    }
+    /* the reducer's staging buffer: the largest bucket, allocated here, not in a step */
+    uint64_t most = 0;
+    for (int64_t b = 0; b < sp->n_buckets; b++)
+        if (sp->buckets[b].count * 4 > most) most = sp->buckets[b].count * 4;
+    if (r->k.staged && !stage(&r->k, (size_t)most)) {
+        snprintf(x->err, sizeof x->err, "%s", r->err);
+        free(r->queue), free(r->state), free(r->marks), free(r);
+        return -1;
+    }
+    if (pthread_mutex_init(&r->mu, NULL) || pthread_cond_init(&r->cv, NULL) ||
+        pthread_create(&r->th, NULL, reducer_main, r)) {
+        host_release(&r->k);
+        free(r->queue), free(r->state), free(r->marks), free(r);
+        return xfail(x, "rank %" PRId64 ": cannot start the gradient reducer thread", x->rank);
+    }
+    x->red = r;
+    return 0;
+}
+
+static int overlapping(const mgc_exec *x) {
+    return x->red && x->overlap && !x->prof;
+}
+
+/* Hands the buckets that are final once op `op` of chunk c's last backward has been issued
+ * (op -1: before its first) to the reducer. */
+static int hand_over(mgc_exec *x, int c, int32_t op) {
+    reducer *r = x->red;
+    for (int64_t bi = 0; bi < x->sp->n_buckets; bi++) {
+        if (x->ready_op[bi] != op || x->sp->buckets[bi].chunk != c || r->state[bi] != R_IDLE) continue;
+        if (r->marks && x->be->iface->xfer_mark(x->be, &r->marks[bi]))
+            return be_fail(x, "marking a gradient bucket for its reduction");
+        pthread_mutex_lock(&r->mu);
+        r->state[bi] = R_QUEUED;
+        r->queue[r->tail++] = (uint32_t)bi;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        x->overlapped++;
+    }
+    return 0;
+}
+
+/* Waits for bucket bi's reduction (bi < 0: every handed-over bucket). */
+static int reducer_wait(mgc_exec *x, int64_t bi) {
+    reducer *r = x->red;
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int64_t b = bi < 0 ? 0 : bi; b < (bi < 0 ? x->sp->n_buckets : bi + 1); b++) {
+        while (r->state[b] == R_QUEUED)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->state[b] == R_FAILED && !rc) rc = xfail(x, "%s", r->err);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+static int reduce_grads(mgc_exec *x, uint32_t bi) {
+    if (x->red && x->red->state[bi] != R_IDLE) return reducer_wait(x, bi);
+    return reduce_bucket(x, x->fg, bi);
+}
+
+/* Before a step: every bucket idle (after a failed step, once the reducer has drained). */
+static int reducer_reset(mgc_exec *x) {
+    if (!x->red) return 0;
+    int rc = reducer_wait(x, -1);
+    pthread_mutex_lock(&x->red->mu);
+    memset(x->red->state, 0, (size_t)x->sp->n_buckets * sizeof *x->red->state);
+    x->red->head = x->red->tail = 0;
+    pthread_mutex_unlock(&x->red->mu);
+    return rc;
+}
+
+void mgc_exec_set_grad_overlap(mgc_exec *x, int on) {
+    x->overlap = on != 0;
+}
+
+int mgc_exec_grad_overlap(const mgc_exec *x) {
+    return x->red != NULL && x->overlap;
 }
 
 static int gather_params(mgc_exec *x, uint32_t bi) {
@@ -1338,7 +1628,7 @@ static int gather_params(mgc_exec *x, uint32_t bi) {
     size_t piece = (size_t)B->count / (size_t)B->shards;
     size_t es = x->w16 ? 2 : 4;
     unsigned char *base = wptr(x, (int64_t)B->begin);
-    return c_all_gather(x, g, base + (size_t)mgc_comm_rank(g) * piece * es, base, piece,
+    return c_all_gather(x->fg, g, base + (size_t)mgc_comm_rank(g) * piece * es, base, piece,
                         (mgc_dtype)x->wdt, "parameter all-gather");
 }
 
@@ -1347,7 +1637,7 @@ static int embed_grads(mgc_exec *x) {
     if (!g || mgc_comm_size(g) == 1) return 0;
     for (int64_t i = 0; i < x->n_embed; i++) {
         float *p = gptr(x, x->embed[i].elem);
-        if (c_all_reduce(x, g, p, p, (size_t)x->embed[i].n, MGC_DT_F32, MGC_COMM_SUM,
+        if (c_all_reduce(x->fg, g, p, p, (size_t)x->embed[i].n, MGC_DT_F32, MGC_COMM_SUM,
                          "tied embedding gradient all-reduce"))
             return -1;
     }
@@ -1369,7 +1659,7 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     /* gradients partial over TP (norms and the router under SP): sum them */
     for (int64_t i = 0; i < x->n_partial && mgc_comm_size(x->group[MGC_GROUP_TP]) > 1; i++) {
         float *p = gptr(x, x->partial[i].elem);
-        if (c_all_reduce(x, x->group[MGC_GROUP_TP], p, p, (size_t)x->partial[i].n, MGC_DT_F32,
+        if (c_all_reduce(x->fg, x->group[MGC_GROUP_TP], p, p, (size_t)x->partial[i].n, MGC_DT_F32,
                          MGC_COMM_SUM, "partial gradient sum"))
             return -1;
     }
@@ -1437,10 +1727,15 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     x->iteration = iteration;
     x->loss_sum = x->aux_sum = x->z_sum = 0;
     x->graph_replays = 0;
-    x->staged_bytes = 0;
+    x->fg->staged_bytes = 0;
+    x->overlapped = 0;
     const mgc_stage_program *sp = x->sp;
     double step_t0 = 0, t0 = 0, t1 = 0;
     if (x->prof && prof_clock(x, &step_t0)) {
+        mgc_comm_abort(x->world, x->err);
+        return -1;
+    }
+    if (reducer_reset(x)) { /* a failed step's reductions have drained */
         mgc_comm_abort(x->world, x->err);
         return -1;
     }
@@ -1464,7 +1759,10 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         case MGC_I_RECV_GRAD: rc = p2p(x, in); break;
         case MGC_I_REDUCE_GRADS: rc = reduce_grads(x, in->arg); break;
         case MGC_I_EMBED_GRADS: rc = embed_grads(x); break;
-        case MGC_I_OPTIMIZER: rc = optimizer(x, st), did_opt = 1; break;
+        case MGC_I_OPTIMIZER:
+            /* every handed-over bucket is back (each has its REDUCE_GRADS before this) */
+            rc = (x->red ? reducer_wait(x, -1) : 0) || optimizer(x, st), did_opt = 1;
+            break;
         case MGC_I_GATHER_PARAMS: rc = gather_params(x, in->arg); break;
         default: rc = xfail(x, "instruction %" PRId64 ": unknown op %u", i, in->op);
         }
@@ -1492,7 +1790,8 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     st->z_loss = tot[2] / denom;
     st->tokens = x->mbs * x->mb_count * x->dp * x->seq_length;
     st->graph_replays = x->graph_replays;
-    st->staged_bytes = x->staged_bytes;
+    st->staged_bytes = x->fg->staged_bytes + (x->red ? reducer_staged(x) : 0);
+    st->overlapped_buckets = x->overlapped;
     if (x->prof) {
         if (prof_clock(x, &t1)) {
             mgc_comm_abort(x->world, x->err);

@@ -56,6 +56,8 @@ typedef struct mgc_step_stats {
     int64_t graph_replays; /* programs this step replayed from recorded graphs (mgc_exec_set_graphs) */
     int64_t staged_bytes;  /* bytes this step's communication moved between a device arena and
                               host memory (backend device_memory; docs/runtime.md) */
+    int64_t overlapped_buckets; /* gradient buckets reduced beside the backward this step
+                                   (mgc_exec_set_grad_overlap) */
 } mgc_step_stats;
 
 /* What can be refused without starting: a precision the backend ("cpu") does
@@ -126,6 +128,15 @@ void mgc_exec_set_loss_scaling(mgc_exec *x, double initial, int64_t window, int6
  * part of the key) are recorded on their second run and replayed after.  Ignored by a
  * backend without graphs, and while a profile or op hooks are set. */
 void mgc_exec_set_graphs(mgc_exec *x, int on);
+/* Gradient reduction beside the backward: on (1, the default) or off (0: every bucket is
+ * reduced at its REDUCE_GRADS instruction).  When on, a second thread of the rank reduces a
+ * bucket as soon as its chunk's last backward has issued the op that last writes it; the
+ * results are the same bits.  It runs only where the communicator allows two threads
+ * (mgc_comm_concurrent: local, not mpi), on device memory only with the backend's transfer
+ * slots (backend.h xfer_*), and never while a profile is set (whose REDUCE_GRADS times are
+ * the whole reductions).  mgc_exec_grad_overlap says whether it can run. */
+void mgc_exec_set_grad_overlap(mgc_exec *x, int on);
+int mgc_exec_grad_overlap(const mgc_exec *x);
 double mgc_exec_loss_scale(const mgc_exec *x); /* the current scale, 1 when off */
 
 void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */

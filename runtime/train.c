@@ -76,6 +76,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         goto done;
     }
     mgc_exec_set_graphs(x, o->graphs);
+    mgc_exec_set_grad_overlap(x, !o->no_grad_overlap);
     int64_t iters = o->iterations, log_every = o->log_interval;
     if (iters <= 0) mgc_plan_config_int(plan, "training.iterations", &iters);
     if (log_every <= 0) mgc_plan_config_int(plan, "training.log_interval", &log_every);
@@ -103,6 +104,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         double dt = now_s() - t0;
         if (o->losses) o->losses[it] = st.loss;
         if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
+        if (o->overlapped && mgc_exec_rank(x) == 0) o->overlapped[it] = st.overlapped_buckets;
         log_loss += st.loss;
         log_n++;
         log_tokens += st.tokens;

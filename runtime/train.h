@@ -45,10 +45,12 @@ typedef struct mgc_train_opts {
      * runtime, tests); NULL: by name.  Called in the rank's thread. */
     int (*open_backend)(void *ctx, int64_t rank, mgc_backend **out, char *err, size_t errsz);
     void *open_ctx;
+    int no_grad_overlap;    /* 1: reduce gradient buckets in line (mgc_exec_set_grad_overlap) */
+    int64_t *overlapped;    /* (iterations) rank 0's buckets reduced beside the backward, or NULL */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \
-    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0, 0, NULL, NULL }
+    { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0, 0, NULL, NULL, 0, NULL }
 
 /* One rank's whole run over `world` (a world communicator of plan->grid.world ranks). */
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,

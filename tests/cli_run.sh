@@ -73,6 +73,18 @@ if "$run" "$tmp/one.plan" -q --metrics "$tmp/m.jsonl" >"$tmp/out" 2>"$tmp/err" &
 else
     bad "good run"; cat "$tmp/err"
 fi
+# two data-parallel ranks: the same metrics with the gradient reducer and without
+# shellcheck disable=SC2086
+$mgc compile examples/tiny-gpt.yaml --no-kernels $small --set parallel.data=2 --set parallel.world_size=2 \
+    --set parallel.grad_bucket_size=50000 -o "$tmp/dp2.plan" >/dev/null || exit 1
+if "$run" "$tmp/dp2.plan" --local-ranks 2 -q --metrics "$tmp/a.jsonl" 2>"$tmp/err" &&
+    "$run" "$tmp/dp2.plan" --local-ranks 2 -q --no-grad-overlap --metrics "$tmp/b.jsonl" 2>>"$tmp/err" &&
+    [ "$(cut -d, -f1-4 "$tmp/a.jsonl")" = "$(cut -d, -f1-4 "$tmp/b.jsonl")" ] &&
+    [ "$(wc -l <"$tmp/a.jsonl")" -eq 3 ]; then
+    ok "--no-grad-overlap: the same losses and norms"
+else
+    bad "--no-grad-overlap"; cat "$tmp/err"
+fi
 # the same data as a megatron dataset trains too
 mplan "$tmp/syn.plan" "$tmp/syn" || exit 1
 if "$run" "$tmp/syn.plan" -q >/dev/null 2>"$tmp/err"; then ok "megatron dataset run"; else bad "megatron dataset run"; cat "$tmp/err"; fi

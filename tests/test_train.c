@@ -8,6 +8,9 @@
  * pipeline 2 x data 2 -- with ranks as threads (the local communicator).
  * Every step's loss must be within 1e-5 relative of the single rank's, and a
  * second run of the layout must give bit-identical losses and gradient norms.
+ * Each layout's rerun is on a backend whose arena the host cannot address, so all of its
+ * communication is staged through host memory.  Gradient reduction beside the backward (the
+ * reducer thread) gives the same bits as reduction at the step's end.
  * The same through mpirun is tests/train_mpi.sh.
  *
  * The models run at seq_length 32 and micro-batch 2 (the layouts are what is
@@ -141,6 +144,28 @@ static int f_sync(mgc_backend *be) {
 static int f_threads(mgc_backend *be, int n) {
     FENCED(set_threads(f->cpu, n));
 }
+/* the transfer slots of the gradient reducer: the CPU has no queue to order after, so a
+ * mark is only checked for being passed along */
+static long fenced_xfers; /* xfer_download calls (the reducer's), all ranks */
+static int f_mark(mgc_backend *be, void **mark) {
+    (void)be;
+    *mark = (void *)&fenced_xfers;
+    return 0;
+}
+static int f_xdown(mgc_backend *be, void *mark, void *h, const void *s, size_t n, char *err, size_t errsz) {
+    (void)be;
+    if (mark != (void *)&fenced_xfers) return snprintf(err, errsz, "no mark"), -1;
+    __atomic_add_fetch(&fenced_xfers, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&fenced_staged, (long)n, __ATOMIC_RELAXED);
+    memcpy(h, near_(s), n);
+    return 0;
+}
+static int f_xup(mgc_backend *be, void *d, const void *h, size_t n, char *err, size_t errsz) {
+    (void)be, (void)err, (void)errsz;
+    __atomic_add_fetch(&fenced_staged, (long)n, __ATOMIC_RELAXED);
+    memcpy(near_(d), h, n);
+    return 0;
+}
 static void f_close(mgc_backend *be) {
     fenced *f = (fenced *)be;
     mgc_backend_close(f->cpu);
@@ -152,6 +177,7 @@ static const mgc_backend_iface fenced_iface = {
     .run_op = f_run_op, .copy = f_copy, .upload = f_upload, .download = f_download,
     .zero = f_zero, .sumsq = f_sumsq, .scale = f_scale, .adamw = f_adamw, .cast_bf16 = f_cast,
     .sync = f_sync, .set_threads = f_threads, .close = f_close, .device_memory = 1,
+    .xfer_mark = f_mark, .xfer_download = f_xdown, .xfer_upload = f_xup,
 };
 
 static int fenced_open(void *ctx, int64_t rank, mgc_backend **out, char *err, size_t errsz) {
@@ -166,8 +192,11 @@ static int fenced_open(void *ctx, int64_t rank, mgc_backend **out, char *err, si
     return 0;
 }
 
-/* Trains the plan; losses and norms out.  0 on success.  fenced_arena: on far arenas. */
-static int train_on(const mgc_plan *p, int fenced_arena, double *loss, double *norm) {
+/* Trains the plan; losses and norms out.  0 on success.  fenced_arena: on far arenas;
+ * overlap: gradient buckets reduced beside the backward (else in line); overlapped: (STEPS)
+ * rank 0's buckets so reduced, or NULL. */
+static int train_with(const mgc_plan *p, int fenced_arena, int overlap, int64_t *overlapped,
+                      double *loss, double *norm) {
     char err[4096];
     mgc_train_data *data = NULL;
     if (mgc_train_data_open(&data, p, STEPS, err, sizeof err)) {
@@ -180,6 +209,8 @@ static int train_on(const mgc_plan *p, int fenced_arena, double *loss, double *n
     o.grad_norms = norm;
     o.timeout_ms = 120000;
     if (fenced_arena) o.open_backend = fenced_open;
+    o.no_grad_overlap = !overlap;
+    o.overlapped = overlapped;
     for (int i = 0; i < STEPS; i++)
         loss[i] = norm[i] = NAN; /* poisoned: every step must write its own */
     int rc = mgc_train_local(p, data, (int)p->grid.world, &o, err, sizeof err);
@@ -188,8 +219,46 @@ static int train_on(const mgc_plan *p, int fenced_arena, double *loss, double *n
     return rc;
 }
 
+static int train_on(const mgc_plan *p, int fenced_arena, double *loss, double *norm) {
+    return train_with(p, fenced_arena, 1, NULL, loss, norm);
+}
+
 static int train(const mgc_plan *p, double *loss, double *norm) {
     return train_on(p, 0, loss, norm);
+}
+
+/* Gradient reduction beside the backward changes only when a bucket is reduced: on and off
+ * give the same bits, on host and far arenas, and with it on, buckets are handed over
+ * (the far arena's through the transfer slots). */
+static void check_overlap(const char *path, const char *const *sets) {
+    mgc_plan *p = compile(path, NULL, sets);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    double l[4][STEPS], n[4][STEPS];
+    int64_t ov[4][STEPS];
+    long x0 = fenced_xfers;
+    for (int k = 0; k < 4; k++) {
+        for (int i = 0; i < STEPS; i++)
+            ov[k][i] = -1;
+        T_EQ_I64(train_with(p, k >> 1, k & 1, ov[k], l[k], n[k]), 0);
+    }
+    long xfers = fenced_xfers - x0;
+    for (int k = 1; k < 4; k++) {
+        T_CHECK(memcmp(l[k], l[0], sizeof l[0]) == 0);
+        T_CHECK(memcmp(n[k], n[0], sizeof n[0]) == 0);
+    }
+    int64_t on = 0;
+    for (int i = 0; i < STEPS; i++) {
+        T_EQ_I64(ov[0][i], 0);
+        T_EQ_I64(ov[2][i], 0);
+        T_CHECK(ov[1][i] > 0 && ov[1][i] == ov[3][i]);
+        on += ov[1][i];
+    }
+    T_CHECK(xfers > 0);
+    printf("%s %s: %lld buckets reduced beside the backward over %d steps (%ld through the far "
+           "arena's transfer slots); overlap on and off, host and far arena: bit-identical\n",
+           path, sets[1], (long long)on, STEPS, xfers);
+    mgc_plan_free(p);
 }
 
 /* Every parameter receives a gradient: one step on one rank, then each
@@ -650,6 +719,19 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-moe.yaml");
         check_loss_scaling();
         check_graphs();
+        /* tiny-gpt: about ten buckets; tiny-llama: interleaved, sharded optimizer */
+        static const char *const dp2[] = {"parallel.world_size=2", "parallel.data=2",
+                                          "parallel.grad_bucket_size=50000", NULL};
+        static const char *const dpo[] = {"parallel.world_size=4", "parallel.data=2",
+                                          "parallel.pipeline=2", "parallel.virtual_stages=2",
+                                          "parallel.distributed_optimizer=true",
+                                          "training.global_batch_size=8",
+                                          "parallel.grad_bucket_size=20000", NULL};
+        static const char *const ep2[] = {"parallel.world_size=2", "parallel.data=2",
+                                          "parallel.expert=2", NULL};
+        check_overlap("examples/tiny-gpt.yaml", dp2);
+        check_overlap("models/tiny-llama.yaml", dpo);
+        check_overlap("models/tiny-moe.yaml", ep2);
         /* dropout on: the fused op must draw the same dropout stream; tp2 + SP: sharded rows */
         static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
         static const char *const drop_tp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",
