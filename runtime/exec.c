@@ -1427,7 +1427,8 @@ typedef struct reducer {
     pthread_cond_t cv;
     uint32_t *queue;           /* (n_buckets) bucket indices in the order handed over */
     int64_t head, tail;        /* queue[head..tail) waits; reset each step */
-    int8_t *state;             /* (n_buckets) R_IDLE, R_QUEUED, R_DONE, R_FAILED */
+    int8_t *state;             /* (n_buckets) R_IDLE, R_QUEUED, R_DONE, R_FAILED (under mu) */
+    uint8_t *handed;           /* (n_buckets) handed over this step: the executor's thread only */
     void **marks;              /* (n_buckets) xfer_mark's marks (device memory) */
     int stop;
     xcomm k;                   /* the reducer thread's communication */
@@ -1467,7 +1468,7 @@ static void reducer_stop(mgc_exec *x) {
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     host_release(&r->k);
-    free(r->queue), free(r->state), free(r->marks);
+    free(r->queue), free(r->state), free(r->marks), free(r->handed);
     free(r);
     x->red = NULL;
 }
@@ -1531,14 +1532,15 @@ static int setup_overlap(mgc_exec *x) {
     if (!r) return xfail(x, "out of memory");
     r->queue = malloc((size_t)sp->n_buckets * sizeof *r->queue);
     r->state = calloc((size_t)sp->n_buckets, sizeof *r->state);
+    r->handed = calloc((size_t)sp->n_buckets, sizeof *r->handed);
     r->marks = x->fg->staged ? calloc((size_t)sp->n_buckets, sizeof *r->marks) : NULL;
     r->x = x;
     r->k = *x->fg;
     r->k.host = NULL, r->k.host_cap = 0, r->k.staged_bytes = 0;
     r->k.xfer = x->fg->staged;
     r->k.err = r->err, r->k.errsz = sizeof r->err;
-    if (!r->queue || !r->state || (x->fg->staged && !r->marks)) {
-        free(r->queue), free(r->state), free(r->marks), free(r);
+    if (!r->queue || !r->state || !r->handed || (x->fg->staged && !r->marks)) {
+        free(r->queue), free(r->state), free(r->marks), free(r->handed), free(r);
         return xfail(x, "out of memory");
     }
     /* the reducer's staging buffer: the largest bucket, allocated here, not in a step */
@@ -1547,13 +1549,13 @@ static int setup_overlap(mgc_exec *x) {
         if (sp->buckets[b].count * 4 > most) most = sp->buckets[b].count * 4;
     if (r->k.staged && !stage(&r->k, (size_t)most)) {
         snprintf(x->err, sizeof x->err, "%s", r->err);
-        free(r->queue), free(r->state), free(r->marks), free(r);
+        free(r->queue), free(r->state), free(r->marks), free(r->handed), free(r);
         return -1;
     }
     if (pthread_mutex_init(&r->mu, NULL) || pthread_cond_init(&r->cv, NULL) ||
         pthread_create(&r->th, NULL, reducer_main, r)) {
         host_release(&r->k);
-        free(r->queue), free(r->state), free(r->marks), free(r);
+        free(r->queue), free(r->state), free(r->marks), free(r->handed), free(r);
         return xfail(x, "rank %" PRId64 ": cannot start the gradient reducer thread", x->rank);
     }
     x->red = r;
@@ -1569,9 +1571,10 @@ static int overlapping(const mgc_exec *x) {
 static int hand_over(mgc_exec *x, int c, int32_t op) {
     reducer *r = x->red;
     for (int64_t bi = 0; bi < x->sp->n_buckets; bi++) {
-        if (x->ready_op[bi] != op || x->sp->buckets[bi].chunk != c || r->state[bi] != R_IDLE) continue;
+        if (x->ready_op[bi] != op || x->sp->buckets[bi].chunk != c || r->handed[bi]) continue;
         if (r->marks && x->be->iface->xfer_mark(x->be, &r->marks[bi]))
             return be_fail(x, "marking a gradient bucket for its reduction");
+        r->handed[bi] = 1;
         pthread_mutex_lock(&r->mu);
         r->state[bi] = R_QUEUED;
         r->queue[r->tail++] = (uint32_t)bi;
@@ -1597,7 +1600,7 @@ static int reducer_wait(mgc_exec *x, int64_t bi) {
 }
 
 static int reduce_grads(mgc_exec *x, uint32_t bi) {
-    if (x->red && x->red->state[bi] != R_IDLE) return reducer_wait(x, bi);
+    if (x->red && x->red->handed[bi]) return reducer_wait(x, bi);
     return reduce_bucket(x, x->fg, bi);
 }
 
@@ -1607,6 +1610,7 @@ static int reducer_reset(mgc_exec *x) {
     int rc = reducer_wait(x, -1);
     pthread_mutex_lock(&x->red->mu);
     memset(x->red->state, 0, (size_t)x->sp->n_buckets * sizeof *x->red->state);
+    memset(x->red->handed, 0, (size_t)x->sp->n_buckets);
     x->red->head = x->red->tail = 0;
     pthread_mutex_unlock(&x->red->mu);
     return rc;

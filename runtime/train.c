@@ -102,9 +102,11 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             goto done;
         }
         double dt = now_s() - t0;
-        if (o->losses) o->losses[it] = st.loss;
-        if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
-        if (o->overlapped && mgc_exec_rank(x) == 0) o->overlapped[it] = st.overlapped_buckets;
+        if (lead) { /* every rank has the same loss and norm: rank 0 writes them */
+            if (o->losses) o->losses[it] = st.loss;
+            if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
+            if (o->overlapped) o->overlapped[it] = st.overlapped_buckets;
+        }
         log_loss += st.loss;
         log_n++;
         log_tokens += st.tokens;

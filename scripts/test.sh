@@ -4,7 +4,9 @@
 #   1. gcc, warnings as errors, every ctest test;
 #   2. clang with AddressSanitizer + UndefinedBehaviorSanitizer (+ leak
 #      checking), warnings as errors, every test again plus a bounded
-#      libFuzzer run over the front end (MGC_FUZZ_SECONDS, default 60).
+#      libFuzzer run over the front end (MGC_FUZZ_SECONDS, default 60);
+#   3. clang with ThreadSanitizer: test_comm and test_train, the tests whose
+#      ranks (and gradient reducers) are threads.
 # GPU tests (label gpu) skip themselves with status 77 where no GPU exists.
 set -eu
 cd "$(dirname "$0")/.."
@@ -23,4 +25,14 @@ CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMGC_WERROR=ON \
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
-echo "test.sh: all tests passed (gcc and clang+sanitizers)"
+
+echo "== build 3: clang, ThreadSanitizer: the tests with threads (local ranks, gradient reducer)"
+CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGC_WERROR=ON \
+  -DMGC_SANITIZE=thread >/dev/null
+cmake --build build-tsan -j "$jobs" --target test_comm test_train
+for t in test_comm test_train; do
+  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/$t >build-tsan/$t.log 2>&1 ||
+    { tail -n 60 build-tsan/$t.log; echo "test.sh: $t failed under ThreadSanitizer"; exit 1; }
+  tail -n 1 build-tsan/$t.log
+done
+echo "test.sh: all tests passed (gcc, clang+address/undefined, clang+thread)"
