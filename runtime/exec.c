@@ -1169,8 +1169,8 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
             if (!c_check(x->fg, g, mgc_comm_all_reduce(g, f, f, n_in, MGC_DT_F32, red), what)) {
                 for (size_t i = 0; i < n_in; i++)
                     v[i] = (int64_t)f[i];
-                rc = x->fg->staged ? stage_up(x->fg, out, v, n_in * sizeof *v)
-                               : (memcpy(out, v, n_in * sizeof *v), 0);
+                if (x->fg->staged) rc = stage_up(x->fg, out, v, n_in * sizeof *v);
+                else memcpy(out, v, n_in * sizeof *v), rc = 0;
             }
         }
         free(f), free(v);
@@ -1201,8 +1201,8 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
             else if (sa && ra && (a2a_counts(sa, (int64_t)ns, size, width, cnt) ||
                                   a2a_counts(ra, (int64_t)nr, size, width, cnt + size)))
                 rc = xfail(x, "'%s': bad row counts", sname(x, op->name));
-            else if (!sa || !ra) rc = sd && rd ? -1 : xfail(x, "'%s': row counts not materialised",
-                                                              sname(x, op->name));
+            else if (!sd || !rd) rc = xfail(x, "'%s': row counts not materialised", sname(x, op->name));
+            else if (!sa || !ra) rc = -1; /* the download failed: x->err says why */
             free(tmp);
         } else {
             for (int j = 0; j < size; j++)
