@@ -111,6 +111,7 @@ static int64_t reducer_staged(mgc_exec *x);
 static int setup_overlap(mgc_exec *x);
 static int overlapping(const mgc_exec *x);
 static int hand_over(mgc_exec *x, int c, int32_t op);
+static int hand_one(mgc_exec *x, int64_t bi);
 static int reducer_wait(mgc_exec *x, int64_t bi);
 static int reducer_reset(mgc_exec *x);
 
@@ -1432,7 +1433,8 @@ typedef struct reducer {
     void **marks;              /* (n_buckets) xfer_mark's marks (device memory) */
     int stop;
     xcomm k;                   /* the reducer thread's communication */
-    char err[2048];            /* its first failure this step */
+    char kerr[2048];           /* k's error text: the reducer thread's own */
+    char err[2048];            /* the first failure since the step began (under mu) */
 } reducer;
 
 enum { R_IDLE = 0, R_QUEUED, R_DONE, R_FAILED };
@@ -1449,7 +1451,11 @@ static void *reducer_main(void *arg) {
         r->k.mark = r->marks ? r->marks[bi] : NULL;
         pthread_mutex_unlock(&r->mu);
         int rc = reduce_bucket(x, &r->k, bi);
+        /* a failure poisons the job at once: the data-parallel peers must not wait for this
+         * rank's executor to reach the step's tail, nor pair its next bucket with this one */
+        if (rc) mgc_comm_abort(x->group[x->sp->buckets[bi].group], r->kerr);
         pthread_mutex_lock(&r->mu);
+        if (rc && !r->err[0]) snprintf(r->err, sizeof r->err, "%s", r->kerr);
         r->state[bi] = rc ? R_FAILED : R_DONE;
         pthread_cond_broadcast(&r->cv);
     }
@@ -1525,6 +1531,17 @@ static int setup_overlap(mgc_exec *x) {
         x->ready_op[bi] = eligible ? ready : INT32_MIN;
         any |= eligible;
     }
+    /* the reducer must be the only thread on the buckets' groups: no chunk program may use
+     * them (none does today: their collectives are tensor, context, expert or pipeline) */
+    for (int64_t c = 0; c < sp->n_chunks && any; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        for (int pass = 0; pass < 2 && any; pass++)
+            for (int64_t o = 0; o < (pass ? ch->n_bwd : ch->n_fwd) && any; o++) {
+                const mgc_plan_op *op = pass ? &ch->bwd[o] : &ch->fwd[o];
+                for (int64_t b = 0; b < sp->n_buckets && op->kind >= MGC_POP_ALL_REDUCE; b++)
+                    if (op->group == sp->buckets[b].group) any = 0;
+            }
+    }
     const mgc_backend_iface *bi = x->be->iface;
     int xfer = bi->xfer_mark && bi->xfer_download && bi->xfer_upload;
     if (!any || !mgc_comm_concurrent(x->world) || (x->fg->staged && !xfer)) return 0;
@@ -1538,7 +1555,7 @@ static int setup_overlap(mgc_exec *x) {
     r->k = *x->fg;
     r->k.host = NULL, r->k.host_cap = 0, r->k.staged_bytes = 0;
     r->k.xfer = x->fg->staged;
-    r->k.err = r->err, r->k.errsz = sizeof r->err;
+    r->k.err = r->kerr, r->k.errsz = sizeof r->kerr;
     if (!r->queue || !r->state || !r->handed || (x->fg->staged && !r->marks)) {
         free(r->queue), free(r->state), free(r->marks), free(r->handed), free(r);
         return xfail(x, "out of memory");
@@ -1548,7 +1565,7 @@ static int setup_overlap(mgc_exec *x) {
     for (int64_t b = 0; b < sp->n_buckets; b++)
         if (sp->buckets[b].count * 4 > most) most = sp->buckets[b].count * 4;
     if (r->k.staged && !stage(&r->k, (size_t)most)) {
-        snprintf(x->err, sizeof x->err, "%s", r->err);
+        snprintf(x->err, sizeof x->err, "%s", r->kerr);
         free(r->queue), free(r->state), free(r->marks), free(r->handed), free(r);
         return -1;
     }
@@ -1568,18 +1585,24 @@ static int overlapping(const mgc_exec *x) {
 
 /* Hands the buckets that are final once op `op` of chunk c's last backward has been issued
  * (op -1: before its first) to the reducer. */
+static int hand_one(mgc_exec *x, int64_t bi) {
+    reducer *r = x->red;
+    if (r->marks && x->be->iface->xfer_mark(x->be, &r->marks[bi]))
+        return be_fail(x, "marking a gradient bucket for its reduction");
+    r->handed[bi] = 1;
+    pthread_mutex_lock(&r->mu);
+    r->state[bi] = R_QUEUED;
+    r->queue[r->tail++] = (uint32_t)bi;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
 static int hand_over(mgc_exec *x, int c, int32_t op) {
     reducer *r = x->red;
     for (int64_t bi = 0; bi < x->sp->n_buckets; bi++) {
         if (x->ready_op[bi] != op || x->sp->buckets[bi].chunk != c || r->handed[bi]) continue;
-        if (r->marks && x->be->iface->xfer_mark(x->be, &r->marks[bi]))
-            return be_fail(x, "marking a gradient bucket for its reduction");
-        r->handed[bi] = 1;
-        pthread_mutex_lock(&r->mu);
-        r->state[bi] = R_QUEUED;
-        r->queue[r->tail++] = (uint32_t)bi;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        if (hand_one(x, bi)) return -1;
         x->overlapped++;
     }
     return 0;
@@ -1599,9 +1622,14 @@ static int reducer_wait(mgc_exec *x, int64_t bi) {
     return rc;
 }
 
+/* REDUCE_GRADS.  With a reducer, every bucket goes through it, those not handed over during
+ * the backward (the tied embedding's, or all of them with overlap off) at this instruction:
+ * the reducer's thread is then the only one using the buckets' groups, in one order on every
+ * rank (a second thread calling the same group would collide with it). */
 static int reduce_grads(mgc_exec *x, uint32_t bi) {
-    if (x->red && x->red->handed[bi]) return reducer_wait(x, bi);
-    return reduce_bucket(x, x->fg, bi);
+    if (!x->red) return reduce_bucket(x, x->fg, bi);
+    if (!x->red->handed[bi] && hand_one(x, bi)) return -1;
+    return reducer_wait(x, bi);
 }
 
 /* Before a step: every bucket idle (after a failed step, once the reducer has drained). */
@@ -1611,6 +1639,7 @@ static int reducer_reset(mgc_exec *x) {
     pthread_mutex_lock(&x->red->mu);
     memset(x->red->state, 0, (size_t)x->sp->n_buckets * sizeof *x->red->state);
     memset(x->red->handed, 0, (size_t)x->sp->n_buckets);
+    x->red->err[0] = '\0';
     x->red->head = x->red->tail = 0;
     pthread_mutex_unlock(&x->red->mu);
     return rc;
