@@ -130,7 +130,7 @@ int mgc_comm_member(const mgc_comm *c, int r);
 const char *mgc_comm_name(const mgc_comm *c);
 const char *mgc_comm_transport(const mgc_comm *c); /* "local", "mpi" */
 /* 1 when this rank may call handles of different groups from different threads at the same
- * time (local: yes; mpi: no, it is initialised MPI_THREAD_FUNNELED).  The executor reduces
+ * time (local: yes; mpi: when MPI provides MPI_THREAD_MULTIPLE).  The executor reduces
  * gradient buckets on a second thread only then. */
 int mgc_comm_concurrent(const mgc_comm *c);
 /* Collectives this handle has completed or started (its next sequence number). */

@@ -31,15 +31,20 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-/* Shared by every communicator of the process: the failure that poisoned it. */
+/* Shared by every communicator of the process: the failure that poisoned it.  With
+ * MPI_THREAD_MULTIPLE two threads of the rank (the executor and its gradient reducer) may
+ * use different handles at once, so `failed`, `stuck` and `msg` are under `mu`. */
 typedef struct mpi_job {
-    int refs;     /* handles alive */
+    int refs;     /* handles alive (made and freed while one thread runs) */
     int finalize; /* we called MPI_Init_thread, so we finalize */
+    const mgc_comm_iface *iface; /* mpi_iface, or mpi_iface_mt under MPI_THREAD_MULTIPLE */
+    pthread_mutex_t mu;
     int failed;
     int stuck; /* a request timed out and is still pending */
     char msg[MGC_COMM_ERR_MAX];
@@ -50,7 +55,7 @@ typedef struct mpi_ctx {
     mpi_job *job;
 } mpi_ctx;
 
-static const mgc_comm_iface mpi_iface;
+static const mgc_comm_iface mpi_iface, mpi_iface_mt;
 
 #define TAG_HEADER  1
 #define TAG_PAYLOAD 2
@@ -70,15 +75,24 @@ static const mgc_comm_iface mpi_iface;
     } while (0)
 
 static void job_fail(mpi_job *j, const char *text) {
+    pthread_mutex_lock(&j->mu);
     if (!j->failed) {
         j->failed = 1;
         snprintf(j->msg, sizeof j->msg, "%s", text);
     }
+    pthread_mutex_unlock(&j->mu);
 }
 
-static mgc_comm_status poisoned(mgc_comm *c) {
-    return mgc_comm_fail(c, MGC_COMM_ERR_ABORTED, "the job failed earlier: %s",
-                         ((mpi_ctx *)c->context)->job->msg);
+/* 1 when the job failed earlier; the handle's error then says so. */
+static int job_poisoned(mgc_comm *c) {
+    mpi_job *j = ((mpi_ctx *)c->context)->job;
+    char msg[MGC_COMM_ERR_MAX];
+    pthread_mutex_lock(&j->mu);
+    int failed = j->failed;
+    if (failed) snprintf(msg, sizeof msg, "%s", j->msg);
+    pthread_mutex_unlock(&j->mu);
+    if (failed) mgc_comm_fail(c, MGC_COMM_ERR_ABORTED, "the job failed earlier: %s", msg);
+    return failed;
 }
 
 static MPI_Datatype elem_type(mgc_dtype dt) {
@@ -116,7 +130,9 @@ static mgc_comm_status wait_all(mgc_comm *c, int n, MPI_Request *req, const char
                               "(the MPI requests cannot be cancelled: abort the job)",
                               (long long)c->timeout_ms, what, c->name);
             job_fail(x->job, c->err);
+            pthread_mutex_lock(&x->job->mu);
             x->job->stuck = 1;
+            pthread_mutex_unlock(&x->job->mu);
             return s;
         }
         struct timespec ts = {0, sleep_ns};
@@ -229,7 +245,7 @@ static mgc_comm_status collective(mgc_comm *c, const mgc_comm_op *op) {
     int *ic = NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     mgc_comm_status s = MGC_COMM_OK;
-    if (x->job->failed) return poisoned(c);
+    if (job_poisoned(c)) return MGC_COMM_ERR_ABORTED;
     if ((s = exchange_desc(c, op, what, sizeof what)) != MGC_COMM_OK) return s;
     if (op->kind == MGC_COMM_OP_ALL_TO_ALL_V && (s = check_a2a_counts(c, op, what)) != MGC_COMM_OK)
         return s;
@@ -311,7 +327,7 @@ static mgc_comm_status p2p(mgc_comm *c, const mgc_comm_op *op) {
     MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     mgc_comm_status s = MGC_COMM_OK;
     void *drain = NULL;
-    if (x->job->failed) return poisoned(c);
+    if (job_poisoned(c)) return MGC_COMM_ERR_ABORTED;
     mgc_comm_desc_of(op, &mine);
     mgc_comm_desc_format(&mine, what, sizeof what);
     if (!fits_int(op->count))
@@ -379,7 +395,7 @@ static mgc_comm_status wrap(MPI_Comm comm, mpi_job *job, int64_t timeout_ms, mgc
     }
     x->comm = comm;
     x->job = job;
-    if ((s = mgc_comm_init_base(c, &mpi_iface, x, rank, size, wrank, members, timeout_ms,
+    if ((s = mgc_comm_init_base(c, job->iface, x, rank, size, wrank, members, timeout_ms,
                                 "world")) != MGC_COMM_OK)
         goto out;
     job->refs++;
@@ -415,18 +431,30 @@ mgc_comm_status mgc_comm_mpi_world_create(const mgc_comm_config *cfg, mgc_comm *
         snprintf(err, err_size, "mpi world: out of memory");
         return MGC_COMM_ERR_NOMEM;
     }
+    if (pthread_mutex_init(&job->mu, NULL)) {
+        snprintf(err, err_size, "mpi world: cannot make a mutex");
+        free(job);
+        return MGC_COMM_ERR_SYSTEM;
+    }
     if (!inited) {
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        /* MULTIPLE where the library has it: the executor's gradient reducer then runs on
+         * a second thread (mgc_comm_concurrent); with less, the reductions stay in line */
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
             snprintf(err, err_size, "mpi world: MPI_Init_thread failed");
+            pthread_mutex_destroy(&job->mu);
             free(job);
             return MGC_COMM_ERR_SYSTEM;
         }
         job->finalize = 1;
+    } else if (MPI_Query_thread(&provided) != MPI_SUCCESS) {
+        provided = MPI_THREAD_SINGLE;
     }
+    job->iface = provided == MPI_THREAD_MULTIPLE ? &mpi_iface_mt : &mpi_iface;
     MPI_Comm dup;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS) {
         snprintf(err, err_size, "mpi world: MPI_Comm_dup failed");
         if (job->finalize) MPI_Finalize();
+        pthread_mutex_destroy(&job->mu);
         free(job);
         return MGC_COMM_ERR_SYSTEM;
     }
@@ -435,6 +463,7 @@ mgc_comm_status mgc_comm_mpi_world_create(const mgc_comm_config *cfg, mgc_comm *
         snprintf(err, err_size, "mpi world: %s", mgc_comm_status_name(s));
         MPI_Comm_free(&dup);
         if (job->finalize) MPI_Finalize();
+        pthread_mutex_destroy(&job->mu);
         free(job);
     }
     return s;
@@ -445,7 +474,7 @@ static mgc_comm_status mpi_split(mgc_comm *c, const mgc_comm_op *op, mgc_comm **
     char what[160];
     mgc_comm_status s;
     *out = NULL;
-    if (x->job->failed) return poisoned(c);
+    if (job_poisoned(c)) return MGC_COMM_ERR_ABORTED;
     if ((s = exchange_desc(c, op, what, sizeof what)) != MGC_COMM_OK) return s;
     MPI_Comm nc = MPI_COMM_NULL;
     int color = op->color < 0 ? MPI_UNDEFINED : (int)op->color;
@@ -483,6 +512,7 @@ static void mpi_free(mgc_comm *c) {
     free(c);
     if (--job->refs == 0) {
         if (job->finalize && !job->stuck) MPI_Finalize();
+        pthread_mutex_destroy(&job->mu);
         free(job);
     }
 }
@@ -493,6 +523,17 @@ static const mgc_comm_iface mpi_iface = {
     .split = mpi_split,
     .abort = mpi_abort,
     .free = mpi_free,
+};
+
+/* the same, where MPI provides MPI_THREAD_MULTIPLE: handles of different groups may be used
+ * from different threads at once (each is its own MPI communicator) */
+static const mgc_comm_iface mpi_iface_mt = {
+    .name = "mpi",
+    .run = mpi_run,
+    .split = mpi_split,
+    .abort = mpi_abort,
+    .free = mpi_free,
+    .concurrent = 1,
 };
 
 #else /* no MPI */

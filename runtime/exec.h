@@ -132,7 +132,7 @@ void mgc_exec_set_graphs(mgc_exec *x, int on);
  * reduced at its REDUCE_GRADS instruction).  When on, a second thread of the rank reduces a
  * bucket as soon as its chunk's last backward has issued the op that last writes it; the
  * results are the same bits.  It runs only where the communicator allows two threads
- * (mgc_comm_concurrent: local, not mpi), on device memory only with the backend's transfer
+ * (mgc_comm_concurrent: local, and mpi under MPI_THREAD_MULTIPLE), on device memory only with the backend's transfer
  * slots (backend.h xfer_*), and never while a profile is set (whose REDUCE_GRADS times are
  * the whole reductions).  mgc_exec_grad_overlap says whether it can run. */
 void mgc_exec_set_grad_overlap(mgc_exec *x, int on);

@@ -126,6 +126,8 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                         st.skipped ? "true" : "false");
             if (st.staged_bytes > 0)
                 fprintf(o->metrics, ", \"staged_bytes\": %" PRId64, st.staged_bytes);
+            if (st.overlapped_buckets > 0)
+                fprintf(o->metrics, ", \"overlapped_buckets\": %" PRId64, st.overlapped_buckets);
             fputs("}\n", o->metrics);
             fflush(o->metrics);
         }

@@ -3,7 +3,9 @@
 # each model trains 10 steps on one rank, then under a multi-rank layout as
 # separate processes (mpiexec -n N mgc-run PLAN); every step's loss must be
 # within 1e-5 relative of the single rank's, and a second mpirun must
-# reproduce the losses digit for digit.  Exit 77 (skipped) without mpiexec.
+# reproduce the losses digit for digit.  With small gradient buckets, the
+# reducer thread must have run (MPI_THREAD_MULTIPLE).  Exit 77 (skipped)
+# without mpiexec.
 set -u
 mgc=$1 run=$2 mpiexec=${3:-}
 [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null 2>&1 || { echo "no mpiexec: skipped"; exit 77; }
@@ -37,4 +39,15 @@ PY
 case_ gpt-tp2-pp2-dp2 examples/tiny-gpt.yaml 8 --set parallel.world_size=8 --set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.data=2
 case_ llama-cp2-tp2 models/tiny-llama.yaml 4 --set parallel.world_size=4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
 case_ moe-ep2-dist-opt models/tiny-moe.yaml 2 --set parallel.world_size=2 --set parallel.data=2 --set parallel.expert=2 --set parallel.distributed_optimizer=true
+# small buckets: under MPI_THREAD_MULTIPLE the gradient reducer runs; the metrics count its buckets
+case_ gpt-dp2-pp2-buckets examples/tiny-gpt.yaml 4 --set parallel.world_size=4 --set parallel.data=2 --set parallel.pipeline=2 --set parallel.grad_bucket_size=20000
+if [ -f "$tmp/gpt-dp2-pp2-buckets.1.jsonl" ]; then
+    # Debian's Open MPI provides MPI_THREAD_MULTIPLE
+    if grep -q '"overlapped_buckets": [1-9]' "$tmp/gpt-dp2-pp2-buckets.1.jsonl"; then
+        echo "gpt-dp2-pp2-buckets: buckets reduced beside the backward under mpirun"
+    else
+        echo "gpt-dp2-pp2-buckets: no bucket was reduced beside the backward (no MPI_THREAD_MULTIPLE?)"
+        fail=1
+    fi
+fi
 exit $fail

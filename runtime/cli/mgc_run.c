@@ -50,7 +50,7 @@ static void usage(FILE *out) {
           "                     (docs/runtime.md; not yet verified on a GPU, so off by default)\n"
           "  --no-grad-overlap  reduce each gradient bucket at the step's end, not on a second\n"
           "                     thread as soon as the backward has finished it (the same numbers;\n"
-          "                     mpirun and --profile runs always do)\n"
+          "                     --profile runs, and MPI without MPI_THREAD_MULTIPLE, always do)\n"
           "  -q, --quiet        no progress lines\n"
           "\n"
           "exit status: 0 ok, 1 error, 2 usage error\n",
