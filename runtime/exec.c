@@ -113,7 +113,7 @@ static int overlapping(const mgc_exec *x);
 static int hand_over(mgc_exec *x, int c, int32_t op);
 static int hand_one(mgc_exec *x, int64_t bi);
 static int reducer_wait(mgc_exec *x, int64_t bi);
-static int reducer_reset(mgc_exec *x);
+static void reducer_reset(mgc_exec *x);
 
 static int xfail(mgc_exec *x, const char *fmt, ...) {
     va_list ap;
@@ -1583,8 +1583,7 @@ static int overlapping(const mgc_exec *x) {
     return x->red && x->overlap && !x->prof;
 }
 
-/* Hands the buckets that are final once op `op` of chunk c's last backward has been issued
- * (op -1: before its first) to the reducer. */
+/* Queues bucket bi on the reducer, its download ordered after the compute issued so far. */
 static int hand_one(mgc_exec *x, int64_t bi) {
     reducer *r = x->red;
     if (r->marks && x->be->iface->xfer_mark(x->be, &r->marks[bi]))
@@ -1598,6 +1597,8 @@ static int hand_one(mgc_exec *x, int64_t bi) {
     return 0;
 }
 
+/* Hands the buckets that are final once op `op` of chunk c's last backward has been issued
+ * (op -1: before its first) to the reducer. */
 static int hand_over(mgc_exec *x, int c, int32_t op) {
     reducer *r = x->red;
     for (int64_t bi = 0; bi < x->sp->n_buckets; bi++) {
@@ -1632,17 +1633,20 @@ static int reduce_grads(mgc_exec *x, uint32_t bi) {
     return reducer_wait(x, bi);
 }
 
-/* Before a step: every bucket idle (after a failed step, once the reducer has drained). */
-static int reducer_reset(mgc_exec *x) {
-    if (!x->red) return 0;
-    int rc = reducer_wait(x, -1);
+/* Before a step: every bucket idle (after a failed step, once the reducer has drained; that
+ * step reported the failure). */
+static void reducer_reset(mgc_exec *x) {
+    if (!x->red) return;
+    char keep[sizeof x->err];
+    memcpy(keep, x->err, sizeof keep);
+    reducer_wait(x, -1);
+    memcpy(x->err, keep, sizeof keep);
     pthread_mutex_lock(&x->red->mu);
     memset(x->red->state, 0, (size_t)x->sp->n_buckets * sizeof *x->red->state);
     memset(x->red->handed, 0, (size_t)x->sp->n_buckets);
     x->red->err[0] = '\0';
     x->red->head = x->red->tail = 0;
     pthread_mutex_unlock(&x->red->mu);
-    return rc;
 }
 
 void mgc_exec_set_grad_overlap(mgc_exec *x, int on) {
@@ -1768,10 +1772,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         mgc_comm_abort(x->world, x->err);
         return -1;
     }
-    if (reducer_reset(x)) { /* a failed step's reductions have drained */
-        mgc_comm_abort(x->world, x->err);
-        return -1;
-    }
+    reducer_reset(x); /* a failed step's reductions have drained */
     if (x->be->iface->zero(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes))
         return be_fail(x, "zeroing gradients");
     int did_opt = 0;

@@ -82,6 +82,8 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     if (log_every <= 0) mgc_plan_config_int(plan, "training.log_interval", &log_every);
     if (log_every <= 0) log_every = 10;
     int lead = mgc_exec_rank(x) == 0;
+    /* local ranks share o's arrays (rank 0 fills them); a process of its own fills its own */
+    int own_out = lead || strcmp(mgc_comm_transport(world), "local");
     char a[32];
     if (lead && o->log)
         fprintf(o->log,
@@ -102,7 +104,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             goto done;
         }
         double dt = now_s() - t0;
-        if (lead) { /* every rank has the same loss and norm: rank 0 writes them */
+        if (own_out) { /* every rank has the same numbers: one writes the shared arrays */
             if (o->losses) o->losses[it] = st.loss;
             if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
             if (o->overlapped) o->overlapped[it] = st.overlapped_buckets;

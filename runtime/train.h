@@ -46,7 +46,8 @@ typedef struct mgc_train_opts {
     int (*open_backend)(void *ctx, int64_t rank, mgc_backend **out, char *err, size_t errsz);
     void *open_ctx;
     int no_grad_overlap;    /* 1: reduce gradient buckets in line (mgc_exec_set_grad_overlap) */
-    int64_t *overlapped;    /* (iterations) rank 0's buckets reduced beside the backward, or NULL */
+    int64_t *overlapped;    /* (iterations) buckets reduced beside the backward (rank 0's under
+                               local ranks, this process's under MPI), or NULL */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \
