@@ -9,8 +9,8 @@
 # BENCH_MODELS="gpt2-124m" (default both), BENCH_TORCH=0 (mgc rows only) and
 # BENCH_PROFILE_MODELS="gpt2-124m" (per-kernel profile and fitted cost model only for
 # these; default every model) and BENCH_AB=0 (no extra mgc rows: without cuBLASLt's
-# epilogues, with CUDA graphs; BENCH_AB_MODELS, default gpt2-124m, says for which) shorten
-# a run.
+# epilogues, with CUDA graphs; BENCH_AB_MODELS, default gpt2-124m, says for which; and the
+# two-ranks-on-one-GPU rows) shorten a run.
 #
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
@@ -102,6 +102,29 @@ row() { # name model-args mgc-sets mbs
         echo "| $name | $(echo "$j" | $PY -c 'import json,sys; d=json.load(sys.stdin); print("%s | %.2f | %.0f | %d" % (d["impl"], d["median_step_ms"], d["tokens_per_s"], d["max_memory_bytes"]))') |"
     done
 }
+# Two data-parallel ranks as threads sharing the one GPU (GPT-2 124M, 4 sequences each: the
+# same global batch as the one-rank row): communication staged through page-locked host memory,
+# with the gradient buckets reduced beside the backward (the transfer stream) and in line.
+# What it shows is the staging's cost and what the overlap hides, not multi-GPU speed.
+ranks_rows() {
+    $MGC compile models/gpt2-124m.yaml --set parallel.world_size=2 --set parallel.data=2 \
+        --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.context=1 \
+        --set training.precision=bf16 --set training.recompute=none --set training.micro_batch_size=4 \
+        --set training.global_batch_size=8 --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+        --set parallel.grad_bucket_size=20000000 --set hardware.cuda_archs=[90] \
+        -o "$OUT/gpt2-124m-dp2.plan" >"$OUT/gpt2-124m-dp2.compile.log" 2>&1 ||
+        { echo "| gpt2-124m | mgc, 2 ranks on 1 GPU | compile failed |"; return; }
+    for v in "ov|mgc, 2 ranks on 1 GPU, buckets beside the backward|" "inl|mgc, 2 ranks on 1 GPU, buckets in line|--no-grad-overlap"; do
+        tag=${v%%|*} rest=${v#*|} label=${rest%%|*} flag=${rest#*|}
+        # shellcheck disable=SC2086
+        if $RUN "$OUT/gpt2-124m-dp2.plan" --backend cuda --local-ranks 2 --iterations $STEPS -q $flag \
+            --metrics "$OUT/gpt2-124m-dp2.$tag.jsonl" >"$OUT/gpt2-124m-dp2.$tag.log" 2>&1; then
+            echo "| gpt2-124m | $label | $(med "$OUT/gpt2-124m-dp2.$tag.jsonl" step_ms) | $(med "$OUT/gpt2-124m-dp2.$tag.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/gpt2-124m-dp2.$tag.jsonl" | tail -n 1) per rank, $(sed -n 's/.*"staged_bytes": \([0-9]*\).*/\1/p' "$OUT/gpt2-124m-dp2.$tag.jsonl" | tail -n 1) staged |"
+        else
+            echo "| gpt2-124m | $label | failed: $(tail -n 1 "$OUT/gpt2-124m-dp2.$tag.log") |"
+        fi
+    done
+}
 {
     echo "# GPU training throughput"
     echo
@@ -115,6 +138,7 @@ row() { # name model-args mgc-sets mbs
         row gpt2-124m "--hidden 768 --layers 12 --heads 12 --ffn 3072" models/gpt2-124m.yaml 8 ;; esac
     case " ${BENCH_MODELS:-gpt2-124m gpt2-1.5b} " in *" gpt2-1.5b "*)
         row gpt2-1.5b "--hidden 1600 --layers 48 --heads 25 --ffn 6400" models/gpt2-1.5b.yaml 4 ;; esac
+    if [ "${BENCH_AB:-1}" = 1 ]; then ranks_rows; fi
     echo
     echo "Cost model (docs/cost-model.md): predicted step ms with the built-in h100-sxm profile, and with the"
     echo "profile fitted per op from a profiled run of the same plan (mgc-run --profile, mgc calibrate)."
