@@ -152,8 +152,9 @@ static uint64_t fnv64(const void *p, size_t n, uint64_t h) {
     return h;
 }
 
-static const char *cache_dir(char *buf, size_t n) {
+const char *mgc_kernel_cache_dir(char *buf, size_t n) {
     const char *d = getenv("MGC_KERNEL_CACHE");
+    if (d && !strcmp(d, "off")) return NULL;
     if (d && *d) return d;
     const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (x && *x) snprintf(buf, n, "%s/mgc/kernels", x);
@@ -238,7 +239,7 @@ int mgc_nvrtc_compile_cached(const char *src, const char *name, int arch, mgc_nv
     h = fnv64(ver, strlen(ver), h);
     h = fnv64(&arch, sizeof arch, h);
     h = fnv64("cache-v2", 8, h); /* bumped when an entry's meaning changes */
-    const char *d = cache_dir(dir, sizeof dir);
+    const char *d = mgc_kernel_cache_dir(dir, sizeof dir);
     snprintf(path, sizeof path, "%.900s/%.200s-sm%d-%016" PRIx64 ".cubin", d, name, arch, h);
     memset(out, 0, sizeof *out);
     if (cache_read(path, out) == 0) {

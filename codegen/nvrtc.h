@@ -39,6 +39,9 @@ int mgc_nvrtc_compile(const char *src, const char *name, int arch, mgc_nvrtc_res
  * includes (mgc_common.cuh), the NVRTC version and the architecture; it holds the cubin and ptxas's numbers behind a CRC-32C, is written
  * atomically (temporary file + rename) and is recompiled, never trusted, when damaged.
  * *cached says whether it came from the cache.  MGC_KERNEL_CACHE=off disables it. */
+/* That cache's directory, written to buf (or MGC_KERNEL_CACHE itself); NULL when
+ * MGC_KERNEL_CACHE=off. */
+const char *mgc_kernel_cache_dir(char *buf, size_t n);
 int mgc_nvrtc_compile_cached(const char *src, const char *name, int arch, mgc_nvrtc_result *out,
                              int *cached, char *err, size_t errsz);
 

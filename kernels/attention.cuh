@@ -167,23 +167,34 @@ __device__ __forceinline__ int att_block_max_int(int v, int valid, float *red) {
  * col grp), b1 (k + 8); c0,c1 (row grp, cols 2tig..+1), c2,c3 (row grp+8). */
 __device__ __forceinline__ void att_mma(float c[4], const unsigned a[4], unsigned b0,
                                         unsigned b1) {
+#ifdef MGC_EMU
+    mgc_emu_mma(__LINE__, MGC_FP16, c, a, b0, b1);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ATT_MMA_TYPES ".f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 /* two floats as bf16x2 / f16x2 (lo in the low half), round to nearest even: one cvt (sm_80+),
  * the same bits as mgc_st except a NaN's payload */
 __device__ __forceinline__ unsigned att_pack(float lo, float hi) {
+#ifdef MGC_EMU
+    return mgc_pack2(lo, hi);
+#else
     unsigned r;
     asm(ATT_CVT2 " %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
+#endif
 }
 /* four 8x8 16-bit matrices from shared memory: lane l gives the address of row l % 8 of matrix
  * l / 8; r[m] is matrix m's fragment: lane 4 grp + tig holds (row grp, cols 2tig..+1), or with
  * TRANS (rows 2tig..+1, col grp) */
 template <bool TRANS>
 __device__ __forceinline__ void att_ldsm4(unsigned (&r)[4], const unsigned short *p) {
+#ifdef MGC_EMU
+    mgc_emu_ldsm4(__LINE__, TRANS, r, p);
+#else
     unsigned a = (unsigned)__cvta_generic_to_shared(p);
     if (TRANS)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -193,6 +204,7 @@ __device__ __forceinline__ void att_ldsm4(unsigned (&r)[4], const unsigned short
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                      : "r"(a));
+#endif
 }
 
 /* Stages rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into
@@ -216,21 +228,37 @@ __device__ __forceinline__ void att_stage(unsigned short (*sh)[ATT_D + 8], const
  * are in flight (a barrier then makes every thread's copies visible).  Rows past n are
  * zero-filled (source size 0; the address is row 0's, which exists). */
 __device__ __forceinline__ void att_cp16(void *dst, const void *src, bool ok) {
+#ifdef MGC_EMU
+    mgc_emu_cp_async(dst, src, 16, ok);
+#else
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                  "r"(ok ? 16 : 0));
+#endif
 }
 __device__ __forceinline__ void att_cp4(void *dst, const void *src, bool ok) {
+#ifdef MGC_EMU
+    mgc_emu_cp_async(dst, src, 4, ok);
+#else
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
                  "r"(ok ? 4 : 0));
+#endif
 }
 __device__ __forceinline__ void att_cp_commit(void) {
+#ifdef MGC_EMU
+    mgc_emu_cp_commit();
+#else
     asm volatile("cp.async.commit_group;\n" ::);
+#endif
 }
 template <int N>
 __device__ __forceinline__ void att_cp_wait(void) {
+#ifdef MGC_EMU
+    mgc_emu_cp_wait(N);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 template <int ROWS>
 __device__ __forceinline__ void att_stage_async(unsigned short (*sh)[ATT_D + 8], const mgc_t *x,

@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 extern "C" __global__ void __launch_bounds__(1024, 1)
     MGC_ENTRY_NAME(unsigned long long *__restrict__ keys, const i64 *__restrict__ tok, int n,
                    int N) {
-    extern __shared__ unsigned long long sk[];
+    MGC_DYN_SHARED(unsigned long long, sk);
     const int nt = (int)blockDim.x;
     for (int i = threadIdx.x; i < N; i += nt)
         sk[i] = i < n ? ((unsigned long long)(unsigned)tok[i] << 32) | (unsigned)i : ~0ull;

@@ -21,6 +21,13 @@
 
 typedef long long i64;
 
+/* the launch's dynamic shared memory as an array `name` of T */
+#ifdef MGC_EMU /* the CUDA emulator (runtime/emu/cuda_emu.h) */
+#define MGC_DYN_SHARED(T, name) T *name = (T *)mgc_emu_cur->dyn_shared
+#else
+#define MGC_DYN_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 #ifndef INFINITY /* NVRTC has no math.h */
 #define INFINITY __int_as_float(0x7f800000)
 #endif
@@ -50,9 +57,13 @@ __device__ __forceinline__ float mgc_ld(mgc_t v) {
     return mgc_f16_to_f32(v);
 }
 __device__ __forceinline__ mgc_t mgc_st(float f) {
+#ifdef MGC_EMU /* the CUDA emulator (runtime/emu/cuda_emu.h) */
+    return mgc_emu_f32_to_f16(f);
+#else
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(0.0f), "f"(f));
     return (mgc_t)r;
+#endif
 }
 #else
 typedef float mgc_t;
@@ -79,6 +90,8 @@ __device__ __forceinline__ void mgc_unpack2(unsigned w, float &lo, float &hi) {
 __device__ __forceinline__ unsigned mgc_pack2(float lo, float hi) {
 #if MGC_BF16
     return (unsigned)mgc_st(lo) | ((unsigned)mgc_st(hi) << 16);
+#elif defined(MGC_EMU)
+    return (unsigned)mgc_emu_f32_to_f16(lo) | ((unsigned)mgc_emu_f32_to_f16(hi) << 16);
 #else
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));

@@ -344,7 +344,7 @@ __device__ __forceinline__ int moe_tile_counts(const int *__restrict__ ids,
 extern "C" __global__ void __launch_bounds__(MOE_TILE)
     MGC_ENTRY_NAME(const int *__restrict__ ids, const unsigned char *__restrict__ keep, int nk,
                    int E, int *__restrict__ tilecnt) {
-    extern __shared__ int wc[];
+    MGC_DYN_SHARED(int, wc);
     int e;
     moe_tile_counts(ids, keep, nk, E, wc, &e);
     for (int x = threadIdx.x; x < E; x += blockDim.x) {
@@ -365,7 +365,7 @@ extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(const int *__restrict__ tilecnt, int ntiles, int E, long long cap,
                    int *__restrict__ tileoff, int *__restrict__ tot, int *__restrict__ off,
                    void *__restrict__ counts, int c64) {
-    extern __shared__ int kept[];
+    MGC_DYN_SHARED(int, kept);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int run = 0;
         for (int b = 0; b < ntiles; b++) {
@@ -404,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(MOE_TILE)
                    int E, long long cap, const int *__restrict__ tileoff,
                    const int *__restrict__ off, int *__restrict__ row_src,
                    int *__restrict__ row_of) {
-    extern __shared__ int wc[];
+    MGC_DYN_SHARED(int, wc);
     int e;
     int rank = moe_tile_counts(ids, keep, nk, E, wc, &e);
     int a = blockIdx.x * MOE_TILE + threadIdx.x;

@@ -31,9 +31,13 @@ __device__ __forceinline__ unsigned short mgc_f32_to_bf16(float f) {
 }
 /* fp32 -> fp16 bits, round to nearest even. */
 __device__ __forceinline__ unsigned short mgc_f32_to_f16(float f) {
+#ifdef MGC_EMU
+    return mgc_emu_f32_to_f16(f);
+#else
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
     return h;
+#endif
 }
 #ifndef MGC_COPY
 #define MGC_COPY 1 /* AdamW's 16-bit copy-out: 1 bf16, 2 fp16 */

@@ -151,6 +151,11 @@ int mgc_backend_cpu_open(mgc_backend **out, char *err, size_t err_size);
  * `device` (-1: local rank modulo the visible devices, chosen by the caller).
  * Fails with a clear message where there is no GPU or no CUDA build. */
 int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_size);
+/* The CUDA emulator backend (emu_backend.c, every build): the CUDA backend's launchers and
+ * the plan's generated kernels run on the CPU, compiled with the host C++ compiler
+ * (docs/cuda-emulator.md).  For tests and kernel debugging; slow.  Fails with a clear message
+ * where no C++ compiler is found. */
+int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size);
 /* 1 when this build has the CUDA backend and a CUDA device is visible. */
 int mgc_backend_cuda_available(void);
 /* Closes any backend; NULL is a no-op. */

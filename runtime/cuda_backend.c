@@ -37,17 +37,6 @@ typedef struct gemm_key {
     int atype, btype, ctype, epilogue, has_bias, biastype, has_aux, auxtype, beta1;
 } gemm_key;
 
-/* What a GEMM's epilogue does besides D = op(A) op(B) (+ beta D): a bias (length m) added,
- * and with GELU_AUX(_BIAS) / DGELU an aux matrix (m x n, aux_ld) written or read. */
-typedef struct gemm_epi {
-    int kind; /* cublasLtEpilogue_t */
-    const void *bias;
-    int bias_type; /* cudaDataType_t */
-    const void *aux;
-    int64_t aux_ld;
-    int aux_type;
-} gemm_epi;
-
 typedef struct gemm_entry {
     gemm_key key;
     cublasLtMatmulDesc_t op;
@@ -67,7 +56,8 @@ typedef struct graph_entry {
 #define MAX_GRAPHS 256
 
 typedef struct cuda_ctx {
-    int device, arch, sms;
+    mgc_cuda_host host; /* first: the launchers' view (cuda_int.h) */
+    int device, arch;
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws;        /* the plan's GEMM workspace (arena) */
@@ -91,20 +81,11 @@ typedef struct cuda_ctx {
     graph_entry graphs[MAX_GRAPHS];
     int n_graphs;
     graph_entry *recording; /* the graph being captured on the stream, NULL when none */
-    int epilogues; /* cuBLASLt GELU epilogues for the fused linear ops (MGC_GEMM_EPILOGUES) */
     /* the transfer stream of the executor's gradient reducer (xfer_*), and its marks */
     cudaStream_t xstream;
     cudaEvent_t *marks;
     int n_marks, cap_marks;
 } cuda_ctx;
-
-int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(be->err, sizeof be->err, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 #define CUDA_TRY(be, expr, what)                                                                   \
     do {                                                                                           \
@@ -122,17 +103,13 @@ int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...) {
                                  __LINE__);                                                        \
     } while (0)
 
-int mgc_cuda_sm_count(mgc_backend *be) {
-    return ((cuda_ctx *)be->context)->sms;
-}
-
 static void graphs_drop(cuda_ctx *c) {
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     c->n_graphs = 0;
 }
 
-void *mgc_cuda_scratch(mgc_backend *be, size_t bytes) {
+static void *cuda_scratch(mgc_backend *be, size_t bytes) {
     cuda_ctx *c = be->context;
     if (bytes <= c->scratch_bytes) return c->scratch;
     if (c->recording) { /* no allocation while capturing: the program runs eagerly instead */
@@ -245,8 +222,8 @@ static loaded_kernel *find_kernel(mgc_backend *be, const mgc_kspec *k) {
     return out;
 }
 
-int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
-                    unsigned block, size_t smem, void **args) {
+static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
+                       unsigned block, size_t smem, void **args) {
     cuda_ctx *c = be->context;
     loaded_kernel *lk = find_kernel(be, k);
     if (!lk) return -1;
@@ -342,31 +319,42 @@ static int gemm_entry_make(mgc_backend *be, gemm_entry *e, const gemm_key *k) {
     return 0;
 }
 
+static int lt_epilogue(int kind) {
+    switch ((mgc_gemm_epi_kind)kind) {
+    case MGC_GEMM_EPI_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+    case MGC_GEMM_EPI_GELU_AUX: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case MGC_GEMM_EPI_GELU_AUX_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case MGC_GEMM_EPI_DGELU: return CUBLASLT_EPILOGUE_DGELU;
+    case MGC_GEMM_EPI_BGRADB: return CUBLASLT_EPILOGUE_BGRADB;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+    }
+}
+
+/* a cuBLASLt epilogue beyond the bias: the caller has unfused kernels for it */
 static int fused_epilogue(int kind) {
     return kind != CUBLASLT_EPILOGUE_DEFAULT && kind != CUBLASLT_EPILOGUE_BIAS;
 }
 
-/* Column-major D (m x n, ldc) = alpha op(A) op(B) + beta C (C = D), with the epilogue `ep`
- * (NULL: none).  The descriptors and the algorithm are made once per key (bind's warm-up
- * makes them for every GEMM of the plan) and cached.  0; -1 with be->err; 1 when cuBLASLt
- * has no algorithm for a GELU epilogue (the caller runs the unfused kernels instead). */
+/* host.gemm (cuda_int.h): cuBLASLt.  The descriptors and the algorithm are made once per key
+ * (bind's warm-up makes them for every GEMM of the plan) and cached. */
 static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                 int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
-                int64_t ldc, int ctype, float beta, const gemm_epi *ep) {
+                int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep) {
     cuda_ctx *c = be->context;
-    gemm_epi none = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
+    mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
     if (!ep) ep = &none;
+    atype = dt_of((uint16_t)atype), btype = dt_of((uint16_t)btype), ctype = dt_of((uint16_t)ctype);
     if (m == 0 || n == 0) return 0;
     gemm_key key;
     memset(&key, 0, sizeof key);
     key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb;
     key.ldc = ldc, key.atype = atype, key.btype = btype, key.ctype = ctype;
-    key.epilogue = ep->kind;
+    key.epilogue = lt_epilogue(ep->kind);
     key.has_bias = ep->bias != NULL;
-    key.biastype = ep->bias ? ep->bias_type : 0;
+    key.biastype = ep->bias ? dt_of((uint16_t)ep->bias_type) : 0;
     key.has_aux = ep->aux != NULL;
     key.aux_ld = ep->aux ? ep->aux_ld : 0;
-    key.auxtype = ep->aux ? ep->aux_type : 0;
+    key.auxtype = ep->aux ? dt_of((uint16_t)ep->aux_type) : 0;
     key.beta1 = beta != 0.0f;
     gemm_entry *e = NULL;
     for (int i = 0; i < c->n_gemm; i++)
@@ -415,214 +403,8 @@ static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k
     return 0;
 }
 
-#define LIN_BIAS_RANK0 16
-
-static const mgc_plan_tensor *T_in(const mgc_op_call *c, int i) {
-    return &c->chunk->tensors[c->op->in[i]];
-}
-static const mgc_plan_tensor *T_out(const mgc_op_call *c, int i) {
-    return &c->chunk->tensors[c->op->out[i]];
-}
-
-/* A deterministic bias gradient: db (N, fp32) += column sums of dy (M, N). */
-static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, int64_t M, int64_t N) {
-    mgc_kspec k[2];
-    mgc_kspec_init(&k[0], "gemm_aux.cuh", "bias_grad_partial", dy_dtype);
-    mgc_kspec_init(&k[1], "gemm_aux.cuh", "bias_grad_finish", dy_dtype);
-    int64_t chunks = (M + 255) / 256;
-    float *part = mgc_cuda_scratch(be, (size_t)(chunks * N) * sizeof(float));
-    if (!part) return -1;
-    void *a1[] = {&part, (void *)&dy, &M, &N};
-    if (mgc_cuda_launch(be, &k[0], (unsigned)((N + 255) / 256), (unsigned)chunks, 1, 256, 0, a1))
-        return -1;
-    void *a2[] = {&db, &part, &chunks, &N};
-    return mgc_cuda_launch(be, &k[1], (unsigned)((N + 255) / 256), 1, 1, 256, 0, a2);
-}
-
-/* The plan's op as another kind on the same call (a fused op's unfused half). */
-static int run_as(mgc_backend *be, const mgc_op_call *c, mgc_plan_op_kind kind, int n_in,
-                  const int32_t *in, void *const *in_ptr, int n_out, const int32_t *out,
-                  void *const *out_ptr) {
-    mgc_plan_op op = *c->op;
-    mgc_op_call call = *c;
-    op.kind = (uint16_t)kind;
-    op.n_in = (uint16_t)n_in, op.n_out = (uint16_t)n_out;
-    for (int i = 0; i < n_in; i++) op.in[i] = in[i], call.in[i] = in_ptr[i];
-    for (int i = 0; i < n_out; i++) op.out[i] = out[i], call.out[i] = out_ptr[i];
-    call.op = &op;
-    return mgc_cuda_ops_pointwise(be, &call);
-}
-
-/* y (M,N) = x (M,K) W (N,K)^T (+ bias), the GEMM of linear and linear_gelu: with
- * gelu_out, cuBLASLt's GELU_AUX(_BIAS) epilogue writes gelu(h) there and h to y (1 when it
- * cannot: the caller then applies the gelu kernel).  The bias goes to the epilogue when its
- * type allows, else to the bias_add kernel. */
-static int linear_fwd(mgc_backend *be, const mgc_op_call *c, void *y, const mgc_plan_tensor *ty,
-                      void *gelu_out) {
-    const mgc_plan_op *op = c->op;
-    int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
-    const void *bias = op->n_in > 2 ? c->in[2] : NULL;
-    if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.tp != 0) bias = NULL;
-    int want_bias = bias != NULL;
-    int bt = bias ? dt_of(T_in(c, 2)->dtype) : 0;
-    int yt = dt_of(ty->dtype);
-    /* cuBLASLt's bias epilogue wants the bias in the output type (or compute type) */
-    if (bias && bt != yt && yt != CUDA_R_32F) bias = NULL;
-    gemm_epi ep = {bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, bt, NULL, 0, 0};
-    void *d = y;
-    if (gelu_out) {
-        if (want_bias && !bias) return 1; /* the bias would come after the GELU */
-        ep.kind = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        ep.aux = y, ep.aux_ld = N, ep.aux_type = yt;
-        d = gelu_out;
-    }
-    int rc = gemm(be, 1, 0, N, M, K, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], K,
-                  dt_of(T_in(c, 0)->dtype), d, N, yt, 0.0f, &ep);
-    if (rc || gelu_out || !want_bias || bias) return rc;
-    mgc_kspec k;
-    mgc_kspec_init(&k, "gemm_aux.cuh", "bias_add", ty->dtype);
-    void *b = c->in[2];
-    void *a[] = {&y, &b, &M, &N};
-    return mgc_cuda_launch(be, &k, (unsigned)((M * N + 255) / 256), 1, 1, 256, 0, a);
-}
-
-/* The fused epilogues (GELU, DGELU, BGRADB) run in 16-bit plans only, where their rounding
- * hides in the storage type's; an fp32 plan keeps the kernels that do the CPU's arithmetic
- * (the element-wise GELU, the bias gradient summed row by row). */
-static int use_epilogue(const cuda_ctx *cx, const mgc_plan_tensor *t) {
-    return cx->epilogues && t->dtype != MGC_DT_F32;
-}
-
-static int op_linear(mgc_backend *be, const mgc_op_call *c) {
-    cuda_ctx *cx = be->context;
-    const mgc_plan_op *op = c->op;
-    int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
-    switch (op->kind) {
-    case MGC_POP_LINEAR: /* y (M,N) = x (M,K) W (N,K)^T + bias */
-        return linear_fwd(be, c, c->out[0], T_out(c, 0), NULL);
-    case MGC_POP_LINEAR_GELU: { /* out y = gelu(h), h */
-        if (use_epilogue(cx, T_out(c, 0))) {
-            int rc = linear_fwd(be, c, c->out[1], T_out(c, 1), c->out[0]);
-            if (rc <= 0) return rc;
-        }
-        if (linear_fwd(be, c, c->out[1], T_out(c, 1), NULL)) return -1;
-        int32_t in = op->out[1], out = op->out[0];
-        return run_as(be, c, MGC_POP_GELU, 1, &in, &c->out[1], 1, &out, &c->out[0]);
-    }
-    case MGC_POP_LINEAR_DGRAD:      /* dx (M,K) = dy (M,N) W (N,K) */
-    case MGC_POP_LINEAR_DGRAD_GELU: { /* dh = gelu'(h) (dy W), h the third input */
-        const gemm_epi none = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
-        gemm_epi ep = none;
-        int fused = op->kind == MGC_POP_LINEAR_DGRAD_GELU, rc;
-        if (fused && use_epilogue(cx, T_out(c, 0)))
-            ep = (gemm_epi){CUBLASLT_EPILOGUE_DGELU, NULL, 0, c->in[2], K, dt_of(T_in(c, 2)->dtype)};
-        /* 1: cuBLASLt has no DGELU algorithm; the plain GEMM (never 1) then */
-        while ((rc = gemm(be, 0, 0, K, M, N, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                          dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 0.0f,
-                          &ep)) == 1)
-            ep = none;
-        if (rc || !fused || ep.aux) return rc;
-        /* gelu_bwd in place: dh = gelu'(h) dh (pointwise.cuh allows dx == dy) */
-        int32_t in[2] = {op->in[2], op->out[0]}, out = op->out[0];
-        void *inp[2] = {c->in[2], c->out[0]};
-        return run_as(be, c, MGC_POP_GELU_BWD, 2, in, inp, 1, &out, &c->out[0]);
-    }
-    default: { /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
-        const gemm_epi none = {CUBLASLT_EPILOGUE_DEFAULT, NULL, 0, NULL, 0, 0};
-        gemm_epi ep = none;
-        float *part = NULL;
-        if (op->n_out > 1 && use_epilogue(cx, T_in(c, 0))) {
-            /* cuBLASLt's BGRADB writes the column sums of dy (the GEMM's B) to part; the plan
-             * accumulates db over microbatches, so bias_grad_finish adds part to it */
-            if (!(part = mgc_cuda_scratch(be, (size_t)N * sizeof(float)))) return -1;
-            ep = (gemm_epi){CUBLASLT_EPILOGUE_BGRADB, part, CUDA_R_32F, NULL, 0, 0};
-        }
-        int rc;
-        /* 1: cuBLASLt has no BGRADB algorithm; the plain GEMM (never 1) and the kernels then */
-        while ((rc = gemm(be, 0, 1, K, N, M, c->in[1], K, dt_of(T_in(c, 1)->dtype), c->in[0], N,
-                          dt_of(T_in(c, 0)->dtype), c->out[0], K, dt_of(T_out(c, 0)->dtype), 1.0f,
-                          &ep)) == 1)
-            ep = none;
-        if (rc) return -1;
-        if (op->n_out < 2) return 0;
-        if (!ep.bias) return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
-        mgc_kspec k;
-        mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", T_in(c, 0)->dtype);
-        void *db = c->out[1];
-        int64_t one = 1;
-        void *a[] = {&db, &part, &one, &N};
-        return mgc_cuda_launch(be, &k, (unsigned)((N + 255) / 256), 1, 1, 256, 0, a);
-    }
-    }
-}
-
-/* Grouped (MoE experts): per-expert GEMMs over the rows each expert received
- * (counts read back from the device: the sizes are data dependent). */
-static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
-    cuda_ctx *cx = be->context;
-    const mgc_plan_op *op = c->op;
-    int64_t N = op->iattr[1], K = op->iattr[2];
-    const mgc_plan_tensor *w = op->kind == MGC_POP_GROUPED_LINEAR_WGRAD ? T_out(c, 0) : T_in(c, 1);
-    int64_t E_l = w->dim[0];
-    int64_t *cnt = malloc((size_t)E_l * sizeof *cnt);
-    if (!cnt) return mgc_cuda_fail(be, "out of memory");
-    CUDA_TRY(be, cudaMemcpyAsync(cnt, c->in[2], (size_t)E_l * 8, cudaMemcpyDeviceToHost, cx->stream),
-             "expert counts");
-    cudaError_t se = cudaStreamSynchronize(cx->stream);
-    if (se != cudaSuccess) {
-        free(cnt);
-        return mgc_cuda_fail(be, "expert counts: %s", cudaGetErrorString(se));
-    }
-    size_t xs = mgc_dtype_size((mgc_dtype)T_in(c, 0)->dtype);
-    int rc = 0;
-    int64_t row = 0;
-    for (int64_t e = 0; e < E_l && !rc; e++) {
-        int64_t r = cnt[e];
-        if (r <= 0) continue;
-        size_t ws = mgc_dtype_size((mgc_dtype)w->dtype);
-        if (op->kind == MGC_POP_GROUPED_LINEAR) {
-            const char *x = (const char *)c->in[0] + (size_t)(row * K) * xs;
-            char *y = (char *)c->out[0] + (size_t)(row * N) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
-            rc = gemm(be, 1, 0, N, r, K, (const char *)c->in[1] + (size_t)(e * N * K) * ws, K,
-                      dt_of(w->dtype), x, K, dt_of(T_in(c, 0)->dtype), y, N, dt_of(T_out(c, 0)->dtype),
-                      0.0f, NULL);
-        } else if (op->kind == MGC_POP_GROUPED_LINEAR_DGRAD) { /* in dy (rows,N), W; out dx (rows,K) */
-            const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
-            char *dx = (char *)c->out[0] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
-            rc = gemm(be, 0, 0, K, r, N, (const char *)c->in[1] + (size_t)(e * N * K) * ws, K,
-                      dt_of(w->dtype), dy, N, dt_of(T_in(c, 0)->dtype), dx, K,
-                      dt_of(T_out(c, 0)->dtype), 0.0f, NULL);
-        } else { /* in dy (rows,N), x (rows,K); out dW (E_l,N,K) fp32 += */
-            const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
-            const char *x = (const char *)c->in[1] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_in(c, 1)->dtype);
-            rc = gemm(be, 0, 1, K, N, r, x, K, dt_of(T_in(c, 1)->dtype), dy, N, dt_of(T_in(c, 0)->dtype),
-                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, dt_of(w->dtype), 1.0f, NULL);
-        }
-        row += r;
-    }
-    free(cnt);
-    return rc;
-}
-
 static int cuda_run_op(mgc_backend *be, const mgc_op_call *c) {
-    switch ((mgc_plan_op_kind)c->op->kind) {
-    case MGC_POP_LINEAR:
-    case MGC_POP_LINEAR_GELU:
-    case MGC_POP_LINEAR_DGRAD:
-    case MGC_POP_LINEAR_DGRAD_GELU:
-    case MGC_POP_LINEAR_WGRAD: return op_linear(be, c);
-    case MGC_POP_GROUPED_LINEAR:
-    case MGC_POP_GROUPED_LINEAR_DGRAD:
-    case MGC_POP_GROUPED_LINEAR_WGRAD: return op_grouped(be, c);
-    default: break;
-    }
-    int r = mgc_cuda_ops_attention(be, c);
-    if (r == 1) r = mgc_cuda_ops_moe(be, c);
-    if (r == 1) r = mgc_cuda_ops_pointwise(be, c);
-    if (r == 1)
-        return mgc_cuda_fail(be, "cuda backend: no launcher for op %s '%s'",
-                             mgc_plan_op_name((mgc_plan_op_kind)c->op->kind),
-                             mgc_plan_strat(c->plan, c->op->name));
+    int r = mgc_cuda_run_op(be, c);
     if (r) return r;
     if (getenv("MGC_CUDA_SYNC_CHECK")) { /* debugging: find the op that faults */
         cuda_ctx *cx = be->context;
@@ -757,7 +539,7 @@ static int warm_up(mgc_backend *be, const mgc_stage_program *st, void *arena) {
             memset(&call, 0, sizeof call);
             call.plan = c->plan, call.chunk = ch, call.op = op;
             for (int j = 0; j < MGC_PLAN_MAX_IO; j++) call.in[j] = call.out[j] = arena;
-            rc = op_linear(be, &call);
+            rc = mgc_cuda_ops_linear(be, &call);
         }
     }
     int n = rc ? 0 : mgc_kspecs_for_plan(c->plan, ks, (int)(sizeof ks / sizeof ks[0]));
@@ -994,9 +776,12 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
         return -1;
     }
     c->arch = prop.major * 10 + prop.minor;
-    c->sms = prop.multiProcessorCount;
+    c->host.launch = cuda_launch;
+    c->host.scratch = cuda_scratch;
+    c->host.gemm = gemm;
+    c->host.sms = prop.multiProcessorCount;
     const char *epi = getenv("MGC_GEMM_EPILOGUES"); /* docs/cuda-backend.md */
-    c->epilogues = !(epi && !strcmp(epi, "0"));
+    c->host.epilogues = !(epi && !strcmp(epi, "0"));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, err_size, "CUDA device %d: cublasLtCreate failed", device);
         cuda_close(be);

@@ -1,5 +1,6 @@
-/* cuda_int.h - private interface of the CUDA backend (cuda_backend.c) for its
- * per-family launchers (cuda_ops_<family>.c).  Built only with the CUDA toolkit.
+/* cuda_int.h - private interface of the CUDA backend (cuda_backend.c) and of the
+ * CUDA emulator's backend (emu_backend.c) for the per-family launchers they share
+ * (cuda_ops_<family>.c, plain C: built with or without the CUDA toolkit).
  *
  * A launcher serves the ops of one family: it reads shapes and attributes from
  * the mgc_op_call (the same fields the CPU backend reads), asks codegen for
@@ -20,6 +21,52 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What the launchers need of the backend under them: the CUDA backend (cuda_backend.c), or
+ * the CUDA emulator's (emu_backend.c), which runs the same launchers and kernels on the CPU.
+ * It is the first member of the backend's context, so `be->context` points to it. */
+
+/* A GEMM's epilogue (cuBLASLt's names): besides D = op(A) op(B) (+ beta D), a bias (length
+ * m) added (BIAS); with GELU_AUX(_BIAS), gelu of the result written to D and the result
+ * (with the bias) to aux (m x n, aux_ld); with DGELU, D multiplied by gelu'(aux); with
+ * BGRADB, the sums of op(B) over its k dimension written to bias (length n, fp32). */
+typedef enum mgc_gemm_epi_kind {
+    MGC_GEMM_EPI_NONE,
+    MGC_GEMM_EPI_BIAS,
+    MGC_GEMM_EPI_GELU_AUX,
+    MGC_GEMM_EPI_GELU_AUX_BIAS,
+    MGC_GEMM_EPI_DGELU,
+    MGC_GEMM_EPI_BGRADB
+} mgc_gemm_epi_kind;
+
+typedef struct mgc_gemm_epi {
+    int kind;         /* mgc_gemm_epi_kind */
+    const void *bias; /* NULL: none */
+    int bias_type;    /* mgc_dtype */
+    const void *aux;
+    int64_t aux_ld;
+    int aux_type;     /* mgc_dtype */
+} mgc_gemm_epi;
+
+typedef struct mgc_cuda_host {
+    /* mgc_cuda_launch below */
+    int (*launch)(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
+                  unsigned block, size_t smem_bytes, void **args);
+    /* mgc_cuda_scratch below */
+    void *(*scratch)(mgc_backend *be, size_t bytes);
+    /* Column-major D (m x n, ldc) = op(A) op(B) + beta D, fp32 accumulation; types are
+     * mgc_dtype; ep NULL: none.  0; -1 with be->err; 1 when a GELU/DGELU/BGRADB epilogue cannot
+     * be had for this shape (nothing ran: the caller runs the unfused kernels instead). */
+    int (*gemm)(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
+                int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep);
+    int sms;       /* multiprocessors (grid sizing) */
+    int epilogues; /* GEMM epilogues for the fused linear ops (MGC_GEMM_EPILOGUES != 0) */
+} mgc_cuda_host;
+
+/* Runs one compute op (cuda_ops_linear.c): the GEMMs of the linear and grouped ops through
+ * host->gemm, every other op through its family's launcher.  0, or -1 with be->err. */
+int mgc_cuda_run_op(mgc_backend *be, const mgc_op_call *c);
 
 /* Launches the kernel of spec k (loaded from the plan's cubins for this GPU,
  * or JIT-compiled through NVRTC) on the compute stream; args as for
@@ -42,6 +89,7 @@ int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...)
 int mgc_cuda_sm_count(mgc_backend *be);
 
 /* Family launchers: 0 on success; 1 when the op is not of their family. */
+int mgc_cuda_ops_linear(mgc_backend *be, const mgc_op_call *c);
 int mgc_cuda_ops_pointwise(mgc_backend *be, const mgc_op_call *c);
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c);
 int mgc_cuda_ops_moe(mgc_backend *be, const mgc_op_call *c);

@@ -49,8 +49,9 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     const char *want = o->backend ? o->backend : "cpu";
     int cuda = !strcmp(want, "cuda") || (!strcmp(want, "auto") && mgc_backend_cuda_available());
     int brc = o->open_backend ? o->open_backend(o->open_ctx, mgc_comm_world_rank(world), &be, berr, sizeof berr)
-              : cuda          ? mgc_backend_cuda_open(&be, device_of(world), berr, sizeof berr)
-                              : mgc_backend_cpu_open(&be, berr, sizeof berr);
+              : cuda                 ? mgc_backend_cuda_open(&be, device_of(world), berr, sizeof berr)
+              : !strcmp(want, "emu") ? mgc_backend_emu_open(&be, berr, sizeof berr)
+                                     : mgc_backend_cpu_open(&be, berr, sizeof berr);
     if (brc) {
         snprintf(err, errsz, "rank %d: %s", mgc_comm_world_rank(world), berr);
         mgc_comm_abort(world, err);

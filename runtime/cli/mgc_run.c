@@ -35,8 +35,10 @@ static void usage(FILE *out) {
           "  --local-ranks N    run N ranks as threads of this process (N = the plan's world size;\n"
           "                     default 1 outside mpirun)\n"
           "  --backend NAME     cpu (the fp32 reference), cuda (rank r on GPU r mod the visible\n"
-          "                     GPUs; communication through host memory), or auto (default: cuda\n"
-          "                     when a GPU is visible and this build has CUDA, else cpu)\n"
+          "                     GPUs; communication through host memory), auto (default: cuda\n"
+          "                     when a GPU is visible and this build has CUDA, else cpu), or emu\n"
+          "                     (the CUDA backend's kernels run on the CPU by the CUDA emulator:\n"
+          "                     slow; for debugging kernels without a GPU, docs/cuda-emulator.md)\n"
           "  --threads N        BLAS threads per rank (default 1)\n"
           "  --iterations N     steps to run (default: the plan's training.iterations)\n"
           "  --log-interval N   steps between progress lines (default: training.log_interval)\n"
@@ -177,9 +179,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (warmup < 0) warmup = 1;
-    if (strcmp(backend, "cpu") && strcmp(backend, "auto") && strcmp(backend, "cuda")) {
-        fprintf(stderr, "mgc-run: --backend %s: choose cpu, cuda or auto (cuda when a GPU is "
-                        "visible, else cpu)\n",
+    if (strcmp(backend, "cpu") && strcmp(backend, "auto") && strcmp(backend, "cuda") &&
+        strcmp(backend, "emu")) {
+        fprintf(stderr, "mgc-run: --backend %s: choose cpu, cuda, auto (cuda when a GPU is "
+                        "visible, else cpu) or emu (the CUDA emulator)\n",
                 backend);
         return 2;
     }

@@ -1,0 +1,308 @@
+/* emu_backend.c - the CUDA emulator backend ("emu"): the CUDA backend's launchers
+ * (cuda_ops_*.c) and the plan's generated kernels, run on the CPU by the CUDA
+ * emulator (emu_kernel.h), so that a machine without a GPU executes the very
+ * kernel source and launch geometry the GPU runs, in every precision the CUDA
+ * backend supports.  GEMMs, cuBLASLt's part on the GPU, are plain loops here
+ * with the same epilogues (bias, GELU with aux, DGELU, bias gradient), so the
+ * fused linear paths run too.  docs/cuda-emulator.md is the manual.
+ *
+ * The arena is host memory, but the backend says device_memory, as the CUDA
+ * one does: the executor then stages collectives through host buffers and
+ * hands gradient buckets to its reducer through xfer_*, the GPU's code paths.
+ * Everything runs synchronously on the calling thread (sync is a no-op; a mark
+ * is passed as soon as it is made).  Slow: for tests and for debugging kernels,
+ * never for training. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda_int.h"
+#include "emu_kernel.h"
+#include "half.h"
+#include "kspec.h"
+
+typedef struct emu_ctx {
+    mgc_cuda_host host; /* first: the launchers' view (cuda_int.h) */
+    mgc_emu *emu;
+    void *scratch; /* the plan's kernel_scratch (arena) or our own */
+    size_t scratch_bytes;
+    int scratch_owned;
+    void *scratch_arena;           /* the arena that holds it when not owned */
+    const mgc_stage_program *warm; /* the stage whose kernels were loaded last */
+} emu_ctx;
+
+static int emu_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
+                      unsigned block, size_t smem, void **args) {
+    emu_ctx *c = be->context;
+    if (gx == 0 || gy == 0 || gz == 0) return 0;
+    return mgc_emu_launch(c->emu, k, gx, gy, gz, block, smem, args, be->err, sizeof be->err);
+}
+
+static void *emu_scratch(mgc_backend *be, size_t bytes) {
+    emu_ctx *c = be->context;
+    if (bytes <= c->scratch_bytes) return c->scratch;
+    /* past the plan's kernel_scratch: the CUDA backend warns and allocates; so do we */
+    fprintf(stderr, "mgc-run: warning: a kernel asks for %zu bytes of scratch, more than the "
+                    "plan's kernel_scratch (%zu bytes): allocating it beside the arena\n",
+            bytes, c->scratch_bytes);
+    if (c->scratch_owned) free(c->scratch);
+    c->scratch = malloc(bytes), c->scratch_owned = 1, c->scratch_arena = NULL;
+    c->scratch_bytes = c->scratch ? bytes : 0;
+    if (!c->scratch) mgc_cuda_fail(be, "out of memory for %zu bytes of kernel scratch", bytes);
+    return c->scratch;
+}
+
+/* ---- GEMMs: what cuBLASLt computes, in loops ---------------------------------------------- */
+
+static float ld(const void *p, int64_t i, int dt) {
+    if (dt == MGC_DT_BF16) return mgc_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == MGC_DT_F16) return mgc_f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+static void st(void *p, int64_t i, int dt, float v) {
+    if (dt == MGC_DT_BF16) ((uint16_t *)p)[i] = mgc_f32_to_bf16(v);
+    else if (dt == MGC_DT_F16) ((uint16_t *)p)[i] = mgc_f32_to_f16(v);
+    else ((float *)p)[i] = v;
+}
+
+#define GELU_K 0.7978845608028654 /* sqrt(2 / pi): the tanh form, as cuBLASLt's and the CPU's */
+
+static double gelu(double x) {
+    return 0.5 * x * (1.0 + tanh(GELU_K * (x + 0.044715 * x * x * x)));
+}
+static double dgelu(double x) {
+    double t = tanh(GELU_K * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+/* host.gemm (cuda_int.h): column-major D (m x n) = op(A) op(B) + beta D, accumulated in fp32
+ * in k order (rounding as a tensor core's fp32 accumulator, not bit for bit) */
+static int emu_gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                    int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
+                    int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep) {
+    mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
+    if (!ep) ep = &none;
+    if (m == 0 || n == 0) return 0;
+    float *a = malloc((size_t)(m * k) * sizeof *a), *b = malloc((size_t)(k * n) * sizeof *b);
+    if (!a || !b) {
+        free(a), free(b);
+        return mgc_cuda_fail(be, "out of memory for a %" PRId64 "x%" PRId64 "x%" PRId64 " GEMM", m,
+                             n, k);
+    }
+    for (int64_t i = 0; i < m; i++) /* a: op(A) row-major (m x k) */
+        for (int64_t kk = 0; kk < k; kk++)
+            a[i * k + kk] = ld(A, ta ? kk + i * lda : i + kk * lda, atype);
+    for (int64_t j = 0; j < n; j++) /* b: op(B) column j contiguous (n x k) */
+        for (int64_t kk = 0; kk < k; kk++)
+            b[j * k + kk] = ld(B, tb ? j + kk * ldb : kk + j * ldb, btype);
+    int kind = ep->kind;
+    for (int64_t j = 0; j < n; j++) {
+        if (kind == MGC_GEMM_EPI_BGRADB) { /* sums of op(B) over k */
+            float s = 0.0f;
+            for (int64_t kk = 0; kk < k; kk++)
+                s += b[j * k + kk];
+            ((float *)ep->bias)[j] = s;
+        }
+        for (int64_t i = 0; i < m; i++) {
+            float s = 0.0f;
+            const float *ai = a + i * k, *bj = b + j * k;
+            for (int64_t kk = 0; kk < k; kk++)
+                s += ai[kk] * bj[kk];
+            int64_t o = i + j * ldc;
+            if (beta != 0.0f) s += beta * ld(D, o, ctype);
+            if (kind == MGC_GEMM_EPI_BIAS || kind == MGC_GEMM_EPI_GELU_AUX_BIAS)
+                s += ld(ep->bias, i, ep->bias_type);
+            if (kind == MGC_GEMM_EPI_GELU_AUX || kind == MGC_GEMM_EPI_GELU_AUX_BIAS) {
+                st((void *)ep->aux, i + j * ep->aux_ld, ep->aux_type, s);
+                s = (float)gelu(s);
+            } else if (kind == MGC_GEMM_EPI_DGELU) {
+                s = (float)(s * dgelu(ld(ep->aux, i + j * ep->aux_ld, ep->aux_type)));
+            }
+            st(D, o, ctype, s);
+        }
+    }
+    free(a), free(b);
+    return 0;
+}
+
+/* ---- the backend interface ---------------------------------------------------------------- */
+
+static int emu_arena_alloc(mgc_backend *be, uint64_t bytes, void **out) {
+    void *p = NULL;
+    size_t n = bytes ? (size_t)bytes : 256;
+    if (posix_memalign(&p, 256, n))
+        return mgc_cuda_fail(be, "cannot allocate the %" PRIu64 "-byte arena in host memory", bytes);
+    memset(p, 0, n);
+    *out = p;
+    return 0;
+}
+
+static void emu_arena_free(mgc_backend *be, void *arena) {
+    emu_ctx *c = be->context;
+    if (!c->scratch_owned && arena && c->scratch_arena == arena)
+        c->scratch = NULL, c->scratch_bytes = 0, c->scratch_arena = NULL;
+    free(arena);
+}
+
+static int emu_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_program *st, void *arena) {
+    emu_ctx *c = be->context;
+    for (int64_t b = 0; b < st->n_buffers; b++) {
+        if (st->buffers[b].kind != MGC_BUF_WORKSPACE) continue;
+        if (!strcmp(mgc_plan_strat(plan, st->buffers[b].name), "kernel_scratch")) {
+            if (c->scratch_owned) free(c->scratch);
+            c->scratch = (char *)arena + st->buffers[b].offset;
+            c->scratch_bytes = (size_t)st->buffers[b].bytes, c->scratch_owned = 0;
+            c->scratch_arena = arena;
+        }
+    }
+    if (c->warm == st) return 0;
+    /* every kernel of the stage compiled (or found in the cache) now, not mid-step */
+    mgc_kspec *k = NULL;
+    int n = 0, cap = 0;
+    for (int64_t ci = 0; ci < st->n_chunks; ci++) {
+        const mgc_plan_chunk *ch = &st->chunks[ci];
+        for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd; i++) {
+            const mgc_plan_op *op = i < ch->n_fwd ? &ch->fwd[i] : &ch->bwd[i - ch->n_fwd];
+            if (n + MGC_KSPEC_MAX_PER_OP > cap) {
+                cap = cap ? 2 * cap : 256;
+                mgc_kspec *nk = realloc(k, (size_t)cap * sizeof *nk);
+                if (!nk) {
+                    free(k);
+                    return mgc_cuda_fail(be, "out of memory");
+                }
+                k = nk;
+            }
+            int r = mgc_kspecs_for_op(plan, ch, op, k + n, MGC_KSPEC_MAX_PER_OP, be->err,
+                                      sizeof be->err);
+            if (r < 0) {
+                free(k);
+                return -1;
+            }
+            n += r;
+        }
+    }
+    mgc_kspec opt[MGC_KSPEC_MAX_PER_OP * 2];
+    int no = mgc_kspecs_for_plan(plan, opt, MGC_KSPEC_MAX_PER_OP * 2);
+    int rc = mgc_emu_load_many(c->emu, k, n, 0, be->err, sizeof be->err);
+    if (!rc) rc = mgc_emu_load_many(c->emu, opt, no, 0, be->err, sizeof be->err);
+    free(k);
+    if (!rc) c->warm = st;
+    return rc;
+}
+
+static int emu_copy(mgc_backend *be, void *dst, const void *src, size_t n) {
+    (void)be;
+    if (n && dst != src) memmove(dst, src, n);
+    return 0;
+}
+static int emu_zero(mgc_backend *be, void *dst, size_t n) {
+    (void)be;
+    if (n) memset(dst, 0, n);
+    return 0;
+}
+static int emu_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
+    return mgc_cuda_sumsq(be, g, n, out);
+}
+static int emu_scale(mgc_backend *be, float *x, int64_t n, double s) {
+    return mgc_cuda_scale(be, x, n, s);
+}
+static int emu_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                     double lr, double b1, double b2, double eps, double wd, int decay, int64_t step,
+                     double gs, uint16_t *copy, int copy_dtype) {
+    return mgc_cuda_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, decay, step, gs, copy, copy_dtype);
+}
+static int emu_cast(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    return mgc_cuda_cast_bf16(be, dst, src, n);
+}
+static int emu_sync(mgc_backend *be) {
+    (void)be;
+    return 0;
+}
+static int emu_set_threads(mgc_backend *be, int threads) {
+    (void)be, (void)threads;
+    return 0;
+}
+
+/* The reducer's transfers: the compute before a mark has finished when the mark is made. */
+static int emu_xfer_mark(mgc_backend *be, void **mark) {
+    (void)be;
+    *mark = (void *)1;
+    return 0;
+}
+static int emu_xfer_download(mgc_backend *be, void *mark, void *host, const void *src, size_t n,
+                             char *err, size_t errsz) {
+    (void)be, (void)mark, (void)err, (void)errsz;
+    if (n) memcpy(host, src, n);
+    return 0;
+}
+static int emu_xfer_upload(mgc_backend *be, void *dst, const void *host, size_t n, char *err,
+                           size_t errsz) {
+    (void)be, (void)err, (void)errsz;
+    if (n) memcpy(dst, host, n);
+    return 0;
+}
+
+static void emu_close(mgc_backend *be) {
+    emu_ctx *c = be->context;
+    if (c) {
+        mgc_emu_close(c->emu);
+        if (c->scratch_owned) free(c->scratch);
+        free(c);
+    }
+    free(be);
+}
+
+static const mgc_backend_iface emu_iface = {
+    .name = "emu",
+    .arena_alloc = emu_arena_alloc,
+    .arena_free = emu_arena_free,
+    .bind = emu_bind,
+    .run_op = mgc_cuda_run_op,
+    .copy = emu_copy,
+    .upload = emu_copy,
+    .download = emu_copy,
+    .zero = emu_zero,
+    .sumsq = emu_sumsq,
+    .scale = emu_scale,
+    .adamw = emu_adamw,
+    .cast_bf16 = emu_cast,
+    .sync = emu_sync,
+    .set_threads = emu_set_threads,
+    .close = emu_close,
+    .device_memory = 1,
+    .xfer_mark = emu_xfer_mark,
+    .xfer_download = emu_xfer_download,
+    .xfer_upload = emu_xfer_upload,
+};
+
+int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {
+    *out = NULL;
+    mgc_backend *be = calloc(1, sizeof *be);
+    emu_ctx *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be), free(c);
+        snprintf(err, err_size, "out of memory");
+        return -1;
+    }
+    if (mgc_emu_open(&c->emu, err, err_size)) {
+        free(be), free(c);
+        return -1;
+    }
+    be->iface = &emu_iface;
+    be->context = c;
+    c->host.launch = emu_launch;
+    c->host.scratch = emu_scratch;
+    c->host.gemm = emu_gemm;
+    c->host.sms = 4; /* a small GPU: grid-stride kernels take several rounds */
+    const char *epi = getenv("MGC_GEMM_EPILOGUES");
+    c->host.epilogues = !(epi && !strcmp(epi, "0"));
+    *out = be;
+    return 0;
+}
+
+mgc_emu *mgc_backend_emu_emulator(mgc_backend *be) {
+    return be && be->iface == &emu_iface ? ((emu_ctx *)be->context)->emu : NULL;
+}
