@@ -248,8 +248,8 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #endif
 
 #if defined(MGC_ENTRY_layernorm_bwd) || defined(MGC_ENTRY_rmsnorm_bwd)
-/* grid NB = min(rows, 256) (the launcher's fixed choice, never the SM count, so the bits do
- * not depend on the GPU), block T * R, smem 0 (static: R NW 6 floats, and (R - 1) T 8 NV
+/* grid NB = min(ceil(rows / R), 256) (the launcher's choice from the shape alone, never the SM
+ * count, so the bits do not depend on the GPU), block T * R, smem 0 (static: R NW 6 floats, and (R - 1) T 8 NV
  * floats for the slots' column sums).  Block p handles its rows p + i NB (i < its count),
  * R at a time (slot s: i = s, s + R, ...), and writes part[p*H + c] = sum over its rows of
  * dy xhat (dw) and, when want_db, part[(NB + p)*H + c] = sum of dy (db): each slot sums its

@@ -44,8 +44,8 @@ __device__ __forceinline__ unsigned short mgc_f32_to_f16(float f) {
 #endif
 
 #if defined(MGC_ENTRY_sumsq_partial)
-/* grid NB = 1024 fixed (never the SM count: the result's bits do not depend on the GPU),
- * block 256, smem 0 (static 256 B).  part (NB) fp64. */
+/* grid nb = min(ceil(n / 2048), 1024): a function of n only (never the SM count: the result's
+ * bits do not depend on the GPU), block 256, smem 0 (static 256 B).  part (nb) fp64. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(double *__restrict__ part, const float *__restrict__ g, i64 n) {
     __shared__ double sh[32];

@@ -199,7 +199,10 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     if (want_db) CHECK(want(be, c, tout(c, 2), MGC_DT_F32, "the bias's gradient"));
     CHECK(get_specs(be, c, k, 2));
     if (rows == 0 || h == 0) return 0;
-    int nb = rows < NORM_NB ? (int)rows : NORM_NB;
+    /* blocks: enough for every row slot to have a row (R slots a block), at most NORM_NB; a
+     * function of the shape only, so the bits do not depend on the GPU */
+    int64_t slots = (rows + kconst(&k[0], "R") - 1) / kconst(&k[0], "R");
+    int nb = slots < NORM_NB ? (int)slots : NORM_NB;
     float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (want_db ? 2 : 1) * sizeof(float));
     if (!part) return -1;
     void *dx = c->out[0], *dy = c->in[2], *x = c->in[0], *w = c->in[1];
@@ -524,7 +527,9 @@ static int opt_specs(mgc_backend *be, mgc_kspec *k, int w) {
 }
 
 /* out is a host address (the executor's, as for the CPU backend): the fp64 sum is reduced on
- * the device in a fixed order (SUMSQ_NB block partials, then one block) and downloaded. */
+ * the device in a fixed order (nb block partials, then one block) and downloaded.  nb depends
+ * on n only (at least 2048 elements a block, at most SUMSQ_NB blocks), never on the GPU, so the
+ * bits do not either; a small tensor (a bias) takes one block, not SUMSQ_NB. */
 int mgc_cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
     mgc_kspec k[OPT__N];
     CHECK(opt_specs(be, k, MGC_DT_F32));
@@ -535,9 +540,10 @@ int mgc_cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
     double *part = mgc_cuda_scratch(be, (SUMSQ_NB + 1) * sizeof(double));
     if (!part) return -1;
     double *res = part + SUMSQ_NB;
-    int nb = SUMSQ_NB;
+    int64_t want = (n + 2047) / 2048;
+    int nb = want < SUMSQ_NB ? (int)want : SUMSQ_NB;
     void *a1[] = {&part, &g, &n};
-    CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_PARTIAL], SUMSQ_NB, 1, 1, 256, 0, a1));
+    CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_PARTIAL], (unsigned)nb, 1, 1, 256, 0, a1));
     void *a2[] = {&res, &part, &nb};
     CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_FINAL], 1, 1, 1, 1024, 0, a2));
     return be->iface->download(be, out, res, sizeof *out);

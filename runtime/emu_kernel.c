@@ -681,71 +681,75 @@ static int block_fail(mgc_emu *e, const char *fmt, ...) {
     return -1;
 }
 
-/* Completes what can complete once no thread can run: the warp collectives whose lanes have
- * all arrived, else the block barrier.  The number of threads released, or -1 (the block
- * can never finish: the message in e->err). */
-static int resolve(mgc_emu *e, int n) {
+/* Completes the warp collective the lanes [w0, w0 + nl) of a warp wait at, once none of them can
+ * run: the number of lanes released (0: none waits at a warp collective), or -1 when they
+ * never can (lanes at different places; the message in e->err). */
+static int resolve_warp(mgc_emu *e, int w0, int nl) {
+    fiber *f = e->f;
+    int released = 0, lead = -1;
+    for (int l = 0; l < nl && lead < 0; l++)
+        if (f[w0 + l].state == F_WAIT && !is_block_kind(f[w0 + l].kind)) lead = l;
+    if (lead < 0) return 0;
+    fiber *L = &f[w0 + lead];
+    for (int l = 0; l < nl; l++) {
+        fiber *x = &f[w0 + l];
+        if (!(L->mask >> l & 1u)) continue;
+        if (x->state == F_DONE)
+            return block_fail(e, "lane %d of warp %d returned while lane %d waits at %s "
+                                 "(line %d) with it in the mask",
+                              l, w0 / 32, lead, kind_name(L->kind), L->line);
+        if (x->kind != L->kind || x->line != L->line || x->mask != L->mask)
+            return block_fail(e, "the lanes of warp %d wait at different places: lane %d at "
+                                 "%s (line %d), lane %d at %s (line %d)",
+                              w0 / 32, lead, kind_name(L->kind), L->line, l,
+                              kind_name(x->kind), x->line);
+    }
+    fiber *w = &f[w0];
+    switch (L->kind) {
+    case MGC_EMU_SHFL_XOR: {
+        int lm = (int)(L->param & 31), width = (int)(L->param >> 8);
+        if (width <= 0 || width > 32) width = 32;
+        for (int l = 0; l < nl; l++) {
+            if (!(L->mask >> l & 1u)) continue;
+            int src = l ^ lm;
+            if (src >= (l / width + 1) * width || src >= nl || !(L->mask >> src & 1u)) src = l;
+            memcpy(w[l].out, w[src].in, 8);
+        }
+        break;
+    }
+    case MGC_EMU_MATCH_ANY:
+        for (int l = 0; l < nl; l++) {
+            if (!(L->mask >> l & 1u)) continue;
+            unsigned m = 0;
+            for (int j = 0; j < nl; j++)
+                if ((L->mask >> j & 1u) && !memcmp(w[j].in, w[l].in, 8)) m |= 1u << j;
+            memcpy(w[l].out, &m, sizeof m);
+        }
+        break;
+    case MGC_EMU_MMA_BF16:
+    case MGC_EMU_MMA_F16:
+    case MGC_EMU_LDSM:
+    case MGC_EMU_LDSM_T:
+        if (nl != 32 || L->mask != 0xffffffffu)
+            return block_fail(e, "%s (line %d) needs the whole warp: warp %d has %d lanes",
+                              kind_name(L->kind), L->line, w0 / 32, nl);
+        if (L->kind == MGC_EMU_MMA_BF16 || L->kind == MGC_EMU_MMA_F16)
+            do_mma(w, L->kind == MGC_EMU_MMA_F16);
+        else
+            do_ldsm(w, L->kind == MGC_EMU_LDSM_T);
+        break;
+    default: return block_fail(e, "unknown collective %d (line %d)", L->kind, L->line);
+    }
+    for (int l = 0; l < nl; l++)
+        if (L->mask >> l & 1u) w[l].state = F_RUN, released++;
+    return released;
+}
+
+/* Completes the block barrier once no thread can run and no warp collective is pending: the
+ * number of threads released (0: all returned), or -1 (threads at different barriers). */
+static int resolve_block(mgc_emu *e, int n) {
     fiber *f = e->f;
     int released = 0;
-    for (int w0 = 0; w0 < n; w0 += 32) {
-        int nl = n - w0 < 32 ? n - w0 : 32, lead = -1;
-        for (int l = 0; l < nl && lead < 0; l++)
-            if (f[w0 + l].state == F_WAIT && !is_block_kind(f[w0 + l].kind)) lead = l;
-        if (lead < 0) continue;
-        fiber *L = &f[w0 + lead];
-        for (int l = 0; l < nl; l++) {
-            fiber *x = &f[w0 + l];
-            if (!(L->mask >> l & 1u)) continue;
-            if (x->state == F_DONE)
-                return block_fail(e, "lane %d of warp %d returned while lane %d waits at %s "
-                                     "(line %d) with it in the mask",
-                                  l, w0 / 32, lead, kind_name(L->kind), L->line);
-            if (x->kind != L->kind || x->line != L->line || x->mask != L->mask)
-                return block_fail(e, "the lanes of warp %d wait at different places: lane %d at "
-                                     "%s (line %d), lane %d at %s (line %d)",
-                                  w0 / 32, lead, kind_name(L->kind), L->line, l,
-                                  kind_name(x->kind), x->line);
-        }
-        fiber *w = &f[w0];
-        switch (L->kind) {
-        case MGC_EMU_SHFL_XOR: {
-            int lm = (int)(L->param & 31), width = (int)(L->param >> 8);
-            if (width <= 0 || width > 32) width = 32;
-            for (int l = 0; l < nl; l++) {
-                if (!(L->mask >> l & 1u)) continue;
-                int src = l ^ lm;
-                if (src >= (l / width + 1) * width || src >= nl || !(L->mask >> src & 1u)) src = l;
-                memcpy(w[l].out, w[src].in, 8);
-            }
-            break;
-        }
-        case MGC_EMU_MATCH_ANY:
-            for (int l = 0; l < nl; l++) {
-                if (!(L->mask >> l & 1u)) continue;
-                unsigned m = 0;
-                for (int j = 0; j < nl; j++)
-                    if ((L->mask >> j & 1u) && !memcmp(w[j].in, w[l].in, 8)) m |= 1u << j;
-                memcpy(w[l].out, &m, sizeof m);
-            }
-            break;
-        case MGC_EMU_MMA_BF16:
-        case MGC_EMU_MMA_F16:
-        case MGC_EMU_LDSM:
-        case MGC_EMU_LDSM_T:
-            if (nl != 32 || L->mask != 0xffffffffu)
-                return block_fail(e, "%s (line %d) needs the whole warp: warp %d has %d lanes",
-                                  kind_name(L->kind), L->line, w0 / 32, nl);
-            if (L->kind == MGC_EMU_MMA_BF16 || L->kind == MGC_EMU_MMA_F16)
-                do_mma(w, L->kind == MGC_EMU_MMA_F16);
-            else
-                do_ldsm(w, L->kind == MGC_EMU_LDSM_T);
-            break;
-        default: return block_fail(e, "unknown collective %d (line %d)", L->kind, L->line);
-        }
-        for (int l = 0; l < nl; l++)
-            if (L->mask >> l & 1u) w[l].state = F_RUN, released++;
-    }
-    if (released) return released;
     /* the block barrier: every thread still running waits at the same one */
     int lead = -1, any = 0;
     for (int i = 0; i < n; i++) {
@@ -780,7 +784,6 @@ static uint64_t mix(uint64_t x) {
 }
 
 static int run_block(mgc_emu *e, const loaded *l, mgc_emu_u3 bid, mgc_emu_u3 gdim, int n) {
-    int order[MAX_BLOCK];
     if (e->dyn_bytes) memset(e->dyn, 0xff, e->dyn_bytes);
     for (int i = 0; i < n; i++) {
         fiber *f = &e->f[i];
@@ -793,22 +796,37 @@ static int run_block(mgc_emu *e, const loaded *l, mgc_emu_u3 bid, mgc_emu_u3 gdi
         f->t.fiber = f;
         f->state = F_RUN;
         fctx_make(&f->ctx, f->stack, STACK_BYTES);
-        order[i] = i;
     }
     e->entry = l->entry;
+    int nw = (n + 31) / 32, worder[MAX_BLOCK / 32];
+    for (int w = 0; w < nw; w++)
+        worder[w] = w;
+    /* Warp by warp, in an order drawn afresh every round: a warp's lanes run (from a random lane,
+     * forwards or backwards) until all of them wait at a block barrier or return, its warp
+     * collectives completing as they go; then the block barrier completes. */
     for (;;) {
-        for (int i = n - 1; i > 0; i--) { /* a fresh order every round */
+        for (int i = nw - 1; i > 0; i--) {
             e->rng = mix(e->rng + 0x9e3779b97f4a7c15ull);
-            int j = (int)(e->rng % (uint64_t)(i + 1)), t = order[i];
-            order[i] = order[j], order[j] = t;
+            int j = (int)(e->rng % (uint64_t)(i + 1)), t = worder[i];
+            worder[i] = worder[j], worder[j] = t;
         }
-        for (int i = 0; i < n; i++) {
-            fiber *f = &e->f[order[i]];
-            if (f->state != F_RUN) continue;
-            e->cur = f;
-            fctx_switch(&e->sched, &f->ctx);
+        for (int wi = 0; wi < nw; wi++) {
+            int w0 = 32 * worder[wi], nl = n - w0 < 32 ? n - w0 : 32;
+            for (;;) {
+                e->rng = mix(e->rng + 0x9e3779b97f4a7c15ull);
+                int r0 = (int)(e->rng % (uint64_t)nl), back = (int)(e->rng >> 63);
+                for (int j = 0; j < nl; j++) {
+                    fiber *f = &e->f[w0 + (back ? (r0 + nl - j) % nl : (r0 + j) % nl)];
+                    if (f->state != F_RUN) continue;
+                    e->cur = f;
+                    fctx_switch(&e->sched, &f->ctx);
+                }
+                int r = resolve_warp(e, w0, nl);
+                if (r < 0) return -1;
+                if (r == 0) break;
+            }
         }
-        int r = resolve(e, n);
+        int r = resolve_block(e, n);
         if (r < 0) return -1;
         if (r == 0) return 0; /* every thread returned */
     }
