@@ -251,6 +251,11 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
                   kind == MGC_POP_GROUPED_LINEAR_DGRAD || kind == MGC_POP_GROUPED_LINEAR_WGRAD ||
                   kind == MGC_POP_EMBEDDING_BWD || kind == MGC_POP_NORM_BWD;
     double tol = half >= 0 ? 1e-2 : gemmish ? 3e-5 : 1e-5;
+    /* bf16 attention backward at head dim 128: P and dS are rounded to bf16 before the
+     * tensor-core products, and dQ sums 128-wide rows of them.  Measured on the emulator:
+     * 1.37e-2 in bf16 where fp16 (3 more mantissa bits) gives 1.70e-3, the 8x of rounding, not
+     * of a wrong index (a wrong one gives O(1)). */
+    if (half == 0 && kind == MGC_POP_ATTENTION_BWD) tol = 2e-2;
     for (int k = 0; k < gop->n_out && ok; k++) {
         const mgc_plan_tensor *tg = &gch->tensors[gop->out[k]], *tc = &c->chunk->tensors[c->op->out[k]];
         void *h = malloc(tg->bytes ? tg->bytes : 1);
@@ -574,6 +579,20 @@ int main(int argc, char **argv) {
     }
     if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!emu && (!only || !strcmp(only, "graphs"))) check_graphs();
+    if (only && !strcmp(only, "ci")) { /* test_cuda_emu in CI: every kernel family, in minutes */
+        static const char *const d64[] = {"model.hidden_size=128", "model.num_attention_heads=2",
+                                          "model.attention_dropout=0.1", NULL};
+        static const char *const d128[] = {"model.hidden_size=512", "model.num_attention_heads=4",
+                                           NULL};
+        static const char *const all8[] = {"parallel.world_size=8", "parallel.tensor=2",
+                                           "parallel.pipeline=2", "parallel.data=2",
+                                           "parallel.grad_bucket_size=20000", NULL};
+        check_ops("examples/tiny-gpt.yaml", d64);
+        check_ops("models/tiny-llama.yaml", d128);
+        check_ops("models/tiny-moe.yaml", NULL);
+        check_training("examples/tiny-gpt.yaml", NULL);
+        check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2, 1);
+    }
     if (!only || !strcmp(only, "ops")) {
         check_ops("examples/tiny-gpt.yaml", NULL);
         check_ops("models/tiny-llama.yaml", NULL);
