@@ -390,8 +390,43 @@ static int c_check(xcomm *k, mgc_comm *g, mgc_comm_status s, const char *what) {
                  e[0] ? ": " : "", e);
 }
 
+/* 16-bit values (bf16, fp16; comm.h reduces fp32): widened to fp32, reduced in group-rank order
+ * as every reduction, and rounded once to their type -- the same bits on every rank, and no
+ * rounding between the addends.  scatter: a reduce-scatter of n elements a rank (in holds
+ * group size * n), else an all-reduce of n. */
+static int c_reduce16(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
+                      int scatter, mgc_comm_red red, const char *what) {
+    size_t nin = scatter ? n * (size_t)mgc_comm_size(g) : n;
+    uint16_t *h = malloc((nin ? nin : 1) * sizeof *h);
+    float *f = malloc((nin ? nin : 1) * sizeof *f);
+    int rc = -1;
+    if (!h || !f) {
+        kfail(k, "rank %" PRId64 ": %s: out of memory", k->rank, what);
+        goto out;
+    }
+    if (k->staged) {
+        if (stage_down(k, h, in, nin * sizeof *h)) goto out;
+    } else {
+        memcpy(h, in, nin * sizeof *h);
+    }
+    for (size_t i = 0; i < nin; i++)
+        f[i] = dt == MGC_DT_BF16 ? mgc_bf16_to_f32(h[i]) : mgc_f16_to_f32(h[i]);
+    float *mine = scatter ? f + (size_t)mgc_comm_rank(g) * n : f;
+    mgc_comm_status st = scatter ? mgc_comm_reduce_scatter(g, f, mine, n, MGC_DT_F32, MGC_COMM_SUM)
+                                 : mgc_comm_all_reduce(g, f, f, n, MGC_DT_F32, red);
+    if (c_check(k, g, st, what)) goto out;
+    for (size_t i = 0; i < n; i++)
+        h[i] = dt == MGC_DT_BF16 ? mgc_f32_to_bf16(mine[i]) : mgc_f32_to_f16(mine[i]);
+    if (k->staged) rc = stage_up(k, out, h, n * sizeof *h);
+    else memcpy(out, h, n * sizeof *h), rc = 0;
+out:
+    free(h), free(f);
+    return rc;
+}
+
 static int c_all_reduce(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                         mgc_comm_red red, const char *what) {
+    if (dt == MGC_DT_BF16 || dt == MGC_DT_F16) return c_reduce16(k, g, in, out, n, dt, 0, red, what);
     if (!k->staged) return c_check(k, g, mgc_comm_all_reduce(g, in, out, n, dt, red), what);
     size_t b = n * mgc_dtype_size(dt);
     unsigned char *h = stage(k, b);
@@ -403,6 +438,8 @@ static int c_all_reduce(xcomm *k, mgc_comm *g, const void *in, void *out, size_t
 /* in: (group size * n) elements; out: this rank's n (it may lie inside in). */
 static int c_reduce_scatter(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                             const char *what) {
+    if (dt == MGC_DT_BF16 || dt == MGC_DT_F16)
+        return c_reduce16(k, g, in, out, n, dt, 1, MGC_COMM_SUM, what);
     if (!k->staged) return c_check(k, g, mgc_comm_reduce_scatter(g, in, out, n, dt, MGC_COMM_SUM), what);
     size_t b = n * mgc_dtype_size(dt), all = b * (size_t)mgc_comm_size(g);
     unsigned char *h = stage(k, all);
@@ -1154,7 +1191,8 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
     switch (op->kind) {
     case MGC_POP_ALL_REDUCE: {
         mgc_comm_red red = (op->iattr[3] & PCOLL_MAX) ? MGC_COMM_MAX : MGC_COMM_SUM;
-        if (dt == MGC_DT_F32) return c_all_reduce(x->fg, g, in, out, n_in, dt, red, what);
+        if (dt == MGC_DT_F32 || dt == MGC_DT_BF16 || dt == MGC_DT_F16)
+            return c_all_reduce(x->fg, g, in, out, n_in, dt, red, what);
         if (dt != MGC_DT_I64)
             return xfail(x, "'%s': all-reduce of %s is not supported", sname(x, op->name),
                          mgc_dtype_name(dt));

@@ -591,7 +591,10 @@ int main(int argc, char **argv) {
         check_ops("models/tiny-llama.yaml", d128);
         check_ops("models/tiny-moe.yaml", NULL);
         check_training("examples/tiny-gpt.yaml", NULL);
+        static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
+                                            "parallel.sequence_parallel=true", NULL};
         check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2, 1);
+        check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
     }
     if (!only || !strcmp(only, "ops")) {
         check_ops("examples/tiny-gpt.yaml", NULL);
