@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "emu/emu_abi.h"
+#include "half.h"
 #include "nvrtc.h"
 
 extern char **environ;
@@ -588,26 +589,10 @@ static void fiber_main(void) {
 }
 
 static float bf16f(unsigned h) {
-    unsigned u = (h & 0xffffu) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return mgc_bf16_to_f32((uint16_t)h);
 }
 static float f16f(unsigned h) {
-    h &= 0xffffu;
-    unsigned s = (h & 0x8000u) << 16, ex = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-    if (ex == 0) { /* zero or subnormal: m 2^-24 */
-        float v = (float)m * (1.0f / 16777216.0f);
-        memcpy(&u, &v, 4);
-        u |= s;
-    } else if (ex == 31) {
-        u = s | 0x7f800000u | (m << 13);
-    } else {
-        u = s | ((ex + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return mgc_f16_to_f32((uint16_t)h);
 }
 
 /* mma m16n8k16: every lane's a[4], b[2] (16-bit pairs) and c[4] (fp32) -> d[4] */
