@@ -88,7 +88,10 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
  * memory plan sizes with these functions: the arena stays the one device allocation of a rank.
  * The runtime's launchers and the plan share the constants and sizes below. */
 #define MGC_KSPEC_NORM_NB      256   /* norm backward: blocks of partial sums (fixed: bits independent of the GPU) */
-#define MGC_KSPEC_SUMSQ_NB     1024  /* sum of squares: most blocks of partial sums (by n only) */
+#define MGC_KSPEC_SUMSQ_NB     1024  /* sum of squares: most blocks of partial sums (by sizes only) */
+#define MGC_KSPEC_OPT_CHUNK    8192  /* optimizer: elements a chunk (a block's unit of work) */
+#define MGC_KSPEC_SQ_LIST      128   /* sum of squares: tensors a launch (kernel-parameter table) */
+#define MGC_KSPEC_AW_LIST      48    /* AdamW: tensors a launch (kernel-parameter table) */
 #define MGC_KSPEC_EMB_SORT_MAX 16384 /* embedding backward: the sorted path up to this many tokens */
 #define MGC_KSPEC_MOE_TILE     256   /* kernels/moe.cuh: assignments per map block */
 /* A carve's size: bytes rounded up to 256 (every carve starts 256-aligned). */

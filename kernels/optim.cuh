@@ -4,9 +4,18 @@
  * bf16 plans); the 16-bit copy-out is written as bf16 bits here, or as fp16 bits when the
  * constant COPY is 2 (fp16 plans; codegen/kspec_pointwise.c).
  *
+ * Sum of squares and AdamW are multi-tensor: one launch covers up to LIST tensors (SQ_LIST for
+ * the sum, AW_LIST for AdamW), passed by value as a table (the kernel's parameters: no device
+ * table to upload, so a step's optimizer is a few launches, not a few per tensor).  Each
+ * tensor is cut into chunks of CHUNK elements; c0[t] is the first chunk of tensor t (c0[count]
+ * the number of chunks), and block b takes chunks b, b + gridDim.x, ... in order.  The host
+ * mirror of the tables is runtime/cuda_ops_pointwise.c's (same members, same order).
+ *
  * Entries:
- *   sumsq_partial  part[blk] = sum over its grid-stride slice of g^2 (fp64)
- *   sumsq_final    out[0] = sum of part[0 .. nb) (fp64, fixed order)
+ *   sumsq_partial  part[blk] = sum of g^2 over the block's chunks (fp64; its order depends on
+ *                  the tensors' sizes only, never on the GPU)
+ *   sumsq_final    out[0] = (first ? 0 : out[0]) + sum of part[0 .. nb) (fp64, fixed order):
+ *                  one launch pair per table, accumulated in table order
  *   adamw          mgc_cpu_adamw's fp64 math, bit for bit (no contraction: explicit _rn
  *                  intrinsics), with an optional 16-bit copy of the updated weights
  *   scale          x = (float)(x * s) (fp64 product)
@@ -42,17 +51,52 @@ __device__ __forceinline__ unsigned short mgc_f32_to_f16(float f) {
 #ifndef MGC_COPY
 #define MGC_COPY 1 /* AdamW's 16-bit copy-out: 1 bf16, 2 fp16 */
 #endif
+#ifndef MGC_CHUNK
+#define MGC_CHUNK 8192 /* elements a chunk (codegen/kspec.h MGC_KSPEC_OPT_CHUNK) */
+#endif
+#ifndef MGC_SQ_LIST
+#define MGC_SQ_LIST 128 /* tensors a sum-of-squares table (MGC_KSPEC_SQ_LIST) */
+#endif
+#ifndef MGC_AW_LIST
+#define MGC_AW_LIST 48 /* tensors an AdamW table (MGC_KSPEC_AW_LIST) */
+#endif
+
+/* The tables (kernel parameters, read in place: __grid_constant__). */
+struct mgc_sq_list {
+    const float *g[MGC_SQ_LIST];
+    i64 n[MGC_SQ_LIST];
+    i64 c0[MGC_SQ_LIST + 1];
+};
+struct mgc_aw_list {
+    float *p[MGC_AW_LIST];
+    const float *g[MGC_AW_LIST];
+    float *m[MGC_AW_LIST];
+    float *v[MGC_AW_LIST];
+    unsigned short *copy[MGC_AW_LIST]; /* NULL: no 16-bit copy of that tensor */
+    i64 n[MGC_AW_LIST];
+    double wd[MGC_AW_LIST];            /* weight decay of that tensor (0: none) */
+    i64 c0[MGC_AW_LIST + 1];
+};
 
 #if defined(MGC_ENTRY_sumsq_partial)
-/* grid nb = min(ceil(n / 2048), 1024): a function of n only (never the SM count: the result's
- * bits do not depend on the GPU), block 256, smem 0 (static 256 B).  part (nb) fp64. */
+/* grid nb = min(c0[count], SUMSQ_NB): a function of the tensors' sizes only (never the SM
+ * count: the result's bits do not depend on the GPU), block 256, smem 0 (static 256 B).
+ * part (nb) fp64. */
 extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(double *__restrict__ part, const float *__restrict__ g, i64 n) {
+    MGC_ENTRY_NAME(double *__restrict__ part, const __grid_constant__ mgc_sq_list L, int count) {
     __shared__ double sh[32];
     double s = 0.0;
-    MGC_GRID_STRIDE(i, n) {
-        double v = (double)g[i];
-        s = __fma_rn(v, v, s);
+    const i64 total = L.c0[count];
+    int t = 0;
+    for (i64 c = blockIdx.x; c < total; c += gridDim.x) {
+        while (L.c0[t + 1] <= c) t++; /* c grows: the tensor index only moves on */
+        const i64 off = (c - L.c0[t]) * MGC_CHUNK, rest = L.n[t] - off;
+        const int len = rest < MGC_CHUNK ? (int)rest : MGC_CHUNK;
+        const float *__restrict__ g = L.g[t] + off;
+        for (int i = threadIdx.x; i < len; i += 256) {
+            double v = (double)g[i];
+            s = __fma_rn(v, v, s);
+        }
     }
     s = mgc_block_sum(s, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
@@ -60,41 +104,53 @@ extern "C" __global__ void __launch_bounds__(256)
 #endif
 
 #if defined(MGC_ENTRY_sumsq_final)
-/* grid 1, block 1024, smem 0 (static 256 B).  out[0] = sum of part[0 .. nb). */
+/* grid 1, block 1024, smem 0 (static 256 B).  out[0] = (first ? 0 : out[0]) + sum of
+ * part[0 .. nb). */
 extern "C" __global__ void __launch_bounds__(1024)
-    MGC_ENTRY_NAME(double *__restrict__ out, const double *__restrict__ part, int nb) {
+    MGC_ENTRY_NAME(double *__restrict__ out, const double *__restrict__ part, int nb, int first) {
     __shared__ double sh[32];
     double s = 0.0;
     for (int i = threadIdx.x; i < nb; i += blockDim.x)
         s += part[i];
     s = mgc_block_sum(s, sh);
-    if (threadIdx.x == 0) out[0] = s;
+    if (threadIdx.x == 0) out[0] = first ? s : out[0] + s;
 }
 #endif
 
 #if defined(MGC_ENTRY_adamw)
-/* grid-stride over n: grid min(ceil(n / 256), 16 SMs), block 256, smem 0.
- * c1 = 1 - beta1^step, c2 = 1 - beta2^step and wd (0 without decay) come from the host;
- * copy (bf16 bits, or fp16 bits when COPY = 2) may be NULL. */
+/* grid min(c0[count], 16 SMs) (any grid gives the same bits: element-wise), block 256,
+ * smem 0.  c1 = 1 - beta1^step, c2 = 1 - beta2^step come from the host; copy (bf16 bits, or
+ * fp16 bits when COPY = 2) may be NULL. */
 extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
-                   float *__restrict__ v, unsigned short *__restrict__ copy, i64 n, double lr,
-                   double b1, double b2, double eps, double wd, double c1, double c2,
-                   double grad_scale) {
-    double ob1 = 1.0 - b1, ob2 = 1.0 - b2;
-    MGC_GRID_STRIDE(i, n) {
-        double gi = __dmul_rn((double)g[i], grad_scale);
-        double mi = __dadd_rn(__dmul_rn(b1, (double)m[i]), __dmul_rn(ob1, gi));
-        double vi = __dadd_rn(__dmul_rn(b2, (double)v[i]), __dmul_rn(__dmul_rn(ob2, gi), gi));
-        double pi = (double)p[i];
-        double den = __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, c2)), eps);
-        double upd = __dadd_rn(__ddiv_rn(__ddiv_rn(mi, c1), den), __dmul_rn(wd, pi));
-        pi = __dadd_rn(pi, -__dmul_rn(lr, upd));
-        float pf = (float)pi;
-        m[i] = (float)mi;
-        v[i] = (float)vi;
-        p[i] = pf;
-        if (copy) copy[i] = MGC_COPY == 2 ? mgc_f32_to_f16(pf) : mgc_f32_to_bf16(pf);
+    MGC_ENTRY_NAME(const __grid_constant__ mgc_aw_list L, int count, double lr, double b1,
+                   double b2, double eps, double c1, double c2, double grad_scale) {
+    const double ob1 = 1.0 - b1, ob2 = 1.0 - b2;
+    const i64 total = L.c0[count];
+    int t = 0;
+    for (i64 c = blockIdx.x; c < total; c += gridDim.x) {
+        while (L.c0[t + 1] <= c) t++;
+        const i64 off = (c - L.c0[t]) * MGC_CHUNK, rest = L.n[t] - off;
+        const int len = rest < MGC_CHUNK ? (int)rest : MGC_CHUNK;
+        float *__restrict__ p = L.p[t] + off;
+        const float *__restrict__ g = L.g[t] + off;
+        float *__restrict__ m = L.m[t] + off;
+        float *__restrict__ v = L.v[t] + off;
+        unsigned short *__restrict__ copy = L.copy[t] ? L.copy[t] + off : (unsigned short *)0;
+        const double wd = L.wd[t];
+        for (int i = threadIdx.x; i < len; i += 256) {
+            double gi = __dmul_rn((double)g[i], grad_scale);
+            double mi = __dadd_rn(__dmul_rn(b1, (double)m[i]), __dmul_rn(ob1, gi));
+            double vi = __dadd_rn(__dmul_rn(b2, (double)v[i]), __dmul_rn(__dmul_rn(ob2, gi), gi));
+            double pi = (double)p[i];
+            double den = __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, c2)), eps);
+            double upd = __dadd_rn(__ddiv_rn(__ddiv_rn(mi, c1), den), __dmul_rn(wd, pi));
+            pi = __dadd_rn(pi, -__dmul_rn(lr, upd));
+            float pf = (float)pi;
+            m[i] = (float)mi;
+            v[i] = (float)vi;
+            p[i] = pf;
+            if (copy) copy[i] = MGC_COPY == 2 ? mgc_f32_to_f16(pf) : mgc_f32_to_bf16(pf);
+        }
     }
 }
 #endif

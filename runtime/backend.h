@@ -69,6 +69,24 @@ void mgc_op_split_add_norm(const mgc_op_call *c, mgc_plan_op *add_op, mgc_op_cal
 
 typedef struct mgc_backend mgc_backend;
 
+/* One tensor of an AdamW step (the optimizer's multi-tensor call): n fp32 elements. */
+typedef struct mgc_adamw_tensor {
+    float *p;         /* the fp32 weights (the master copy under mixed precision) */
+    const float *g;   /* the gradient */
+    float *m, *v;     /* the moments */
+    uint16_t *copy16; /* NULL, or the 16-bit weights to write (mgc_adamw_step copy_dtype) */
+    int64_t n;
+    int decay;        /* decoupled weight decay on this tensor */
+} mgc_adamw_tensor;
+
+/* What an AdamW step shares across its tensors. */
+typedef struct mgc_adamw_step {
+    double lr, beta1, beta2, eps, weight_decay;
+    double grad_scale; /* every gradient is multiplied by it first (clipping, loss scale) */
+    int64_t step;      /* 1-based */
+    int copy_dtype;    /* MGC_DT_BF16 or MGC_DT_F16: the type of the copy16 arrays */
+} mgc_adamw_step;
+
 typedef struct mgc_backend_iface {
     const char *name; /* "cpu", "cuda" */
     /* One allocation of `bytes` (256-aligned), zeroed. */
@@ -85,16 +103,17 @@ typedef struct mgc_backend_iface {
     int (*upload)(mgc_backend *be, void *dst, const void *host, size_t bytes);
     int (*download)(mgc_backend *be, void *host, const void *src, size_t bytes);
     int (*zero)(mgc_backend *be, void *dst, size_t bytes);
-    /* Optimizer kernels on fp32 arena arrays. */
-    int (*sumsq)(mgc_backend *be, const float *g, int64_t n, double *out); /* out = sum g^2 */
-    int (*scale)(mgc_backend *be, float *x, int64_t n, double s);           /* x *= s */
-    /* AdamW step `step` (1-based) on n elements: g is scaled by grad_scale first;
-     * decoupled weight decay when decay != 0.  copy16: when not NULL, the updated fp32
-     * weights are also written there rounded to copy_dtype, MGC_DT_BF16 or MGC_DT_F16
-     * (mixed precision). */
-    int (*adamw)(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                 double lr, double beta1, double beta2, double eps, double weight_decay,
-                 int decay, int64_t step, double grad_scale, uint16_t *copy16, int copy_dtype);
+    /* Optimizer kernels on fp32 arena arrays.  sumsq and adamw take every tensor of the step
+     * at once (a GPU backend covers many tensors a launch; the order of the sum is fixed by
+     * the list, never by the device).  sumsq: *out = the sum over the count tensors g[i] of
+     * n[i] elements of the sum of their squares, in fp64. */
+    int (*sumsq)(mgc_backend *be, const float *const *g, const int64_t *n, int64_t count,
+                 double *out);
+    int (*scale)(mgc_backend *be, float *x, int64_t n, double s); /* x *= s */
+    /* One AdamW step of each of the count tensors (cpu_ops.h mgc_cpu_adamw's math, bit for
+     * bit); the 16-bit copy-outs are rounded to s->copy_dtype. */
+    int (*adamw)(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
+                 const mgc_adamw_step *s);
     /* dst[i] = bf16(src[i]) (round to nearest even). */
     int (*cast_bf16)(mgc_backend *be, uint16_t *dst, const float *src, int64_t n);
     /* Wait for the backend's queued work (the step's end; timing). */

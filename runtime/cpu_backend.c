@@ -699,9 +699,13 @@ static int cpu_zero(mgc_backend *be, void *dst, size_t bytes) {
     return 0;
 }
 
-static int cpu_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
+static int cpu_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int64_t count,
+                     double *out) {
     (void)be;
-    *out = mgc_cpu_sumsq(g, n);
+    double s = 0;
+    for (int64_t i = 0; i < count; i++)
+        s += mgc_cpu_sumsq(g[i], n[i]);
+    *out = s;
     return 0;
 }
 
@@ -712,13 +716,14 @@ static int cpu_scale(mgc_backend *be, float *x, int64_t n, double s) {
     return 0;
 }
 
-static int cpu_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                     double lr, double beta1, double beta2, double eps, double weight_decay,
-                     int decay, int64_t step, double grad_scale, uint16_t *copy16, int copy_dtype) {
-    (void)copy_dtype;
-    if (copy16) return fail(be, "cpu backend: 16-bit weights are not supported (fp32 only)");
-    mgc_adamw_cfg cfg = {beta1, beta2, eps, weight_decay};
-    mgc_cpu_adamw(p, g, m, v, n, &cfg, step, lr, grad_scale, decay);
+static int cpu_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
+                     const mgc_adamw_step *s) {
+    mgc_adamw_cfg cfg = {s->beta1, s->beta2, s->eps, s->weight_decay};
+    for (int64_t i = 0; i < count; i++) {
+        if (t[i].copy16) return fail(be, "cpu backend: 16-bit weights are not supported (fp32 only)");
+        mgc_cpu_adamw(t[i].p, t[i].g, t[i].m, t[i].v, t[i].n, &cfg, s->step, s->lr, s->grad_scale,
+                      t[i].decay);
+    }
     return 0;
 }
 

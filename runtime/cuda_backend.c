@@ -608,16 +608,8 @@ static int cuda_zero(mgc_backend *be, void *dst, size_t n) {
     return 0;
 }
 
-static int cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
-    return mgc_cuda_sumsq(be, g, n, out);
-}
 static int cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
     return mgc_cuda_scale(be, x, n, s);
-}
-static int cuda_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                      double lr, double b1, double b2, double eps, double wd, int decay, int64_t step,
-                      double gs, uint16_t *copy, int copy_dtype) {
-    return mgc_cuda_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, decay, step, gs, copy, copy_dtype);
 }
 static int cuda_cast(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
     return mgc_cuda_cast_bf16(be, dst, src, n);
@@ -722,9 +714,9 @@ static const mgc_backend_iface cuda_iface = {
     .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
-    .sumsq = cuda_sumsq,
+    .sumsq = mgc_cuda_sumsq,
     .scale = cuda_scale,
-    .adamw = cuda_adamw,
+    .adamw = mgc_cuda_adamw,
     .cast_bf16 = cuda_cast,
     .sync = cuda_sync,
     .graph_begin = cuda_graph_begin,

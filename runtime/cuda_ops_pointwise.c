@@ -526,40 +526,101 @@ static int opt_specs(mgc_backend *be, mgc_kspec *k, int w) {
     return 0;
 }
 
+/* The multi-tensor tables, as kernels/optim.cuh declares them (kernel parameters by value:
+ * the same members in the same order; every member 8 bytes, so no padding either side). */
+#define OPT_CHUNK MGC_KSPEC_OPT_CHUNK
+#define SQ_LIST   MGC_KSPEC_SQ_LIST
+#define AW_LIST   MGC_KSPEC_AW_LIST
+typedef struct sq_list {
+    const float *g[SQ_LIST];
+    int64_t n[SQ_LIST];
+    int64_t c0[SQ_LIST + 1];
+} sq_list;
+typedef struct aw_list {
+    float *p[AW_LIST];
+    const float *g[AW_LIST];
+    float *m[AW_LIST];
+    float *v[AW_LIST];
+    uint16_t *copy[AW_LIST];
+    int64_t n[AW_LIST];
+    double wd[AW_LIST];
+    int64_t c0[AW_LIST + 1];
+} aw_list;
+/* a launch's parameters stay within the 4 KiB every driver accepts */
+_Static_assert(sizeof(sq_list) + 16 <= 4096, "optim.cuh sumsq table too large");
+_Static_assert(sizeof(aw_list) + 8 * 8 <= 4096, "optim.cuh adamw table too large");
+
+static int64_t chunks_of(int64_t n) {
+    return n > 0 ? (n + OPT_CHUNK - 1) / OPT_CHUNK : 0;
+}
+
 /* out is a host address (the executor's, as for the CPU backend): the fp64 sum is reduced on
- * the device in a fixed order (nb block partials, then one block) and downloaded.  nb depends
- * on n only (at least 2048 elements a block, at most SUMSQ_NB blocks), never on the GPU, so the
- * bits do not either; a small tensor (a bias) takes one block, not SUMSQ_NB. */
-int mgc_cuda_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
+ * the device in a fixed order -- per table of up to SQ_LIST tensors nb block partials
+ * (nb = min(chunks, SUMSQ_NB), a function of the sizes only, never of the GPU, so the bits are
+ * not either), then one block adds them to the running total -- and downloaded once. */
+int mgc_cuda_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int64_t count,
+                   double *out) {
     mgc_kspec k[OPT__N];
     CHECK(opt_specs(be, k, MGC_DT_F32));
-    if (n <= 0) {
-        *out = 0.0;
-        return 0;
-    }
     double *part = mgc_cuda_scratch(be, (SUMSQ_NB + 1) * sizeof(double));
     if (!part) return -1;
     double *res = part + SUMSQ_NB;
-    int64_t want = (n + 2047) / 2048;
-    int nb = want < SUMSQ_NB ? (int)want : SUMSQ_NB;
-    void *a1[] = {&part, &g, &n};
-    CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_PARTIAL], (unsigned)nb, 1, 1, 256, 0, a1));
-    void *a2[] = {&res, &part, &nb};
-    CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_FINAL], 1, 1, 1, 1024, 0, a2));
+    int first = 1;
+    for (int64_t at = 0; at < count;) {
+        sq_list L;
+        memset(&L, 0, sizeof L);
+        int cnt = 0;
+        for (; at < count && cnt < SQ_LIST; at++, cnt++) {
+            L.g[cnt] = g[at];
+            L.n[cnt] = n[at] > 0 ? n[at] : 0;
+            L.c0[cnt + 1] = L.c0[cnt] + chunks_of(n[at]);
+        }
+        int64_t total = L.c0[cnt];
+        if (total == 0) continue;
+        int nb = total < SUMSQ_NB ? (int)total : SUMSQ_NB;
+        void *a1[] = {&part, &L, &cnt};
+        CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_PARTIAL], (unsigned)nb, 1, 1, 256, 0, a1));
+        void *a2[] = {&res, &part, &nb, &first};
+        CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_FINAL], 1, 1, 1, 1024, 0, a2));
+        first = 0;
+    }
+    if (first) {
+        *out = 0.0;
+        return 0;
+    }
     return be->iface->download(be, out, res, sizeof *out);
 }
 
-int mgc_cuda_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                   double lr, double beta1, double beta2, double eps, double weight_decay,
-                   int decay, int64_t step, double grad_scale, uint16_t *copy, int copy_dtype) {
+/* AdamW in tables of up to AW_LIST tensors: a launch a table (element-wise, so any grid gives
+ * the same bits). */
+int mgc_cuda_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
+                   const mgc_adamw_step *s) {
     mgc_kspec k[OPT__N];
-    CHECK(opt_specs(be, k, copy ? copy_dtype : MGC_DT_F32));
-    if (n <= 0) return 0;
-    double c1 = 1.0 - pow(beta1, (double)step), c2 = 1.0 - pow(beta2, (double)step);
-    double wd = decay ? weight_decay : 0.0;
-    void *args[] = {&p, &g, &m, &v, &copy, &n, &lr, &beta1, &beta2, &eps, &wd, &c1, &c2,
-                    &grad_scale};
-    return mgc_cuda_launch(be, &k[OPT_ADAMW], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+    int copy = 0;
+    for (int64_t i = 0; i < count; i++)
+        copy |= t[i].copy16 != NULL;
+    CHECK(opt_specs(be, k, copy ? s->copy_dtype : MGC_DT_F32));
+    double c1 = 1.0 - pow(s->beta1, (double)s->step), c2 = 1.0 - pow(s->beta2, (double)s->step);
+    double lr = s->lr, b1 = s->beta1, b2 = s->beta2, eps = s->eps, gs = s->grad_scale;
+    for (int64_t at = 0; at < count;) {
+        aw_list L;
+        memset(&L, 0, sizeof L);
+        int cnt = 0;
+        for (; at < count && cnt < AW_LIST; at++, cnt++) {
+            const mgc_adamw_tensor *e = &t[at];
+            L.p[cnt] = e->p, L.g[cnt] = e->g, L.m[cnt] = e->m, L.v[cnt] = e->v;
+            L.copy[cnt] = e->copy16;
+            L.n[cnt] = e->n > 0 ? e->n : 0;
+            L.wd[cnt] = e->decay ? s->weight_decay : 0.0;
+            L.c0[cnt + 1] = L.c0[cnt] + chunks_of(e->n);
+        }
+        int64_t total = L.c0[cnt];
+        if (total == 0) continue;
+        void *args[] = {&L, &cnt, &lr, &b1, &b2, &eps, &c1, &c2, &gs};
+        CHECK(mgc_cuda_launch(be, &k[OPT_ADAMW], ew_grid(be, total * EW_BLOCK), 1, 1, EW_BLOCK, 0,
+                              args));
+    }
+    return 0;
 }
 
 int mgc_cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {

@@ -203,16 +203,8 @@ static int emu_zero(mgc_backend *be, void *dst, size_t n) {
     if (n) memset(dst, 0, n);
     return 0;
 }
-static int emu_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
-    return mgc_cuda_sumsq(be, g, n, out);
-}
 static int emu_scale(mgc_backend *be, float *x, int64_t n, double s) {
     return mgc_cuda_scale(be, x, n, s);
-}
-static int emu_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                     double lr, double b1, double b2, double eps, double wd, int decay, int64_t step,
-                     double gs, uint16_t *copy, int copy_dtype) {
-    return mgc_cuda_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, decay, step, gs, copy, copy_dtype);
 }
 static int emu_cast(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
     return mgc_cuda_cast_bf16(be, dst, src, n);
@@ -265,9 +257,9 @@ static const mgc_backend_iface emu_iface = {
     .upload = emu_copy,
     .download = emu_copy,
     .zero = emu_zero,
-    .sumsq = emu_sumsq,
+    .sumsq = mgc_cuda_sumsq,
     .scale = emu_scale,
-    .adamw = emu_adamw,
+    .adamw = mgc_cuda_adamw,
     .cast_bf16 = emu_cast,
     .sync = emu_sync,
     .set_threads = emu_set_threads,

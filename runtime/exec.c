@@ -71,6 +71,10 @@ struct mgc_exec {
     int64_t n_params;
     seg *adam, *norm, *partial, *embed;
     int64_t n_adam, n_norm, n_partial, n_embed;
+    /* the optimizer's backend calls: every segment at once (filled each step) */
+    const float **norm_g;
+    int64_t *norm_n;
+    mgc_adamw_tensor *aw;
     /* config */
     int64_t vocab_size, seq_length, num_layers, dp, mb_count, mbs;
     uint64_t seed;
@@ -792,6 +796,10 @@ static int setup_params(mgc_exec *x) {
             seg_push(&x->embed, &x->n_embed, &ce, s))
             return xfail(x, "out of memory");
     }
+    x->norm_g = calloc((size_t)(x->n_norm ? x->n_norm : 1), sizeof *x->norm_g);
+    x->norm_n = calloc((size_t)(x->n_norm ? x->n_norm : 1), sizeof *x->norm_n);
+    x->aw = calloc((size_t)(x->n_adam ? x->n_adam : 1), sizeof *x->aw);
+    if (!x->norm_g || !x->norm_n || !x->aw) return xfail(x, "out of memory");
     if (x->m_buf >= 0 && (uint64_t)moment * 4 > sp->buffers[x->m_buf].bytes)
         return xfail(x, "stage %" PRId64 ": optimizer shard of %" PRId64
                         " elements does not fit the adam_m buffer (%" PRIu64 " bytes)",
@@ -974,6 +982,7 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->input_buf);
     free(x->params);
     free(x->adam), free(x->norm), free(x->partial), free(x->embed);
+    free(x->norm_g), free(x->norm_n), free(x->aw);
     free(x->tok);
     free(x->graph_ok);
     free(x);
@@ -1740,12 +1749,10 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     }
     /* global norm: each element counted on exactly one rank, summed over the world */
     double local = 0;
-    for (int64_t i = 0; i < x->n_norm; i++) {
-        double v;
-        if (be->iface->sumsq(be, gptr(x, x->norm[i].elem), x->norm[i].n, &v))
-            return be_fail(x, "gradient norm");
-        local += v;
-    }
+    for (int64_t i = 0; i < x->n_norm; i++)
+        x->norm_g[i] = gptr(x, x->norm[i].elem), x->norm_n[i] = x->norm[i].n;
+    if (be->iface->sumsq(be, x->norm_g, x->norm_n, x->n_norm, &local))
+        return be_fail(x, "gradient norm");
     float part = (float)local, total = 0;
     mgc_comm_status s = mgc_comm_all_reduce(x->world, &part, &total, 1, MGC_DT_F32, MGC_COMM_SUM);
     if (s != MGC_COMM_OK) return comm_fail(x, x->world, s, "gradient norm all-reduce");
@@ -1785,13 +1792,15 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
     float *m = (float *)buf_addr(x, x->m_buf), *v = (float *)buf_addr(x, x->v_buf);
     for (int64_t i = 0; i < x->n_adam; i++) {
         const seg *g = &x->adam[i];
-        float *p = x->w16 ? (float *)buf_addr(x, x->master_buf) + g->moment : wptr(x, g->elem);
-        uint16_t *copy = x->w16 ? (uint16_t *)wptr(x, g->elem) : NULL;
-        if (be->iface->adamw(be, p, gptr(x, g->elem), m + g->moment, v + g->moment, g->n, lr,
-                             x->beta1, x->beta2, x->eps, x->wd, g->decay, x->iteration + 1, scale,
-                             copy, x->wdt))
-            return be_fail(x, "AdamW");
+        mgc_adamw_tensor *t = &x->aw[i];
+        t->p = x->w16 ? (float *)buf_addr(x, x->master_buf) + g->moment : wptr(x, g->elem);
+        t->copy16 = x->w16 ? (uint16_t *)wptr(x, g->elem) : NULL;
+        t->g = gptr(x, g->elem);
+        t->m = m + g->moment, t->v = v + g->moment;
+        t->n = g->n, t->decay = g->decay;
     }
+    mgc_adamw_step as = {lr, x->beta1, x->beta2, x->eps, x->wd, scale, x->iteration + 1, x->wdt};
+    if (be->iface->adamw(be, x->aw, x->n_adam, &as)) return be_fail(x, "AdamW");
     return 0;
 }
 

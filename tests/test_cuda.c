@@ -24,12 +24,19 @@
  *  3. CUDA graphs: tiny GPT without dropout trains 6 steps in fp32 and bf16 with graphs
  *     (recorded on the second step, replayed after) to the same bits as without, and
  *     the programs do replay.
+ *  4. The optimizer's multi-tensor kernels on their own (`optim`): AdamW over 300 tensors
+ *     of random sizes (empty, one element, chunk edges, unaligned starts; more tensors than
+ *     one launch's table) gives the CPU's weights, moments and 16-bit copies bit for bit and
+ *     writes nothing between the tensors; the sum of squares matches an independent long
+ *     double sum within 1e-12 and repeats bit for bit.  Seeded from the clock
+ *     (MGC_TEST_SEED replays).
  * The kernels come from the plan (compiled here for sm_80 and sm_90 by NVRTC);
  * a GPU of another architecture JIT-compiles them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "compile.h"
@@ -95,6 +102,126 @@ static mgc_plan *compile(const char *path, const char *precision, const char *co
         T_EQ_I64(st.max_spill_bytes, 0);
     }
     return p;
+}
+
+/* ---- 4. the optimizer's multi-tensor kernels ------------------------------------------ */
+
+static uint64_t orng = 1;
+static uint64_t onext(void) {
+    orng ^= orng >> 12, orng ^= orng << 25, orng ^= orng >> 27;
+    return orng * 2685821657736338717ull;
+}
+static float ofloat(double scale) { /* non-zero, either sign */
+    double u = ((double)(onext() >> 11) + 0.5) * 0x1p-53;
+    return (float)((onext() & 1 ? u : -u) * scale);
+}
+
+#define OPT_T 300 /* tensors: more than a table of either kernel (kspec.h SQ_LIST, AW_LIST) */
+
+static void check_optimizer(void) {
+    char err[512];
+    mgc_backend *be = NULL;
+    if (open_gpu(&be, err, sizeof err)) {
+        fprintf(stderr, "optimizer: %s\n", err);
+        T_CHECK(0);
+        return;
+    }
+    /* the tensors' sizes and places: gaps between them (written by nobody), odd starts */
+    static const int64_t edges[] = {0, 1, 3, 255, 256, 257, 8191, 8192, 8193, 16385};
+    int64_t off[OPT_T], n[OPT_T], total = 0;
+    int decay[OPT_T];
+    for (int i = 0; i < OPT_T; i++) {
+        total += 1 + (int64_t)(onext() % 5); /* the gap before */
+        off[i] = total;
+        uint64_t r = onext() % 16;
+        n[i] = r < 10 ? edges[r] : r < 15 ? 1 + (int64_t)(onext() % 3000) : 20000 + (int64_t)(onext() % 9000);
+        decay[i] = (int)(onext() & 1);
+        total += n[i];
+    }
+    total += 3;
+    size_t fb = (size_t)total * 4, hb = (size_t)total * 2;
+    float *hp = malloc(fb), *hg = malloc(fb), *hm = malloc(fb), *hv = malloc(fb);
+    float *ep = malloc(fb), *em = malloc(fb), *ev = malloc(fb);
+    float *rp = malloc(fb), *rm = malloc(fb), *rv = malloc(fb);
+    uint16_t *ec = malloc(hb), *rc = malloc(hb);
+    void *arena = NULL;
+    mgc_backend *cpu = NULL; /* the reference: the CPU backend, on host arrays */
+    if (!hp || !hg || !hm || !hv || !ep || !em || !ev || !rp || !rm || !rv || !ec || !rc ||
+        be->iface->arena_alloc(be, 4 * (uint64_t)fb + hb + 4096, &arena)) {
+        T_CHECK(0);
+        goto out;
+    }
+    for (int64_t i = 0; i < total; i++) {
+        hp[i] = ofloat(0.5), hg[i] = ofloat(2.0), hm[i] = ofloat(0.1);
+        hv[i] = (float)fabs(ofloat(0.01)) + 1e-6f;
+    }
+    float *dp = arena, *dg = dp + total, *dm = dg + total, *dv = dm + total;
+    uint16_t *dc = (uint16_t *)(dv + total);
+    const float *gl[OPT_T];
+    mgc_adamw_tensor t[OPT_T];
+    mgc_adamw_step st = {3e-3, 0.9, 0.95, 1e-8, 0.1, 0.7, 7, MGC_DT_BF16};
+    if (mgc_backend_cpu_open(&cpu, err, sizeof err)) {
+        fprintf(stderr, "optimizer: %s\n", err);
+        T_CHECK(0);
+        goto out;
+    }
+    static const int copies[3] = {0, MGC_DT_BF16, MGC_DT_F16};
+    static const char *const cname[3] = {"no copy", "bf16 copy", "fp16 copy"};
+    for (int k = 0; k < 3; k++) {
+        memcpy(ep, hp, fb), memcpy(em, hm, fb), memcpy(ev, hv, fb);
+        memset(ec, 0xa5, hb); /* the poison: what the gaps (and a run without copies) keep */
+        for (int i = 0; i < OPT_T; i++) {
+            mgc_adamw_tensor h = {ep + off[i], hg + off[i], em + off[i], ev + off[i], NULL, n[i],
+                                  decay[i]};
+            T_EQ_I64(cpu->iface->adamw(cpu, &h, 1, &st), 0);
+            for (int64_t j = 0; copies[k] && j < n[i]; j++) {
+                float w = ep[off[i] + j];
+                ec[off[i] + j] = copies[k] == MGC_DT_F16 ? mgc_f32_to_f16(w) : mgc_f32_to_bf16(w);
+            }
+            t[i] = (mgc_adamw_tensor){dp + off[i], dg + off[i], dm + off[i], dv + off[i],
+                                      copies[k] ? dc + off[i] : NULL, n[i], decay[i]};
+        }
+        memset(rc, 0xa5, hb);
+        st.copy_dtype = copies[k] ? copies[k] : MGC_DT_BF16;
+        int bad = be->iface->upload(be, dp, hp, fb) || be->iface->upload(be, dg, hg, fb) ||
+                  be->iface->upload(be, dm, hm, fb) || be->iface->upload(be, dv, hv, fb) ||
+                  be->iface->upload(be, dc, rc, hb) || be->iface->adamw(be, t, OPT_T, &st) ||
+                  be->iface->download(be, rp, dp, fb) || be->iface->download(be, rm, dm, fb) ||
+                  be->iface->download(be, rv, dv, fb) || be->iface->download(be, rc, dc, hb);
+        if (bad) fprintf(stderr, "optimizer: %s\n", be->err);
+        T_CHECK(!bad);
+        int same = !bad && !memcmp(rp, ep, fb) && !memcmp(rm, em, fb) && !memcmp(rv, ev, fb) &&
+                   !memcmp(rc, ec, hb);
+        T_CHECK(same);
+        printf("optimizer: AdamW over %d tensors (%lld elements, %s): %s\n", OPT_T,
+               (long long)total, cname[k], same ? "the CPU's bits" : "DIFFERS from the CPU");
+    }
+    /* the sum of squares: an independent long double sum; repeats bit for bit */
+    long double ref = 0;
+    for (int i = 0; i < OPT_T; i++) {
+        gl[i] = dg + off[i];
+        for (int64_t j = 0; j < n[i]; j++)
+            ref += (long double)hg[off[i] + j] * hg[off[i] + j];
+    }
+    double s1 = -1, s2 = -2, s0 = -3;
+    int64_t zeros[3] = {0, 0, 0};
+    int bad = be->iface->sumsq(be, gl, n, OPT_T, &s1) || be->iface->sumsq(be, gl, n, OPT_T, &s2) ||
+              be->iface->sumsq(be, gl, zeros, 3, &s0);
+    if (bad) fprintf(stderr, "optimizer: %s\n", be->err);
+    T_CHECK(!bad);
+    double rel = fabs((double)(((long double)s1 - ref) / ref));
+    T_CHECK(rel <= 1e-12);
+    T_CHECK(memcmp(&s1, &s2, sizeof s1) == 0);
+    T_CHECK(s0 == 0.0);
+    printf("optimizer: sum of squares over %d tensors: %.17g, %.2e from a long double sum; "
+           "repeat %s\n",
+           OPT_T, s1, rel, memcmp(&s1, &s2, sizeof s1) ? "DIFFERS" : "bit-identical");
+out:
+    if (arena) be->iface->arena_free(be, arena);
+    mgc_backend_close(be);
+    if (cpu) mgc_backend_close(cpu);
+    free(hp), free(hg), free(hm), free(hv), free(ep), free(em), free(ev);
+    free(rp), free(rm), free(rv), free(ec), free(rc);
 }
 
 /* ---- 1. op by op ------------------------------------------------------------------ */
@@ -572,6 +699,12 @@ int main(int argc, char **argv) {
     }
     setvbuf(stdout, NULL, _IONBF, 0);
     const char *only = argc > 1 ? argv[1] : NULL;
+    const char *seed_env = getenv("MGC_TEST_SEED");
+    uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
+    printf("test_cuda: seed %llu (MGC_TEST_SEED=%llu replays)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+    orng = seed * 2654435761u + 1u;
+    if (!only || !strcmp(only, "optim") || !strcmp(only, "ci")) check_optimizer();
     if (!only || !strcmp(only, "train")) {
         check_training("examples/tiny-gpt.yaml", NULL);
         check_training("models/tiny-llama.yaml", NULL);

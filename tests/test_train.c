@@ -123,17 +123,40 @@ static int f_download(mgc_backend *be, void *h, const void *s, size_t n) {
 static int f_zero(mgc_backend *be, void *d, size_t n) {
     FENCED(zero(f->cpu, near_(d), n));
 }
-static int f_sumsq(mgc_backend *be, const float *g, int64_t n, double *out) {
-    FENCED(sumsq(f->cpu, near_(g), n, out));
+/* the optimizer's lists a tensor at a time, each address brought near (the sum in list order,
+ * as the CPU backend's) */
+static int f_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int64_t count,
+                   double *out) {
+    fenced *f = (fenced *)be;
+    double s = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const float *gi = near_(g[i]);
+        double v;
+        if (f->cpu->iface->sumsq(f->cpu, &gi, &n[i], 1, &v)) {
+            snprintf(be->err, sizeof be->err, "%s", f->cpu->err);
+            return -1;
+        }
+        s += v;
+    }
+    *out = s;
+    return 0;
 }
 static int f_scale(mgc_backend *be, float *x, int64_t n, double s) {
     FENCED(scale(f->cpu, near_(x), n, s));
 }
-static int f_adamw(mgc_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                   double lr, double b1, double b2, double eps, double wd, int decay, int64_t step,
-                   double gs, uint16_t *c16, int cdt) {
-    FENCED(adamw(f->cpu, near_(p), near_(g), near_(m), near_(v), n, lr, b1, b2, eps, wd, decay,
-                 step, gs, near_(c16), cdt));
+static int f_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
+                   const mgc_adamw_step *s) {
+    fenced *f = (fenced *)be;
+    for (int64_t i = 0; i < count; i++) {
+        mgc_adamw_tensor n = t[i];
+        n.p = near_(n.p), n.g = near_(n.g), n.m = near_(n.m), n.v = near_(n.v);
+        n.copy16 = near_(n.copy16);
+        if (f->cpu->iface->adamw(f->cpu, &n, 1, s)) {
+            snprintf(be->err, sizeof be->err, "%s", f->cpu->err);
+            return -1;
+        }
+    }
+    return 0;
 }
 static int f_cast(mgc_backend *be, uint16_t *d, const float *s, int64_t n) {
     FENCED(cast_bf16(f->cpu, near_(d), near_(s), n));

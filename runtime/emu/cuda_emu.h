@@ -36,6 +36,7 @@
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 /* block-shared: one copy per OS thread, which runs one block at a time */
 #define __shared__ static thread_local
