@@ -21,20 +21,22 @@
  * Every kernel is a block of 128 threads.  The SIMT kernels see it as 8 x 16 (ty = tid / 16,
  * tx = tid % 16): a tile row r of a thread is ty + 8 m, a tile column tx + 16 n (conflict-free
  * shared-memory reads).  The tensor-core kernels (bf16 and fp16: the forward and the backward,
- * ATT_TC_BWD) give each warp 16 rows whose A fragments stay in registers (at D = 128 the dK/dV
+ * ATT_TC_BWD) give each warp 16 rows (the forward at D <= 64: two m-tiles of 16) whose A
+ * fragments stay in registers (at D = 128 the dK/dV
  * kernel reads its K and V from shared memory instead, ATT_KV_SMEM); the other
  * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
  * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory); the tile sizes are
  * functions of D only, written below and repeated by runtime/cuda_ops_attention.c:
- *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; 16-bit: 64),
- *             ATT_FBK keys per step (fp32: 64 for D <= 32, else 32; 16-bit: 64 for D <= 64,
- *             else 32)
+ *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; 16-bit: 128 for
+ *             D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
+ *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, else 32)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
  *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D = 64, 16 for D = 128: the
- *             double-buffered query tiles fit in the registers and shared memory left) and
- *             ATT_TBC_Q (dQ: 64, 32 for D = 128);
+ *             double-buffered query tiles fit in the registers and shared memory left);
+ *             dQ: ATT_TBR_Q query rows a block (128 at D <= 64: ATT_QMT = 2 m-tiles of 16
+ *             rows a warp; 64 at D = 128), ATT_TBC_Q = 32 key rows per step;
  *             SIMT (fp32): ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for
  *             D = 128), ATT_BC rows per step (32 for D <= 64, 16 for D = 128)
  * No float atomics: every sum has a fixed order (dK/dV iterate the group's query heads in
@@ -55,8 +57,12 @@
 #define ATT_D ((int)MGC_D)
 #define ATT_NT 128
 #if MGC_HALF
-#define ATT_FBQ 64 /* 16-bit forward: tensor cores, 16 query rows per warp */
-#define ATT_FBK (ATT_D <= 64 ? 64 : 32)
+/* 16-bit forward: tensor cores, ATT_FMT m-tiles of 16 query rows per warp: at D <= 64 two, so
+ * that every K and V fragment read from shared memory feeds two mma (shared-memory reads per
+ * mma halved); at D = 128 one (the registers) */
+#define ATT_FMT (ATT_D <= 64 ? 2 : 1)
+#define ATT_FBQ (64 * ATT_FMT)
+#define ATT_FBK (ATT_D <= 32 ? 64 : 32) /* S of a warp: 32 x 32 at D = 64 (registers) */
 #else
 #define ATT_FBQ (ATT_D <= 64 ? 64 : 32)
 #define ATT_FBK (ATT_D <= 32 ? 64 : 32)
@@ -69,7 +75,9 @@
 #define ATT_TC_BWD (MGC_HALF)
 #define ATT_TBR 64 /* tensor-core backward: rows owned per block (16 per warp) */
 #define ATT_TBC_KV (ATT_D < 64 ? 64 : ATT_D == 64 ? 32 : 16) /* dK/dV: query rows per step */
-#define ATT_TBC_Q (ATT_D <= 64 ? 64 : 32)  /* dQ: key rows per step */
+#define ATT_QMT (ATT_D <= 64 ? 2 : 1)       /* dQ: m-tiles of 16 query rows a warp */
+#define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
+#define ATT_TBC_Q (ATT_D == 64 ? 16 : 32)   /* dQ: key rows per step (registers) */
 #define ATT_KV_SMEM (MGC_D > 64)           /* dK/dV: K and V A operands from shared memory */
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
@@ -289,44 +297,73 @@ __device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_D / 16][4], con
     }
 }
 
-/* acc[dt] += A (16 x NK: accumulator-layout fp32 values x[NK/8][4], rounded to the storage type) times
- * B (NK x D) = the staged tile t[NK][D] itself (ldmatrix.trans). */
-template <int NK>
-__device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_D / 8][4], const float (&x)[NK / 8][4],
-                                            const unsigned short (*t)[ATT_D + 8], int lane) {
+/* acc[mt][dt] += A_mt (16 x NK: accumulator-layout fp32 values x[mt][NK/8][4], rounded to the
+ * storage type) times B (NK x D) = the staged tile t[NK][D] itself (ldmatrix.trans), for MT
+ * m-tiles: each B fragment read once feeds MT mma.  Per m-tile the sums and their order are
+ * MT = 1's. */
+template <int NK, int MT>
+__device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_D / 8][4],
+                                               const float (&x)[MT][NK / 8][4],
+                                               const unsigned short (*t)[ATT_D + 8], int lane) {
     const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int pk = 0; pk < NK / 16; pk++) {
-        unsigned pa[4] = {att_pack(x[2 * pk][0], x[2 * pk][1]), att_pack(x[2 * pk][2], x[2 * pk][3]),
-                          att_pack(x[2 * pk + 1][0], x[2 * pk + 1][1]),
-                          att_pack(x[2 * pk + 1][2], x[2 * pk + 1][3])};
+        unsigned pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pa[mt][0] = att_pack(x[mt][2 * pk][0], x[mt][2 * pk][1]);
+            pa[mt][1] = att_pack(x[mt][2 * pk][2], x[mt][2 * pk][3]);
+            pa[mt][2] = att_pack(x[mt][2 * pk + 1][0], x[mt][2 * pk + 1][1]);
+            pa[mt][3] = att_pack(x[mt][2 * pk + 1][2], x[mt][2 * pk + 1][3]);
+        }
 #pragma unroll
         for (int dt = 0; dt < ATT_D / 8; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
             unsigned bf[4];
             att_ldsm4<true>(bf, &t[16 * pk + 8 * (m & 1) + rr][8 * (dt + (m >> 1))]);
-            att_mma(acc[dt], pa, bf[0], bf[1]);
-            att_mma(acc[dt + 1], pa, bf[2], bf[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                att_mma(acc[mt][dt], pa[mt], bf[0], bf[1]);
+                att_mma(acc[mt][dt + 1], pa[mt], bf[2], bf[3]);
+            }
         }
     }
 }
+template <int NK>
+__device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_D / 8][4], const float (&x)[NK / 8][4],
+                                            const unsigned short (*t)[ATT_D + 8], int lane) {
+    att_mma_acc_mt<NK, 1>(reinterpret_cast<float(&)[1][ATT_D / 8][4]>(acc),
+                          reinterpret_cast<const float(&)[1][NK / 8][4]>(x), t, lane);
+}
 
-/* s[nt] = A (16 x D, fragments f) times B (D x NN) = the staged tile t[NN][D] transposed
- * (ldmatrix). */
-template <int NN>
-__device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsigned (&f)[ATT_D / 16][4],
-                                             const unsigned short (*t)[ATT_D + 8], int lane) {
+/* s[mt][nt] = A_mt (16 x D, fragments f[mt]) times B (D x NN) = the staged tile t[NN][D]
+ * transposed (ldmatrix), for MT m-tiles sharing each B fragment. */
+template <int NN, int MT>
+__device__ __forceinline__ void att_mma_rows_mt(float (&s)[MT][NN / 8][4],
+                                                const unsigned (&f)[MT][ATT_D / 16][4],
+                                                const unsigned short (*t)[ATT_D + 8], int lane) {
     const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
-    for (int nt = 0; nt < NN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NN / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NN / 8; nt += 2) /* matrices: (nt, k lo) (nt, k hi) (nt+1, ..) */
 #pragma unroll
         for (int ks = 0; ks < ATT_D / 16; ks++) {
             unsigned bf[4];
             att_ldsm4<false>(bf, &t[8 * (nt + (m >> 1)) + rr][16 * ks + 8 * (m & 1)]);
-            att_mma(s[nt], f[ks], bf[0], bf[1]);
-            att_mma(s[nt + 1], f[ks], bf[2], bf[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                att_mma(s[mt][nt], f[mt][ks], bf[0], bf[1]);
+                att_mma(s[mt][nt + 1], f[mt][ks], bf[2], bf[3]);
+            }
         }
+}
+template <int NN>
+__device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsigned (&f)[ATT_D / 16][4],
+                                             const unsigned short (*t)[ATT_D + 8], int lane) {
+    att_mma_rows_mt<NN, 1>(reinterpret_cast<float(&)[1][NN / 8][4]>(s),
+                           reinterpret_cast<const unsigned(&)[1][ATT_D / 16][4]>(f), t, lane);
 }
 
 /* att_mma_rows with A read from shared memory too: rows arow .. arow + 15 of the staged tile
@@ -520,12 +557,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if (defined(MGC_ENTRY_attention_fwd) || defined(MGC_ENTRY_attention_bwd_dq)) && MGC_HALF
-/* Whether any query of the block sees a key of the TK-key tile at k0 (block-uniform: a
- * barrier; TK <= the block's 128 threads).  qmax is the block's largest query position. */
+/* Whether any query of the block sees a key of the TK-key tile at k0 < sk (block-uniform: a
+ * barrier unless keys are rows; TK <= the block's 128 threads).  qmax is the block's largest query position. */
 template <int TK>
 __device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int sk, const int *kpos, int pos_s,
                                               int pos_cp, int pos_rank, int k_gathered) {
     if (!MGC_CAUSAL) return true;
+    if (!kpos && pos_cp <= 1) return k0 <= qmax; /* keys are rows (att_kpos): no barrier */
     int j = k0 + (int)threadIdx.x;
     int vis = threadIdx.x < TK && j < sk &&
               att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
@@ -536,16 +574,16 @@ __device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int sk, const in
 #if defined(MGC_ENTRY_attention_fwd) && MGC_HALF
 
 /* attention_fwd (bf16/fp16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
- * Warp w owns query rows q0 + 16 w .. +15 (q fragments in registers); K and V tiles are staged
- * row-major in shared memory, two buffers deep: cp.async fetches the next tile the block sees
- * while this one is computed.  They are read by ldmatrix (V transposed); S = Q K^T and
- * O += P V on mma.sync.  A tile every query of the block sees whole (rows are positions and
- * the tile ends at or before the block's first query) skips the per-element mask.
+ * Warp w owns ATT_FMT m-tiles of 16 query rows, mt's rows q0 + 16 (w + 4 mt) .. +15 (q
+ * fragments in registers); K and V tiles are staged row-major in shared memory, two buffers
+ * deep: cp.async fetches the next tile the block sees while this one is computed.  They are
+ * read by ldmatrix (V transposed), each fragment feeding every m-tile; S = Q K^T and O += P V
+ * on mma.sync.  A tile every query of the block sees whole (rows are positions and the tile
+ * ends at or before the block's first query) skips the per-element mask.
  * grid (ceil(sq / ATT_FBQ), b, A), block 128, dynamic shared memory 0.
  * lse must not be NULL (the launcher passes scratch when the plan does not keep it).
- * Three blocks per multiprocessor (at most 168 registers) at D <= 64: 12 warps hide the
- * latency the two-deep copies leave. */
-extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
+ * Two blocks per multiprocessor (8 warps of 32 rows at D <= 64; at D = 128 16 rows). */
+extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ out, float *__restrict__ lse, const mgc_t *__restrict__ q,
                    const mgc_t *__restrict__ k, const mgc_t *__restrict__ v, int sq, int sk, int b,
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
@@ -553,6 +591,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
                    const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
                    int pos_cp, int pos_rank, int k_gathered) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    constexpr int MT = ATT_FMT;
     __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
     __shared__ __align__(16) unsigned short Vs[2][BK][ATT_D + 8];
     __shared__ float red[32];
@@ -562,27 +601,37 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
     const int q0 = (int)(MGC_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BQ;
     const int bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
     const float sl2 = scale * ATT_LOG2E;
-    const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
+    int r[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        r[mt][0] = q0 + 16 * (w + 4 * mt) + grp, r[mt][1] = r[mt][0] + 8;
     /* rows are positions: a tile that ends at or before q0 is seen whole by every row */
     const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
 
-    unsigned qf[KS][4];
-    att_load_afrag(qf, q, r, sq, b, A, bi, a, tig);
-    int qp[2];
+    unsigned qf[MT][KS][4];
+    int qp[MT][2];
 #pragma unroll
-    for (int h = 0; h < 2; h++)
-        qp[h] = r[h] < sq ? att_qpos(qpos, r[h], pos_s, pos_cp, pos_rank) : -2147483647 - 1;
+    for (int mt = 0; mt < MT; mt++) {
+        att_load_afrag(qf[mt], q, r[mt], sq, b, A, bi, a, tig);
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            qp[mt][h] = r[mt][h] < sq ? att_qpos(qpos, r[mt][h], pos_s, pos_cp, pos_rank)
+                                      : -2147483647 - 1;
+    }
     int qmax = 0;
-    if (MGC_CAUSAL) {
+    if (MGC_CAUSAL) { /* BQ <= the block's 128 threads */
         int i = q0 + tid;
         int ok = tid < BQ && i < sq;
         qmax = att_block_max_int(ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0, ok, red);
     }
-    float o[DT][4], mrow[2], lrow[2];
+    float o[MT][DT][4], mrow[MT][2], lrow[MT][2];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    mrow[0] = mrow[1] = att_ninf();
-    lrow[0] = lrow[1] = 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+        mrow[mt][0] = mrow[mt][1] = att_ninf();
+        lrow[mt][0] = lrow[mt][1] = 0.0f;
+    }
 
     /* the first tile the block sees, fetched before the loop */
     int k0 = 0;
@@ -604,96 +653,102 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, ATT_D <= 64 ? 3 : 2)
         att_cp_commit();
         att_cp_wait<1>(); /* this tile's copies (all but the group just committed) */
         __syncthreads();
-        float s[NT][4];
-        att_mma_rows<BK>(s, qf, Ks[buf], lane);
-        float mx[2] = {att_ninf(), att_ninf()};
+        float s[MT][NT][4];
+        att_mma_rows_mt<BK, MT>(s, qf, Ks[buf], lane);
         const bool whole = rows_are_pos && k0 + BK <= sk && (!MGC_CAUSAL || k0 + BK - 1 <= q0);
-        if (whole) {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+        for (int mt = 0; mt < MT; mt++) {
+            float mx[2] = {att_ninf(), att_ninf()};
+            if (whole) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = s[nt][e] * sl2;
-                    s[nt][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                }
-        } else {
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int j = k0 + nt * 8 + 2 * tig + e;
-                    int kpj = 0;
-                    if (MGC_CAUSAL && j < sk)
-                        kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        bool visible = j < sk && (!MGC_CAUSAL || kpj <= qp[h]);
-                        float x = visible ? s[nt][2 * h + e] * sl2 : att_ninf();
-                        s[nt][2 * h + e] = x;
-                        mx[h] = fmaxf(mx[h], x);
+                    for (int e = 0; e < 4; e++) {
+                        float x = s[mt][nt][e] * sl2;
+                        s[mt][nt][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
                     }
-                }
-        }
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            float mnew = fmaxf(mrow[h], mx[h]), sum = 0.0f;
-            alpha[h] = 1.0f;
-            if (mnew != att_ninf()) {
-                alpha[h] = exp2f(mrow[h] - mnew); /* 0 when mrow is -inf */
+            } else {
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        float x = s[nt][2 * h + e];
-                        float p = x == att_ninf() ? 0.0f : exp2f(x - mnew);
-                        sum += p;
-                        if (drop_p > 0.0f && p != 0.0f)
-                            p *= att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
-                                          r[h], k0 + nt * 8 + 2 * tig + e, A, sq, sk);
-                        s[nt][2 * h + e] = p;
+                        int j = k0 + nt * 8 + 2 * tig + e;
+                        int kpj = 0;
+                        if (MGC_CAUSAL && j < sk)
+                            kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            bool visible = j < sk && (!MGC_CAUSAL || kpj <= qp[mt][h]);
+                            float x = visible ? s[mt][nt][2 * h + e] * sl2 : att_ninf();
+                            s[mt][nt][2 * h + e] = x;
+                            mx[h] = fmaxf(mx[h], x);
+                        }
                     }
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) s[nt][2 * h] = s[nt][2 * h + 1] = 0.0f;
             }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            mrow[h] = mnew;
-            lrow[h] = lrow[h] * alpha[h] + sum;
-        }
+            float alpha[2];
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            o[dt][0] *= alpha[0];
-            o[dt][1] *= alpha[0];
-            o[dt][2] *= alpha[1];
-            o[dt][3] *= alpha[1];
+            for (int h = 0; h < 2; h++) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                float mnew = fmaxf(mrow[mt][h], mx[h]), sum = 0.0f;
+                alpha[h] = 1.0f;
+                if (mnew != att_ninf()) {
+                    alpha[h] = exp2f(mrow[mt][h] - mnew); /* 0 when mrow is -inf */
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            float x = s[mt][nt][2 * h + e];
+                            float p = x == att_ninf() ? 0.0f : exp2f(x - mnew);
+                            sum += p;
+                            if (drop_p > 0.0f && p != 0.0f)
+                                p *= att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi,
+                                              a, r[mt][h], k0 + nt * 8 + 2 * tig + e, A, sq, sk);
+                            s[mt][nt][2 * h + e] = p;
+                        }
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) s[mt][nt][2 * h] = s[mt][nt][2 * h + 1] = 0.0f;
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                mrow[mt][h] = mnew;
+                lrow[mt][h] = lrow[mt][h] * alpha[h] + sum;
+            }
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                o[mt][dt][0] *= alpha[0];
+                o[mt][dt][1] *= alpha[0];
+                o[mt][dt][2] *= alpha[1];
+                o[mt][dt][3] *= alpha[1];
+            }
         }
-        att_mma_acc<BK>(o, s, Vs[buf], lane);
+        att_mma_acc_mt<BK, MT>(o, s, Vs[buf], lane);
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
         k0 = kn;
     }
     att_cp_wait<0>();
 
-    float inv[2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        inv[h] = lrow[h] == 0.0f ? 0.0f : 1.0f / lrow[h];
-        if (r[h] < sq && tig == 0)
-            lse[((i64)r[h] * b + bi) * A + a] =
-                lrow[h] == 0.0f ? att_ninf() : (mrow[h] + __log2f(lrow[h])) * ATT_LN2;
-    }
+    for (int mt = 0; mt < MT; mt++) {
+        float inv[2];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
-        o[dt][0] *= inv[0];
-        o[dt][1] *= inv[0];
-        o[dt][2] *= inv[1];
-        o[dt][3] *= inv[1];
+        for (int h = 0; h < 2; h++) {
+            inv[h] = lrow[mt][h] == 0.0f ? 0.0f : 1.0f / lrow[mt][h];
+            if (r[mt][h] < sq && tig == 0)
+                lse[((i64)r[mt][h] * b + bi) * A + a] =
+                    lrow[mt][h] == 0.0f ? att_ninf() : (mrow[mt][h] + __log2f(lrow[mt][h])) * ATT_LN2;
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            o[mt][dt][0] *= inv[0];
+            o[mt][dt][1] *= inv[0];
+            o[mt][dt][2] *= inv[1];
+            o[mt][dt][3] *= inv[1];
+        }
+        att_store_acc(out, o[mt], r[mt], sq, b, A, bi, a, tig);
     }
-    att_store_acc(out, o, r, sq, b, A, bi, a, tig);
 }
 #endif
 
@@ -1047,11 +1102,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
 
     /* the (head, query tile) steps in order, skipping tiles that see no key of the block
-     * (block-uniform: a barrier each); the next step's tiles are fetched during this one's */
+     * (block-uniform: a barrier each unless queries are rows); the next step's tiles are fetched during this one's */
 #define ATT_DKV_SEEN(q0_)                                                                        \
     (!MGC_CAUSAL ||                                                                              \
-     __syncthreads_or(tid < BC && (q0_) + tid < sq &&                                            \
-                      att_qpos(qpos, (q0_) + tid, pos_s, pos_cp, pos_rank) >= kmin))
+     (!qpos && pos_cp <= 1 /* queries are rows: the tile's last one decides, no barrier */       \
+          ? min((q0_) + BC, sq) - 1 >= kmin                                                      \
+          : __syncthreads_or(tid < BC && (q0_) + tid < sq &&                                     \
+                             att_qpos(qpos, (q0_) + tid, pos_s, pos_cp, pos_rank) >= kmin)))
 #define ATT_DKV_NEXT(a_, q0_)                                                                    \
     do {                                                                                         \
         for (;;) {                                                                               \
@@ -1138,15 +1195,17 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
 
 #if defined(MGC_ENTRY_attention_bwd_dq) && ATT_TC_BWD
-/* attention_bwd_dq (bf16/fp16, tensor cores): warp w owns query rows q0 + 16 w .. +15
- * (Q and dO fragments in registers); per key tile of ATT_TBC_Q rows (K and V staged row-major,
- * two buffers deep: cp.async fetches the next tile the block sees while this one is computed;
- * ldmatrix reads K transposed for dS K): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
+/* attention_bwd_dq (bf16/fp16, tensor cores): warp w owns ATT_QMT m-tiles of 16 query rows,
+ * mt's rows q0 + 16 (w + 4 mt) .. +15 (Q and dO fragments in registers); per key tile of
+ * ATT_TBC_Q rows (K and V staged row-major, two buffers deep: cp.async fetches the next tile
+ * the block sees while this one is computed; ldmatrix reads K transposed for dS K, each
+ * fragment feeding every m-tile): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
  * A tile every query of the block sees whole skips the per-element mask (as the forward).
- * grid (ceil(sq / ATT_TBR), b, A), block 128, dynamic shared memory 0. */
+ * grid (ceil(sq / ATT_TBR_Q), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, ATT_BWD_PARAMS) {
-    constexpr int BR = ATT_TBR, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    constexpr int MT = ATT_QMT, BR = ATT_TBR_Q, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16,
+                  DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[2][BC][ATT_D + 8];
     __shared__ __align__(16) unsigned short Vs[2][BC][ATT_D + 8];
     __shared__ float red[32];
@@ -1156,35 +1215,45 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const int q0 = (int)(MGC_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
     const int bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
     const float sl2 = scale * ATT_LOG2E;
-    const int r[2] = {q0 + 16 * w + grp, q0 + 16 * w + grp + 8};
+    int r[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        r[mt][0] = q0 + 16 * (w + 4 * mt) + grp, r[mt][1] = r[mt][0] + 8;
     const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
 
-    unsigned qf[KS][4], of[KS][4];
-    att_load_afrag(qf, q, r, sq, b, A, bi, a, tig);
-    att_load_afrag(of, dout, r, sq, b, A, bi, a, tig);
-    int qp[2];
-    float l2[2], Dm[2];
-    bool rowok[2];
+    unsigned qf[MT][KS][4], of[MT][KS][4];
+    int qp[MT][2];
+    float l2[MT][2], Dm[MT][2];
+    bool rowok[MT][2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        i64 rw = ((i64)r[h] * b + bi) * A + a;
-        qp[h] = r[h] < sq ? att_qpos(qpos, r[h], pos_s, pos_cp, pos_rank) : -2147483647 - 1;
-        l2[h] = r[h] < sq ? lse[rw] * ATT_LOG2E : att_ninf();
-        Dm[h] = r[h] < sq ? dsum[rw] : 0.0f;
-        rowok[h] = r[h] < sq && l2[h] != att_ninf();
+    for (int mt = 0; mt < MT; mt++) {
+        att_load_afrag(qf[mt], q, r[mt], sq, b, A, bi, a, tig);
+        att_load_afrag(of[mt], dout, r[mt], sq, b, A, bi, a, tig);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int rr = r[mt][h];
+            i64 rw = ((i64)rr * b + bi) * A + a;
+            qp[mt][h] = rr < sq ? att_qpos(qpos, rr, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
+            l2[mt][h] = rr < sq ? lse[rw] * ATT_LOG2E : att_ninf();
+            Dm[mt][h] = rr < sq ? dsum[rw] : 0.0f;
+            rowok[mt][h] = rr < sq && l2[mt][h] != att_ninf();
+        }
     }
     int qmax = 0;
-    if (MGC_CAUSAL) {
+    if (MGC_CAUSAL) { /* BR <= the block's 128 threads */
         int i = q0 + tid;
         int ok = tid < BR && i < sq;
         qmax = att_block_max_int(ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0, ok, red);
     }
-    float dqa[DT][4];
+    float dqa[MT][DT][4];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++) dqa[dt][0] = dqa[dt][1] = dqa[dt][2] = dqa[dt][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            dqa[mt][dt][0] = dqa[mt][dt][1] = dqa[mt][dt][2] = dqa[mt][dt][3] = 0.0f;
     __syncthreads();
 
-    /* key tiles no query of the block sees are skipped (block-uniform: a barrier each) */
+    /* key tiles no query of the block sees are skipped (block-uniform) */
 #define ATT_DQ_SEEN(k0_) att_keys_seen<BC>((k0_), qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered)
     int k0 = 0;
     while (k0 < sk && !ATT_DQ_SEEN(k0)) k0 += BC;
@@ -1203,9 +1272,9 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_cp_commit();
         att_cp_wait<1>();
         __syncthreads();
-        float s[NT][4], dp[NT][4];
-        att_mma_rows<BC>(s, qf, Ks[buf], lane);
-        att_mma_rows<BC>(dp, of, Vs[buf], lane);
+        float s[MT][NT][4], dp[MT][NT][4];
+        att_mma_rows_mt<BC, MT>(s, qf, Ks[buf], lane);
+        att_mma_rows_mt<BC, MT>(dp, of, Vs[buf], lane);
         const bool whole = rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -1217,22 +1286,26 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 if (MGC_CAUSAL && !whole && j < sk)
                     kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    bool visible = rowok[h] && jok && (whole || !MGC_CAUSAL || kpj <= qp[h]);
-                    float p = visible ? exp2f(s[nt][2 * h + e] * sl2 - l2[h]) : 0.0f;
-                    float z = 1.0f;
-                    if (drop_p > 0.0f && visible)
-                        z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
-                                     r[h], j, A, sq, sk);
-                    dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dm[h]) * scale; /* dS */
-                }
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        bool visible =
+                            rowok[mt][h] && jok && (whole || !MGC_CAUSAL || kpj <= qp[mt][h]);
+                        float p = visible ? exp2f(s[mt][nt][2 * h + e] * sl2 - l2[mt][h]) : 0.0f;
+                        float z = 1.0f;
+                        if (drop_p > 0.0f && visible)
+                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
+                                         r[mt][h], j, A, sq, sk);
+                        dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]) * scale; /* dS */
+                    }
             }
-        att_mma_acc<BC>(dqa, dp, Ks[buf], lane);
+        att_mma_acc_mt<BC, MT>(dqa, dp, Ks[buf], lane);
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
         k0 = kn;
     }
 #undef ATT_DQ_SEEN
     att_cp_wait<0>();
-    att_store_acc(dq, dqa, r, sq, b, A, bi, a, tig);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) att_store_acc(dq, dqa[mt], r[mt], sq, b, A, bi, a, tig);
 }
 #endif

@@ -11,7 +11,8 @@
  * all-gathered rows of every rank (cpu_backend.c ctx_positions / gathered_positions).  With
  * cp <= 1 rows are positions.  The dropout stream is cpu_backend.c drop_rng's (elem0 = 0).
  *
- * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR): keep them equal. */
+ * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR, ATT_TBR_Q): keep
+ * them equal. */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -19,11 +20,16 @@
 #include "rng.h"
 
 static int fwd_bq(int64_t d, int half) {
-    return half || d <= 64 ? 64 : 32; /* ATT_FBQ */
+    if (half) return d <= 64 ? 128 : 64; /* ATT_FBQ: 64 * ATT_FMT */
+    return d <= 64 ? 64 : 32;            /* ATT_FBQ (fp32) */
 }
 static int bwd_br(int64_t d, int half) {
     if (half) return 64;                       /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
     return d <= 32 ? 64 : (d <= 64 ? 32 : 16); /* ATT_BR */
+}
+static int bwd_dq_rows(int64_t d, int half) {
+    if (half) return d <= 64 ? 128 : 64; /* ATT_TBR_Q: 64 * ATT_QMT */
+    return bwd_br(d, half);              /* the SIMT dQ kernel: ATT_BR */
 }
 
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
@@ -103,6 +109,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                   &isq,     &isk,      &ib,      &iA,       &iG,         &scale, &drop_p,
                   &drop_thr, &drop_scale, &seed, &stream,   &elem0,      &qpos,  &kpos,
                   &pos_s,   &pos_cp,   &pos_rank, &k_gathered};
-    return mgc_cuda_launch(be, &ks[2], (unsigned)((sq + br - 1) / br), (unsigned)b, (unsigned)A,
+    int bq = bwd_dq_rows(d, ks[2].dtype != MGC_DT_F32);
+    return mgc_cuda_launch(be, &ks[2], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A,
                            128, 0, a2);
 }

@@ -720,7 +720,10 @@ int main(int argc, char **argv) {
         static const char *const all8[] = {"parallel.world_size=8", "parallel.tensor=2",
                                            "parallel.pipeline=2", "parallel.data=2",
                                            "parallel.grad_bucket_size=20000", NULL};
+        static const char *const d32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
+                                          NULL};
         check_ops("examples/tiny-gpt.yaml", d64);
+        check_ops("models/tiny-llama.yaml", d32);
         check_ops("models/tiny-llama.yaml", d128);
         check_ops("models/tiny-moe.yaml", NULL);
         check_training("examples/tiny-gpt.yaml", NULL);
