@@ -10,11 +10,10 @@
 #include "kspec.h"
 
 static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype, int64_t *d) {
-    if (op->n_in < 3 || op->in[0] < 0 || op->in[0] >= ch->n_tensors) return -1;
-    const mgc_plan_tensor *q = &ch->tensors[op->in[0]];
-    if (q->rank != 4) return -1;
-    if ((*dtype = mgc_kspec_storage(q->dtype)) < 0) return -1;
-    *d = q->dim[3];
+    mgc_attn_geom g; /* q's own tensor, or the fused projection (MGC_POF_QKV): a kernel argument */
+    if (mgc_plan_attn_geom(ch, op, &g)) return -1;
+    if ((*dtype = mgc_kspec_storage(ch->tensors[op->in[0]].dtype)) < 0) return -1;
+    *d = g.d;
     if (*d != 16 && *d != 32 && *d != 64 && *d != 128) return -1;
     return 0;
 }

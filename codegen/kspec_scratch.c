@@ -53,9 +53,12 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
         return ((M + 255) / 256) * N * 4;
     }
     case MGC_POP_ATTENTION: /* cuda_ops_attention.c: lse when the plan keeps none */
-        return op->n_out > 1 ? 0 : (uint64_t)numel(in0) / (uint64_t)(last_dim(in0) > 0 ? last_dim(in0) : 1) * 4;
-    case MGC_POP_ATTENTION_BWD: /* dsum, a float a query row */
-        return (uint64_t)numel(in0) / (uint64_t)(last_dim(in0) > 0 ? last_dim(in0) : 1) * 4;
+    case MGC_POP_ATTENTION_BWD: { /* dsum, a float a query row (of every head) */
+        mgc_attn_geom g;
+        if (mgc_plan_attn_geom(ch, op, &g)) return 0;
+        if (op->kind == MGC_POP_ATTENTION && op->n_out > 1) return 0;
+        return nonneg(g.sq) * nonneg(g.b) * nonneg(g.A) * 4;
+    }
     case MGC_POP_NORM_BWD: { /* cuda_ops_pointwise.c op_norm: dw (and db) partials */
         uint64_t rows = nonneg(op->iattr[1]), h = nonneg(op->iattr[2]);
         uint64_t nb = rows < MGC_KSPEC_NORM_NB ? rows : MGC_KSPEC_NORM_NB;

@@ -185,10 +185,129 @@ static int64_t fuse_dgrad_gelu(mgc_plan_chunk *ch) {
     return fused;
 }
 
+/* qkv_split (qkv) -> (q, k, v) immediately followed by attention (q, k, v) -> (out [, lse]) in
+ * the forward, whose backward attention_bwd (q, k, v, out, lse, dout) -> (dq, dk, dv) is
+ * followed, later, by qkv_split_bwd (dq, dk, dv) -> (dqkv): attention reads q, k and v in place
+ * from qkv and attention_bwd writes dqkv (MGC_POF_QKV, plan.h mgc_plan_attn_geom); both splits
+ * go.  Only when q, k, v and dq, dk, dv have no other reader or writer (no rotary embedding,
+ * no context-parallel gather, no recompute copy between) and nothing between the backward pair
+ * touches dqkv.  The backward now reads qkv instead of q, k, v: qkv takes their stash slot when
+ * they are stashed back to back (it is as large as the three), else nothing is fused. */
+static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
+    int64_t fused = 0;
+    int32_t *uses = count_uses(ch, ch->fwd, ch->n_fwd), *ub = count_uses(ch, ch->bwd, ch->n_bwd);
+    if (!uses || !ub) {
+        free(uses), free(ub);
+        return 0;
+    }
+    for (int64_t i = 0; i < ch->n_tensors; i++) uses[i] += ub[i];
+    uint8_t *gone_f = calloc((size_t)(ch->n_fwd > 0 ? ch->n_fwd : 1), 1);
+    uint8_t *gone_b = calloc((size_t)(ch->n_bwd > 0 ? ch->n_bwd : 1), 1);
+    for (int64_t i = 0; gone_f && gone_b && i + 1 < ch->n_fwd; i++) {
+        mgc_plan_op *sp = &ch->fwd[i], *at = &ch->fwd[i + 1];
+        if (sp->kind != MGC_POP_QKV_SPLIT || sp->n_in != 1 || sp->n_out != 3 ||
+            at->kind != MGC_POP_ATTENTION || at->n_in != 3 || at->n_out < 1 ||
+            ((sp->flags | at->flags) & (MGC_POF_RECOMPUTE | MGC_POF_QKV)))
+            continue;
+        int32_t qkv = sp->in[0], q = sp->out[0], k = sp->out[1], v = sp->out[2];
+        if (at->in[0] != q || at->in[1] != k || at->in[2] != v || q < BOUNDARY_TENSORS ||
+            k < BOUNDARY_TENSORS || v < BOUNDARY_TENSORS || qkv < 0 || q == k || k == v || q == v)
+            continue;
+        /* q, k, v: written by the split, read by the attention and its backward only */
+        if (uses[q] != 3 || uses[k] != 3 || uses[v] != 3) continue;
+        int64_t bi = -1, si = -1;
+        for (int64_t j = 0; j < ch->n_bwd && bi < 0; j++) {
+            const mgc_plan_op *o = &ch->bwd[j];
+            if (o->kind == MGC_POP_ATTENTION_BWD && o->n_in == 6 && o->n_out == 3 && o->in[0] == q &&
+                o->in[1] == k && o->in[2] == v && !(o->flags & (MGC_POF_RECOMPUTE | MGC_POF_QKV)))
+                bi = j;
+        }
+        if (bi < 0) continue;
+        mgc_plan_op *ab = &ch->bwd[bi];
+        int32_t dq = ab->out[0], dk = ab->out[1], dv = ab->out[2];
+        if (dq < BOUNDARY_TENSORS || dk < BOUNDARY_TENSORS || dv < BOUNDARY_TENSORS ||
+            uses[dq] != 2 || uses[dk] != 2 || uses[dv] != 2)
+            continue;
+        int32_t dqkv = -1;
+        for (int64_t j = bi + 1; j < ch->n_bwd; j++) {
+            const mgc_plan_op *o = &ch->bwd[j];
+            if (o->kind == MGC_POP_QKV_SPLIT_BWD && o->n_in == 3 && o->n_out == 1 && o->in[0] == dq &&
+                o->in[1] == dk && o->in[2] == dv && !(o->flags & MGC_POF_RECOMPUTE)) {
+                si = j, dqkv = o->out[0];
+                break;
+            }
+        }
+        if (si < 0 || dqkv < 0) continue;
+        int clash = 0; /* nothing between the backward pair reads or writes dqkv */
+        for (int64_t j = bi; j < si && !clash; j++) {
+            const mgc_plan_op *o = &ch->bwd[j];
+            for (int t = 0; t < o->n_in && t < MGC_PLAN_MAX_IO; t++) clash |= o->in[t] == dqkv;
+            for (int t = 0; t < o->n_out && t < MGC_PLAN_MAX_IO; t++) clash |= o->out[t] == dqkv;
+        }
+        if (clash) continue;
+        /* the stash: qkv where q, k, v were (back to back, as the autodiff packs them) */
+        mgc_plan_tensor *Q = &ch->tensors[q], *K = &ch->tensors[k], *V = &ch->tensors[v],
+                        *X = &ch->tensors[qkv];
+        int relocate = 0;
+        if (X->buffer != MGC_PLAN_BUF_STASH) {
+            if (Q->buffer != MGC_PLAN_BUF_STASH || K->buffer != MGC_PLAN_BUF_STASH ||
+                V->buffer != MGC_PLAN_BUF_STASH)
+                continue;
+            uint64_t al = MGC_PLAN_ALIGN;
+            if (K->offset != (Q->offset + Q->bytes + al - 1) / al * al ||
+                V->offset != (K->offset + K->bytes + al - 1) / al * al ||
+                X->bytes > V->offset + V->bytes - Q->offset)
+                continue;
+            relocate = 1;
+        }
+        /* the producer of qkv saves it now: its flag must say so */
+        int64_t pi = -1;
+        for (int64_t j = 0; j < i && relocate; j++)
+            for (int t = 0; t < ch->fwd[j].n_out && t < MGC_PLAN_MAX_IO; t++)
+                if (ch->fwd[j].out[t] == qkv) pi = j;
+        if (relocate && pi < 0) continue; /* a chunk input: leave it */
+        if (relocate) {
+            X->buffer = MGC_PLAN_BUF_STASH;
+            X->offset = Q->offset;
+            ch->fwd[pi].flags |= MGC_POF_SAVED;
+        }
+        Q->buffer = K->buffer = V->buffer = -1, Q->offset = K->offset = V->offset = 0;
+        at->flags |= MGC_POF_QKV;
+        at->n_in = 1;
+        at->in[0] = qkv, at->in[1] = at->in[2] = 0;
+        ab->flags |= MGC_POF_QKV;
+        ab->in[0] = qkv, ab->in[1] = ab->in[3], ab->in[2] = ab->in[4], ab->in[3] = ab->in[5];
+        ab->in[4] = ab->in[5] = 0;
+        ab->n_in = 4;
+        ab->out[0] = dqkv, ab->out[1] = ab->out[2] = 0;
+        ab->n_out = 1;
+        gone_f[i] = 1;
+        gone_b[si] = 1;
+        fused++;
+        i++; /* the attention */
+    }
+    if (fused) {
+        int64_t j = 0;
+        for (int64_t i = 0; i < ch->n_fwd; i++)
+            if (!gone_f[i]) ch->fwd[j++] = ch->fwd[i];
+        ch->n_fwd = j;
+        j = 0;
+        for (int64_t i = 0; i < ch->n_bwd; i++)
+            if (!gone_b[i]) ch->bwd[j++] = ch->bwd[i];
+        ch->n_bwd = j;
+    }
+    free(gone_f), free(gone_b), free(uses), free(ub);
+    return fused;
+}
+
 void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
     int64_t a = fuse_norm_bwd_add(ch);
     int64_t b = fuse_fwd_pairs(ch, pair_add_norm);
     int64_t c = fuse_fwd_pairs(ch, pair_linear_gelu);
     int64_t d = fuse_dgrad_gelu(ch);
-    if (st) st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
+    int64_t e = fuse_qkv_attention(ch);
+    if (st) {
+        st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
+        st->qkv_attention += e;
+    }
 }

@@ -16,6 +16,11 @@
  *     -> linear_gelu: (y, h) from one GEMM (cuBLASLt's GELU_AUX epilogue), forward programs
  *   linear_dgrad (dg = dy W) ... gelu_bwd (dh = gelu'(h) dg)
  *     -> linear_dgrad_gelu: dh from one GEMM (cuBLASLt's DGELU epilogue, h as its aux input)
+ *   qkv_split (q, k, v = split(qkv)) ; attention (q, k, v),  and in the backward
+ *   attention_bwd -> (dq, dk, dv) ... qkv_split_bwd (dqkv = join(dq, dk, dv))
+ *     -> attention and attention_bwd with MGC_POF_QKV: q, k, v read in place from qkv and
+ *        their gradients written in place into dqkv (no split copy either way; qkv is
+ *        stashed instead of q, k, v, in their slot)
  */
 #ifndef MGC_FUSION_H
 #define MGC_FUSION_H
@@ -33,6 +38,7 @@ typedef struct mgc_fusion_stats {
     int64_t add_norm;     /* dropout_add + norm pairs fused */
     int64_t linear_gelu;  /* linear + gelu pairs fused */
     int64_t dgrad_gelu;   /* linear_dgrad + gelu_bwd pairs fused */
+    int64_t qkv_attention; /* qkv_split + attention (and their backwards) fused */
 } mgc_fusion_stats;
 
 /* Fuse in place what can be fused in one chunk; counts added to *st (may be

@@ -155,6 +155,30 @@ __device__ __forceinline__ void att_load_tile(float (*sh)[ATT_D + 1], const mgc_
     }
 }
 
+/* Where q, k, v (and dq, dk, dv) live (the kernels' `qkv` argument).  qkv = 0: their own
+ * tensors q (s, b, A, D), k and v (s, b, G, D).  qkv = 1: the fused projection (s, b, G (PER +
+ * 2) D), PER = A / G, group g's PER query heads then its key then its value: q points at it, k
+ * at it + PER D, v at it + (PER + 1) D (the launcher's), and the row of (i, bi) is A + 2G head
+ * widths long.  The tile helpers address ((i b + bi) H + h) D: these give H and h. */
+__device__ __forceinline__ int att_qH(int qkv, int A, int G) {
+    return qkv ? A + 2 * G : A;
+}
+__device__ __forceinline__ int att_qh(int qkv, int A, int G, int a) {
+    const int per = A / G;
+    return qkv ? (a / per) * (per + 2) + a % per : a;
+}
+__device__ __forceinline__ int att_kH(int qkv, int A, int G) {
+    return qkv ? A + 2 * G : G;
+}
+__device__ __forceinline__ int att_kh(int qkv, int A, int G, int g) {
+    return qkv ? g * (A / G + 2) : g;
+}
+#define ATT_KV_VIEWS                                                                             \
+    const int qH = att_qH(qkv, A, G), kH = att_kH(qkv, A, G), kh = att_kh(qkv, A, G, g)
+#define ATT_QKV_VIEWS                                                                            \
+    ATT_KV_VIEWS;                                                                                \
+    const int qh = att_qh(qkv, A, G, a)
+
 /* block-wide max of an int held by threads tid < n (others pass anything); all get it */
 __device__ __forceinline__ int att_block_max_int(int v, int valid, float *red) {
     float f = valid ? (float)v : att_ninf();
@@ -415,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered) {
+                   int pos_cp, int pos_rank, int k_gathered, int qkv) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, RM = BQ / 8, RN = BK / 16;
     __shared__ float Qs[BQ][ATT_D + 1];
     __shared__ float KVs[BK][ATT_D + 1];
@@ -423,9 +447,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     __shared__ float red[32];
     const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
     const int q0 = blockIdx.x * BQ, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
+    ATT_QKV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
 
-    att_load_tile<BQ>(Qs, q, q0, sq, b, A, bi, a);
+    att_load_tile<BQ>(Qs, q, q0, sq, b, qH, bi, qh);
     int qp[RM];
 #pragma unroll
     for (int m = 0; m < RM; m++) {
@@ -455,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                       att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
             if (!__syncthreads_or(vis)) continue;
         }
-        att_load_tile<BK>(KVs, k, k0, sk, b, G, bi, g);
+        att_load_tile<BK>(KVs, k, k0, sk, b, kH, bi, kh);
         __syncthreads();
         float s[RM][RN];
 #pragma unroll
@@ -523,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             for (int n = 0; n < RN; n++) Ps[ty + 8 * m][tx + 16 * n] = s[m][n];
         }
         __syncthreads(); /* K read by all, P written */
-        att_load_tile<BK>(KVs, v, k0, sk, b, G, bi, g);
+        att_load_tile<BK>(KVs, v, k0, sk, b, kH, bi, kh);
         __syncthreads();
 #pragma unroll 4
         for (int kk = 0; kk < BK; kk++) {
@@ -589,7 +614,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered) {
+                   int pos_cp, int pos_rank, int k_gathered, int qkv) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     constexpr int MT = ATT_FMT;
     __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
@@ -600,6 +625,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
      * tail); blockIdx.x only orders the tiles */
     const int q0 = (int)(MGC_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BQ;
     const int bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
+    ATT_QKV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
     int r[MT][2];
 #pragma unroll
@@ -612,7 +638,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     int qp[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        att_load_afrag(qf[mt], q, r[mt], sq, b, A, bi, a, tig);
+        att_load_afrag(qf[mt], q, r[mt], sq, b, qH, bi, qh, tig);
 #pragma unroll
         for (int h = 0; h < 2; h++)
             qp[mt][h] = r[mt][h] < sq ? att_qpos(qpos, r[mt][h], pos_s, pos_cp, pos_rank)
@@ -638,8 +664,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     while (k0 < sk && !att_keys_seen<BK>(k0, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
         k0 += BK;
     if (k0 < sk) {
-        att_stage_async<BK>(Ks[0], k, k0, sk, b, G, bi, g);
-        att_stage_async<BK>(Vs[0], v, k0, sk, b, G, bi, g);
+        att_stage_async<BK>(Ks[0], k, k0, sk, b, kH, bi, kh);
+        att_stage_async<BK>(Vs[0], v, k0, sk, b, kH, bi, kh);
     }
     att_cp_commit();
     for (int buf = 0; k0 < sk; buf ^= 1) {
@@ -647,8 +673,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         while (kn < sk && !att_keys_seen<BK>(kn, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
             kn += BK;
         if (kn < sk) {
-            att_stage_async<BK>(Ks[buf ^ 1], k, kn, sk, b, G, bi, g);
-            att_stage_async<BK>(Vs[buf ^ 1], v, kn, sk, b, G, bi, g);
+            att_stage_async<BK>(Ks[buf ^ 1], k, kn, sk, b, kH, bi, kh);
+            att_stage_async<BK>(Vs[buf ^ 1], v, kn, sk, b, kH, bi, kh);
         }
         att_cp_commit();
         att_cp_wait<1>(); /* this tile's copies (all but the group just committed) */
@@ -760,7 +786,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         const float *__restrict__ dsum, int sq, int sk, int b, int A, int G, float scale,        \
         float drop_p, unsigned drop_thr, float drop_scale, unsigned long long seed,              \
         unsigned long long stream, unsigned long long elem0, const int *__restrict__ qpos,       \
-        const int *__restrict__ kpos, int pos_s, int pos_cp, int pos_rank, int k_gathered
+        const int *__restrict__ kpos, int pos_s, int pos_cp, int pos_rank, int k_gathered,       \
+        int qkv
 
 #if defined(MGC_ENTRY_attention_bwd_dot)
 /* attention_bwd_dot: dsum[i,bi,a] = sum_c dout * out over the head dim (fixed order: lane
@@ -800,10 +827,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     __shared__ float red[32];
     const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
     const int k0 = blockIdx.x * BR, bi = blockIdx.y, g = blockIdx.z, per = A / G;
+    ATT_KV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
 
-    att_load_tile<BR>(Ks, k, k0, sk, b, G, bi, g);
-    att_load_tile<BR>(Vs, v, k0, sk, b, G, bi, g);
+    att_load_tile<BR>(Ks, k, k0, sk, b, kH, bi, kh);
+    att_load_tile<BR>(Vs, v, k0, sk, b, kH, bi, kh);
     int kp[RM];
 #pragma unroll
     for (int m = 0; m < RM; m++) {
@@ -830,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 int vis = tid < BC && i < sq && att_qpos(qpos, i, pos_s, pos_cp, pos_rank) >= kmin;
                 if (!__syncthreads_or(vis)) continue;
             }
-            att_load_tile<BC>(Qs, q, q0, sq, b, A, bi, a);
+            att_load_tile<BC>(Qs, q, q0, sq, b, qH, bi, att_qh(qkv, A, G, a));
             att_load_tile<BC>(dOs, dout, q0, sq, b, A, bi, a);
             if (tid < BC) {
                 int i = q0 + tid;
@@ -912,7 +940,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int m = 0; m < RM; m++) {
         int j = k0 + ty + 8 * m;
         if (j >= sk) continue;
-        i64 base = (((i64)j * b + bi) * G + g) * ATT_D;
+        i64 base = (((i64)j * b + bi) * kH + kh) * ATT_D;
 #pragma unroll
         for (int c = 0; c < ATT_DC; c++) {
             dk[base + tx + 16 * c] = mgc_st(dka[m][c]);
@@ -937,9 +965,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     __shared__ float red[32];
     const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
     const int q0 = blockIdx.x * BR, bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
+    ATT_QKV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
 
-    att_load_tile<BR>(Qs, q, q0, sq, b, A, bi, a);
+    att_load_tile<BR>(Qs, q, q0, sq, b, qH, bi, qh);
     att_load_tile<BR>(dOs, dout, q0, sq, b, A, bi, a);
     int qp[RM];
     float l2[RM], Dm[RM];
@@ -971,8 +1000,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                       att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
             if (!__syncthreads_or(vis)) continue;
         }
-        att_load_tile<BC>(Ks, k, k0, sk, b, G, bi, g);
-        att_load_tile<BC>(Vs, v, k0, sk, b, G, bi, g);
+        att_load_tile<BC>(Ks, k, k0, sk, b, kH, bi, kh);
+        att_load_tile<BC>(Vs, v, k0, sk, b, kH, bi, kh);
         __syncthreads();
         float s[RM][RN], dp[RM][RN];
 #pragma unroll
@@ -1038,7 +1067,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int m = 0; m < RM; m++) {
         int i = q0 + ty + 8 * m;
         if (i >= sq) continue;
-        i64 base = (((i64)i * b + bi) * A + a) * ATT_D;
+        i64 base = (((i64)i * b + bi) * qH + qh) * ATT_D;
 #pragma unroll
         for (int c = 0; c < ATT_DC; c++) dq[base + tx + 16 * c] = mgc_st(dqa[m][c]);
     }
@@ -1068,6 +1097,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     const int k0 = blockIdx.x * BR, bi = blockIdx.y, g = blockIdx.z, per = A / G;
+    ATT_KV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {k0 + 16 * w + grp, k0 + 16 * w + grp + 8};
     const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
@@ -1075,13 +1105,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #if ATT_KV_SMEM
     __shared__ __align__(16) unsigned short Ks[BR][ATT_D + 8];
     __shared__ __align__(16) unsigned short Vs[BR][ATT_D + 8];
-    att_stage<BR>(Ks, k, k0, sk, b, G, bi, g);
-    att_stage<BR>(Vs, v, k0, sk, b, G, bi, g);
+    att_stage<BR>(Ks, k, k0, sk, b, kH, bi, kh);
+    att_stage<BR>(Vs, v, k0, sk, b, kH, bi, kh);
     __syncthreads();
 #else
     unsigned kf[KS][4], vf[KS][4];
-    att_load_afrag(kf, k, r, sk, b, G, bi, g, tig);
-    att_load_afrag(vf, v, r, sk, b, G, bi, g, tig);
+    att_load_afrag(kf, k, r, sk, b, kH, bi, kh, tig);
+    att_load_afrag(vf, v, r, sk, b, kH, bi, kh, tig);
 #endif
     int kp[2];
 #pragma unroll
@@ -1119,7 +1149,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     } while (0)
 #define ATT_DKV_FETCH(bf_, a_, q0_)                                                              \
     do {                                                                                         \
-        att_stage_async<BC>(Qs[bf_], q, (q0_), sq, b, A, bi, (a_));                              \
+        att_stage_async<BC>(Qs[bf_], q, (q0_), sq, b, qH, bi, att_qh(qkv, A, G, (a_)));        \
         att_stage_async<BC>(dOs[bf_], dout, (q0_), sq, b, A, bi, (a_));                          \
         if (tid < BC) {                                                                          \
             int i_ = (q0_) + tid;                                                                \
@@ -1189,8 +1219,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #undef ATT_DKV_NEXT
 #undef ATT_DKV_SEEN
     att_cp_wait<0>();
-    att_store_acc(dk, dka, r, sk, b, G, bi, g, tig);
-    att_store_acc(dv, dva, r, sk, b, G, bi, g, tig);
+    att_store_acc(dk, dka, r, sk, b, kH, bi, kh, tig);
+    att_store_acc(dv, dva, r, sk, b, kH, bi, kh, tig);
 }
 #endif
 
@@ -1214,6 +1244,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
      * tail); blockIdx.x only orders the tiles */
     const int q0 = (int)(MGC_CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
     const int bi = blockIdx.y, a = blockIdx.z, g = a / (A / G);
+    ATT_QKV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
     int r[MT][2];
 #pragma unroll
@@ -1227,7 +1258,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     bool rowok[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        att_load_afrag(qf[mt], q, r[mt], sq, b, A, bi, a, tig);
+        att_load_afrag(qf[mt], q, r[mt], sq, b, qH, bi, qh, tig);
         att_load_afrag(of[mt], dout, r[mt], sq, b, A, bi, a, tig);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -1258,16 +1289,16 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     int k0 = 0;
     while (k0 < sk && !ATT_DQ_SEEN(k0)) k0 += BC;
     if (k0 < sk) {
-        att_stage_async<BC>(Ks[0], k, k0, sk, b, G, bi, g);
-        att_stage_async<BC>(Vs[0], v, k0, sk, b, G, bi, g);
+        att_stage_async<BC>(Ks[0], k, k0, sk, b, kH, bi, kh);
+        att_stage_async<BC>(Vs[0], v, k0, sk, b, kH, bi, kh);
     }
     att_cp_commit();
     for (int buf = 0; k0 < sk; buf ^= 1) {
         int kn = k0 + BC;
         while (kn < sk && !ATT_DQ_SEEN(kn)) kn += BC;
         if (kn < sk) {
-            att_stage_async<BC>(Ks[buf ^ 1], k, kn, sk, b, G, bi, g);
-            att_stage_async<BC>(Vs[buf ^ 1], v, kn, sk, b, G, bi, g);
+            att_stage_async<BC>(Ks[buf ^ 1], k, kn, sk, b, kH, bi, kh);
+            att_stage_async<BC>(Vs[buf ^ 1], v, kn, sk, b, kH, bi, kh);
         }
         att_cp_commit();
         att_cp_wait<1>();
@@ -1306,6 +1337,6 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #undef ATT_DQ_SEEN
     att_cp_wait<0>();
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) att_store_acc(dq, dqa[mt], r[mt], sq, b, A, bi, a, tig);
+    for (int mt = 0; mt < MT; mt++) att_store_acc(dq, dqa[mt], r[mt], sq, b, qH, bi, qh, tig);
 }
 #endif

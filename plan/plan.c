@@ -90,6 +90,32 @@ const char *mgc_plan_status_name(mgc_plan_status s) {
     return NAME_OF(status_names, s);
 }
 
+int mgc_plan_attn_geom(const mgc_plan_chunk *ch, const mgc_plan_op *op, mgc_attn_geom *g) {
+    memset(g, 0, sizeof *g);
+    if (op->kind != MGC_POP_ATTENTION && op->kind != MGC_POP_ATTENTION_BWD) return -1;
+    g->fused = (op->flags & MGC_POF_QKV) != 0;
+    int need = g->fused ? 1 : 3;
+    if (op->kind == MGC_POP_ATTENTION_BWD) need += 3;
+    if (op->n_in < need) return -1;
+    for (int i = 0; i < need; i++)
+        if (op->in[i] < 0 || op->in[i] >= ch->n_tensors) return -1;
+    const mgc_plan_tensor *x = &ch->tensors[op->in[0]];
+    if (g->fused) {
+        int64_t A = op->iattr[1], G = op->iattr[2];
+        if (x->rank != 3 || A <= 0 || G <= 0 || A % G || x->dim[2] % (A + 2 * G)) return -1;
+        g->sq = g->sk = x->dim[0], g->b = x->dim[1], g->A = A, g->G = G;
+        g->d = x->dim[2] / (A + 2 * G);
+        g->in_out = 1;
+        return 0;
+    }
+    const mgc_plan_tensor *k = &ch->tensors[op->in[1]];
+    if (x->rank != 4 || k->rank != 4) return -1;
+    g->sq = x->dim[0], g->b = x->dim[1], g->A = x->dim[2], g->d = x->dim[3];
+    g->sk = k->dim[0], g->G = k->dim[2];
+    g->in_out = 3;
+    return g->G > 0 && g->A % g->G == 0 ? 0 : -1;
+}
+
 /* ---- allocation ----------------------------------------------------------- */
 
 mgc_plan *mgc_plan_new(void) {

@@ -209,6 +209,9 @@ typedef enum mgc_plan_op_kind {
 
 #define MGC_POF_RECOMPUTE 1u /* forward op re-run before the backward (recompute) */
 #define MGC_POF_SAVED 2u     /* its outputs are stashed for the backward */
+#define MGC_POF_QKV 4u       /* attention, attention_bwd: q, k and v are read in place from the
+                                fused projection (compiler/fusion.c; mgc_plan_attn_geom) */
+
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
@@ -226,6 +229,19 @@ typedef struct mgc_plan_chunk {
     uint64_t stash_bytes;            /* activations one microbatch keeps from forward to backward */
     uint64_t send_bytes;             /* activation sent to the next stage per microbatch */
 } mgc_plan_chunk;
+
+/* The geometry of an ATTENTION or ATTENTION_BWD op.  Unfused: q (sq, b, A, d), k and v
+ * (sk, b, G, d) are inputs 0..2 (the backward's out, lse, dout 3..5; its outputs dq, dk, dv).
+ * Fused (MGC_POF_QKV): input 0 is the fused projection qkv (s, b, G (A/G + 2) d) -- kv group g's
+ * A/G query heads, then its key, then its value -- with A = iattr[1], G = iattr[2] and sq = sk
+ * = s; the backward's out, lse, dout are inputs 1..3 and its one output is d qkv. */
+typedef struct mgc_attn_geom {
+    int64_t sq, sk, b, A, G, d;
+    int fused;
+    int in_out; /* the backward's input index of out (lse, dout follow) */
+} mgc_attn_geom;
+/* 0, or -1 when the op's tensors do not make such a geometry. */
+int mgc_plan_attn_geom(const mgc_plan_chunk *ch, const mgc_plan_op *op, mgc_attn_geom *g);
 
 /* ---- the schedule: instruction stream of one pipeline rank ---------------- */
 

@@ -517,8 +517,10 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     char wbuf[96];
     if (!op_kind_ok(o->kind)) INVALID("%s: op kind %u unknown", WH, o->kind);
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
-    if (o->flags & ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED))
+    if (o->flags & ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
+    if ((o->flags & MGC_POF_QKV) && o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
+        INVALID("%s (%s): the fused-qkv flag on an op that is not attention", WH, kn);
     int fwd_kind = o->kind <= MGC_POP_LAST_FWD,
         bwd_kind = o->kind >= MGC_POP_EMBEDDING_BWD && o->kind < MGC_POP_ALL_REDUCE;
     if (!bwd && bwd_kind) INVALID("%s: backward op %s in a forward program", WH, kn);

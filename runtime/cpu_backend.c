@@ -229,31 +229,47 @@ static int op_rope(mgc_backend *be, const mgc_op_call *c) {
 
 static int op_attention(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
-    const mgc_plan_tensor *q = tin(c, 0), *k = tin(c, 1);
-    int64_t sq = q->dim[0], b = q->dim[1], A = q->dim[2], d = q->dim[3];
-    int64_t sk = k->dim[0], G = k->dim[2], cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
+    mgc_attn_geom ag;
+    if (mgc_plan_attn_geom(c->chunk, op, &ag))
+        return fail(be, "attention '%s': malformed inputs", mgc_plan_strat(c->plan, op->name));
+    int64_t sq = ag.sq, b = ag.b, A = ag.A, d = ag.d, sk = ag.sk, G = ag.G;
+    int64_t cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
+    int bwd = op->kind == MGC_POP_ATTENTION_BWD;
+    /* fused (MGC_POF_QKV): q, k, v gathered from the projection (and, backward, their
+     * gradients scattered back into it) around the same computation */
+    size_t nq = (size_t)(sq * b * A * d), nk = (size_t)(sk * b * G * d);
+    size_t fused = ag.fused ? (nq + 2 * nk) * (bwd ? 2 : 1) : 0;
     size_t need = (size_t)(sq + sk) * 4 + (size_t)mgc_cpu_attention_work_f32(sq, sk, d) * 4 +
-                  (size_t)(sq * b * A) * 4 + 256;
+                  (size_t)(sq * b * A) * 4 + fused * 4 + 256;
     unsigned char *w = scratch(be, need);
     if (!w) return fail(be, "out of memory");
     int32_t *qpos = (int32_t *)w, *kpos = qpos + sq;
     float *work = (float *)(kpos + sk);
     float *lse_tmp = work + mgc_cpu_attention_work_f32(sq, sk, d);
+    float *qs = lse_tmp + sq * b * A, *ks = qs + nq, *vs = ks + nk;
+    float *dqs = vs + nk, *dks = dqs + nq, *dvs = dks + nk;
     ctx_positions(qpos, sq, c->seq_length, cp, c->co.cp);
     gathered_positions(kpos, sk, c->seq_length, sk == sq ? 1 : cp);
     if (sk == sq && cp > 1) ctx_positions(kpos, sk, c->seq_length, cp, c->co.cp);
     if (cp <= 1) qpos = kpos = NULL; /* rows are positions: the kernels' fast path */
     mgc_dropout_rng rng = drop_rng(c, 0);
-    if (op->kind == MGC_POP_ATTENTION) {
+    const float *q = CF(c->in[0]), *k = ag.fused ? ks : CF(c->in[1]), *v = ag.fused ? vs : CF(c->in[2]);
+    if (ag.fused) {
+        mgc_cpu_qkv_split_fwd_f32(qs, ks, vs, CF(c->in[0]), sq * b, G, A / G, d);
+        q = qs;
+    }
+    if (!bwd) {
         float *lse = op->n_out > 1 ? F(c->out[1]) : lse_tmp;
-        mgc_cpu_attention_fwd_f32(F(c->out[0]), lse, CF(c->in[0]), CF(c->in[1]), CF(c->in[2]), sq,
-                                  sk, b, A, G, d, op->fattr[0], (int)op->iattr[0], qpos, kpos,
-                                  op->fattr[1], &rng, work);
-    } else { /* in: q, k, v, out, lse, dout; out: dq, dk, dv */
-        mgc_cpu_attention_bwd_f32(F(c->out[0]), F(c->out[1]), F(c->out[2]), CF(c->in[5]),
-                                  CF(c->in[0]), CF(c->in[1]), CF(c->in[2]), CF(c->in[3]),
-                                  CF(c->in[4]), sq, sk, b, A, G, d, op->fattr[0],
+        mgc_cpu_attention_fwd_f32(F(c->out[0]), lse, q, k, v, sq, sk, b, A, G, d, op->fattr[0],
                                   (int)op->iattr[0], qpos, kpos, op->fattr[1], &rng, work);
+    } else { /* in: q, k, v (or qkv), out, lse, dout; out: dq, dk, dv (or dqkv) */
+        int o = ag.in_out;
+        float *dq = ag.fused ? dqs : F(c->out[0]), *dk = ag.fused ? dks : F(c->out[1]),
+              *dv = ag.fused ? dvs : F(c->out[2]);
+        mgc_cpu_attention_bwd_f32(dq, dk, dv, CF(c->in[o + 2]), q, k, v, CF(c->in[o]),
+                                  CF(c->in[o + 1]), sq, sk, b, A, G, d, op->fattr[0],
+                                  (int)op->iattr[0], qpos, kpos, op->fattr[1], &rng, work);
+        if (ag.fused) mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), dqs, dks, dvs, sq * b, G, A / G, d);
     }
     return 0;
 }

@@ -4,6 +4,8 @@
  *
  *   ATTENTION      in: q (sq,b,A,d), k, v (sk,b,G,d)   out: out (sq,b,A,d) [, lse (sq,b,A) fp32]
  *   ATTENTION_BWD  in: q, k, v, out, lse, dout          out: dq, dk, dv
+ *   fused (MGC_POF_QKV): q, k, v are the projection qkv (s,b,G(A/G+2)d), read in place, and
+ *   the backward's one output is dqkv (plan.h mgc_plan_attn_geom)
  *   fattr[0] scale, fattr[1] dropout p; iattr[0] causal, iattr[3] cp (layout of the rows)
  *
  * Positions (context parallelism) are computed inside the kernels from (seq_length, cp,
@@ -35,9 +37,11 @@ static int bwd_dq_rows(int64_t d, int half) {
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     if (op->kind != MGC_POP_ATTENTION && op->kind != MGC_POP_ATTENTION_BWD) return 1;
-    const mgc_plan_tensor *tq = &c->chunk->tensors[op->in[0]], *tk = &c->chunk->tensors[op->in[1]];
-    int64_t sq = tq->dim[0], b = tq->dim[1], A = tq->dim[2], d = tq->dim[3];
-    int64_t sk = tk->dim[0], G = tk->dim[2], cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
+    mgc_attn_geom ag;
+    if (mgc_plan_attn_geom(c->chunk, op, &ag))
+        return mgc_cuda_fail(be, "attention '%s': malformed inputs", mgc_plan_strat(c->plan, op->name));
+    int64_t sq = ag.sq, b = ag.b, A = ag.A, d = ag.d, sk = ag.sk, G = ag.G;
+    int64_t cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
     if (G <= 0 || A % G != 0 || b > 65535 || A > 65535 || sq >= INT32_MAX || sk >= INT32_MAX ||
         c->seq_length >= INT32_MAX)
         return mgc_cuda_fail(be, "attention '%s': unsupported shape sq=%lld sk=%lld b=%lld A=%lld G=%lld",
@@ -71,8 +75,13 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                              mgc_plan_strat(c->plan, op->name), (long long)c->seq_length,
                              (long long)sk, (long long)cp);
 
+    /* fused (MGC_POF_QKV): k and v start PER and PER + 1 heads into the projection's rows
+     * (kernels/attention.cuh att_qH ...); the kernels stride over it */
+    int qkv = ag.fused;
+    size_t es = ks[0].dtype == MGC_DT_F32 ? 4 : 2, koff = (size_t)(A / G) * (size_t)d * es;
     if (op->kind == MGC_POP_ATTENTION) {
-        void *out = c->out[0], *q = c->in[0], *k = c->in[1], *v = c->in[2];
+        void *out = c->out[0], *q = c->in[0];
+        void *k = qkv ? (char *)q + koff : c->in[1], *v = qkv ? (char *)q + koff + (size_t)d * es : c->in[2];
         void *lse = op->n_out > 1 ? c->out[1] : NULL;
         if (!lse) {
             lse = mgc_cuda_scratch(be, (size_t)(sq * b * A) * sizeof(float));
@@ -81,16 +90,18 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
         void *args[] = {&out,      &lse,       &q,         &k,        &v,    &isq,   &isk,
                         &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
                         &drop_scale, &seed,    &stream,    &elem0,    &qpos, &kpos,  &pos_s,
-                        &pos_cp,   &pos_rank,  &k_gathered};
+                        &pos_cp,   &pos_rank,  &k_gathered, &qkv};
         int bq = fwd_bq(d, ks[0].dtype != MGC_DT_F32);
         return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
                                (unsigned)A, 128, 0, args);
     }
 
-    /* backward: in q, k, v, out, lse, dout; out dq, dk, dv */
-    void *q = c->in[0], *k = c->in[1], *v = c->in[2], *o = c->in[3], *lse = c->in[4],
-         *dout = c->in[5];
-    void *dq = c->out[0], *dk = c->out[1], *dv = c->out[2];
+    /* backward: in q, k, v (or qkv), out, lse, dout; out dq, dk, dv (or dqkv) */
+    int io = ag.in_out;
+    void *q = c->in[0], *o = c->in[io], *lse = c->in[io + 1], *dout = c->in[io + 2];
+    void *k = qkv ? (char *)q + koff : c->in[1], *v = qkv ? (char *)q + koff + (size_t)d * es : c->in[2];
+    void *dq = c->out[0];
+    void *dk = qkv ? (char *)dq + koff : c->out[1], *dv = qkv ? (char *)dq + koff + (size_t)d * es : c->out[2];
     int64_t rows = sq * b * A;
     void *dsum = mgc_cuda_scratch(be, (size_t)rows * sizeof(float));
     if (!dsum) return -1;
@@ -101,14 +112,14 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
                   &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &qpos,
-                  &kpos,    &pos_s,    &pos_cp,  &pos_rank, &k_gathered};
+                  &kpos,    &pos_s,    &pos_cp,  &pos_rank, &k_gathered, &qkv};
     if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G, 128,
                         0, a1))
         return -1;
     void *a2[] = {&dq,      &q,        &k,       &v,        &dout,       &lse,   &dsum,
                   &isq,     &isk,      &ib,      &iA,       &iG,         &scale, &drop_p,
                   &drop_thr, &drop_scale, &seed, &stream,   &elem0,      &qpos,  &kpos,
-                  &pos_s,   &pos_cp,   &pos_rank, &k_gathered};
+                  &pos_s,   &pos_cp,   &pos_rank, &k_gathered, &qkv};
     int bq = bwd_dq_rows(d, ks[2].dtype != MGC_DT_F32);
     return mgc_cuda_launch(be, &ks[2], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A,
                            128, 0, a2);

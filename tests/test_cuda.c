@@ -722,7 +722,12 @@ int main(int argc, char **argv) {
                                            "parallel.grad_bucket_size=20000", NULL};
         static const char *const d32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
                                           NULL};
+        /* GPT's attention reads q, k, v in place from the fused projection (fusion.c); with
+         * grouped queries a group's heads sit between its key and value offsets */
+        static const char *const gqa[] = {"model.hidden_size=128", "model.num_attention_heads=4",
+                                          "model.num_query_groups=2", NULL};
         check_ops("examples/tiny-gpt.yaml", d64);
+        check_ops("examples/tiny-gpt.yaml", gqa);
         check_ops("models/tiny-llama.yaml", d32);
         check_ops("models/tiny-llama.yaml", d128);
         check_ops("models/tiny-moe.yaml", NULL);

@@ -419,7 +419,8 @@ static void check_loss_scaling(void) {
 
 /* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
  * like the unfused one (MGC_FUSION=0), and no norm_bwd + add_bwd, dropout_add + norm,
- * linear + gelu or gelu_bwd is left (GPT's MLP: every gelu and gelu_bwd is fused). */
+ * linear + gelu or gelu_bwd is left (GPT's MLP: every gelu and gelu_bwd is fused), nor a
+ * qkv_split where no rotary embedding sits between it and the attention. */
 static void check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
     mgc_plan *u = compile(path, NULL, sets);
@@ -433,10 +434,13 @@ static void check_fusion(const char *path, const char *const *sets) {
     }
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
+    int64_t qa = 0, qab = 0, split_u = 0, split_f = 0, splitb_u = 0, splitb_f = 0, rope_u = 0, att = 0;
     for (int64_t s = 0; s < f->n_stages; s++)
         for (int64_t c = 0; c < f->stages[s].n_chunks; c++) {
             const mgc_plan_chunk *ch = &f->stages[s].chunks[c], *cu = &u->stages[s].chunks[c];
             for (int64_t i = 0; i < ch->n_bwd; i++) {
+                qab += ch->bwd[i].kind == MGC_POP_ATTENTION_BWD && (ch->bwd[i].flags & MGC_POF_QKV);
+                splitb_f += ch->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 dg += ch->bwd[i].kind == MGC_POP_LINEAR_DGRAD_GELU;
                 gelub_f += ch->bwd[i].kind == MGC_POP_GELU_BWD;
                 for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_GELU_BWD; j++)
@@ -448,10 +452,13 @@ static void check_fusion(const char *path, const char *const *sets) {
                     pairs++;
             }
             for (int64_t i = 0; i < cu->n_bwd; i++) {
+                splitb_u += cu->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
                 gelub_u += cu->bwd[i].kind == MGC_POP_GELU_BWD;
             }
             for (int64_t i = 0; i < ch->n_fwd; i++) {
+                qa += ch->fwd[i].kind == MGC_POP_ATTENTION && (ch->fwd[i].flags & MGC_POF_QKV);
+                split_f += ch->fwd[i].kind == MGC_POP_QKV_SPLIT;
                 lg += ch->fwd[i].kind == MGC_POP_LINEAR_GELU;
                 gelu_f += ch->fwd[i].kind == MGC_POP_GELU;
                 if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_LINEAR && ch->fwd[i + 1].kind == MGC_POP_GELU &&
@@ -464,6 +471,9 @@ static void check_fusion(const char *path, const char *const *sets) {
                     fpairs++;
             }
             for (int64_t i = 0; i < cu->n_fwd; i++) {
+                split_u += cu->fwd[i].kind == MGC_POP_QKV_SPLIT;
+                rope_u += cu->fwd[i].kind == MGC_POP_ROPE;
+                att += cu->fwd[i].kind == MGC_POP_ATTENTION;
                 dadd_u += cu->fwd[i].kind == MGC_POP_DROPOUT_ADD;
                 gelu_u += cu->fwd[i].kind == MGC_POP_GELU;
             }
@@ -476,15 +486,23 @@ static void check_fusion(const char *path, const char *const *sets) {
     T_EQ_I64(dadd_u - dadd_f, addnorm);
     T_EQ_I64(gelu_u - gelu_f, lg); /* each linear_gelu replaced one gelu */
     T_EQ_I64(gelub_u - gelub_f, dg);
+    /* each fused attention took its split and its backward's join; without rotary embeddings
+     * (between split and attention) every attention is fused */
+    T_EQ_I64(split_u - split_f, qa);
+    T_EQ_I64(splitb_u - splitb_f, qab);
+    T_EQ_I64(qa, qab);
+    T_EQ_I64(qa, rope_u ? 0 : att);
     double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS];
     T_EQ_I64(train(u, lu, nu), 0);
     T_EQ_I64(train(f, lf, nf), 0);
     int same = 1;
     for (int i = 0; i < STEPS; i++) same &= lu[i] == lf[i] && nu[i] == nf[i];
     T_CHECK(same);
-    printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu and %lld "
-           "linear_dgrad + gelu_bwd pairs fused, %d steps bit-identical to the unfused plan\n",
-           path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, STEPS);
+    printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu, %lld "
+           "linear_dgrad + gelu_bwd and %lld qkv_split + attention pairs fused, %d steps "
+           "bit-identical to the unfused plan\n",
+           path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, (long long)qa,
+           STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
 }
