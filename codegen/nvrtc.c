@@ -163,8 +163,8 @@ const char *mgc_kernel_cache_dir(char *buf, size_t n) {
     return buf;
 }
 
-static void mkdirs(const char *path) {
-    char tmp[1024];
+void mgc_mkdirs(const char *path) {
+    char tmp[1300];
     snprintf(tmp, sizeof tmp, "%s", path);
     for (char *p = tmp + 1; *p; p++)
         if (*p == '/') {
@@ -247,7 +247,7 @@ int mgc_nvrtc_compile_cached(const char *src, const char *name, int arch, mgc_nv
         return 0;
     }
     if (mgc_nvrtc_compile(src, name, arch, out, err, errsz)) return -1;
-    mkdirs(d);
+    mgc_mkdirs(d);
     cache_write(path, out);
     return 0;
 }

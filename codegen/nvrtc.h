@@ -42,6 +42,8 @@ int mgc_nvrtc_compile(const char *src, const char *name, int arch, mgc_nvrtc_res
 /* That cache's directory, written to buf (or MGC_KERNEL_CACHE itself); NULL when
  * MGC_KERNEL_CACHE=off. */
 const char *mgc_kernel_cache_dir(char *buf, size_t n);
+/* mkdir -p path (mode 0755); failures show up when the caller writes there. */
+void mgc_mkdirs(const char *path);
 int mgc_nvrtc_compile_cached(const char *src, const char *name, int arch, mgc_nvrtc_result *out,
                              int *cached, char *err, size_t errsz);
 

@@ -256,18 +256,6 @@ void mgc_emu_get_stats(const mgc_emu *e, mgc_emu_stats *st) {
 
 /* ---- compiling a kernel ------------------------------------------------------------------ */
 
-static void mkdirs(const char *path) {
-    char tmp[1300];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(tmp, 0755);
-            *p = '/';
-        }
-    mkdir(tmp, 0755);
-}
-
 /* writes text to path unless a file of that size is there (atomically: temp + rename) */
 static int put_file(const char *path, const char *text) {
     struct stat sb;
@@ -308,7 +296,7 @@ static int prepare_dirs(const mgc_emu *e, char *dir, size_t dn, char *inc, size_
     if (!common) return fail(err, errsz, "CUDA emulator: no kernels/mgc_common.cuh in this build");
     h = fnv64(common, strlen(common) + 1, h);
     snprintf(inc, in, "%.1000s/inc-%016" PRIx64, dir, h);
-    mkdirs(inc);
+    mgc_mkdirs(inc);
     char p[1200];
     for (int i = 0; i < 3; i++) {
         const char *name = i < 2 ? heads[i] : "mgc_common.cuh";
