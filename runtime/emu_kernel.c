@@ -149,6 +149,7 @@ struct mgc_emu {
     uint64_t seed, launch_no;
     uint64_t rng; /* the running block's thread-order generator */
     mgc_emu_stats st;
+    int64_t arrivals[MGC_EMU_LDSM_T + 1]; /* this launch's thread arrivals at each collective */
     char *err; /* the running block's error, if any */
     size_t errsz;
     int failed;
@@ -557,6 +558,7 @@ static void coll(mgc_emu_thr *t, int kind, int line, unsigned mask, long long pa
                  const void *in, unsigned in_bytes, void *out, unsigned out_bytes) {
     fiber *f = t->fiber;
     mgc_emu *e = tl_emu;
+    if (kind > 0 && kind <= MGC_EMU_LDSM_T) e->arrivals[kind]++;
     f->kind = kind, f->line = line, f->mask = mask, f->param = param;
     if (in_bytes > MGC_EMU_OPND_MAX) in_bytes = MGC_EMU_OPND_MAX;
     if (in_bytes) memcpy(f->in, in, in_bytes);
@@ -830,6 +832,7 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
     }
     e->dyn_bytes = smem_bytes;
     e->st.launches++;
+    memset(e->arrivals, 0, sizeof e->arrivals);
     int trace = getenv("MGC_EMU_TRACE") != NULL;
     struct timespec t0, t1;
     if (trace) clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -855,10 +858,21 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
                 e->st.threads += block;
             }
     tl_emu = prev;
+    /* arrivals to instructions: a warp's 32 lanes issue one mma, ldmatrix or (full-warp)
+     * shuffle; a block's threads pass one barrier */
+    const int64_t *a = e->arrivals;
+    int64_t mma = (a[MGC_EMU_MMA_BF16] + a[MGC_EMU_MMA_F16]) / 32;
+    int64_t ldsm = (a[MGC_EMU_LDSM] + a[MGC_EMU_LDSM_T]) / 32, shfl = a[MGC_EMU_SHFL_XOR] / 32;
+    int64_t bars = block ? (a[MGC_EMU_SYNC] + a[MGC_EMU_SYNC_OR]) / block : 0;
+    e->st.mma += mma, e->st.ldmatrix += ldsm, e->st.shfl += shfl, e->st.barriers += bars;
     if (trace) {
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        fprintf(stderr, "emu: %s grid (%u,%u,%u) block %u smem %zu: %.3f ms\n", l->name, gx, gy, gz,
-                block, smem_bytes, (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6);
+        fprintf(stderr,
+                "emu: %s grid (%u,%u,%u) block %u smem %zu: %.3f ms; mma %" PRId64
+                ", ldmatrix %" PRId64 ", shfl %" PRId64 ", barriers %" PRId64 "\n",
+                l->name, gx, gy, gz, block, smem_bytes,
+                (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6, mma, ldsm, shfl,
+                bars);
     }
     return rc;
 }

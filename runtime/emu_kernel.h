@@ -59,10 +59,15 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
 /* The seed of the thread orders (default 1); launches are numbered from it. */
 void mgc_emu_set_seed(mgc_emu *e, uint64_t seed);
 
-/* Counters since open: kernels compiled, found in the cache, launches, GPU threads run. */
+/* Counters since open: kernels compiled, found in the cache, launches, GPU threads run; and
+ * the instructions the emulator resolves, counted as the GPU issues them: warp-wide mma.sync
+ * m16n8k16, ldmatrix.x4 and shuffles, and block barriers (one per block that passes one).
+ * They are facts about the kernels' code (what a change does to shared-memory reads per
+ * mma, say), not a time.  MGC_EMU_TRACE prints them per launch. */
 typedef struct mgc_emu_stats {
     int compiled, cached;
     int64_t launches, threads;
+    int64_t mma, ldmatrix, shfl, barriers;
 } mgc_emu_stats;
 void mgc_emu_get_stats(const mgc_emu *e, mgc_emu_stats *st);
 
