@@ -104,9 +104,9 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
 /* The optimizer's (the sum of squares' partials and result). */
 uint64_t mgc_kspec_optimizer_scratch_bytes(void);
 
-/* The optimizer's kernels (sum of squares, AdamW, scale, fp32 -> 16-bit cast) for a plan whose
- * weights are `dtype` (fp32, bf16 or fp16: AdamW's 16-bit copy-out and the cast write that
- * type); the order is fixed: see kspec_pointwise.c. */
+/* The optimizer's kernels (sum of squares, AdamW) for a plan whose weights are `dtype` (fp32,
+ * bf16 or fp16: AdamW's 16-bit copy-out writes that type); the order is fixed: see
+ * kspec_pointwise.c. */
 int mgc_kspecs_optimizer(int dtype, mgc_kspec *out, int max);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
 /* optim.cuh - the optimizer's element-wise kernels on fp32 arena arrays (runtime/cpu_ops.c):
- * sum of squares (gradient norm), AdamW, scale, fp32 -> bf16 / fp16 cast.  The arrays are fp32
+ * sum of squares (gradient norm) and AdamW.  The arrays are fp32
  * whatever the compute dtype, so the specs are fp32 specs (one cubin per entry for fp32 and
  * bf16 plans); the 16-bit copy-out is written as bf16 bits here, or as fp16 bits when the
  * constant COPY is 2 (fp16 plans; codegen/kspec_pointwise.c).
@@ -17,19 +17,13 @@
  *   sumsq_final    out[0] = (first ? 0 : out[0]) + sum of part[0 .. nb) (fp64, fixed order):
  *                  one launch pair per table, accumulated in table order
  *   adamw          mgc_cpu_adamw's fp64 math, bit for bit (no contraction: explicit _rn
- *                  intrinsics), with an optional 16-bit copy of the updated weights
- *   scale          x = (float)(x * s) (fp64 product)
- *   cast_bf16      dst = bf16(src), round to nearest even
- *   cast_f16       dst = fp16(src), round to nearest even (overflow: infinity) */
+ *                  intrinsics), with an optional 16-bit copy of the updated weights, rounded
+ *                  to nearest even (fp16: overflow to infinity) */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 #include "mgc_common.cuh"
-
-#define MGC_GRID_STRIDE(i, n)                                                                  \
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
-         i += (i64)gridDim.x * blockDim.x)
 
 /* fp32 -> bf16 bits, round to nearest even, NaN kept quiet (mgc_common.cuh's mgc_st). */
 __device__ __forceinline__ unsigned short mgc_f32_to_bf16(float f) {
@@ -151,36 +145,6 @@ extern "C" __global__ void __launch_bounds__(256)
             p[i] = pf;
             if (copy) copy[i] = MGC_COPY == 2 ? mgc_f32_to_f16(pf) : mgc_f32_to_bf16(pf);
         }
-    }
-}
-#endif
-
-#if defined(MGC_ENTRY_scale)
-/* grid-stride over n (as adamw).  x = (float)(x * s). */
-extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(float *__restrict__ x, i64 n, double s) {
-    MGC_GRID_STRIDE(i, n) {
-        x[i] = (float)__dmul_rn((double)x[i], s);
-    }
-}
-#endif
-
-#if defined(MGC_ENTRY_cast_bf16)
-/* grid-stride over n (as adamw).  dst (bf16 bits) = src rounded to nearest even. */
-extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(unsigned short *__restrict__ dst, const float *__restrict__ src, i64 n) {
-    MGC_GRID_STRIDE(i, n) {
-        dst[i] = mgc_f32_to_bf16(src[i]);
-    }
-}
-#endif
-
-#if defined(MGC_ENTRY_cast_f16)
-/* grid-stride over n (as adamw).  dst (fp16 bits) = src rounded to nearest even. */
-extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(unsigned short *__restrict__ dst, const float *__restrict__ src, i64 n) {
-    MGC_GRID_STRIDE(i, n) {
-        dst[i] = mgc_f32_to_f16(src[i]);
     }
 }
 #endif

@@ -109,13 +109,10 @@ typedef struct mgc_backend_iface {
      * n[i] elements of the sum of their squares, in fp64. */
     int (*sumsq)(mgc_backend *be, const float *const *g, const int64_t *n, int64_t count,
                  double *out);
-    int (*scale)(mgc_backend *be, float *x, int64_t n, double s); /* x *= s */
     /* One AdamW step of each of the count tensors (cpu_ops.h mgc_cpu_adamw's math, bit for
      * bit); the 16-bit copy-outs are rounded to s->copy_dtype. */
     int (*adamw)(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
                  const mgc_adamw_step *s);
-    /* dst[i] = bf16(src[i]) (round to nearest even). */
-    int (*cast_bf16)(mgc_backend *be, uint16_t *dst, const float *src, int64_t n);
     /* Wait for the backend's queued work (the step's end; timing). */
     int (*sync)(mgc_backend *be);
     /* Graphs (optional; the CUDA backend's CUDA graphs): the executor brackets a program

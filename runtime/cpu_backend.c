@@ -725,13 +725,6 @@ static int cpu_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, i
     return 0;
 }
 
-static int cpu_scale(mgc_backend *be, float *x, int64_t n, double s) {
-    (void)be;
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)(x[i] * s);
-    return 0;
-}
-
 static int cpu_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
                      const mgc_adamw_step *s) {
     mgc_adamw_cfg cfg = {s->beta1, s->beta2, s->eps, s->weight_decay};
@@ -747,11 +740,6 @@ static int cpu_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_progr
                     void *arena) {
     (void)be, (void)plan, (void)stage, (void)arena;
     return 0;
-}
-
-static int cpu_cast_bf16(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
-    (void)dst, (void)src, (void)n;
-    return fail(be, "cpu backend: bf16 is not supported (fp32 only)");
 }
 
 static int cpu_sync(mgc_backend *be) {
@@ -783,9 +771,7 @@ static const mgc_backend_iface cpu_iface = {
     .download = cpu_copy,
     .zero = cpu_zero,
     .sumsq = cpu_sumsq,
-    .scale = cpu_scale,
     .adamw = cpu_adamw,
-    .cast_bf16 = cpu_cast_bf16,
     .sync = cpu_sync,
     .set_threads = cpu_set_threads,
     .close = cpu_close,

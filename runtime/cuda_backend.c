@@ -608,12 +608,6 @@ static int cuda_zero(mgc_backend *be, void *dst, size_t n) {
     return 0;
 }
 
-static int cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
-    return mgc_cuda_scale(be, x, n, s);
-}
-static int cuda_cast(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
-    return mgc_cuda_cast_bf16(be, dst, src, n);
-}
 static int cuda_sync(mgc_backend *be) {
     cuda_ctx *c = be->context;
     CUDA_TRY(be, cudaStreamSynchronize(c->stream), "stream synchronize");
@@ -715,9 +709,7 @@ static const mgc_backend_iface cuda_iface = {
     .download = cuda_download,
     .zero = cuda_zero,
     .sumsq = mgc_cuda_sumsq,
-    .scale = cuda_scale,
     .adamw = mgc_cuda_adamw,
-    .cast_bf16 = cuda_cast,
     .sync = cuda_sync,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,

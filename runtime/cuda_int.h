@@ -97,13 +97,11 @@ int mgc_cuda_ops_moe(mgc_backend *be, const mgc_op_call *c);
 /* Optimizer kernels (cuda_ops_pointwise.c), on fp32 arrays of the arena, with backend.h's
  * signatures: the sum of squares of many tensors (deterministic: fixed-shape two-pass
  * reductions, a launch pair per table of tensors, one download); AdamW over many tensors
- * (cpu_ops.h mgc_cpu_adamw's math, bit for bit); x *= s; and fp32 -> bf16 casts. */
+ * (cpu_ops.h mgc_cpu_adamw's math, bit for bit). */
 int mgc_cuda_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int64_t count,
                    double *out);
 int mgc_cuda_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
                    const mgc_adamw_step *s);
-int mgc_cuda_scale(mgc_backend *be, float *x, int64_t n, double s);
-int mgc_cuda_cast_bf16(mgc_backend *be, uint16_t *dst, const float *src, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -517,7 +517,7 @@ int mgc_cuda_ops_pointwise(mgc_backend *be, const mgc_op_call *c) {
 
 /* ---- the optimizer ----------------------------------------------------------------------- */
 
-enum { OPT_SUMSQ_PARTIAL, OPT_SUMSQ_FINAL, OPT_ADAMW, OPT_SCALE, OPT_CAST, OPT__N };
+enum { OPT_SUMSQ_PARTIAL, OPT_SUMSQ_FINAL, OPT_ADAMW, OPT__N };
 
 /* the optimizer's specs for weights of dtype `w` (the 16-bit copy-out's type) */
 static int opt_specs(mgc_backend *be, mgc_kspec *k, int w) {
@@ -621,20 +621,4 @@ int mgc_cuda_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
                               args));
     }
     return 0;
-}
-
-int mgc_cuda_scale(mgc_backend *be, float *x, int64_t n, double s) {
-    mgc_kspec k[OPT__N];
-    CHECK(opt_specs(be, k, MGC_DT_F32));
-    if (n <= 0) return 0;
-    void *args[] = {&x, &n, &s};
-    return mgc_cuda_launch(be, &k[OPT_SCALE], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
-}
-
-int mgc_cuda_cast_bf16(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
-    mgc_kspec k[OPT__N];
-    CHECK(opt_specs(be, k, MGC_DT_F32));
-    if (n <= 0) return 0;
-    void *args[] = {&dst, &src, &n};
-    return mgc_cuda_launch(be, &k[OPT_CAST], ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
 }

@@ -203,12 +203,6 @@ static int emu_zero(mgc_backend *be, void *dst, size_t n) {
     if (n) memset(dst, 0, n);
     return 0;
 }
-static int emu_scale(mgc_backend *be, float *x, int64_t n, double s) {
-    return mgc_cuda_scale(be, x, n, s);
-}
-static int emu_cast(mgc_backend *be, uint16_t *dst, const float *src, int64_t n) {
-    return mgc_cuda_cast_bf16(be, dst, src, n);
-}
 static int emu_sync(mgc_backend *be) {
     (void)be;
     return 0;
@@ -258,9 +252,7 @@ static const mgc_backend_iface emu_iface = {
     .download = emu_copy,
     .zero = emu_zero,
     .sumsq = mgc_cuda_sumsq,
-    .scale = emu_scale,
     .adamw = mgc_cuda_adamw,
-    .cast_bf16 = emu_cast,
     .sync = emu_sync,
     .set_threads = emu_set_threads,
     .close = emu_close,

@@ -141,9 +141,6 @@ static int f_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int
     *out = s;
     return 0;
 }
-static int f_scale(mgc_backend *be, float *x, int64_t n, double s) {
-    FENCED(scale(f->cpu, near_(x), n, s));
-}
 static int f_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
                    const mgc_adamw_step *s) {
     fenced *f = (fenced *)be;
@@ -157,9 +154,6 @@ static int f_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
         }
     }
     return 0;
-}
-static int f_cast(mgc_backend *be, uint16_t *d, const float *s, int64_t n) {
-    FENCED(cast_bf16(f->cpu, near_(d), near_(s), n));
 }
 static int f_sync(mgc_backend *be) {
     FENCED(sync(f->cpu));
@@ -198,7 +192,7 @@ static const mgc_backend_iface fenced_iface = {
     .name = "cpu", /* its kernels and precision are the CPU backend's */
     .arena_alloc = f_arena_alloc, .arena_free = f_arena_free, .bind = f_bind,
     .run_op = f_run_op, .copy = f_copy, .upload = f_upload, .download = f_download,
-    .zero = f_zero, .sumsq = f_sumsq, .scale = f_scale, .adamw = f_adamw, .cast_bf16 = f_cast,
+    .zero = f_zero, .sumsq = f_sumsq, .adamw = f_adamw,
     .sync = f_sync, .set_threads = f_threads, .close = f_close, .device_memory = 1,
     .xfer_mark = f_mark, .xfer_download = f_xdown, .xfer_upload = f_xup,
 };
