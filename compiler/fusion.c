@@ -189,9 +189,9 @@ static int64_t fuse_dgrad_gelu(mgc_plan_chunk *ch) {
  * the forward, whose backward attention_bwd (q, k, v, out, lse, dout) -> (dq, dk, dv) is
  * followed, later, by qkv_split_bwd (dq, dk, dv) -> (dqkv): attention reads q, k and v in place
  * from qkv and attention_bwd writes dqkv (MGC_POF_QKV, plan.h mgc_plan_attn_geom); both splits
- * go.  Only when q, k, v and dq, dk, dv have no other reader or writer (no rotary embedding,
- * no context-parallel gather, no recompute copy between) and nothing between the backward pair
- * touches dqkv.  The backward now reads qkv instead of q, k, v: qkv takes their stash slot when
+ * go; the attention's recompute copies (selective recompute) read qkv too.  Only when q, k, v
+ * and dq, dk, dv have no other reader or writer (no rotary embedding, no context-parallel
+ * gather between) and nothing between the backward pair touches dqkv.  The backward now reads qkv instead of q, k, v: qkv takes their stash slot when
  * they are stashed back to back (it is as large as the three), else nothing is fused. */
 static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
     int64_t fused = 0;
@@ -213,8 +213,15 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         if (at->in[0] != q || at->in[1] != k || at->in[2] != v || q < BOUNDARY_TENSORS ||
             k < BOUNDARY_TENSORS || v < BOUNDARY_TENSORS || qkv < 0 || q == k || k == v || q == v)
             continue;
-        /* q, k, v: written by the split, read by the attention and its backward only */
-        if (uses[q] != 3 || uses[k] != 3 || uses[v] != 3) continue;
+        /* q, k, v: written by the split, read by the attention, its backward and its recompute
+         * copies (selective recompute re-runs it for the logsumexp) only */
+        int re = 0;
+        for (int64_t j = 0; j < ch->n_bwd; j++) {
+            const mgc_plan_op *o = &ch->bwd[j];
+            re += o->kind == MGC_POP_ATTENTION && (o->flags & MGC_POF_RECOMPUTE) && o->n_in == 3 &&
+                  o->in[0] == q && o->in[1] == k && o->in[2] == v;
+        }
+        if (uses[q] != 3 + re || uses[k] != 3 + re || uses[v] != 3 + re) continue;
         int64_t bi = -1, si = -1;
         for (int64_t j = 0; j < ch->n_bwd && bi < 0; j++) {
             const mgc_plan_op *o = &ch->bwd[j];
@@ -275,6 +282,15 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         at->flags |= MGC_POF_QKV;
         at->n_in = 1;
         at->in[0] = qkv, at->in[1] = at->in[2] = 0;
+        for (int64_t j = 0; j < ch->n_bwd; j++) {
+            mgc_plan_op *o = &ch->bwd[j];
+            if (o->kind == MGC_POP_ATTENTION && (o->flags & MGC_POF_RECOMPUTE) && o->n_in == 3 &&
+                o->in[0] == q && o->in[1] == k && o->in[2] == v) {
+                o->flags |= MGC_POF_QKV;
+                o->n_in = 1;
+                o->in[0] = qkv, o->in[1] = o->in[2] = 0;
+            }
+        }
         ab->flags |= MGC_POF_QKV;
         ab->in[0] = qkv, ab->in[1] = ab->in[3], ab->in[2] = ab->in[4], ab->in[3] = ab->in[5];
         ab->in[4] = ab->in[5] = 0;

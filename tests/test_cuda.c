@@ -723,9 +723,11 @@ int main(int argc, char **argv) {
         static const char *const d32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
                                           NULL};
         /* GPT's attention reads q, k, v in place from the fused projection (fusion.c); with
-         * grouped queries a group's heads sit between its key and value offsets */
+         * grouped queries a group's heads sit between its key and value offsets; selective
+         * recompute re-runs that attention in the backward */
         static const char *const gqa[] = {"model.hidden_size=128", "model.num_attention_heads=4",
-                                          "model.num_query_groups=2", NULL};
+                                          "model.num_query_groups=2",
+                                          "training.recompute=selective", NULL};
         check_ops("examples/tiny-gpt.yaml", d64);
         check_ops("examples/tiny-gpt.yaml", gqa);
         check_ops("models/tiny-llama.yaml", d32);

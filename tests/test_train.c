@@ -785,6 +785,9 @@ int main(int argc, char **argv) {
         check_fusion("examples/tiny-gpt.yaml", NULL);
         check_fusion("examples/tiny-gpt.yaml", drop);
         check_fusion("examples/tiny-gpt.yaml", drop_tp);
+        /* selective recompute re-runs the attention in the backward: it reads qkv too */
+        static const char *const sel[] = {"training.recompute=selective", NULL};
+        check_fusion("examples/tiny-gpt.yaml", sel);
         check_fusion("models/tiny-llama.yaml", NULL);
         check_fusion("models/tiny-moe.yaml", NULL);
     }
