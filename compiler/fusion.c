@@ -191,8 +191,9 @@ static int64_t fuse_dgrad_gelu(mgc_plan_chunk *ch) {
  * from qkv and attention_bwd writes dqkv (MGC_POF_QKV, plan.h mgc_plan_attn_geom); both splits
  * go; the attention's recompute copies (selective recompute) read qkv too.  Only when q, k, v
  * and dq, dk, dv have no other reader or writer (no rotary embedding, no context-parallel
- * gather between) and nothing between the backward pair touches dqkv.  The backward now reads qkv instead of q, k, v: qkv takes their stash slot when
- * they are stashed back to back (it is as large as the three), else nothing is fused. */
+ * gather between) and nothing between the backward pair touches dqkv.  The backward now reads
+ * qkv instead of q, k, v: qkv takes their stash slot when they are stashed back to back (it is
+ * as large as the three), else nothing is fused. */
 static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
     int64_t fused = 0;
     int32_t *uses = count_uses(ch, ch->fwd, ch->n_fwd), *ub = count_uses(ch, ch->bwd, ch->n_bwd);
@@ -225,8 +226,9 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         int64_t bi = -1, si = -1;
         for (int64_t j = 0; j < ch->n_bwd && bi < 0; j++) {
             const mgc_plan_op *o = &ch->bwd[j];
-            if (o->kind == MGC_POP_ATTENTION_BWD && o->n_in == 6 && o->n_out == 3 && o->in[0] == q &&
-                o->in[1] == k && o->in[2] == v && !(o->flags & (MGC_POF_RECOMPUTE | MGC_POF_QKV)))
+            if (o->kind == MGC_POP_ATTENTION_BWD && o->n_in == 6 && o->n_out == 3 &&
+                o->in[0] == q && o->in[1] == k && o->in[2] == v &&
+                !(o->flags & (MGC_POF_RECOMPUTE | MGC_POF_QKV)))
                 bi = j;
         }
         if (bi < 0) continue;
@@ -238,8 +240,9 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         int32_t dqkv = -1;
         for (int64_t j = bi + 1; j < ch->n_bwd; j++) {
             const mgc_plan_op *o = &ch->bwd[j];
-            if (o->kind == MGC_POP_QKV_SPLIT_BWD && o->n_in == 3 && o->n_out == 1 && o->in[0] == dq &&
-                o->in[1] == dk && o->in[2] == dv && !(o->flags & MGC_POF_RECOMPUTE)) {
+            if (o->kind == MGC_POP_QKV_SPLIT_BWD && o->n_in == 3 && o->n_out == 1 &&
+                o->in[0] == dq && o->in[1] == dk && o->in[2] == dv &&
+                !(o->flags & MGC_POF_RECOMPUTE)) {
                 si = j, dqkv = o->out[0];
                 break;
             }

@@ -369,7 +369,8 @@ __device__ __forceinline__ void att_mma_rows_mt(float (&s)[MT][NN / 8][4],
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NN / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+        for (int nt = 0; nt < NN / 8; nt++)
+            s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NN / 8; nt += 2) /* matrices: (nt, k lo) (nt, k hi) (nt+1, ..) */
 #pragma unroll
@@ -583,7 +584,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
 #if (defined(MGC_ENTRY_attention_fwd) || defined(MGC_ENTRY_attention_bwd_dq)) && MGC_HALF
 /* Whether any query of the block sees a key of the TK-key tile at k0 < sk (block-uniform: a
- * barrier unless keys are rows; TK <= the block's 128 threads).  qmax is the block's largest query position. */
+ * barrier unless keys are rows; TK <= the block's 128 threads).  qmax is the block's largest
+ * query position. */
 template <int TK>
 __device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int sk, const int *kpos, int pos_s,
                                               int pos_cp, int pos_rank, int k_gathered) {
@@ -654,7 +656,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+        for (int dt = 0; dt < DT; dt++)
+            o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
         mrow[mt][0] = mrow[mt][1] = att_ninf();
         lrow[mt][0] = lrow[mt][1] = 0.0f;
     }
@@ -764,7 +767,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             inv[h] = lrow[mt][h] == 0.0f ? 0.0f : 1.0f / lrow[mt][h];
             if (r[mt][h] < sq && tig == 0)
                 lse[((i64)r[mt][h] * b + bi) * A + a] =
-                    lrow[mt][h] == 0.0f ? att_ninf() : (mrow[mt][h] + __log2f(lrow[mt][h])) * ATT_LN2;
+                    lrow[mt][h] == 0.0f ? att_ninf()
+                                        : (mrow[mt][h] + __log2f(lrow[mt][h])) * ATT_LN2;
         }
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
@@ -1132,7 +1136,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
 
     /* the (head, query tile) steps in order, skipping tiles that see no key of the block
-     * (block-uniform: a barrier each unless queries are rows); the next step's tiles are fetched during this one's */
+     * (block-uniform: a barrier each unless queries are rows); the next step's tiles are
+     * fetched during this one's */
 #define ATT_DKV_SEEN(q0_)                                                                        \
     (!MGC_CAUSAL ||                                                                              \
      (!qpos && pos_cp <= 1 /* queries are rows: the tile's last one decides, no barrier */       \
@@ -1327,7 +1332,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                         if (drop_p > 0.0f && visible)
                             z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
                                          r[mt][h], j, A, sq, sk);
-                        dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]) * scale; /* dS */
+                        /* dS */
+                        dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]) * scale;
                     }
             }
         att_mma_acc_mt<BC, MT>(dqa, dp, Ks[buf], lane);

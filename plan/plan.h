@@ -212,7 +212,6 @@ typedef enum mgc_plan_op_kind {
 #define MGC_POF_QKV 4u       /* attention, attention_bwd: q, k and v are read in place from the
                                 fused projection (compiler/fusion.c; mgc_plan_attn_geom) */
 
-
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
 const char *mgc_tensor_role_name(mgc_plan_tensor_role r);
