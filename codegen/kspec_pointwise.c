@@ -108,6 +108,8 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         int64_t t = mgc_kspec_norm_threads(h, 0);
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
         mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
+        /* without dropout the kernel has no Philox code (and its registers) */
+        mgc_kspec_const(&out[0], "DROP", op->fattr[1] > 0);
         return 1;
     }
     case MGC_POP_DROPOUT:

@@ -4,7 +4,9 @@
  *   q, out, dq, dout  (sq, b, A, D)  mgc_t
  *   k, v, dk, dv      (sk, b, G, D)  mgc_t; query head a reads kv head a / (A/G)
  *   lse, dsum         (sq, b, A)     fp32; lse = log sum_j exp(scale q.k_j) over the visible keys
- * Constants: MGC_D (head dim: 16, 32, 64 or 128), MGC_CAUSAL (0/1).
+ * Constants: MGC_D (head dim: 16, 32, 64 or 128), MGC_CAUSAL (0/1), MGC_DROP (0: the op has no
+ * dropout, the kernels draw nothing whatever drop_p says), MGC_ROWPOS (1: no context
+ * parallelism, rows are positions and the position arguments are not read).
  *
  * Math (runtime/cpu_ops_tmpl.h mgc_cpu_attention_fwd/bwd): key j is visible from query i iff
  * !CAUSAL or kpos(j) <= qpos(i); a row with no visible key gets out 0 and lse -inf and no
@@ -53,6 +55,14 @@
 #ifndef MGC_CAUSAL
 #define MGC_CAUSAL 0
 #endif
+#ifndef MGC_DROP
+#define MGC_DROP 1
+#endif
+#ifndef MGC_ROWPOS
+#define MGC_ROWPOS 0
+#endif
+/* dropout draws happen only in kernels built with MGC_DROP (codegen/kspec_attention.c) */
+#define ATT_DROPPING(p) (MGC_DROP && (p) > 0.0f)
 
 #define ATT_D ((int)MGC_D)
 #define ATT_NT 128
@@ -93,20 +103,34 @@ __device__ __forceinline__ float att_ninf(void) {
 /* ---- positions (runtime/cpu_backend.c ctx_positions, gathered_positions) ---------------- */
 
 __device__ __forceinline__ int att_ctx_pos(int row, int s, int cp, int r) {
-    if (cp <= 1) return row;
+    if (MGC_ROWPOS || cp <= 1) return row;
     int half = s / (2 * cp);
     return row < half ? r * half + row : (2 * cp - 1 - r) * half + (row - half);
 }
 __device__ __forceinline__ int att_qpos(const int *qpos, int i, int s, int cp, int rank) {
+    if (MGC_ROWPOS) return i;
     return qpos ? qpos[i] : att_ctx_pos(i, s, cp, rank);
 }
 __device__ __forceinline__ int att_kpos(const int *kpos, int j, int sk, int s, int cp, int rank,
                                         int gathered) {
+    if (MGC_ROWPOS) return j;
     if (kpos) return kpos[j];
     if (cp <= 1) return j;
     if (!gathered) return att_ctx_pos(j, s, cp, rank);
     int per = sk / cp, q = j / per;
     return att_ctx_pos(j - q * per, s, cp, q);
+}
+
+/* 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp, as exp2f's, with subnormal results flushed to 0;
+ * exp2f adds a range test and two multiplies for them, on every element); 2^-inf = 0 */
+__device__ __forceinline__ float att_exp2(float x) {
+#ifdef MGC_EMU
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
 }
 
 /* ---- Philox-4x32-10 (runtime/rng.c): word of element e of (seed, stream) ---------------- */
@@ -145,13 +169,18 @@ __device__ __forceinline__ float att_keep(float p, unsigned thr, float dscale,
 }
 
 /* Loads rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into sh[ROWS][D+1]
- * as fp32; rows past n are 0. */
+ * as fp32; rows past n are 0.  Here and below the block is ATT_NT threads (every kernel's), so
+ * the trip counts are constants. */
 template <int ROWS>
 __device__ __forceinline__ void att_load_tile(float (*sh)[ATT_D + 1], const mgc_t *x, int r0,
                                               int n, int b, int H, int bi, int h) {
-    for (int idx = threadIdx.x; idx < ROWS * ATT_D; idx += ATT_NT) {
-        int r = idx / ATT_D, c = idx % ATT_D, i = r0 + r;
-        sh[r][c] = i < n ? mgc_ld(x[(((i64)i * b + bi) * H + h) * ATT_D + c]) : 0.0f;
+    constexpr int N = ROWS * ATT_D;
+#pragma unroll 4
+    for (int it = 0; it < (N + ATT_NT - 1) / ATT_NT; it++) {
+        const int idx = (int)threadIdx.x + it * ATT_NT;
+        const int r = idx / ATT_D, c = idx % ATT_D, i = r0 + r;
+        if (N % ATT_NT == 0 || idx < N)
+            sh[r][c] = i < n ? mgc_ld(x[(((i64)i * b + bi) * H + h) * ATT_D + c]) : 0.0f;
     }
 }
 
@@ -246,8 +275,11 @@ __device__ __forceinline__ void att_ldsm4(unsigned (&r)[4], const unsigned short
 template <int ROWS>
 __device__ __forceinline__ void att_stage(unsigned short (*sh)[ATT_D + 8], const mgc_t *x,
                                           int r0, int n, int b, int H, int bi, int h) {
+    constexpr int N = ROWS * (ATT_D / 8);
 #pragma unroll
-    for (int idx = threadIdx.x; idx < ROWS * (ATT_D / 8); idx += ATT_NT) {
+    for (int it = 0; it < (N + ATT_NT - 1) / ATT_NT; it++) {
+        const int idx = (int)threadIdx.x + it * ATT_NT;
+        if (N % ATT_NT != 0 && idx >= N) break;
         int rr = idx / (ATT_D / 8), c8 = idx % (ATT_D / 8), i = r0 + rr;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (i < n) v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
@@ -295,8 +327,11 @@ __device__ __forceinline__ void att_cp_wait(void) {
 template <int ROWS>
 __device__ __forceinline__ void att_stage_async(unsigned short (*sh)[ATT_D + 8], const mgc_t *x,
                                                 int r0, int n, int b, int H, int bi, int h) {
+    constexpr int N = ROWS * (ATT_D / 8);
 #pragma unroll
-    for (int idx = threadIdx.x; idx < ROWS * (ATT_D / 8); idx += ATT_NT) {
+    for (int it = 0; it < (N + ATT_NT - 1) / ATT_NT; it++) {
+        const int idx = (int)threadIdx.x + it * ATT_NT;
+        if (N % ATT_NT != 0 && idx >= N) break;
         int rr = idx / (ATT_D / 8), c8 = idx % (ATT_D / 8), i = r0 + rr;
         const mgc_t *row = x + (((i64)(i < n ? i : 0) * b + bi) * H + h) * ATT_D;
         att_cp16(&sh[rr][8 * c8], row + 8 * c8, i < n);
@@ -530,7 +565,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 for (int n = 0; n < RN; n++) {
                     float p = s[m][n] == att_ninf() ? 0.0f : exp2f(s[m][n] - mnew);
                     sum += p;
-                    if (drop_p > 0.0f && p != 0.0f)
+                    if (ATT_DROPPING(drop_p) && p != 0.0f)
                         p *= att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a, i,
                                       k0 + tx + 16 * n, A, sq, sk);
                     s[m][n] = p;
@@ -590,7 +625,8 @@ template <int TK>
 __device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int sk, const int *kpos, int pos_s,
                                               int pos_cp, int pos_rank, int k_gathered) {
     if (!MGC_CAUSAL) return true;
-    if (!kpos && pos_cp <= 1) return k0 <= qmax; /* keys are rows (att_kpos): no barrier */
+    if (MGC_ROWPOS || (!kpos && pos_cp <= 1))
+        return k0 <= qmax; /* keys are rows (att_kpos): no barrier */
     int j = k0 + (int)threadIdx.x;
     int vis = threadIdx.x < TK && j < sk &&
               att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
@@ -634,7 +670,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int mt = 0; mt < MT; mt++)
         r[mt][0] = q0 + 16 * (w + 4 * mt) + grp, r[mt][1] = r[mt][0] + 8;
     /* rows are positions: a tile that ends at or before q0 is seen whole by every row */
-    const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
+    const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
     unsigned qf[MT][KS][4];
     int qp[MT][2];
@@ -685,6 +721,9 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         float s[MT][NT][4];
         att_mma_rows_mt<BK, MT>(s, qf, Ks[buf], lane);
         const bool whole = rows_are_pos && k0 + BK <= sk && (!MGC_CAUSAL || k0 + BK - 1 <= q0);
+        /* S stays unscaled: the row max is taken on it (scale > 0, and rounding is monotonic, so
+         * max(S) sl2 is max(S sl2) exactly) and p = 2^(S sl2 - m) is one FFMA and one MUFU.
+         * Invisible entries are -inf: 2^-inf = 0 while m is finite. */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             float mx[2] = {att_ninf(), att_ninf()};
@@ -692,11 +731,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = s[mt][nt][e] * sl2;
-                        s[mt][nt][e] = x;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                    }
+                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][nt][e]);
             } else {
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
@@ -709,7 +744,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
                             bool visible = j < sk && (!MGC_CAUSAL || kpj <= qp[mt][h]);
-                            float x = visible ? s[mt][nt][2 * h + e] * sl2 : att_ninf();
+                            float x = visible ? s[mt][nt][2 * h + e] : att_ninf();
                             s[mt][nt][2 * h + e] = x;
                             mx[h] = fmaxf(mx[h], x);
                         }
@@ -720,18 +755,18 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             for (int h = 0; h < 2; h++) {
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-                float mnew = fmaxf(mrow[mt][h], mx[h]), sum = 0.0f;
+                float mnew = fmaxf(mrow[mt][h], mx[h] * sl2), sum = 0.0f;
                 alpha[h] = 1.0f;
                 if (mnew != att_ninf()) {
-                    alpha[h] = exp2f(mrow[mt][h] - mnew); /* 0 when mrow is -inf */
+                    alpha[h] = att_exp2(mrow[mt][h] - mnew); /* 0 when mrow is -inf */
+                    const float nm = -mnew;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
-                            float x = s[mt][nt][2 * h + e];
-                            float p = x == att_ninf() ? 0.0f : exp2f(x - mnew);
+                            float p = att_exp2(fmaf(s[mt][nt][2 * h + e], sl2, nm));
                             sum += p;
-                            if (drop_p > 0.0f && p != 0.0f)
+                            if (ATT_DROPPING(drop_p) && p != 0.0f)
                                 p *= att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi,
                                               a, r[mt][h], k0 + nt * 8 + 2 * tig + e, A, sq, sk);
                             s[mt][nt][2 * h + e] = p;
@@ -910,7 +945,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                                    (!MGC_CAUSAL || kp[m] <= qpi);
                     float p = visible ? exp2f(s[m][n] * sl2 - l2) : 0.0f;
                     float z = 1.0f;
-                    if (drop_p > 0.0f && visible)
+                    if (ATT_DROPPING(drop_p) && visible)
                         z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a, i,
                                      j, A, sq, sk);
                     dSTs[ty + 8 * m][ql] = p * (dp[m][n] * z - D) * scale;
@@ -1045,7 +1080,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                                (!MGC_CAUSAL || kpj <= qp[m]);
                 float p = visible ? exp2f(s[m][n] * sl2 - l2[m]) : 0.0f;
                 float z = 1.0f;
-                if (drop_p > 0.0f && visible)
+                if (ATT_DROPPING(drop_p) && visible)
                     z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a, i, j,
                                  A, sq, sk);
                 dSs[ty + 8 * m][kl] = p * (dp[m][n] * z - Dm[m]) * scale;
@@ -1104,7 +1139,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     ATT_KV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
     const int r[2] = {k0 + 16 * w + grp, k0 + 16 * w + grp + 8};
-    const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
+    const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
 #if ATT_KV_SMEM
     __shared__ __align__(16) unsigned short Ks[BR][ATT_D + 8];
@@ -1140,7 +1175,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
      * fetched during this one's */
 #define ATT_DKV_SEEN(q0_)                                                                        \
     (!MGC_CAUSAL ||                                                                              \
-     (!qpos && pos_cp <= 1 /* queries are rows: the tile's last one decides, no barrier */       \
+     (MGC_ROWPOS || (!qpos && pos_cp <= 1) /* queries are rows: the last one decides */        \
           ? min((q0_) + BC, sq) - 1 >= kmin                                                      \
           : __syncthreads_or(tid < BC && (q0_) + tid < sq &&                                     \
                              att_qpos(qpos, (q0_) + tid, pos_s, pos_cp, pos_rank) >= kmin)))
@@ -1186,30 +1221,50 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_mma_rows<BC>(s, kf, Qs[buf], lane);
         att_mma_rows<BC>(dp, vf, dOs[buf], lane);
 #endif
-        /* every query of the tile sees every key of the block */
+        /* every query of the tile sees every key of the block (and has a finite lse) */
         const bool whole = rows_are_pos && q0 + BC <= sq && (!MGC_CAUSAL || k0 + BR - 1 <= q0);
+        /* P^T = 2^(S^T sl2 - lse log2 e): one FFMA and one MUFU.  dS^T leaves out the softmax
+         * scale: dK is scaled once, at the end.  Rows past sk compute values never stored. */
+        if (whole) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int ql = nt * 8 + 2 * tig + e, i = q0 + ql;
-                bool iok = whole || i < sq;
-                float l2 = iok ? lses[buf][ql] * ATT_LOG2E : att_ninf(), Dv = dsums[buf][ql];
-                int qpi = 0;
-                if (MGC_CAUSAL && !whole && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
+                for (int e = 0; e < 2; e++) {
+                    const int ql = nt * 8 + 2 * tig + e;
+                    const float nl2 = -lses[buf][ql] * ATT_LOG2E, Dv = dsums[buf][ql];
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    bool visible = iok && r[h] < sk && l2 != att_ninf() &&
-                                   (whole || !MGC_CAUSAL || kp[h] <= qpi);
-                    float p = visible ? exp2f(s[nt][2 * h + e] * sl2 - l2) : 0.0f;
-                    float z = 1.0f;
-                    if (drop_p > 0.0f && visible)
-                        z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
-                                     i, r[h], A, sq, sk);
-                    dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv) * scale; /* dS^T */
-                    s[nt][2 * h + e] = p * z;                                     /* P^T Z */
+                    for (int h = 0; h < 2; h++) {
+                        float p = att_exp2(fmaf(s[nt][2 * h + e], sl2, nl2)), z = 1.0f;
+                        if (ATT_DROPPING(drop_p))
+                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
+                                         q0 + ql, r[h], A, sq, sk);
+                        dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv); /* dS^T / scale */
+                        s[nt][2 * h + e] = p * z;                             /* P^T Z */
+                    }
                 }
-            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int ql = nt * 8 + 2 * tig + e, i = q0 + ql;
+                    float l2 = i < sq ? lses[buf][ql] * ATT_LOG2E : att_ninf(), Dv = dsums[buf][ql];
+                    int qpi = 0;
+                    if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        bool visible = i < sq && r[h] < sk && l2 != att_ninf() &&
+                                       (!MGC_CAUSAL || kp[h] <= qpi);
+                        float p = visible ? att_exp2(fmaf(s[nt][2 * h + e], sl2, -l2)) : 0.0f;
+                        float z = 1.0f;
+                        if (ATT_DROPPING(drop_p) && visible)
+                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
+                                         i, r[h], A, sq, sk);
+                        dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv); /* dS^T / scale */
+                        s[nt][2 * h + e] = p * z;                             /* P^T Z */
+                    }
+                }
+        }
         att_mma_acc<BC>(dva, s, dOs[buf], lane);
         att_mma_acc<BC>(dka, dp, Qs[buf], lane);
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
@@ -1224,6 +1279,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #undef ATT_DKV_NEXT
 #undef ATT_DKV_SEEN
     att_cp_wait<0>();
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[dt][e] *= scale;
     att_store_acc(dk, dka, r, sk, b, kH, bi, kh, tig);
     att_store_acc(dv, dva, r, sk, b, kH, bi, kh, tig);
 }
@@ -1255,11 +1314,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
         r[mt][0] = q0 + 16 * (w + 4 * mt) + grp, r[mt][1] = r[mt][0] + 8;
-    const bool rows_are_pos = !qpos && !kpos && pos_cp <= 1;
+    const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
     unsigned qf[MT][KS][4], of[MT][KS][4];
     int qp[MT][2];
-    float l2[MT][2], Dm[MT][2];
+    float nl2[MT][2], Dm[MT][2]; /* -lse log2 e (+inf past sq or without a visible key) */
     bool rowok[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -1270,9 +1329,9 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             const int rr = r[mt][h];
             i64 rw = ((i64)rr * b + bi) * A + a;
             qp[mt][h] = rr < sq ? att_qpos(qpos, rr, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
-            l2[mt][h] = rr < sq ? lse[rw] * ATT_LOG2E : att_ninf();
+            nl2[mt][h] = rr < sq ? -lse[rw] * ATT_LOG2E : -att_ninf();
             Dm[mt][h] = rr < sq ? dsum[rw] : 0.0f;
-            rowok[mt][h] = rr < sq && l2[mt][h] != att_ninf();
+            rowok[mt][h] = rr < sq && nl2[mt][h] != -att_ninf();
         }
     }
     int qmax = 0;
@@ -1312,30 +1371,49 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_mma_rows_mt<BC, MT>(s, qf, Ks[buf], lane);
         att_mma_rows_mt<BC, MT>(dp, of, Vs[buf], lane);
         const bool whole = rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
+        /* P = 2^(S sl2 - lse log2 e) (one FFMA, one MUFU); dS leaves out the softmax scale: dQ
+         * is scaled once, at the end.  Rows past sq compute values never stored. */
+        if (whole) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = k0 + nt * 8 + 2 * tig + e;
-                bool jok = whole || j < sk;
-                int kpj = 0;
-                if (MGC_CAUSAL && !whole && j < sk)
-                    kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
+                for (int e = 0; e < 2; e++)
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
+                    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        bool visible =
-                            rowok[mt][h] && jok && (whole || !MGC_CAUSAL || kpj <= qp[mt][h]);
-                        float p = visible ? exp2f(s[mt][nt][2 * h + e] * sl2 - l2[mt][h]) : 0.0f;
-                        float z = 1.0f;
-                        if (drop_p > 0.0f && visible)
-                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
-                                         r[mt][h], j, A, sq, sk);
-                        /* dS */
-                        dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]) * scale;
-                    }
-            }
+                        for (int h = 0; h < 2; h++) {
+                            float p = att_exp2(fmaf(s[mt][nt][2 * h + e], sl2, nl2[mt][h]));
+                            float z = 1.0f;
+                            if (ATT_DROPPING(drop_p))
+                                z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi,
+                                             a, r[mt][h], k0 + nt * 8 + 2 * tig + e, A, sq, sk);
+                            dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]);
+                        }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int j = k0 + nt * 8 + 2 * tig + e;
+                    int kpj = 0;
+                    if (MGC_CAUSAL && j < sk)
+                        kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            bool visible =
+                                rowok[mt][h] && j < sk && (!MGC_CAUSAL || kpj <= qp[mt][h]);
+                            float x = fmaf(s[mt][nt][2 * h + e], sl2, nl2[mt][h]);
+                            float p = visible ? att_exp2(x) : 0.0f;
+                            float z = 1.0f;
+                            if (ATT_DROPPING(drop_p) && visible)
+                                z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi,
+                                             a, r[mt][h], j, A, sq, sk);
+                            dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]);
+                        }
+                }
+        }
         att_mma_acc_mt<BC, MT>(dqa, dp, Ks[buf], lane);
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
         k0 = kn;
@@ -1343,6 +1421,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #undef ATT_DQ_SEEN
     att_cp_wait<0>();
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) att_store_acc(dq, dqa[mt], r[mt], sq, b, qH, bi, qh, tig);
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dqa[mt][dt][e] *= scale;
+        att_store_acc(dq, dqa[mt], r[mt], sq, b, qH, bi, qh, tig);
+    }
 }
 #endif

@@ -21,7 +21,8 @@
  *   norm_bwd_reduce               dw += sum of the partials, db likewise (fixed order)
  *   add_layernorm_fwd, add_rmsnorm_fwd   the fused dropout_add + norm (compiler/fusion.c):
  *                                 h = residual + dropout(branch) (written, rounded to the
- *                                 compute dtype), y = norm(h as rounded), mask (may be NULL)
+ *                                 compute dtype), y = norm(h as rounded), mask (may be NULL);
+ *                                 constant DROP (0: no dropout code)
  * The backward never uses atomics: block p of the first kernel owns rows p, p + NB, ... (its
  * slot s the i-th of them for i = s mod R), adds the R slots' column sums in slot order and
  * writes them to part[p][.]; the reduce kernel adds part[0..NB) in a fixed tree. */
@@ -187,6 +188,9 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #endif
 
 #if defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd)
+#ifndef MGC_DROP
+#define MGC_DROP 1 /* 0: the op has no dropout; `drop` is then ignored */
+#endif
 /* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row b R + s.
  * Row r, column c is element e = elem0 + r*H + c of the dropout stream (pointwise.cuh's
  * numbering: word e & 3 of Philox block e >> 2, kept iff >= thr); drop == 0: no dropout.
@@ -197,7 +201,8 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
                    const mgc_t *__restrict__ branch, const mgc_t *__restrict__ res,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows, float eps,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
-                   unsigned thr, float sc, int drop) {
+                   unsigned thr, float sc, int drop_arg) {
+    const int drop = MGC_DROP && drop_arg; /* a kernel built with DROP = 0 draws nothing */
     __shared__ float sh[MGC_R][2][MGC_NW];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
     const i64 r = (i64)blockIdx.x * MGC_R + s;
@@ -257,6 +262,14 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
  * dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: no mean(g) term,
  * xhat = x rstd); mean(g xhat) is computed as rstd mean(g (x - mean)). */
 #define MGC_NORM_HOLD (MGC_NV == 1) /* x and dy held in registers, else re-read (L1/L2) */
+/* 16-bit rows held, blocks of up to 512 threads: the next row's x and dy are loaded while
+ * this one's statistics are computed (8 more registers; at 1024 threads a block, 64 registers
+ * leave no room) */
+#define MGC_NORM_PREFETCH (MGC_NORM_HOLD && MGC_VEC8 && MGC_HALF && MGC_T * MGC_R <= 512)
+/* two blocks a multiprocessor where they hold their rows and have up to 384 threads (at most
+ * 80 registers: 64 Ki registers, allocated 256 a warp), else one.  fp16's conversions need
+ * more than 80 (it would spill): one. */
+#define MGC_NORM_BWD_MINB (MGC_NORM_HOLD && MGC_T * MGC_R <= 384 && !MGC_FP16 ? 2 : 1)
 
 /* Adds the R slots' column sums a (slot order 0, 1, ..) and writes them to pr[0..H) (slot 0).
  * cmb: (R - 1) NV 8 T floats of shared memory; every thread of the block calls it. */
@@ -298,7 +311,7 @@ __device__ __forceinline__ void mgc_norm_put_part(float (&a)[MGC_NV][8], float *
 #endif
     }
 }
-extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, 1)
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, float *__restrict__ part,
                    const mgc_t *__restrict__ dy, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ gres, i64 rows, float eps,
@@ -314,16 +327,35 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, 1)
         for (int j = 0; j < 8; j++)
             aw[k][j] = ab[k][j] = 0.0f;
     int buf = 0; /* the slot-sum buffer of the next call: alternates */
+#if MGC_NORM_PREFETCH /* the slot's first row; each step then fetches the next one's */
+    mgc_raw8 xn, gn;
+    {
+        const i64 r0 = p + (i64)s * nb;
+        xn = mgc_norm_ldraw(x + r0 * (i64)MGC_H, 0, t, s < mine);
+        gn = mgc_norm_ldraw(dy + r0 * (i64)MGC_H, 0, t, s < mine);
+    }
+#endif
 #pragma unroll 1
     for (i64 i0 = 0; i0 < mine; i0 += MGC_R) { /* the same trip count in every slot */
         const i64 i = i0 + s, r = p + i * nb;
         const bool ok = i < mine;
         const mgc_t *xr = x + r * (i64)MGC_H, *gr = dy + r * (i64)MGC_H;
-#if MGC_NORM_HOLD && MGC_VEC8 /* the row's x, dy (and gres) held as raw storage values */
+#if MGC_NORM_PREFETCH
+        const mgc_raw8 xq = xn, gq = gn;
+        {   /* the slot's next row, in flight during this one's statistics */
+            const i64 r2 = r + MGC_R * nb;
+            const bool ok2 = i + MGC_R < mine;
+            xn = mgc_norm_ldraw(x + r2 * (i64)MGC_H, 0, t, ok2);
+            gn = mgc_norm_ldraw(dy + r2 * (i64)MGC_H, 0, t, ok2);
+        }
+        (void)xr, (void)gr;
+#elif MGC_NORM_HOLD && MGC_VEC8 /* the row's x, dy (and gres) held as raw storage values */
         mgc_raw8 xq = mgc_norm_ldraw(xr, 0, t, ok), gq = mgc_norm_ldraw(gr, 0, t, ok);
-#if MGC_RES /* issued early: its latency hides behind the statistics */
+#endif
+#if MGC_RES && MGC_NORM_HOLD && MGC_VEC8 /* issued early: its latency hides behind the stats */
         mgc_raw8 rq = mgc_norm_ldraw(gres + r * (i64)MGC_H, 0, t, ok);
 #endif
+#if MGC_NORM_HOLD && MGC_VEC8
 #define MGC_XLOAD(k, f)                                                                        \
     float f[8];                                                                                \
     mgc_unraw8(xq, f)

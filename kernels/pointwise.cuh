@@ -193,8 +193,17 @@ extern "C" __global__ void __launch_bounds__(256)
 
 #define MGC_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 
+/* The CPU's form, exact at the limits (2 / inf = 0), in two MUFU ops: __expf (ex2.approx of
+ * a product) and __fdividef (rcp.approx times), a few ulp where expf and IEEE division cost
+ * about 30 instructions an element -- more than a memory-bound kernel may spend at full
+ * bandwidth; bf16 and fp16 outputs round far coarser.  __fdividef returns 0 for a divisor
+ * past 2^126, the limit's value. */
 __device__ __forceinline__ float mgc_tanh_exp(float u) {
-    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); /* the CPU's form: exact at the limits */
+    return 1.0f - __fdividef(2.0f, __expf(2.0f * u) + 1.0f);
+}
+/* 1 / (1 + e^-g), the same way (0 below g = -87, 1 above 17) */
+__device__ __forceinline__ float mgc_sigmoid(float g) {
+    return __fdividef(1.0f, 1.0f + __expf(-g));
 }
 
 __device__ __forceinline__ float mgc_gelu(float v) {
@@ -248,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(256)
     MGC_GRID_STRIDE(i, rows * F) {
         i64 r = i / F, c = i - r * F;
         float g = mgc_ld(x[r * 2 * F + c]), u = mgc_ld(x[r * 2 * F + F + c]);
-        y[i] = mgc_st(g / (1.0f + expf(-g)) * u);
+        y[i] = mgc_st(g * mgc_sigmoid(g) * u);
     }
 }
 #endif
@@ -262,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(256)
     MGC_GRID_STRIDE(i, rows * F) {
         i64 r = i / F, c = i - r * F;
         float g = mgc_ld(x[r * 2 * F + c]), u = mgc_ld(x[r * 2 * F + F + c]);
-        float sg = 1.0f / (1.0f + expf(-g)), d = mgc_ld(dy[i]);
+        float sg = mgc_sigmoid(g), d = mgc_ld(dy[i]);
         dx[r * 2 * F + c] = mgc_st(d * u * sg * (1.0f + g * (1.0f - sg)));
         dx[r * 2 * F + F + c] = mgc_st(d * g * sg);
     }

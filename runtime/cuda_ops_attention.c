@@ -15,6 +15,7 @@
  *
  * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR, ATT_TBR_Q): keep
  * them equal. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -59,6 +60,9 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     /* arguments common to every kernel but dot */
     int isq = (int)sq, isk = (int)sk, ib = (int)b, iA = (int)A, iG = (int)G;
     float scale = (float)op->fattr[0];
+    if (!(scale > 0.0f) || scale == (float)INFINITY) /* the kernels take the row max unscaled */
+        return mgc_cuda_fail(be, "attention '%s': softmax scale %g is not a positive number",
+                             mgc_plan_strat(c->plan, op->name), op->fattr[0]);
     double pd = op->fattr[1];
     float drop_p = pd > 0 ? (float)pd : 0.0f;
     if (pd > 0 && drop_p <= 0.0f) drop_p = 1e-30f; /* p > 0 must stay > 0 */

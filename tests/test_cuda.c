@@ -594,6 +594,11 @@ static void check_layout(const char *path, const char *precision, const char *co
     mgc_plan_free(cp);
 }
 
+/* context parallelism on the 16-bit tensor-core attention (head dim 32): positions computed in
+ * the kernels (ROWPOS = 0), keys all-gathered from both ranks */
+static const char *const cp2d32[] = {"parallel.world_size=2", "parallel.context=2",
+                                     "model.hidden_size=128", "model.num_attention_heads=4", NULL};
+
 static void check_layouts(void) {
     static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
                                         "parallel.sequence_parallel=true", NULL};
@@ -616,6 +621,7 @@ static void check_layouts(void) {
     check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2, 1);
     check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
     check_layout("models/tiny-moe.yaml", "fp32", ep2, 1e-4, 1);
+    check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
 }
 
 /* ---- 3. CUDA graphs ------------------------------------------------------------------ */
@@ -738,6 +744,7 @@ int main(int argc, char **argv) {
                                             "parallel.sequence_parallel=true", NULL};
         check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2, 1);
         check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
+        check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
     }
     if (!only || !strcmp(only, "ops")) {
         check_ops("examples/tiny-gpt.yaml", NULL);
