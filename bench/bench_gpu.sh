@@ -104,8 +104,9 @@ row() { # name model-args mgc-sets mbs
 }
 # Two data-parallel ranks as threads sharing the one GPU (GPT-2 124M, 4 sequences each: the
 # same global batch as the one-rank row): communication staged through page-locked host memory,
-# with the gradient buckets reduced beside the backward (the transfer stream) and in line.
-# What it shows is the staging's cost and what the overlap hides, not multi-GPU speed.
+# with the gradient buckets reduced beside the backward (the transfer stream) and in line; then
+# two pipeline stages, with the sends beside the compute (the pipeline-transfer stream) and in
+# line.  What it shows is the staging's cost and what the overlap hides, not multi-GPU speed.
 ranks_rows() {
     $MGC compile models/gpt2-124m.yaml --set parallel.world_size=2 --set parallel.data=2 \
         --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.context=1 \
@@ -115,15 +116,29 @@ ranks_rows() {
         -o "$OUT/gpt2-124m-dp2.plan" >"$OUT/gpt2-124m-dp2.compile.log" 2>&1 ||
         { echo "| gpt2-124m | mgc, 2 ranks on 1 GPU | compile failed |"; return; }
     for v in "ov|mgc, 2 ranks on 1 GPU, buckets beside the backward|" "inl|mgc, 2 ranks on 1 GPU, buckets in line|--no-grad-overlap"; do
-        tag=${v%%|*} rest=${v#*|} label=${rest%%|*} flag=${rest#*|}
-        # shellcheck disable=SC2086
-        if $RUN "$OUT/gpt2-124m-dp2.plan" --backend cuda --local-ranks 2 --iterations $STEPS -q $flag \
-            --metrics "$OUT/gpt2-124m-dp2.$tag.jsonl" >"$OUT/gpt2-124m-dp2.$tag.log" 2>&1; then
-            echo "| gpt2-124m | $label | $(med "$OUT/gpt2-124m-dp2.$tag.jsonl" step_ms) | $(med "$OUT/gpt2-124m-dp2.$tag.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/gpt2-124m-dp2.$tag.jsonl" | tail -n 1) per rank, $(sed -n 's/.*"staged_bytes": \([0-9]*\).*/\1/p' "$OUT/gpt2-124m-dp2.$tag.jsonl" | tail -n 1) staged |"
-        else
-            echo "| gpt2-124m | $label | failed: $(tail -n 1 "$OUT/gpt2-124m-dp2.$tag.log") |"
-        fi
+        ranks_run gpt2-124m-dp2 "$v"
     done
+    # two pipeline stages (4 microbatches of 2, 1F1B), sends beside the compute and in line
+    $MGC compile models/gpt2-124m.yaml --set parallel.world_size=2 --set parallel.pipeline=2 \
+        --set parallel.tensor=1 --set parallel.data=1 --set parallel.context=1 \
+        --set training.precision=bf16 --set training.recompute=none --set training.micro_batch_size=2 \
+        --set training.global_batch_size=8 --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+        --set hardware.cuda_archs=[90] \
+        -o "$OUT/gpt2-124m-pp2.plan" >"$OUT/gpt2-124m-pp2.compile.log" 2>&1 ||
+        { echo "| gpt2-124m | mgc, 2 stages on 1 GPU | compile failed |"; return; }
+    for v in "ov|mgc, 2 stages on 1 GPU, sends beside the compute|" "inl|mgc, 2 stages on 1 GPU, sends in line|--no-send-overlap"; do
+        ranks_run gpt2-124m-pp2 "$v"
+    done
+}
+ranks_run() { # plan-name "tag|label|flag"
+    name=$1 tag=${2%%|*} rest=${2#*|} label=${rest%%|*} flag=${rest#*|}
+    # shellcheck disable=SC2086
+    if $RUN "$OUT/$name.plan" --backend cuda --local-ranks 2 --iterations $STEPS -q $flag \
+        --metrics "$OUT/$name.$tag.jsonl" >"$OUT/$name.$tag.log" 2>&1; then
+        echo "| gpt2-124m | $label | $(med "$OUT/$name.$tag.jsonl" step_ms) | $(med "$OUT/$name.$tag.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.$tag.jsonl" | tail -n 1) per rank, $(sed -n 's/.*"staged_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.$tag.jsonl" | tail -n 1) staged |"
+    else
+        echo "| gpt2-124m | $label | failed: $(tail -n 1 "$OUT/$name.$tag.log") |"
+    fi
 }
 {
     echo "# GPU training throughput"

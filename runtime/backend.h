@@ -150,6 +150,18 @@ typedef struct mgc_backend_iface {
                          char *err, size_t errsz);
     int (*xfer_upload)(mgc_backend *be, void *dst, const void *host, size_t bytes, char *err,
                        size_t errsz);
+    /* Optional, all three or none (device memory): pipeline sends beside the compute, on the
+     * backend's pipeline-transfer queue (exec.h mgc_exec_set_send_overlap).
+     * p2p_download (the executor's thread) queues a copy of arena `src` to `host` that starts
+     * once the compute issued so far is done, and returns at once; *done (the backend's
+     * handle: *done NULL makes one, else it is reused) completes with the copy.  p2p_wait
+     * (any thread) returns once `done` has completed.  p2p_fence (the executor's thread) holds
+     * the compute issued after it until `done` has completed, without waiting on the host.
+     * err: the failure (not be->err: p2p_wait runs on another thread). */
+    int (*p2p_download)(mgc_backend *be, void *host, const void *src, size_t bytes, void **done,
+                        char *err, size_t errsz);
+    int (*p2p_wait)(mgc_backend *be, void *done, char *err, size_t errsz);
+    int (*p2p_fence)(mgc_backend *be, void *done, char *err, size_t errsz);
 } mgc_backend_iface;
 
 #define MGC_BACKEND_ERR_MAX 1024

@@ -85,7 +85,16 @@ typedef struct cuda_ctx {
     cudaStream_t xstream;
     cudaEvent_t *marks;
     int n_marks, cap_marks;
+    /* the pipeline-transfer stream (p2p_*), and its handles (made on the executor's thread) */
+    cudaStream_t pstream;
+    struct p2p_handle **p2p;
+    int n_p2p, cap_p2p;
 } cuda_ctx;
+
+/* A pipeline send's download: `mark` on the compute stream, `done` on the pipeline stream. */
+typedef struct p2p_handle {
+    cudaEvent_t mark, done;
+} p2p_handle;
 
 #define CUDA_TRY(be, expr, what)                                                                   \
     do {                                                                                           \
@@ -507,6 +516,57 @@ static int cuda_xfer_upload(mgc_backend *be, void *dst, const void *host, size_t
     return 0;
 }
 
+/* Pipeline sends (backend.h p2p_*): the download waits on the pipeline stream for a mark of
+ * the compute issued so far; the compute stream waits for `done` only where the executor
+ * fences, before the first compute that may overwrite the send's buffer. */
+static int cuda_p2p_download(mgc_backend *be, void *host, const void *src, size_t n, void **done,
+                             char *err, size_t errsz) {
+    cuda_ctx *c = be->context;
+    cudaError_t e = cudaSuccess;
+    p2p_handle *h = *done;
+    if (!h) {
+        if (c->n_p2p == c->cap_p2p) {
+            int m = c->cap_p2p ? 2 * c->cap_p2p : 16;
+            p2p_handle **a = realloc(c->p2p, (size_t)m * sizeof *a);
+            if (!a) return snprintf(err, errsz, "out of memory for pipeline-send handles"), -1;
+            c->p2p = a, c->cap_p2p = m;
+        }
+        if (!(h = calloc(1, sizeof *h)))
+            return snprintf(err, errsz, "out of memory for a pipeline-send handle"), -1;
+        if ((e = cudaEventCreateWithFlags(&h->mark, cudaEventDisableTiming)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&h->done, cudaEventDisableTiming)) != cudaSuccess) {
+            if (h->mark) cudaEventDestroy(h->mark);
+            free(h);
+            return xfer_fail(err, errsz, "creating a pipeline-send event", e, c->device);
+        }
+        c->p2p[c->n_p2p++] = h;
+        *done = h;
+    }
+    if ((e = cudaEventRecord(h->mark, c->stream)) != cudaSuccess ||
+        (e = cudaStreamWaitEvent(c->pstream, h->mark, 0)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, c->pstream)) != cudaSuccess ||
+        (e = cudaEventRecord(h->done, c->pstream)) != cudaSuccess)
+        return xfer_fail(err, errsz, "queueing a pipeline send's download", e, c->device);
+    return 0;
+}
+
+static int cuda_p2p_wait(mgc_backend *be, void *done, char *err, size_t errsz) {
+    cuda_ctx *c = be->context;
+    cudaError_t e;
+    if ((e = cudaSetDevice(c->device)) != cudaSuccess || /* the sender's own thread */
+        (e = cudaEventSynchronize(((p2p_handle *)done)->done)) != cudaSuccess)
+        return xfer_fail(err, errsz, "downloading a pipeline send", e, c->device);
+    return 0;
+}
+
+static int cuda_p2p_fence(mgc_backend *be, void *done, char *err, size_t errsz) {
+    cuda_ctx *c = be->context;
+    cudaError_t e = cudaStreamWaitEvent(c->stream, ((p2p_handle *)done)->done, 0);
+    if (e != cudaSuccess)
+        return xfer_fail(err, errsz, "ordering the compute after a pipeline send", e, c->device);
+    return 0;
+}
+
 static int is_linear(uint16_t kind) {
     return kind == MGC_POP_LINEAR || kind == MGC_POP_LINEAR_GELU || kind == MGC_POP_LINEAR_DGRAD ||
            kind == MGC_POP_LINEAR_DGRAD_GELU || kind == MGC_POP_LINEAR_WGRAD;
@@ -692,6 +752,16 @@ static void cuda_close(mgc_backend *be) {
         for (int i = 0; i < c->n_marks; i++)
             cudaEventDestroy(c->marks[i]);
         free(c->marks);
+        if (c->pstream) {
+            cudaStreamSynchronize(c->pstream);
+            cudaStreamDestroy(c->pstream);
+        }
+        for (int i = 0; i < c->n_p2p; i++) {
+            cudaEventDestroy(c->p2p[i]->mark);
+            cudaEventDestroy(c->p2p[i]->done);
+            free(c->p2p[i]);
+        }
+        free(c->p2p);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -721,6 +791,9 @@ static const mgc_backend_iface cuda_iface = {
     .xfer_mark = cuda_xfer_mark,
     .xfer_download = cuda_xfer_download,
     .xfer_upload = cuda_xfer_upload,
+    .p2p_download = cuda_p2p_download,
+    .p2p_wait = cuda_p2p_wait,
+    .p2p_fence = cuda_p2p_fence,
 };
 
 int mgc_backend_cuda_available(void) {
@@ -754,7 +827,8 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&c->xstream, cudaStreamNonBlocking)) != cudaSuccess) {
+        (e = cudaStreamCreateWithFlags(&c->xstream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&c->pstream, cudaStreamNonBlocking)) != cudaSuccess) {
         snprintf(err, err_size, "CUDA device %d: %s", device, cudaGetErrorString(e));
         cuda_close(be);
         return -1;

@@ -8,7 +8,8 @@
  *
  * The arena is host memory, but the backend says device_memory, as the CUDA
  * one does: the executor then stages collectives through host buffers and
- * hands gradient buckets to its reducer through xfer_*, the GPU's code paths.
+ * hands gradient buckets to its reducer through xfer_* and pipeline sends to
+ * its sender through p2p_*, the GPU's code paths.
  * Everything runs synchronously on the calling thread (sync is a no-op; a mark
  * is passed as soon as it is made).  Slow: for tests and for debugging kernels,
  * never for training. */
@@ -231,6 +232,19 @@ static int emu_xfer_upload(mgc_backend *be, void *dst, const void *host, size_t 
     return 0;
 }
 
+/* Pipeline sends: the compute issued so far has finished, so the copy is done at once. */
+static int emu_p2p_download(mgc_backend *be, void *host, const void *src, size_t n, void **done,
+                            char *err, size_t errsz) {
+    (void)be, (void)err, (void)errsz;
+    if (n) memcpy(host, src, n);
+    *done = (void *)1;
+    return 0;
+}
+static int emu_p2p_wait(mgc_backend *be, void *done, char *err, size_t errsz) {
+    (void)be, (void)done, (void)err, (void)errsz;
+    return 0;
+}
+
 static void emu_close(mgc_backend *be) {
     emu_ctx *c = be->context;
     if (c) {
@@ -260,6 +274,9 @@ static const mgc_backend_iface emu_iface = {
     .xfer_mark = emu_xfer_mark,
     .xfer_download = emu_xfer_download,
     .xfer_upload = emu_xfer_upload,
+    .p2p_download = emu_p2p_download,
+    .p2p_wait = emu_p2p_wait,
+    .p2p_fence = emu_p2p_wait,
 };
 
 int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {

@@ -101,6 +101,9 @@ struct mgc_exec {
     struct xcomm *fg;          /* this thread's communication (staging on device memory) */
     struct reducer *red;       /* the gradient reducer's thread, or NULL (reductions in line) */
     int overlap;               /* mgc_exec_set_grad_overlap */
+    struct sender *snd;        /* the pipeline sender's thread, or NULL (transfers in line) */
+    int send_overlap;          /* mgc_exec_set_send_overlap */
+    int64_t sends_queued;      /* this step's sends handed to the sender */
     int32_t *last_bwd_mb;      /* (n_chunks) the microbatch of the chunk's last BACKWARD, -1 none */
     int32_t *ready_op;         /* (n_buckets) the bucket is final after this op of its chunk's
                                   last backward (-1: before the first); INT32_MIN: at its
@@ -118,6 +121,12 @@ static int hand_over(mgc_exec *x, int c, int32_t op);
 static int hand_one(mgc_exec *x, int64_t bi);
 static int reducer_wait(mgc_exec *x, int64_t bi);
 static void reducer_reset(mgc_exec *x);
+/* the pipeline sender (below, after the reducer) */
+static int setup_sender(mgc_exec *x);
+static void sender_stop(mgc_exec *x);
+static int sender_p2p(mgc_exec *x, const mgc_instr *in, int64_t i, int32_t b, const char *what);
+static int sender_fence(mgc_exec *x, int64_t i);
+static int sender_drain(mgc_exec *x, int report);
 
 static int xfail(mgc_exec *x, const char *fmt, ...) {
     va_list ap;
@@ -949,7 +958,7 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->fg->staged = be->iface->device_memory && plan->grid.world > 1;
     /* sized once: no growth in a step */
     if (x->fg->staged && !stage(x->fg, stage_bytes(x))) goto done;
-    if (setup_overlap(x)) goto done;
+    if (setup_overlap(x) || setup_sender(x)) goto done;
     rc = 0;
 done:
     if (rc) {
@@ -964,6 +973,7 @@ done:
 void mgc_exec_free(mgc_exec *x) {
     if (!x) return;
     reducer_stop(x);
+    sender_stop(x);
     if (x->fg) host_release(x->fg);
     free(x->fg);
     free(x->last_bwd_mb);
@@ -1416,8 +1426,15 @@ static int backward(mgc_exec *x, int c, int32_t mb) {
     return 0;
 }
 
-static int p2p(mgc_exec *x, const mgc_instr *in) {
-    int k = in->op == MGC_I_SEND_ACT ? 0 : in->op == MGC_I_RECV_ACT ? 1 : in->op == MGC_I_SEND_GRAD ? 2 : 3;
+/* A pipeline transfer's staging slot (chunk_rt.comm): 0 send_act, 1 recv_act, 2 send_grad,
+ * 3 recv_grad; -1 for any other instruction.  Odd: a receive. */
+static int comm_slot(uint32_t op) {
+    return op == MGC_I_SEND_ACT ? 0 : op == MGC_I_RECV_ACT ? 1 : op == MGC_I_SEND_GRAD ? 2
+         : op == MGC_I_RECV_GRAD ? 3 : -1;
+}
+
+static int p2p(mgc_exec *x, const mgc_instr *in, int64_t i) {
+    int k = comm_slot(in->op);
     int32_t b = x->chunks[in->chunk].comm[k][in->mb];
     if (b < 0) return xfail(x, "stage %" PRId64 ": no staging buffer for a transfer", x->sp->pp_rank);
     mgc_comm *g = x->group[MGC_GROUP_PP];
@@ -1426,6 +1443,7 @@ static int p2p(mgc_exec *x, const mgc_instr *in) {
     snprintf(what, sizeof what, "%s of microbatch %d chunk %u with pipeline rank %d",
              k == 0 ? "send_act" : k == 1 ? "recv_act" : k == 2 ? "send_grad" : "recv_grad", in->mb,
              in->chunk, in->peer);
+    if (x->snd && x->send_overlap && !x->prof) return sender_p2p(x, in, i, b, what);
     return (k & 1) ? c_recv(x->fg, g, buf_addr(x, b), n, in->peer, what)
                    : c_send(x->fg, g, buf_addr(x, b), n, in->peer, what);
 }
@@ -1704,6 +1722,332 @@ int mgc_exec_grad_overlap(const mgc_exec *x) {
     return x->red != NULL && x->overlap;
 }
 
+/* ---- pipeline sends beside the compute ----------------------------------------------------
+ * On device memory with the backend's pipeline-transfer slots (backend.h p2p_*), SEND_ACT and
+ * SEND_GRAD queue the download of their staging buffer (it starts once the compute issued so
+ * far is done) and hand the send to a thread of the rank, the sender, which waits for the
+ * download and sends; the executor goes on issuing compute at once.
+ *  - The staging buffer's bytes must stay until the download is done, but the memory plan may
+ *    give them to another buffer once the send's instruction is over (its liveness ends
+ *    there).  So before the first instruction at which a buffer overlapping them becomes live,
+ *    the executor fences the compute behind the download (p2p_fence: on the device, the host
+ *    does not wait).  The fences are worked out once, at open, from the buffers' offsets and
+ *    liveness (fence_at).
+ *  - The sender is the only thread on the pipeline group, so receives go through it too, in
+ *    instruction order: the executor queues a RECV and waits for it (it needs the data), then
+ *    uploads it.  The order of every rank's transfers is the in-line one: no new pairing, no
+ *    new deadlock.
+ *  - Host buffers: a pool of SEND_SLOTS, each as large as the stage's largest staging buffer; a
+ *    send waits for a free one.
+ *  - A step ends once every send has left (the next step's compute may reuse any byte), and
+ *    a failure poisons the job (mgc_comm_abort) as the reducer's does.
+ * Only the transfers' timing changes, never their bytes: the numbers are the in-line ones bit
+ * for bit (tests/test_train.c checks it on a backend whose downloads happen as late as
+ * allowed). */
+#define SEND_SLOTS 4
+
+typedef struct p2p_item {
+    int recv;                  /* 1: a receive into `host` */
+    int slot;                  /* send: its pool slot */
+    void *host;
+    size_t bytes;
+    int peer;
+    void *done;                /* send: the backend's handle of its download */
+    char what[160];
+} p2p_item;
+
+typedef struct sender {
+    const mgc_exec *x;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    p2p_item *q;               /* ring of `cap` items: q[n % cap] for head <= n < tail */
+    int64_t cap, head, tail;   /* items handed over (tail) and finished (head), since open */
+    unsigned char *pool[SEND_SLOTS];
+    int busy[SEND_SLOTS];      /* the slot's send has not left yet (under mu) */
+    size_t slot_bytes;
+    int stop;
+    int failed;                /* a transfer failed: err holds why (under mu) */
+    char err[2048];
+    void **done;               /* (n_instrs) each SEND's download handle (the executor's thread) */
+    int64_t *queued_in;        /* (n_instrs) the epoch (step) a SEND was last queued in */
+    int64_t epoch;             /* this step's */
+    int64_t *fence_first;      /* (n_instrs + 1) fences before instruction i:        */
+    int64_t *fence_send;       /*   fence_send[fence_first[i] .. fence_first[i + 1])  */
+} sender;
+
+static void *sender_main(void *arg) {
+    sender *r = arg;
+    const mgc_exec *x = r->x;
+    mgc_comm *g = x->group[MGC_GROUP_PP];
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && r->head == r->tail)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->stop) break;
+        p2p_item it = r->q[r->head % r->cap];
+        int failed = r->failed;
+        pthread_mutex_unlock(&r->mu);
+        char e[1024] = "";
+        if (!failed) { /* after a failure, only drain: the job is poisoned */
+            mgc_comm_status cs = MGC_COMM_OK;
+            if (it.recv) {
+                cs = mgc_comm_recv(g, it.host, it.bytes, MGC_DT_U8, it.peer);
+            } else if (x->be->iface->p2p_wait(x->be, it.done, e, sizeof e)) {
+                failed = 1;
+            } else {
+                cs = mgc_comm_send(g, it.host, it.bytes, MGC_DT_U8, it.peer);
+            }
+            if (cs != MGC_COMM_OK) {
+                snprintf(e, sizeof e, "%s: %s", mgc_comm_status_name(cs), mgc_comm_error(g));
+                failed = 1;
+            }
+            if (failed) mgc_comm_abort(g, e);
+        }
+        pthread_mutex_lock(&r->mu);
+        if (failed && !r->failed) {
+            r->failed = 1;
+            snprintf(r->err, sizeof r->err, "rank %" PRId64 ": %s: %s", x->rank, it.what,
+                     e[0] ? e : "an earlier transfer failed");
+        }
+        if (!it.recv) r->busy[it.slot] = 0;
+        r->head++;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* Frees r's memory and pool (no thread). */
+static void sender_free(const mgc_exec *x, sender *r) {
+    const mgc_backend_iface *bi = x->be->iface;
+    for (int k = 0; k < SEND_SLOTS; k++) {
+        if (!r->pool[k]) continue;
+        if (bi->host_alloc && bi->host_free) bi->host_free(x->be, r->pool[k]);
+        else free(r->pool[k]);
+    }
+    free(r->q), free(r->done), free(r->queued_in), free(r->fence_first), free(r->fence_send);
+    free(r);
+}
+
+static void sender_stop(mgc_exec *x) {
+    sender *r = x->snd;
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    while (r->head != r->tail) /* transfers in flight use the pool and the backend */
+        pthread_cond_wait(&r->cv, &r->mu);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->th, NULL);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    sender_free(x, r);
+    x->snd = NULL;
+}
+
+/* The sender thread, where sends can go beside the compute: pipeline neighbours on device
+ * memory, the backend's p2p slots, a communicator that lets two threads of a rank work at
+ * once.  Also works out the fences. */
+static int setup_sender(mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    const mgc_backend_iface *bi = x->be->iface;
+    x->send_overlap = 1;
+    mgc_comm *pp = x->group[MGC_GROUP_PP];
+    if (!x->fg->staged || !bi->p2p_download || !bi->p2p_wait || !bi->p2p_fence || !pp ||
+        mgc_comm_size(pp) < 2 || !mgc_comm_concurrent(x->world))
+        return 0;
+    int64_t n = sp->n_instrs, sends = 0, nf = 0;
+    size_t most = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const mgc_instr *in = &sp->instrs[i];
+        int k = comm_slot(in->op);
+        if (k < 0) continue;
+        int32_t b = in->chunk < sp->n_chunks && in->mb >= 0 && in->mb < x->mb_count
+                        ? x->chunks[in->chunk].comm[k][in->mb]
+                        : -1;
+        if (b < 0) return 0; /* p2p() reports it, in line */
+        if ((k & 1) == 0) sends++;
+        if (sp->buffers[b].bytes > most) most = (size_t)sp->buffers[b].bytes;
+    }
+    if (!sends) return 0;
+    sender *r = calloc(1, sizeof *r);
+    if (!r) return xfail(x, "out of memory");
+    r->x = x;
+    r->cap = n + 1; /* at most every instruction queued at once */
+    r->q = calloc((size_t)r->cap, sizeof *r->q);
+    r->done = calloc((size_t)n + 1, sizeof *r->done);
+    r->queued_in = calloc((size_t)n + 1, sizeof *r->queued_in);
+    r->fence_first = calloc((size_t)n + 2, sizeof *r->fence_first);
+    r->fence_send = malloc((size_t)sends * sizeof *r->fence_send);
+    int64_t *at = malloc((size_t)sends * 2 * sizeof *at); /* (send, fence instruction) pairs */
+    if (!r->q || !r->done || !r->queued_in || !r->fence_first || !r->fence_send || !at) {
+        free(at);
+        sender_free(x, r);
+        return xfail(x, "out of memory");
+    }
+    /* each send's fence: the first instruction after it at which a buffer overlapping its
+     * staging buffer becomes live (none: the step's end, where every send has left) */
+    for (int64_t i = 0; i < n; i++) {
+        const mgc_instr *in = &sp->instrs[i];
+        int k = comm_slot(in->op);
+        if (k != 0 && k != 2) continue;
+        const mgc_buffer *S = &sp->buffers[x->chunks[in->chunk].comm[k][in->mb]];
+        int64_t j = n;
+        for (int64_t b = 0; b < sp->n_buffers; b++) {
+            const mgc_buffer *B = &sp->buffers[b];
+            if (B == S || B->live_begin <= i || B->live_begin >= j) continue;
+            if (B->offset < S->offset + S->bytes && S->offset < B->offset + B->bytes)
+                j = B->live_begin;
+        }
+        if (j < n) at[2 * nf] = j, at[2 * nf + 1] = i, nf++;
+    }
+    for (int64_t f = 0; f < nf; f++) r->fence_first[at[2 * f] + 1]++;
+    for (int64_t i = 0; i < n; i++) r->fence_first[i + 1] += r->fence_first[i];
+    int64_t *fill = calloc((size_t)n + 1, sizeof *fill);
+    if (!fill) {
+        free(at);
+        sender_free(x, r);
+        return xfail(x, "out of memory");
+    }
+    for (int64_t f = 0; f < nf; f++) {
+        int64_t j = at[2 * f];
+        r->fence_send[r->fence_first[j] + fill[j]++] = at[2 * f + 1];
+    }
+    free(fill), free(at);
+    r->slot_bytes = most ? most : 1;
+    for (int k = 0; k < SEND_SLOTS; k++) {
+        void *p = NULL;
+        if (bi->host_alloc && bi->host_free ? bi->host_alloc(x->be, r->slot_bytes, &p) != 0
+                                            : (p = malloc(r->slot_bytes)) == NULL) {
+            sender_free(x, r);
+            return xfail(x, "rank %" PRId64 ": allocating %d host buffers of %zu bytes for "
+                            "pipeline sends", x->rank, SEND_SLOTS, (size_t)(most ? most : 1));
+        }
+        r->pool[k] = p;
+    }
+    if (pthread_mutex_init(&r->mu, NULL) || pthread_cond_init(&r->cv, NULL) ||
+        pthread_create(&r->th, NULL, sender_main, r)) {
+        sender_free(x, r);
+        return xfail(x, "rank %" PRId64 ": cannot start the pipeline sender thread", x->rank);
+    }
+    x->snd = r;
+    return 0;
+}
+
+/* Queues it (the executor's thread); its index in the queue.  -1 with x->err set when the
+ * sender has failed. */
+static int64_t sender_put(mgc_exec *x, const p2p_item *it) {
+    sender *r = x->snd;
+    pthread_mutex_lock(&r->mu);
+    if (r->failed) {
+        pthread_mutex_unlock(&r->mu);
+        return xfail(x, "%s", r->err);
+    }
+    int64_t idx = r->tail++;
+    r->q[idx % r->cap] = *it;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return idx;
+}
+
+/* Waits until the sender has finished item idx (idx < 0: every item); -1 with x->err set
+ * when it failed. */
+static int sender_wait(mgc_exec *x, int64_t idx) {
+    sender *r = x->snd;
+    pthread_mutex_lock(&r->mu);
+    while (!r->failed && (idx < 0 ? r->head != r->tail : r->head <= idx))
+        pthread_cond_wait(&r->cv, &r->mu);
+    int rc = r->failed ? xfail(x, "%s", r->err) : 0;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* SEND_ACT / SEND_GRAD (instruction i) and RECV_ACT / RECV_GRAD through the sender; b is the
+ * staging buffer. */
+static int sender_p2p(mgc_exec *x, const mgc_instr *in, int64_t i, int32_t b, const char *what) {
+    sender *r = x->snd;
+    size_t n = (size_t)x->sp->buffers[b].bytes;
+    void *arena = buf_addr(x, b);
+    p2p_item it;
+    memset(&it, 0, sizeof it);
+    it.recv = in->op == MGC_I_RECV_ACT || in->op == MGC_I_RECV_GRAD;
+    it.bytes = n;
+    it.peer = in->peer;
+    snprintf(it.what, sizeof it.what, "%s", what);
+    if (it.recv) { /* into the executor's own staging buffer: it waits for the data anyway */
+        if (!(it.host = stage(x->fg, n))) return -1;
+        int64_t idx = sender_put(x, &it);
+        if (idx < 0 || sender_wait(x, idx)) return -1;
+        return stage_up(x->fg, arena, it.host, n);
+    }
+    pthread_mutex_lock(&r->mu); /* a free host buffer */
+    int k = -1;
+    while (!r->failed && k < 0) {
+        for (int s = 0; s < SEND_SLOTS && k < 0; s++)
+            if (!r->busy[s]) k = s;
+        if (k < 0) pthread_cond_wait(&r->cv, &r->mu);
+    }
+    if (r->failed) {
+        pthread_mutex_unlock(&r->mu);
+        return xfail(x, "%s", r->err);
+    }
+    r->busy[k] = 1;
+    pthread_mutex_unlock(&r->mu);
+    it.slot = k;
+    it.host = r->pool[k];
+    char e[1024];
+    if (x->be->iface->p2p_download(x->be, it.host, arena, n, &r->done[i], e, sizeof e)) {
+        pthread_mutex_lock(&r->mu);
+        r->busy[k] = 0;
+        pthread_mutex_unlock(&r->mu);
+        return xfail(x, "rank %" PRId64 ": %s: %s", x->rank, what, e);
+    }
+    it.done = r->done[i];
+    r->queued_in[i] = r->epoch;
+    x->fg->staged_bytes += (int64_t)n;
+    if (sender_put(x, &it) < 0) return -1;
+    x->sends_queued++;
+    return 0;
+}
+
+/* Before instruction i: the compute waits (on the device) for the downloads of this step's
+ * sends whose bytes a buffer that becomes live at i may reuse. */
+static int sender_fence(mgc_exec *x, int64_t i) {
+    sender *r = x->snd;
+    for (int64_t f = r->fence_first[i]; f < r->fence_first[i + 1]; f++) {
+        int64_t s = r->fence_send[f];
+        if (r->queued_in[s] != r->epoch || !r->done[s]) continue; /* sent in line */
+        char e[1024];
+        if (x->be->iface->p2p_fence(x->be, r->done[s], e, sizeof e))
+            return xfail(x, "rank %" PRId64 ": instruction %" PRId64 ": %s", x->rank, i, e);
+    }
+    return 0;
+}
+
+/* The step's end (report: every transfer has left, or the first failure) or its start (a
+ * failed step's transfers have drained; a new epoch). */
+static int sender_drain(mgc_exec *x, int report) {
+    sender *r = x->snd;
+    if (report) return sender_wait(x, -1);
+    pthread_mutex_lock(&r->mu);
+    while (r->head != r->tail)
+        pthread_cond_wait(&r->cv, &r->mu);
+    r->failed = 0;
+    r->err[0] = '\0';
+    r->epoch++;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+void mgc_exec_set_send_overlap(mgc_exec *x, int on) {
+    x->send_overlap = on != 0;
+}
+
+int mgc_exec_send_overlap(const mgc_exec *x) {
+    return x->snd != NULL && x->send_overlap;
+}
+
 static int gather_params(mgc_exec *x, uint32_t bi) {
     const mgc_bucket *B = &x->sp->buckets[bi];
     if (B->shards <= 1) return 0;
@@ -1820,6 +2164,8 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         return -1;
     }
     reducer_reset(x); /* a failed step's reductions have drained */
+    x->sends_queued = 0;
+    if (x->snd) sender_drain(x, 0); /* and a failed step's transfers; a new epoch */
     if (x->be->iface->zero(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes))
         return be_fail(x, "zeroing gradients");
     int did_opt = 0;
@@ -1830,6 +2176,10 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
             mgc_comm_abort(x->world, x->err);
             return -1;
         }
+        if (x->snd && sender_fence(x, i)) { /* sends whose bytes this instruction may reuse */
+            mgc_comm_abort(x->world, x->err);
+            return -1;
+        }
         switch ((mgc_instr_op)in->op) {
         case MGC_I_LOAD_BATCH: rc = load_batch(x, in->mb, in->arg, fn, ctx); break;
         case MGC_I_FORWARD: rc = forward(x, in->chunk, in->mb); break;
@@ -1837,7 +2187,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         case MGC_I_SEND_ACT:
         case MGC_I_RECV_ACT:
         case MGC_I_SEND_GRAD:
-        case MGC_I_RECV_GRAD: rc = p2p(x, in); break;
+        case MGC_I_RECV_GRAD: rc = p2p(x, in, i); break;
         case MGC_I_REDUCE_GRADS: rc = reduce_grads(x, in->arg); break;
         case MGC_I_EMBED_GRADS: rc = embed_grads(x); break;
         case MGC_I_OPTIMIZER:
@@ -1858,6 +2208,10 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         mgc_comm_abort(x->world, x->err);
         return -1;
     }
+    if (x->snd && sender_drain(x, 1)) { /* every send of the step has left */
+        mgc_comm_abort(x->world, x->err);
+        return -1;
+    }
     /* the step's losses, from the ranks that computed them, to every rank */
     float part[3] = {(float)x->loss_sum, (float)x->aux_sum, (float)x->z_sum}, tot[3];
     /* aux and z are counted on tp/cp ranks alike; keep one data-parallel copy each */
@@ -1873,6 +2227,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     st->graph_replays = x->graph_replays;
     st->staged_bytes = x->fg->staged_bytes + (x->red ? reducer_staged(x) : 0);
     st->overlapped_buckets = x->overlapped;
+    st->overlapped_sends = x->sends_queued;
     if (x->prof) {
         if (prof_clock(x, &t1)) {
             mgc_comm_abort(x->world, x->err);

@@ -58,6 +58,8 @@ typedef struct mgc_step_stats {
                               host memory (backend device_memory; docs/runtime.md) */
     int64_t overlapped_buckets; /* gradient buckets reduced beside the backward this step
                                    (mgc_exec_set_grad_overlap) */
+    int64_t overlapped_sends;   /* pipeline sends that left beside the compute this step
+                                   (mgc_exec_set_send_overlap) */
 } mgc_step_stats;
 
 /* What can be refused without starting: a precision the backend ("cpu") does
@@ -137,6 +139,16 @@ void mgc_exec_set_graphs(mgc_exec *x, int on);
  * the whole reductions).  mgc_exec_grad_overlap says whether it can run. */
 void mgc_exec_set_grad_overlap(mgc_exec *x, int on);
 int mgc_exec_grad_overlap(const mgc_exec *x);
+/* Pipeline sends beside the compute: on (1, the default) or off (0: each transfer at its
+ * instruction, on the rank's thread).  When on, on device memory (backend.h p2p_*), SEND_ACT
+ * and SEND_GRAD queue their staging buffer's download on the backend's pipeline-transfer
+ * queue and a second thread of the rank sends it, while this one goes on; the compute is
+ * fenced behind the download (on the device) before the buffer's bytes are reused; receives
+ * go through the same thread in order.  The same bits either way.  It runs only where the
+ * communicator allows two threads (mgc_comm_concurrent), and never while a profile is set.
+ * mgc_exec_send_overlap says whether it can run. */
+void mgc_exec_set_send_overlap(mgc_exec *x, int on);
+int mgc_exec_send_overlap(const mgc_exec *x);
 double mgc_exec_loss_scale(const mgc_exec *x); /* the current scale, 1 when off */
 
 void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */

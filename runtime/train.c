@@ -78,6 +78,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     }
     mgc_exec_set_graphs(x, o->graphs);
     mgc_exec_set_grad_overlap(x, !o->no_grad_overlap);
+    mgc_exec_set_send_overlap(x, !o->no_send_overlap);
     int64_t iters = o->iterations, log_every = o->log_interval;
     if (iters <= 0) mgc_plan_config_int(plan, "training.iterations", &iters);
     if (log_every <= 0) mgc_plan_config_int(plan, "training.log_interval", &log_every);
@@ -109,6 +110,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             if (o->losses) o->losses[it] = st.loss;
             if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
             if (o->overlapped) o->overlapped[it] = st.overlapped_buckets;
+            if (o->sends) o->sends[it] = st.overlapped_sends;
         }
         log_loss += st.loss;
         log_n++;
@@ -131,6 +133,8 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                 fprintf(o->metrics, ", \"staged_bytes\": %" PRId64, st.staged_bytes);
             if (st.overlapped_buckets > 0)
                 fprintf(o->metrics, ", \"overlapped_buckets\": %" PRId64, st.overlapped_buckets);
+            if (st.overlapped_sends > 0)
+                fprintf(o->metrics, ", \"overlapped_sends\": %" PRId64, st.overlapped_sends);
             fputs("}\n", o->metrics);
             fflush(o->metrics);
         }

@@ -85,6 +85,17 @@ if "$run" "$tmp/dp2.plan" --local-ranks 2 -q --metrics "$tmp/a.jsonl" 2>"$tmp/er
 else
     bad "--no-grad-overlap"; cat "$tmp/err"
 fi
+# pipeline sends in line (the CPU's arena sends directly either way: the flag is accepted and
+# changes nothing; tests/test_train.c checks the overlapped path on a device-memory backend)
+$mgc compile examples/tiny-gpt.yaml --no-kernels $small --set parallel.pipeline=2 --set parallel.world_size=2 \
+    -o "$tmp/pp2.plan" >/dev/null || exit 1
+if "$run" "$tmp/pp2.plan" --local-ranks 2 -q --metrics "$tmp/c.jsonl" 2>"$tmp/err" &&
+    "$run" "$tmp/pp2.plan" --local-ranks 2 -q --no-send-overlap --metrics "$tmp/d.jsonl" 2>>"$tmp/err" &&
+    [ "$(cut -d, -f1-4 "$tmp/c.jsonl")" = "$(cut -d, -f1-4 "$tmp/d.jsonl")" ]; then
+    ok "--no-send-overlap: the same losses and norms"
+else
+    bad "--no-send-overlap"; cat "$tmp/err"
+fi
 # the same data as a megatron dataset trains too
 mplan "$tmp/syn.plan" "$tmp/syn" || exit 1
 if "$run" "$tmp/syn.plan" -q >/dev/null 2>"$tmp/err"; then ok "megatron dataset run"; else bad "megatron dataset run"; cat "$tmp/err"; fi

@@ -16,6 +16,7 @@
  * The models run at seq_length 32 and micro-batch 2 (the layouts are what is
  * tested; the shapes keep every split legal). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,9 +74,12 @@ static mgc_plan *compile(const char *path, const char *const *base, const char *
  * executor) touching an arena address directly faults and the test dies.  The CUDA
  * backend's arena is the real case. */
 #define FAR_BIT ((uintptr_t)1 << 52)
+typedef struct lazy_copy lazy_copy;
 typedef struct fenced {
     mgc_backend be; /* first: the handle the executor holds */
     mgc_backend *cpu;
+    lazy_copy **lazy; /* the pipeline sends' download handles (made on the executor's thread) */
+    int n_lazy, cap_lazy;
 } fenced;
 
 static long fenced_staged; /* bytes through upload and download, all ranks (atomic adds) */
@@ -183,9 +187,72 @@ static int f_xup(mgc_backend *be, void *d, const void *h, size_t n, char *err, s
     memcpy(near_(d), h, n);
     return 0;
 }
+/* Pipeline sends beside the compute.  A download happens as late as the executor allows: at
+ * p2p_wait (the sender, before it sends) or p2p_fence (the executor, before the compute that
+ * may reuse the bytes), whichever comes first.  A missing fence therefore sends bytes the
+ * compute has overwritten since, and the rerun's bits differ. */
+struct lazy_copy {
+    pthread_mutex_t mu;
+    void *host;
+    const void *src; /* near */
+    size_t n;
+    int pending;
+};
+static long fenced_sends; /* p2p_download calls, all ranks */
+static long fenced_fences; /* p2p_fence calls that found their download still pending */
+static int f_pdown(mgc_backend *be, void *h, const void *s, size_t n, void **done, char *err,
+                   size_t errsz) {
+    fenced *f = (fenced *)be;
+    lazy_copy *c = *done;
+    if (!c) {
+        if (f->n_lazy == f->cap_lazy) {
+            int m = f->cap_lazy ? 2 * f->cap_lazy : 8;
+            lazy_copy **a = realloc(f->lazy, (size_t)m * sizeof *a);
+            if (!a) return snprintf(err, errsz, "out of memory"), -1;
+            f->lazy = a, f->cap_lazy = m;
+        }
+        if (!(c = calloc(1, sizeof *c)) || pthread_mutex_init(&c->mu, NULL))
+            return free(c), snprintf(err, errsz, "out of memory"), -1;
+        f->lazy[f->n_lazy++] = c;
+        *done = c;
+    }
+    pthread_mutex_lock(&c->mu);
+    int again = c->pending;
+    c->host = h, c->src = near_(s), c->n = n, c->pending = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (again) return snprintf(err, errsz, "a send's handle reused before its download"), -1;
+    __atomic_add_fetch(&fenced_sends, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&fenced_staged, (long)n, __ATOMIC_RELAXED);
+    return 0;
+}
+static int lazy_run(void *done, long *counter) {
+    lazy_copy *c = done;
+    if (!c) return -1;
+    pthread_mutex_lock(&c->mu);
+    if (c->pending) {
+        memcpy(c->host, c->src, c->n);
+        c->pending = 0;
+        if (counter) __atomic_add_fetch(counter, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+static int f_pwait(mgc_backend *be, void *done, char *err, size_t errsz) {
+    (void)be;
+    return lazy_run(done, NULL) ? snprintf(err, errsz, "no handle"), -1 : 0;
+}
+static int f_pfence(mgc_backend *be, void *done, char *err, size_t errsz) {
+    (void)be;
+    return lazy_run(done, &fenced_fences) ? snprintf(err, errsz, "no handle"), -1 : 0;
+}
 static void f_close(mgc_backend *be) {
     fenced *f = (fenced *)be;
     mgc_backend_close(f->cpu);
+    for (int i = 0; i < f->n_lazy; i++) {
+        pthread_mutex_destroy(&f->lazy[i]->mu);
+        free(f->lazy[i]);
+    }
+    free(f->lazy);
     free(f);
 }
 static const mgc_backend_iface fenced_iface = {
@@ -195,6 +262,7 @@ static const mgc_backend_iface fenced_iface = {
     .zero = f_zero, .sumsq = f_sumsq, .adamw = f_adamw,
     .sync = f_sync, .set_threads = f_threads, .close = f_close, .device_memory = 1,
     .xfer_mark = f_mark, .xfer_download = f_xdown, .xfer_upload = f_xup,
+    .p2p_download = f_pdown, .p2p_wait = f_pwait, .p2p_fence = f_pfence,
 };
 
 static int fenced_open(void *ctx, int64_t rank, mgc_backend **out, char *err, size_t errsz) {
@@ -687,10 +755,13 @@ static void check_model(const char *path, const char *const *extra, const layout
         int rc = train(p, a, an);
         T_EQ_I64(rc, 0);
         /* the rerun on far arenas: communication staged through host memory */
-        long staged0 = fenced_staged;
+        long staged0 = fenced_staged, sends0 = fenced_sends, fences0 = fenced_fences;
         int rc2 = train_on(p, 1, b, bn);
         T_EQ_I64(rc2, 0);
-        long staged = fenced_staged - staged0;
+        long staged = fenced_staged - staged0, sends = fenced_sends - sends0;
+        long fences = fenced_fences - fences0;
+        /* pipeline neighbours send beside the compute there */
+        if (p->grid.pp > 1) T_CHECK(sends > 0);
         double worst = 0;
         for (int i = 0; i < STEPS && rc == 0; i++) {
             T_NEAR_REL(a[i], base[i], 1e-5);
@@ -701,9 +772,11 @@ static void check_model(const char *path, const char *const *extra, const layout
             T_CHECK(memcmp(a, b, sizeof a) == 0);
             T_CHECK(memcmp(an, bn, sizeof an) == 0);
         }
-        printf("%s: %-18s world %2lld: worst relative loss difference %.2e%s (%ld bytes up/down)\n",
+        printf("%s: %-18s world %2lld: worst relative loss difference %.2e%s (%ld bytes up/down, "
+               "%ld sends beside the compute, %ld fenced)\n",
                path, lays[l].name, (long long)p->grid.world, worst,
-               memcmp(a, b, sizeof a) ? " (rerun differs!)" : ", rerun on a far arena bit-identical", staged);
+               memcmp(a, b, sizeof a) ? " (rerun differs!)" : ", rerun on a far arena bit-identical", staged,
+               sends, fences);
         mgc_plan_free(p);
     }
 }

@@ -4,7 +4,7 @@
  *     mgc-run PLAN [--local-ranks N] [--backend cpu] [--threads N]
  *                  [--iterations N] [--log-interval N] [--metrics FILE]
  *                  [--profile FILE [--profile-warmup N]] [--cuda-graphs]
- *                  [--no-grad-overlap] [-q]
+ *                  [--no-grad-overlap] [--no-send-overlap] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
  *
  * Every check that can fail on bad input (the plan, the launch size, the
@@ -53,6 +53,9 @@ static void usage(FILE *out) {
           "  --no-grad-overlap  reduce each gradient bucket at the step's end, not on a second\n"
           "                     thread as soon as the backward has finished it (the same numbers;\n"
           "                     --profile runs, and MPI without MPI_THREAD_MULTIPLE, always do)\n"
+          "  --no-send-overlap  cuda backend, pipeline stages: send activations and gradients on\n"
+          "                     this thread at their instruction, not from the pipeline-transfer\n"
+          "                     stream and a second thread beside the compute (the same numbers)\n"
           "  -q, --quiet        no progress lines\n"
           "\n"
           "exit status: 0 ok, 1 error, 2 usage error\n",
@@ -120,7 +123,7 @@ static int under_mpi(void) {
 int main(int argc, char **argv) {
     const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
-    int quiet = 0, graphs = 0, no_overlap = 0;
+    int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int64_t *target = NULL, lo = 1, hi = 4096;
@@ -135,6 +138,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-grad-overlap")) {
             no_overlap = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-send-overlap")) {
+            no_send_overlap = 1;
             continue;
         }
         if (!strcmp(a, "--local-ranks")) target = &local;
@@ -305,6 +312,7 @@ int main(int argc, char **argv) {
     o.profile_warmup = warmup;
     o.graphs = graphs;
     o.no_grad_overlap = no_overlap;
+    o.no_send_overlap = no_send_overlap;
     int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
                      : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
     if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
