@@ -331,7 +331,8 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
             return mgc_cuda_fail(be, "swiglu '%s': input is not (rows, 2f)", opname(c));
         if (rows == 0) return 0;
         void *args[] = {&y, &a, &rows};
-        return mgc_cuda_launch(be, &k[0], ew_grid(be, rows * f), 1, 1, EW_BLOCK, 0, args);
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, f % 8 ? rows * f : rows * f / 8), 1, 1,
+                               EW_BLOCK, 0, args);
     }
     case MGC_POP_SWIGLU_BWD: { /* in: x (n, 2f), dy (n, f); out: dx (n, 2f) */
         int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tin(c, 1)) / f : 0;
@@ -339,7 +340,8 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
             return mgc_cuda_fail(be, "swiglu_bwd '%s': shapes are not (rows, 2f)", opname(c));
         if (rows == 0) return 0;
         void *args[] = {&y, &b, &a, &rows};
-        return mgc_cuda_launch(be, &k[0], ew_grid(be, rows * f), 1, 1, EW_BLOCK, 0, args);
+        return mgc_cuda_launch(be, &k[0], ew_grid(be, f % 8 ? rows * f : rows * f / 8), 1, 1,
+                               EW_BLOCK, 0, args);
     }
     default: { /* ADD, ADD_BWD: y = a + b */
         int64_t n = numel(tout(c, 0));
