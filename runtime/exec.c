@@ -1528,16 +1528,22 @@ static void *reducer_main(void *arg) {
     return NULL;
 }
 
+/* Sets *stop under mu, wakes the worker thread th and joins it; then destroys mu and cv (the
+ * reducer's and the sender's end). */
+static void join_worker(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop) {
+    pthread_mutex_lock(mu);
+    *stop = 1;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+    pthread_join(th, NULL);
+    pthread_cond_destroy(cv);
+    pthread_mutex_destroy(mu);
+}
+
 static void reducer_stop(mgc_exec *x) {
     reducer *r = x->red;
     if (!r) return;
-    pthread_mutex_lock(&r->mu);
-    r->stop = 1;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    pthread_join(r->th, NULL);
-    pthread_cond_destroy(&r->cv);
-    pthread_mutex_destroy(&r->mu);
+    join_worker(r->th, &r->mu, &r->cv, &r->stop);
     host_release(&r->k);
     free(r->queue), free(r->state), free(r->marks), free(r->handed);
     free(r);
@@ -1836,12 +1842,8 @@ static void sender_stop(mgc_exec *x) {
     pthread_mutex_lock(&r->mu);
     while (r->head != r->tail) /* transfers in flight use the pool and the backend */
         pthread_cond_wait(&r->cv, &r->mu);
-    r->stop = 1;
-    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    pthread_join(r->th, NULL);
-    pthread_cond_destroy(&r->cv);
-    pthread_mutex_destroy(&r->mu);
+    join_worker(r->th, &r->mu, &r->cv, &r->stop);
     sender_free(x, r);
     x->snd = NULL;
 }
