@@ -36,8 +36,9 @@ extern const mgc_kernel_file mgc_emu_files[];
 
 #define MAX_BLOCK   1024
 #define STACK_BYTES (256 * 1024)
-/* host compiler flags: part of the cache key */
+/* host compiler flags: part of the cache key (emu_flags adds the bounds checks) */
 #define CXX_FLAGS "-std=c++17 -O1 -fPIC -shared -fno-strict-aliasing -w"
+#define CXX_BOUNDS " -fsanitize=bounds -fno-sanitize-recover=bounds"
 
 /* ---- context switches ----------------------------------------------------------------------
  * A GPU thread blocks at every collective, so a kernel switches fibers millions of times a
@@ -136,6 +137,7 @@ typedef struct fiber {
 
 struct mgc_emu {
     char cxx[1100];
+    char flags[256]; /* CXX_FLAGS, and the bounds checks unless MGC_EMU_BOUNDS=0 */
     loaded *k;
     int n_k, cap_k;
     fiber *f; /* MAX_BLOCK */
@@ -224,6 +226,14 @@ int mgc_emu_open(mgc_emu **out, char *err, size_t errsz) {
                                 "found none (c++, g++ or clang++ on PATH): install g++ "
                                 "(apt-get install g++) or name one in MGC_EMU_CXX");
     }
+    /* Array bounds checks in the emulated kernels (UBSan): an index past a fixed-size array --
+     * a shared-memory tile, a fragment or accumulator array -- aborts with the template's
+     * file:line, where a GPU would read a neighbour silently.  GCC's objects load its runtime
+     * (libubsan) themselves; clang's do not (its runtime is not on the loader's path), so
+     * under clang there are none.  MGC_EMU_BOUNDS=0 turns them off. */
+    const char *bounds = getenv("MGC_EMU_BOUNDS"), *base = strrchr(e->cxx, '/');
+    int check = !(bounds && !strcmp(bounds, "0")) && !strstr(base ? base + 1 : e->cxx, "clang");
+    snprintf(e->flags, sizeof e->flags, "%s%s", CXX_FLAGS, check ? CXX_BOUNDS : "");
     e->f = calloc(MAX_BLOCK, sizeof *e->f);
     if (!e->f) {
         free(e);
@@ -287,7 +297,7 @@ static int prepare_dirs(const mgc_emu *e, char *dir, size_t dn, char *inc, size_
     }
     static const char *const heads[] = {"cuda_emu.h", "emu_abi.h"};
     const char *common = mgc_kernel_template("mgc_common.cuh");
-    uint64_t h = fnv64(CXX_FLAGS, strlen(CXX_FLAGS), 1469598103934665603ull);
+    uint64_t h = fnv64(e->flags, strlen(e->flags), 1469598103934665603ull);
     h = fnv64(e->cxx, strlen(e->cxx), h);
     for (int i = 0; i < 2; i++) {
         const char *t = emu_file(heads[i]);
@@ -369,7 +379,8 @@ static int build_start(const mgc_emu *e, const char *inc, build *b, char *err, s
         return fail(err, errsz, "CUDA emulator: cannot write %s: %s", b->src, strerror(errno));
     char incopt[1300];
     snprintf(incopt, sizeof incopt, "-I%s", inc);
-    char flags[] = CXX_FLAGS;
+    char flags[sizeof e->flags];
+    snprintf(flags, sizeof flags, "%s", e->flags);
     char *argv[32];
     int a = 0;
     argv[a++] = (char *)e->cxx;
