@@ -110,7 +110,6 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             if (o->losses) o->losses[it] = st.loss;
             if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
             if (o->overlapped) o->overlapped[it] = st.overlapped_buckets;
-            if (o->sends) o->sends[it] = st.overlapped_sends;
         }
         log_loss += st.loss;
         log_n++;

@@ -49,13 +49,11 @@ typedef struct mgc_train_opts {
     int64_t *overlapped;    /* (iterations) buckets reduced beside the backward (rank 0's under
                                local ranks, this process's under MPI), or NULL */
     int no_send_overlap;    /* 1: pipeline transfers in line (mgc_exec_set_send_overlap) */
-    int64_t *sends;         /* (iterations) pipeline sends beside the compute (as overlapped),
-                               or NULL */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \
     { sizeof(mgc_train_opts), 0, 0, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0, 0, NULL, NULL, 0, NULL,  \
-      0, NULL }
+      0 }
 
 /* One rank's whole run over `world` (a world communicator of plan->grid.world ranks). */
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
