@@ -130,6 +130,10 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
         const char *fz = getenv("MGC_FUSION");
         if (!(fz && !strcmp(fz, "0")))
             for (int64_t k = 0; k < sp->n_chunks; k++) mgc_fuse_chunk(&sp->chunks[k], NULL);
+        /* in-place outputs (memplan.h), on the fused programs; MGC_INPLACE=0 turns them off */
+        const char *ip = getenv("MGC_INPLACE");
+        if (!(ip && !strcmp(ip, "0")))
+            for (int64_t k = 0; k < sp->n_chunks; k++) mgc_memplan_inplace(&sp->chunks[k]);
         /* the gradient buckets, from the flat parameter layout (memplan.h) */
         if (mgc_memplan_buckets(c, &p->grid, sp, bucket_elems(c), &sp->buckets, &sp->n_buckets)) {
             mgc_diag(d, MGC_SEV_ERROR, at, "out of memory, or a bug in mgc: please report it with the config",

@@ -130,8 +130,9 @@ static double roofline(const ctx *c, double flops, double eff, double bytes) {
     return (tc > tm ? tc : tm) + c->hw->launch_s;
 }
 
+/* The bytes an op moves: its elements', not a row pitch's gaps. */
 static double tensor_bytes(const mgc_plan_chunk *ch, int32_t i) {
-    return i >= 0 && i < ch->n_tensors ? (double)ch->tensors[i].bytes : 0;
+    return i >= 0 && i < ch->n_tensors ? (double)mgc_plan_tensor_data_bytes(&ch->tensors[i]) : 0;
 }
 
 static double gemm_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_op *op) {

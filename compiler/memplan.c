@@ -31,8 +31,9 @@ static uint64_t round_up(uint64_t v, uint64_t a) {
 enum { CAT_NONE = 0, CAT_WEIGHT, CAT_GRAD, CAT_ACT, CAT_INPUT, CAT_STASH };
 
 typedef struct tplace {
-    uint8_t cat;  /* CAT_* */
-    uint64_t off; /* offset inside the buffer of that category */
+    uint8_t cat;   /* CAT_* */
+    int32_t over;  /* 1 + the tensor whose bytes it takes (an MGC_POF_INPLACE output); 0 none */
+    uint64_t off;  /* offset inside the buffer of that category */
 } tplace;
 
 /* How a chunk's ops touch a tensor. */
@@ -262,7 +263,110 @@ static int chunk_uses(builder *b, int64_t c) {
             }
         }
     }
+    /* in-place outputs: the input's request covers both tensors' uses; the output has none
+     * of its own and takes the input's place at the end (mgc_memplan_build_cached) */
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+        const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+        for (int64_t i = 0; i < n; i++) {
+            const mgc_plan_op *o = &ops[i];
+            if (!(o->flags & MGC_POF_INPLACE)) continue;
+            int32_t x = o->n_in ? o->in[0] : -1, y = o->n_out ? o->out[0] : -1;
+            if (x < 0 || y < 0 || x == y || u[x].last[pass] != i || (!pass && u[x].first[1] >= 0) ||
+                b->place[c][y].over)
+                return fail(b, BUG_HINT,
+                            "chunk %" PRId64 " %s op %" PRId64
+                            " writes in place over a tensor that a later op touches",
+                            c, pass ? "backward" : "forward", i);
+            for (int q = 0; q < 2; q++) {
+                use *ux = &u[x], *uy = &u[y];
+                if (uy->first[q] < 0) continue;
+                if (ux->first[q] < 0 || uy->first[q] < ux->first[q])
+                    ux->first[q] = uy->first[q], ux->first_read[q] = uy->first_read[q];
+                if (uy->last[q] > ux->last[q] || ux->last[q] < 0)
+                    ux->last[q] = uy->last[q], ux->last_write[q] = uy->last_write[q];
+                uy->first[q] = uy->last[q] = -1;
+            }
+            b->place[c][y].over = x + 1;
+        }
+    }
     return 0;
+}
+
+/* ---- in-place outputs (memplan.h) ---- */
+
+/* Ops whose launchers write out[0] over in[0] (plan.h MGC_POF_INPLACE). */
+static int inplace_capable(uint16_t kind) {
+    return kind == MGC_POP_CROSS_ENTROPY_BWD;
+}
+
+/* Ops that read in[0] at a row pitch (tensor.ld). */
+static int reads_pitched(const mgc_plan_op *o, int32_t t) {
+    if (o->kind != MGC_POP_LINEAR_DGRAD && (o->kind != MGC_POP_LINEAR_WGRAD || o->n_out != 1))
+        return 0; /* a bias gradient's column sums take no row pitch */
+    for (int k = 1; k < o->n_in; k++)
+        if (o->in[k] == t) return 0;
+    for (int k = 0; k < o->n_out; k++)
+        if (o->out[k] == t) return 0;
+    return o->in[0] == t;
+}
+
+static int touches(const mgc_plan_op *o, int32_t t) {
+    for (int k = 0; k < o->n_in; k++)
+        if (o->in[k] == t) return 1;
+    for (int k = 0; k < o->n_out; k++)
+        if (o->out[k] == t) return 1;
+    return 0;
+}
+
+int64_t mgc_memplan_inplace(mgc_plan_chunk *ch) {
+    int64_t marked = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+        mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+        for (int64_t i = 0; i < n; i++) {
+            mgc_plan_op *o = &ops[i];
+            if (!inplace_capable(o->kind) || (o->flags & MGC_POF_INPLACE) || o->n_in < 1 ||
+                o->n_out < 1)
+                continue;
+            int32_t xi = o->in[0], yi = o->out[0];
+            if (xi < 0 || yi < 0 || xi >= ch->n_tensors || yi >= ch->n_tensors || xi == yi)
+                continue;
+            mgc_plan_tensor *x = &ch->tensors[xi], *y = &ch->tensors[yi];
+            size_t xs = mgc_dtype_size((mgc_dtype)x->dtype), ys = mgc_dtype_size((mgc_dtype)y->dtype);
+            int ok = x->role == MGC_TR_ACTIVATION && y->role == MGC_TR_ACT_GRAD && !x->ld &&
+                     !y->ld && y->buffer != MGC_PLAN_BUF_STASH && x->rank == y->rank &&
+                     x->rank >= 1 && ys && ys <= xs && xs % ys == 0;
+            for (int k = 0; ok && k < x->rank; k++)
+                ok = x->dim[k] == y->dim[k];
+            for (int k = 1; ok && k < o->n_in; k++)
+                ok = o->in[k] != yi && o->in[k] != xi;
+            for (int k = 1; ok && k < o->n_out; k++)
+                ok = o->out[k] != yi && o->out[k] != xi;
+            /* x: no later op touches it; y: no other op writes it, and a narrower y goes only
+             * to readers that take a row pitch */
+            for (int q = 0; ok && q < 2; q++) {
+                int64_t m = q ? ch->n_bwd : ch->n_fwd;
+                const mgc_plan_op *p = q ? ch->bwd : ch->fwd;
+                for (int64_t j = 0; ok && j < m; j++) {
+                    if (q == pass && j == i) continue;
+                    int after = q > pass || (q == pass && j > i);
+                    if (after && touches(&p[j], xi)) ok = 0;
+                    for (int k = 0; ok && k < p[j].n_out; k++)
+                        if (p[j].out[k] == yi) ok = 0;
+                    if (ok && touches(&p[j], yi) && (!after || (xs != ys && !reads_pitched(&p[j], yi))))
+                        ok = 0;
+                }
+            }
+            if (ok && xs != ys && (uint64_t)x->dim[x->rank - 1] * (xs / ys) > UINT32_MAX) ok = 0;
+            if (!ok) continue;
+            o->flags |= MGC_POF_INPLACE;
+            y->ld = xs == ys ? 0 : (uint32_t)((uint64_t)x->dim[x->rank - 1] * (xs / ys));
+            y->bytes = x->bytes;
+            marked++;
+        }
+    }
+    return marked;
 }
 
 /* ---- parameters: the flat layout and the optimizer shards ----
@@ -1044,6 +1148,17 @@ int mgc_memplan_build_cached(const mgc_config *c, const mgc_grid *grid, mgc_plan
                 x->offset = p->off;
             }
         }
+    }
+
+    /* in-place outputs take their input's place (stashed or packed) */
+    for (int64_t ch = 0; ch < b->V; ch++) {
+        mgc_plan_chunk *chk = &sp->chunks[ch];
+        for (int64_t t = 0; t < chk->n_tensors; t++)
+            if (b->place[ch][t].over) {
+                const mgc_plan_tensor *x = &chk->tensors[b->place[ch][t].over - 1];
+                chk->tensors[t].buffer = x->buffer;
+                chk->tensors[t].offset = x->offset;
+            }
     }
 
     /* the breakdown at the peak, and the most stashes at once */

@@ -142,9 +142,20 @@ typedef struct mgc_memplan_info {
     uint64_t assign_overlaps;    /* mgc_memplan_stats.overlaps of the arena placement */
 } mgc_memplan_info;
 
+/* In-place outputs: mark MGC_POF_INPLACE every op of the chunk whose launcher can write its
+ * output over its input (plan.h; today cross_entropy_bwd, the logits' gradient over the fp32
+ * logits) where that is safe: the input is an activation no later op touches, the output an
+ * activation gradient only this op writes, their shapes equal, and, when the output's dtype
+ * is narrower, only readers that take a row pitch (linear_dgrad, linear_wgrad) read it.  The
+ * output gets the input's bytes and, when narrower, a row pitch (tensor.ld); the memory plan
+ * then gives it the input's place.  Returns how many ops it marked.  Run it after fusion and
+ * before mgc_memplan_build; MGC_INPLACE=0 in the environment makes mgc_compile skip it. */
+int64_t mgc_memplan_inplace(mgc_plan_chunk *ch);
+
 /* Build the memory plan of one pipeline rank: create sp->buffers (freeing a
  * previous list), give every tensor of every chunk its buffer and offset
- * (saved tensors keep the partitioner's MGC_PLAN_BUF_STASH placement), and
+ * (saved tensors keep the partitioner's MGC_PLAN_BUF_STASH placement; the output of an
+ * MGC_POF_INPLACE op takes its input's, whose lifetime grows to cover both), and
  * fill sp->arena_bytes, sp->by_kind and sp->max_in_flight.  `plan` interns
  * the buffer names (may be NULL: names stay 0).  `c` gives the precision,
  * the distributed-optimizer switch and the boundary-activation shape; `grid`

@@ -15,6 +15,7 @@ static void print_tensor(const mgc_plan *p, const mgc_plan_chunk *ch, int32_t id
     for (int i = 0; i < t->rank; i++)
         fprintf(out, "%s%" PRId64 "%s", i ? "," : "", t->dim[i], t->split_axis == i ? "*" : "");
     fputc(']', out);
+    if (t->ld) fprintf(out, "~ld%" PRIu32, t->ld);
     if (t->split_axis != MGC_PLAN_NO_SPLIT)
         fprintf(out, "/%s", group_or_none(t->split_group));
     else if (t->split_group != MGC_PARTITION_NO_GROUP)
@@ -26,10 +27,11 @@ static void print_ops(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
                       int64_t n, FILE *out) {
     for (int64_t i = 0; i < n; i++) {
         const mgc_plan_op *o = &ops[i];
-        fprintf(out, "  #%" PRId64 " %s%s%s%s %s", i,
+        fprintf(out, "  #%" PRId64 " %s%s%s%s%s %s", i,
                 (o->flags & MGC_POF_RECOMPUTE) ? "recompute " : "",
                 mgc_plan_op_name((mgc_plan_op_kind)o->kind),
                 (o->flags & MGC_POF_QKV) ? " qkv" : "", (o->flags & MGC_POF_SAVED) ? " saves" : "",
+                (o->flags & MGC_POF_INPLACE) ? " in-place" : "",
                 mgc_plan_strat(p, o->name));
         if (o->kind >= MGC_POP_ALL_REDUCE)
             fprintf(out, " {%s seq %u, %" PRId64 " -> %" PRId64 " %s%s%s}", group_or_none(o->group),

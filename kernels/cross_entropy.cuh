@@ -11,7 +11,8 @@
  *   ce_sums      1: out (n, 2) = (sum exp(l - mx), logit of the label if in the shard else 0)
  *   ce_finish    2: lse = mx + log(sum exp), loss[0] = sum mask (lse - tgt), loss[1] = sum mask
  *   ce_rowstats  3 (fused, tp = 1): mx and (n, 2) sums of every row, then ce_finish
- *   ce_bwd       dlogits = (softmax - onehot) * mask * dloss / loss[1] */
+ *   ce_bwd       dlogits = (softmax - onehot) * mask * dloss / loss[1], in place over the
+ *                logits when the plan says so (plan.h MGC_POF_INPLACE) */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -130,28 +131,10 @@ extern "C" __global__ void __launch_bounds__(1024)
 #endif
 
 #if defined(MGC_ENTRY_ce_bwd)
-/* grid (n, ceil(ld / 2048)), block 256, smem 0: block (r, y) writes columns
- * [2048y, 2048y + 2048) of row r, 8 consecutive ones per thread: two 16-byte loads of
- * logits and one 16-byte store (fp32: two) when ld % 8 == 0 and the tensors are 16-byte
- * aligned, else element by element.  The scale is computed on the device from the loss
- * tensor (count = loss[1]): dl = count > 0 ? dloss / count : 0 in fp64, then
- * m = mask[r] * (float)dl as the CPU. mask may be NULL. */
-extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dlogits, const float *__restrict__ logits,
-                   const float *__restrict__ lse, const i64 *__restrict__ labels,
-                   const float *__restrict__ mask, const float *__restrict__ loss, double dloss,
-                   i64 v0, i64 vv, i64 ld) {
-    i64 r = blockIdx.x;
-    double count = (double)loss[1];
-    double dl = count > 0 ? dloss / count : 0.0;
-    float m = (mask ? mask[r] : 1.0f) * (float)dl, ls = lse[r];
-    i64 id = labels[r] - v0;
-    const float *l = logits + r * ld;
-    mgc_t *d = dlogits + r * ld; /* the compute dtype: it feeds the output layer's GEMMs */
-    i64 c0 = (i64)blockIdx.y * 2048 + 8 * (i64)threadIdx.x;
+/* Loads of 8 fp32 logits at columns [c0, c0 + 8): two 16-byte loads when vec, else one by
+ * one (columns past ld read as 0). */
+__device__ __forceinline__ void ce_load8(float *x, const float *l, i64 c0, i64 ld, bool vec) {
     if (c0 >= ld) return;
-    float x[8], g[8];
-    bool vec = c0 + 8 <= ld && (ld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
     if (vec) {
         float4 a = *(const float4 *)(l + c0), b = *(const float4 *)(l + c0 + 4);
         x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
@@ -160,13 +143,51 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int j = 0; j < 8; j++) x[j] = c0 + j < ld ? l[c0 + j] : 0.0f;
     }
+}
+
+/* grid n (one block per row), block 256, smem 0: the block walks its row 2048 columns a step,
+ * 8 consecutive ones per thread: two 16-byte loads of logits and one 16-byte store (fp32:
+ * two) when ld and dld are multiples of 8 and the tensors 16-byte aligned, else element by
+ * element.  Row r of dlogits starts dld elements after row r - 1 (dld >= ld).
+ *
+ * In place (dlogits == logits, dld = ld * 4 / sizeof(mgc_t)): row r's gradient lands on row
+ * r's own fp32 bytes, so rows never meet; inside a row, a 16-bit step s writes the bytes of
+ * fp32 columns [1024 s, 1024 s + 1024), all read at steps <= s (step 0 its own).  Every
+ * thread loads step s + 1, computes step s, and a barrier separates all of step s's reads
+ * from its writes; step s + 1's columns start at 2048 (s + 1), past any byte written up to
+ * step s.  (fp32 writes each column over itself.)  So the pointers are not __restrict__.
+ *
+ * The scale is computed on the device from the loss tensor (count = loss[1]):
+ * dl = count > 0 ? dloss / count : 0 in fp64, then m = mask[r] * (float)dl as the CPU. mask
+ * may be NULL.  Columns [vv, ld) get 0. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *dlogits, const float *logits, const float *__restrict__ lse,
+                   const i64 *__restrict__ labels, const float *__restrict__ mask,
+                   const float *__restrict__ loss, double dloss, i64 v0, i64 vv, i64 ld,
+                   i64 dld) {
+    i64 r = blockIdx.x;
+    double count = (double)loss[1];
+    double dl = count > 0 ? dloss / count : 0.0;
+    float m = (mask ? mask[r] : 1.0f) * (float)dl, ls = lse[r];
+    i64 id = labels[r] - v0;
+    const float *l = logits + r * ld;
+    mgc_t *d = dlogits + r * dld; /* the compute dtype: it feeds the output layer's GEMMs */
+    bool vec = (ld & 7) == 0 && (dld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
+    float x[8] = {0, 0, 0, 0, 0, 0, 0, 0}, g[8];
+    ce_load8(x, l, 8 * (i64)threadIdx.x, ld, vec);
+    for (i64 c0 = 8 * (i64)threadIdx.x; c0 - 8 * (i64)threadIdx.x < ld; c0 += 2048) {
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        i64 c = c0 + j;
-        g[j] = 0.0f;
-        if (c < vv && m != 0.0f) g[j] = m * (expf(x[j] - ls) - (c == id ? 1.0f : 0.0f));
+        for (int j = 0; j < 8; j++) {
+            i64 c = c0 + j;
+            g[j] = 0.0f;
+            if (c < vv && m != 0.0f) g[j] = m * (expf(x[j] - ls) - (c == id ? 1.0f : 0.0f));
+        }
+        ce_load8(x, l, c0 + 2048, ld, vec); /* the next step's columns: never written yet */
+        __syncthreads();                     /* every read of this step before its writes */
+        if (c0 < ld) {
+            if (vec) mgc_st8(d + c0, g);
+            else mgc_st8_part(d + c0, (int)(ld - c0 < 8 ? ld - c0 : 8), g);
+        }
     }
-    if (vec) mgc_st8(d + c0, g);
-    else mgc_st8_part(d + c0, (int)(ld - c0 < 8 ? ld - c0 : 8), g);
 }
 #endif

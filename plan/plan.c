@@ -90,6 +90,19 @@ const char *mgc_plan_status_name(mgc_plan_status s) {
     return NAME_OF(status_names, s);
 }
 
+int64_t mgc_plan_tensor_ld(const mgc_plan_tensor *t) {
+    if (t->ld) return t->ld;
+    return t->rank > 0 ? t->dim[t->rank - 1] : 1;
+}
+
+uint64_t mgc_plan_tensor_data_bytes(const mgc_plan_tensor *t) {
+    if (!t->ld) return t->bytes;
+    uint64_t n = mgc_dtype_size((mgc_dtype)t->dtype);
+    for (int i = 0; i < t->rank && i < MGC_PLAN_MAX_RANK; i++)
+        n *= (uint64_t)t->dim[i];
+    return n;
+}
+
 int mgc_plan_attn_geom(const mgc_plan_chunk *ch, const mgc_plan_op *op, mgc_attn_geom *g) {
     memset(g, 0, sizeof *g);
     if (op->kind != MGC_POP_ATTENTION && op->kind != MGC_POP_ATTENTION_BWD) return -1;

@@ -32,7 +32,8 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 2u /* 2: gradient buckets (BCKT); docs/plan-format.md */
+#define MGC_PLAN_VERSION 3u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+                              ops (MGC_POF_INPLACE); docs/plan-format.md */
 
 typedef enum mgc_plan_status {
     MGC_PLAN_OK = 0,
@@ -145,9 +146,18 @@ typedef struct mgc_plan_tensor {
     uint16_t pad_;
     int32_t buffer;       /* index into the stage's buffers; MGC_PLAN_BUF_STASH: the STASH buffer
                              of the (mb, chunk) being run; -1 none (not materialised) */
+    uint32_t ld;          /* row pitch: elements from one row (of the innermost dim) to the next;
+                             0 dense (= dim[rank-1]).  Only the output of an MGC_POF_INPLACE op
+                             that is narrower than its input has one (mgc_plan_validate) */
     uint64_t offset;      /* byte offset inside that buffer */
-    uint64_t bytes;       /* local bytes */
+    uint64_t bytes;       /* local bytes: rows x (ld or the innermost dim) x dtype size */
 } mgc_plan_tensor;
+
+/* Elements from one row of t to the next: t->ld, or the innermost dim when dense (1 for a
+ * scalar). */
+int64_t mgc_plan_tensor_ld(const mgc_plan_tensor *t);
+/* The bytes of t's elements, without the gaps a row pitch leaves: numel x dtype size. */
+uint64_t mgc_plan_tensor_data_bytes(const mgc_plan_tensor *t);
 
 #define MGC_PLAN_NO_SPLIT 0xffffu
 #define MGC_PLAN_BUF_STASH (-2) /* tensor.buffer: the per-(mb, chunk) stash buffer */
@@ -211,6 +221,11 @@ typedef enum mgc_plan_op_kind {
 #define MGC_POF_SAVED 2u     /* its outputs are stashed for the backward */
 #define MGC_POF_QKV 4u       /* attention, attention_bwd: q, k and v are read in place from the
                                 fused projection (compiler/fusion.c; mgc_plan_attn_geom) */
+#define MGC_POF_INPLACE 8u   /* out[0] occupies in[0]'s bytes (the memory plan's in-place outputs,
+                                compiler/memplan.c mgc_memplan_inplace): cross_entropy_bwd writes
+                                the logits' gradient over the fp32 logits, each row over its own
+                                row, so a 16-bit gradient has a row pitch (ld) of twice its
+                                width.  in[0] is read by no later op */
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);

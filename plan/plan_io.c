@@ -356,7 +356,7 @@ static void put_tensor(uint8_t *r, const mgc_plan_tensor *t) {
     st16(r + 44, t->split_group);
     /* 46: u16 reserved */
     sti32(r + 48, t->buffer);
-    /* 52: u32 reserved */
+    st32(r + 52, t->ld);
     st64(r + 56, t->offset);
     st64(r + 64, t->bytes);
 }
@@ -370,6 +370,7 @@ static void get_tensor(const uint8_t *r, mgc_plan_tensor *t) {
     t->split_axis = ld16(r + 42);
     t->split_group = ld16(r + 44);
     t->buffer = ldi32(r + 48);
+    t->ld = ld32(r + 52);
     t->offset = ld64(r + 56);
     t->bytes = ld64(r + 64);
 }
@@ -487,6 +488,16 @@ static mgc_plan_status check_tensor(const mgc_plan *p, const mgc_stage_program *
         elems *= (uint64_t)t->dim[i];
     }
     uint64_t esz = mgc_dtype_size((mgc_dtype)t->dtype);
+    if (t->ld) { /* a row pitch: the extent is rows x ld elements */
+        uint64_t w = t->rank ? (uint64_t)t->dim[t->rank - 1] : 1;
+        if (t->rank < 1 || t->ld <= w)
+            INVALID("%s: row pitch %" PRIu32 " is not above its rows' %" PRIu64
+                    " elements (0 means dense)",
+                    WH, t->ld, w);
+        uint64_t rows = elems / w;
+        if (rows > UINT64_MAX / t->ld) INVALID("%s: element count overflows", WH);
+        elems = rows * t->ld;
+    }
     if (elems > UINT64_MAX / esz || t->bytes != elems * esz)
         INVALID("%s: bytes %" PRIu64 " != %" PRIu64 " elements x %" PRIu64 " bytes", WH,
                 t->bytes, elems, esz);
@@ -517,7 +528,7 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     char wbuf[96];
     if (!op_kind_ok(o->kind)) INVALID("%s: op kind %u unknown", WH, o->kind);
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
-    if (o->flags & ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV))
+    if (o->flags & ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
     if ((o->flags & MGC_POF_QKV) && o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
         INVALID("%s (%s): the fused-qkv flag on an op that is not attention", WH, kn);
@@ -542,6 +553,67 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
                     o->out[i], c->n_tensors - 1);
     if (o->kind >= MGC_POP_ALL_REDUCE && o->group >= MGC_GROUP__COUNT)
         INVALID("%s (%s): group %u unknown", WH, kn, o->group);
+    if (o->flags & MGC_POF_INPLACE) {
+        /* the launchers that write out[0] over in[0] (cross_entropy.cuh, cpu_ops) */
+        if (o->kind != MGC_POP_CROSS_ENTROPY_BWD || o->n_in < 1 || o->n_out < 1)
+            INVALID("%s (%s): the in-place flag on an op that cannot write its output over its "
+                    "input",
+                    WH, kn);
+        const mgc_plan_tensor *x = &c->tensors[o->in[0]], *y = &c->tensors[o->out[0]];
+        size_t xs = mgc_dtype_size((mgc_dtype)x->dtype), ys = mgc_dtype_size((mgc_dtype)y->dtype);
+        int same = x != y && x->rank == y->rank && x->rank >= 1 && x->ld == 0 && ys <= xs &&
+                   xs % ys == 0 && x->buffer == y->buffer && x->offset == y->offset &&
+                   x->bytes == y->bytes;
+        for (int i = 0; same && i < x->rank; i++)
+            same = x->dim[i] == y->dim[i];
+        if (same) {
+            uint64_t pitch = (uint64_t)x->dim[x->rank - 1] * (xs / ys);
+            same = y->ld == (xs == ys ? 0 : pitch);
+        }
+        if (!same)
+            INVALID("%s (%s): in place, but output %" PRId32 " is not input %" PRId32
+                    "'s bytes, rows and shape at a row pitch of the two dtypes' ratio",
+                    WH, kn, o->out[0], o->in[0]);
+    }
+    /* a tensor with a row pitch reaches only the launchers that take one */
+    for (int i = 0; i < o->n_in; i++)
+        if (c->tensors[o->in[i]].ld &&
+            !(i == 0 && (o->kind == MGC_POP_LINEAR_DGRAD ||
+                         (o->kind == MGC_POP_LINEAR_WGRAD && o->n_out == 1))))
+            INVALID("%s (%s): input %d (tensor %" PRId32 ") has a row pitch, which only the "
+                    "first input of linear_dgrad and of linear_wgrad without a bias may have",
+                    WH, kn, i, o->in[i]);
+    for (int i = 0; i < o->n_out; i++)
+        if (c->tensors[o->out[i]].ld && !(i == 0 && (o->flags & MGC_POF_INPLACE)))
+            INVALID("%s (%s): output %d (tensor %" PRId32 ") has a row pitch, which only the "
+                    "output of an in-place op may have",
+                    WH, kn, i, o->out[i]);
+    return MGC_PLAN_OK;
+}
+
+/* In-place ops: the input whose bytes the output takes is touched by no later op of the
+ * chunk's programs (the forward runs before the backward). */
+static mgc_plan_status check_inplace(const mgc_plan_chunk *c, const wloc *wl, char *err,
+                                     size_t errsz) {
+    char wbuf[96];
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t n = pass ? c->n_bwd : c->n_fwd;
+        const mgc_plan_op *ops = pass ? c->bwd : c->fwd;
+        for (int64_t i = 0; i < n; i++) {
+            if (!(ops[i].flags & MGC_POF_INPLACE)) continue;
+            int32_t x = ops[i].in[0];
+            for (int q = pass; q < 2; q++) {
+                int64_t m = q ? c->n_bwd : c->n_fwd;
+                const mgc_plan_op *later = q ? c->bwd : c->fwd;
+                for (int64_t j = q == pass ? i + 1 : 0; j < m; j++)
+                    for (int k = 0; k < later[j].n_in + later[j].n_out; k++)
+                        if ((k < later[j].n_in ? later[j].in[k] : later[j].out[k - later[j].n_in]) == x)
+                            INVALID("%s: %s op %" PRId64 " writes over tensor %" PRId32
+                                    ", which %s op %" PRId64 " touches after it",
+                                    WH, pass ? "bwd" : "fwd", i, x, q ? "bwd" : "fwd", j);
+            }
+        }
+    }
     return MGC_PLAN_OK;
 }
 
@@ -710,6 +782,9 @@ static mgc_plan_status check_stage(const mgc_plan *p, int64_t s, char *err, size
                 if (rc) return rc;
             }
         }
+        wl_ = (wloc){s, c, -1, ""};
+        mgc_plan_status rc = check_inplace(ch, wl, err, errsz);
+        if (rc) return rc;
     }
     return MGC_PLAN_OK;
 }

@@ -175,7 +175,11 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
 static int op_linear(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
-    (void)be;
+    /* a row pitch comes only with a gradient narrower than the logits, never in the fp32
+     * plans this backend runs (plan.h ld) */
+    if (tin(c, 0)->ld)
+        return fail(be, "%s '%s': the CPU backend takes no row pitch (an fp32 plan has none)",
+                    mgc_plan_op_name((mgc_plan_op_kind)op->kind), mgc_plan_strat(c->plan, op->name));
     switch (op->kind) {
     case MGC_POP_LINEAR: {
         const float *bias = op->n_in > 2 ? CF(c->in[2]) : NULL;
@@ -351,6 +355,11 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
         to_i32(l32, c->in[2], (mgc_dtype)lab->dtype, n);
         double count = CF(c->in[4])[1];
         double dloss = count > 0 ? c->dloss / count : 0.0;
+        if (tout(c, 0)->ld)
+            return fail(be, "cross_entropy_bwd '%s': the CPU backend takes no row pitch",
+                        mgc_plan_strat(c->plan, op->name));
+        /* in place (MGC_POF_INPLACE): out[0] == in[0]; mgc_cpu_ce_bwd reads each element
+         * before it writes it */
         mgc_cpu_ce_bwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), l32, CF(c->in[3]), dloss, v0,
                            n, Vv, V_l);
         return 0;

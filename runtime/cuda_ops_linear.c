@@ -118,6 +118,13 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
     mgc_cuda_host *cx = host(be);
     const mgc_plan_op *op = c->op;
     int64_t M = op->iattr[0], N = op->iattr[1], K = op->iattr[2];
+    /* dy's row pitch: N, or more for the logits' gradient written in place (plan.h ld) */
+    int grad = op->kind != MGC_POP_LINEAR && op->kind != MGC_POP_LINEAR_GELU;
+    int64_t ldy = grad ? mgc_plan_tensor_ld(T_in(c, 0)) : N;
+    if (ldy != N && (op->kind == MGC_POP_LINEAR_DGRAD_GELU || op->n_out > 1 || ldy < N))
+        return mgc_cuda_fail(be, "%s '%s': dy has a row pitch of %lld for %lld columns",
+                             mgc_plan_op_name((mgc_plan_op_kind)op->kind),
+                             mgc_plan_strat(c->plan, op->name), (long long)ldy, (long long)N);
     switch (op->kind) {
     case MGC_POP_LINEAR: /* y (M,N) = x (M,K) W (N,K)^T + bias */
         return linear_fwd(be, c, c->out[0], T_out(c, 0), NULL);
@@ -138,7 +145,7 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         if (fused && use_epilogue(cx, T_out(c, 0)))
             ep = (mgc_gemm_epi){MGC_GEMM_EPI_DGELU, NULL, 0, c->in[2], K, T_in(c, 2)->dtype};
         /* 1: cuBLASLt has no DGELU algorithm; the plain GEMM (never 1) then */
-        while ((rc = host(be)->gemm(be, 0, 0, K, M, N, c->in[1], K, T_in(c, 1)->dtype, c->in[0], N,
+        while ((rc = host(be)->gemm(be, 0, 0, K, M, N, c->in[1], K, T_in(c, 1)->dtype, c->in[0], ldy,
                           T_in(c, 0)->dtype, c->out[0], K, T_out(c, 0)->dtype, 0.0f,
                           &ep)) == 1)
             ep = none;
@@ -160,7 +167,7 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         }
         int rc;
         /* 1: cuBLASLt has no BGRADB algorithm; the plain GEMM (never 1) and the kernels then */
-        while ((rc = host(be)->gemm(be, 0, 1, K, N, M, c->in[1], K, T_in(c, 1)->dtype, c->in[0], N,
+        while ((rc = host(be)->gemm(be, 0, 1, K, N, M, c->in[1], K, T_in(c, 1)->dtype, c->in[0], ldy,
                           T_in(c, 0)->dtype, c->out[0], K, T_out(c, 0)->dtype, 1.0f,
                           &ep)) == 1)
             ep = none;

@@ -416,13 +416,21 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
         int gdt = MGC_DT_F32;
         CHECK(act_dtype(be, c, tout(c, 0), &gdt)); /* the compute dtype */
         CHECK(get_specs(be, c, k, 1));
+        /* in place (MGC_POF_INPLACE): each row of the gradient over its own fp32 row, at a row
+         * pitch of dld elements (2 V_l for a 16-bit gradient, plan.h) */
+        int64_t dld = mgc_plan_tensor_ld(tout(c, 0));
+        if (dld < ld || ((op->flags & MGC_POF_INPLACE) && c->out[0] != c->in[0]))
+            return mgc_cuda_fail(be,
+                                 "cross_entropy_bwd '%s': the gradient's row pitch %lld is below "
+                                 "its %lld columns, or it is marked in place on other memory "
+                                 "than the logits'",
+                                 mgc_plan_strat(c->plan, op->name), (long long)dld, (long long)ld);
         if (n == 0 || ld == 0) return 0;
         void *dl = c->out[0], *lg = c->in[0], *lse = c->in[1], *lb = c->in[2], *mk = c->in[3],
              *ls = c->in[4];
         double dloss = c->dloss;
-        void *args[] = {&dl, &lg, &lse, &lb, &mk, &ls, &dloss, &v0, &vv, &ld};
-        return mgc_cuda_launch(be, &k[0], (unsigned)n, (unsigned)((ld + 2047) / 2048), 1, 256, 0,
-                               args);
+        void *args[] = {&dl, &lg, &lse, &lb, &mk, &ls, &dloss, &v0, &vv, &ld, &dld};
+        return mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, 256, 0, args);
     }
     switch (op->iattr[0]) {
     case 0: { /* in: logits; out: row max */

@@ -24,6 +24,8 @@
  *  3. CUDA graphs: tiny GPT without dropout trains 6 steps in fp32 and bf16 with graphs
  *     (recorded on the second step, replayed after) to the same bits as without, and
  *     the programs do replay.
+ *  5. The cross-entropy backward on its own (`ce`, check_ce_inplace): over its own logits at
+ *     a row pitch and into a separate poisoned tensor, at GPT-2's vocabulary and others.
  *  4. The optimizer's multi-tensor kernels on their own (`optim`): AdamW over 300 tensors
  *     of random sizes (empty, one element, chunk edges, unaligned starts; more tensors than
  *     one launch's table) gives the CPU's weights, moments and 16-bit copies bit for bit and
@@ -224,6 +226,157 @@ out:
     free(rp), free(rm), free(rv), free(ec), free(rc);
 }
 
+/* ---- 5. the cross-entropy backward over its own logits ----------------------------------
+ * cross_entropy_bwd writes the logits' gradient over the fp32 logits (MGC_POF_INPLACE): a
+ * 16-bit row over the first half of its own fp32 row, at a row pitch of 2 V.  The op replays
+ * see the tiny models' vocabularies (one 2048-column step a row); here the real one (50,304:
+ * 25 steps, the later ones writing over columns earlier steps read), an odd one (5,003: the
+ * element-by-element path), one step exactly and a few columns, in the three precisions, in
+ * place and into a separate poisoned tensor, against a double-precision reference per
+ * element: within the storage type's rounding, padding columns exactly 0. */
+
+static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int inplace) {
+    const mgc_stage_program *sp = &p->stages[p->n_stages - 1];
+    const mgc_plan_chunk *ch0 = &sp->chunks[sp->n_chunks - 1];
+    const mgc_plan_op *op0 = NULL;
+    for (int64_t i = 0; i < ch0->n_bwd; i++)
+        if (ch0->bwd[i].kind == MGC_POP_CROSS_ENTROPY_BWD) op0 = &ch0->bwd[i];
+    T_CHECK(op0 && (op0->flags & MGC_POF_INPLACE) && op0->n_in == 5);
+    if (!op0 || op0->n_in != 5) return;
+    /* the chunk with this op's tensors resized: n rows of Vp columns */
+    const int64_t n = 5, vocab = Vp > 8 ? Vp - 5 : Vp; /* columns [vocab, Vp) are padding */
+    mgc_plan_chunk ch = *ch0;
+    mgc_plan_tensor *tv = malloc((size_t)ch0->n_tensors * sizeof *tv);
+    if (!tv) return;
+    memcpy(tv, ch0->tensors, (size_t)ch0->n_tensors * sizeof *tv);
+    ch.tensors = tv;
+    mgc_plan_op op = *op0;
+    op.iattr[1] = Vp;
+    if (!inplace) op.flags &= (uint16_t)~MGC_POF_INPLACE;
+    mgc_plan_tensor *x = &tv[op.in[0]], *y = &tv[op.out[0]];
+    size_t ys = mgc_dtype_size((mgc_dtype)y->dtype);
+    x->rank = y->rank = 2;
+    x->dim[0] = y->dim[0] = n;
+    x->dim[1] = y->dim[1] = Vp;
+    x->bytes = (uint64_t)(n * Vp) * 4;
+    y->ld = inplace && ys < 4 ? (uint32_t)(Vp * (int64_t)(4 / ys)) : 0;
+    y->bytes = inplace ? x->bytes : (uint64_t)(n * Vp) * ys;
+    for (int k = 1; k < 4; k++) {
+        tv[op.in[k]].rank = 1;
+        tv[op.in[k]].dim[0] = n;
+        tv[op.in[k]].bytes = (uint64_t)n * mgc_dtype_size((mgc_dtype)tv[op.in[k]].dtype);
+    }
+    float *lg = malloc((size_t)(n * Vp) * 4), *lse = malloc((size_t)n * 4), mask[5] = {1, 0, 1, 1, 1};
+    int64_t lab[5];
+    float loss[2] = {3.5f, 4.0f};
+    void *h = malloc(y->bytes > x->bytes ? y->bytes : x->bytes);
+    void *dx = NULL, *dy = NULL, *dl = NULL, *dlab = NULL, *dm = NULL, *dloss = NULL;
+    int ok = lg && lse && h;
+    for (int64_t r = 0; ok && r < n; r++) {
+        double mx = -1e300, se = 0;
+        for (int64_t c = 0; c < Vp; c++) {
+            lg[r * Vp + c] = ofloat(6.0);
+            if (c < vocab && lg[r * Vp + c] > mx) mx = lg[r * Vp + c];
+        }
+        for (int64_t c = 0; c < vocab; c++)
+            se += exp((double)lg[r * Vp + c] - mx);
+        lse[r] = (float)(mx + log(se));
+        lab[r] = (int64_t)(onext() % (uint64_t)vocab);
+    }
+    lab[4] = vocab - 1; /* the last real column */
+    ok = ok && !be->iface->arena_alloc(be, x->bytes, &dx) &&
+         (inplace || !be->iface->arena_alloc(be, y->bytes, &dy)) &&
+         !be->iface->arena_alloc(be, (size_t)n * 4, &dl) &&
+         !be->iface->arena_alloc(be, (size_t)n * 8, &dlab) &&
+         !be->iface->arena_alloc(be, (size_t)n * 4, &dm) &&
+         !be->iface->arena_alloc(be, 8, &dloss);
+    if (ok && !inplace) {
+        memset(h, 0xff, y->bytes); /* poison: NaN in every float format */
+        ok = !be->iface->upload(be, dy, h, y->bytes);
+    }
+    ok = ok && !be->iface->upload(be, dx, lg, x->bytes) &&
+         !be->iface->upload(be, dl, lse, (size_t)n * 4) &&
+         !be->iface->upload(be, dlab, lab, (size_t)n * 8) &&
+         !be->iface->upload(be, dm, mask, (size_t)n * 4) && !be->iface->upload(be, dloss, loss, 8);
+    mgc_op_call c;
+    memset(&c, 0, sizeof c);
+    c.plan = p;
+    c.chunk = &ch;
+    c.op = &op;
+    c.in[0] = dx, c.in[1] = dl, c.in[2] = dlab, c.in[3] = dm, c.in[4] = dloss;
+    c.out[0] = inplace ? dx : dy;
+    c.grid_tp = c.grid_cp = 1;
+    c.vocab_size = vocab;
+    c.seq_length = n;
+    c.dloss = 0.75;
+    if (ok && be->iface->run_op(be, &c)) {
+        fprintf(stderr, "cross_entropy_bwd: %s\n", be->err);
+        ok = 0;
+    }
+    ok = ok && !be->iface->download(be, h, c.out[0], y->bytes);
+    T_CHECK(ok);
+    /* per element: |gpu - ref| <= rel |ref| + abs, the storage type's rounding (and its
+     * subnormal step) on a float computation */
+    double rel = ys == 4 ? 1e-5 : y->dtype == MGC_DT_BF16 ? 0x1p-8 : 0x1p-10;
+    double abs_ = y->dtype == MGC_DT_F16 ? 0x1p-24 : 1e-37, worst = 0;
+    int64_t bad = 0, ld = mgc_plan_tensor_ld(y);
+    for (int64_t r = 0; ok && r < n; r++)
+        for (int64_t cc = 0; cc < Vp; cc++) {
+            double m = mask[r] * (0.75 / loss[1]), ref = 0;
+            if (cc < vocab && m != 0)
+                ref = m * (exp((double)lg[r * Vp + cc] - lse[r]) - (cc == lab[r] ? 1.0 : 0.0));
+            int64_t i = r * ld + cc;
+            double g = y->dtype == MGC_DT_F32    ? ((const float *)h)[i]
+                       : y->dtype == MGC_DT_BF16 ? mgc_bf16_to_f32(((const uint16_t *)h)[i])
+                                                 : mgc_f16_to_f32(((const uint16_t *)h)[i]);
+            double e = fabs(g - ref);
+            int fine = cc >= vocab || m == 0 ? g == 0 && !signbit(g) : e <= rel * fabs(ref) + abs_;
+            if (!fine && bad++ < 4)
+                fprintf(stderr, "  %s V %lld row %lld col %lld: %.9g, want %.9g\n",
+                        mgc_dtype_name((mgc_dtype)y->dtype), (long long)Vp, (long long)r,
+                        (long long)cc, g, ref);
+            if (fabs(ref) >= 1e-4 && e / fabs(ref) > worst) worst = e / fabs(ref); /* normal */
+        }
+    T_EQ_I64(bad, 0);
+    printf("cross_entropy_bwd %s V %lld %s: %s (worst %.2e of the value)\n",
+           mgc_dtype_name((mgc_dtype)y->dtype), (long long)Vp,
+           inplace ? "in place, row pitch" : "separate, poisoned", bad ? "DIFFERS" : "within rounding",
+           worst);
+    void *all[] = {dx, dy, dl, dlab, dm, dloss};
+    for (int k = 0; k < 6; k++)
+        if (all[k]) be->iface->arena_free(be, all[k]);
+    free(lg), free(lse), free(h), free(tv);
+}
+
+static void check_ce_inplace(void) {
+    char err[512];
+    mgc_backend *be = NULL;
+    if (open_gpu(&be, err, sizeof err)) {
+        fprintf(stderr, "cross_entropy_bwd: %s\n", err);
+        T_CHECK(0);
+        return;
+    }
+    static const char *const prec[3] = {"fp32", "bf16", "fp16"};
+    static const int64_t V[4] = {50304, 5003, 2048, 8};
+    for (int k = 0; k < 3; k++) {
+        mgc_plan *p = compile("examples/tiny-gpt.yaml", prec[k], NULL);
+        T_CHECK(p != NULL);
+        void *arena = NULL;
+        if (!p || be->iface->arena_alloc(be, p->stages[p->n_stages - 1].arena_bytes, &arena)) {
+            T_CHECK(0);
+            mgc_plan_free(p);
+            continue;
+        }
+        be->iface->bind(be, p, &p->stages[p->n_stages - 1], arena);
+        for (int v = 0; v < 4; v++)
+            for (int inplace = 1; inplace >= 0; inplace--)
+                check_ce_case(be, p, V[v], inplace);
+        be->iface->arena_free(be, arena);
+        mgc_plan_free(p);
+    }
+    mgc_backend_close(be);
+}
+
 /* ---- 1. op by op ------------------------------------------------------------------ */
 
 /* the 16-bit twins: [0] bf16, [1] fp16 */
@@ -235,6 +388,9 @@ typedef struct replay {
     void *arena32, *arena16[2]; /* bound workspaces of the plans */
     int stage;
     void *snap[MGC_PLAN_MAX_IO]; /* host copies of accumulating outputs before the op */
+    void *in0;                   /* an in-place op's input before the op (the CPU's op
+                                    overwrites it) */
+    int64_t inplace;             /* in-place ops replayed */
     int ops, worst_op, unmatched;
     double worst32, worst16[2];
     char worst_name[256];
@@ -250,6 +406,12 @@ static int accumulates(const mgc_plan_tensor *t) {
 
 static void before_op(void *ctx, const mgc_op_call *c) {
     replay *r = ctx;
+    r->in0 = NULL;
+    if (c->op->flags & MGC_POF_INPLACE) {
+        const mgc_plan_tensor *t = &c->chunk->tensors[c->op->in[0]];
+        r->in0 = malloc(tbytes(t));
+        if (r->in0) memcpy(r->in0, c->in[0], tbytes(t));
+    }
     for (int k = 0; k < c->op->n_out; k++) {
         r->snap[k] = NULL;
         const mgc_plan_tensor *t = &c->chunk->tensors[c->op->out[k]];
@@ -264,27 +426,37 @@ static void *to_device_layout(const void *cpu, const mgc_plan_tensor *tc, const 
     void *h = malloc(tg->bytes ? tg->bytes : 1);
     if (!h) return NULL;
     if ((tg->dtype == MGC_DT_BF16 || tg->dtype == MGC_DT_F16) && tc->dtype == MGC_DT_F32) {
+        /* at tg's row pitch (plan.h ld), the gaps poisoned */
         const float *s = cpu;
         uint16_t *d = h;
-        for (uint64_t i = 0; i < tg->bytes / 2; i++)
-            d[i] = tg->dtype == MGC_DT_F16 ? mgc_f32_to_f16(s[i]) : mgc_f32_to_bf16(s[i]);
+        uint64_t w = (uint64_t)(tg->rank ? tg->dim[tg->rank - 1] : 1);
+        uint64_t ld = (uint64_t)mgc_plan_tensor_ld(tg), n = mgc_plan_tensor_data_bytes(tg) / 2;
+        if (ld != w) memset(h, 0xff, tg->bytes);
+        for (uint64_t i = 0; i < n; i++)
+            d[i / w * ld + i % w] =
+                tg->dtype == MGC_DT_F16 ? mgc_f32_to_f16(s[i]) : mgc_f32_to_bf16(s[i]);
     } else {
         memcpy(h, cpu, tg->bytes < tc->bytes ? tg->bytes : tc->bytes);
     }
     return h;
 }
 
+/* The GPU tensor may have a row pitch (an in-place output, plan.h ld); the CPU's (fp32) has
+ * none. */
 static double compare(const void *gpu_host, const mgc_plan_tensor *tg, const void *cpu,
                       const mgc_plan_tensor *tc, int *bad_int) {
     uint64_t n = tc->bytes / mgc_dtype_size((mgc_dtype)tc->dtype);
+    T_EQ_I64(tc->ld, 0);
+    uint64_t w = (uint64_t)(tg->rank ? tg->dim[tg->rank - 1] : 1), ld = (uint64_t)mgc_plan_tensor_ld(tg);
     if (tc->dtype == MGC_DT_F32) {
         const float *b = cpu;
         double num = 0, den = 0;
         for (uint64_t i = 0; i < n; i++) {
             const uint16_t *h16 = gpu_host;
-            double a = tg->dtype == MGC_DT_BF16  ? mgc_bf16_to_f32(h16[i])
-                       : tg->dtype == MGC_DT_F16 ? mgc_f16_to_f32(h16[i])
-                                                 : ((const float *)gpu_host)[i];
+            uint64_t gi = i / w * ld + i % w;
+            double a = tg->dtype == MGC_DT_BF16  ? mgc_bf16_to_f32(h16[gi])
+                       : tg->dtype == MGC_DT_F16 ? mgc_f16_to_f32(h16[gi])
+                                                 : ((const float *)gpu_host)[gi];
             if (!isfinite(a) && isfinite(b[i])) return INFINITY;
             num += (a - b[i]) * (a - b[i]);
             den += (double)b[i] * b[i];
@@ -337,7 +509,8 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
     for (int k = 0; k < gop->n_in && ok; k++) {
         const mgc_plan_tensor *tg = &gch->tensors[gop->in[k]], *tc = &c->chunk->tensors[c->op->in[k]];
         ok = be->iface->arena_alloc(be, tg->bytes, &dev[k]) == 0;
-        void *h = ok ? to_device_layout(c->in[k], tc, tg) : NULL;
+        const void *v = k == 0 && r->in0 ? r->in0 : c->in[k]; /* before an in-place op */
+        void *h = ok ? to_device_layout(v, tc, tg) : NULL;
         ok = ok && h && be->iface->upload(be, dev[k], h, tg->bytes) == 0;
         free(h);
         g.in[k] = dev[k];
@@ -345,6 +518,14 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
     for (int k = 0; k < gop->n_out && ok; k++) {
         const mgc_plan_tensor *tg = &gch->tensors[gop->out[k]], *tc = &c->chunk->tensors[c->op->out[k]];
         void *d = NULL;
+        if (k == 0 && (gop->flags & MGC_POF_INPLACE)) {
+            /* over the input's bytes, as in the arena: no poison can go there, but a column
+             * the kernel did not write keeps half of an fp32 logit, far from its gradient */
+            T_CHECK(tg->bytes == gch->tensors[gop->in[0]].bytes && r->in0);
+            g.out[0] = dev[0];
+            r->inplace++;
+            continue;
+        }
         ok = be->iface->arena_alloc(be, tg->bytes, &d) == 0;
         dev[MGC_PLAN_MAX_IO + k] = d;
         g.out[k] = d;
@@ -386,7 +567,7 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
     for (int k = 0; k < gop->n_out && ok; k++) {
         const mgc_plan_tensor *tg = &gch->tensors[gop->out[k]], *tc = &c->chunk->tensors[c->op->out[k]];
         void *h = malloc(tg->bytes ? tg->bytes : 1);
-        if (!h || be->iface->download(be, h, dev[MGC_PLAN_MAX_IO + k], tg->bytes)) {
+        if (!h || be->iface->download(be, h, g.out[k], tg->bytes)) {
             T_CHECK(0);
             free(h);
             continue;
@@ -432,6 +613,8 @@ static void after_op(void *ctx, const mgc_op_call *c) {
         free(r->snap[k]);
         r->snap[k] = NULL;
     }
+    free(r->in0);
+    r->in0 = NULL;
 }
 
 static void check_ops(const char *path, const char *const *extra) {
@@ -479,6 +662,7 @@ static void check_ops(const char *path, const char *const *extra) {
            "%.2e, bf16 %.2e, fp16 %.2e (%s)\n",
            path, r.ops, emu ? "CUDA emulator" : "GPU", r.unmatched, r.worst32, r.worst16[0], r.worst16[1], r.worst_name);
     T_CHECK(r.ops > 50);
+    T_CHECK(r.inplace > 0); /* cross_entropy_bwd over the logits */
 done:
     mgc_exec_free(x);
     mgc_train_data_free(data);
@@ -545,6 +729,22 @@ static void check_training(const char *path, const char *const *extra) {
         T_CHECK(memcmp(g[k], gb[k], (size_t)steps * sizeof g[k][0]) == 0);
         same = same && !memcmp(g[k], gb[k], (size_t)steps * sizeof g[k][0]);
         if (k > 0 && steps == STEPS) T_CHECK(g[k][steps - 1] < g[k][0] - 0.3);
+        if (k == 0) continue;
+        /* the logits' gradient in a tensor of its own (MGC_INPLACE=0) instead of over the
+         * logits at a row pitch: the same kernel arithmetic and, on the emulator, the same
+         * GEMM loops, so the same bits; cuBLASLt may pick another algorithm for another
+         * leading dimension, so on a GPU only the CPU's tolerance */
+        setenv("MGC_INPLACE", "0", 1);
+        mgc_plan *o = compile(path, prec[k], extra);
+        unsetenv("MGC_INPLACE");
+        double go[STEPS];
+        T_CHECK(o && train(o, gpu_name(), go, cn) == 0);
+        for (int i = 0; o && i < steps; i++) T_NEAR_REL(go[i], cpu[i], tol[k]);
+        int ident = o && !memcmp(go, g[k], (size_t)steps * sizeof go[0]);
+        if (emu) T_CHECK(ident);
+        printf("%s %s: the logits' gradient in place and in its own tensor: %s\n", path,
+               prec[k], ident ? "bit-identical losses" : "losses differ (within tolerance)");
+        mgc_plan_free(o);
     }
     printf("%s: %d steps: cpu %.5f -> %.5f; %s worst rel fp32 %.2e, bf16 %.2e (%.5f -> %.5f), "
            "fp16 %.2e (%.5f -> %.5f); reruns %s\n",
@@ -711,6 +911,7 @@ int main(int argc, char **argv) {
            (unsigned long long)seed);
     orng = seed * 2654435761u + 1u;
     if (!only || !strcmp(only, "optim") || !strcmp(only, "ci")) check_optimizer();
+    if (!only || !strcmp(only, "ce") || !strcmp(only, "ci")) check_ce_inplace();
     if (!only || !strcmp(only, "train")) {
         check_training("examples/tiny-gpt.yaml", NULL);
         check_training("models/tiny-llama.yaml", NULL);

@@ -597,7 +597,9 @@ static void build_chunk(mgc_plan *plan, mgc_plan_chunk *ch, const synth *s, int6
         Pf = param(cb, "final_norm.weight", s, h, 0, 0, &Gf);
         Po = param(cb, "output.weight", s, s->V, h, 0, &Go);
         nf = tens(cb, "final_norm.out", MGC_TR_ACTIVATION, s->dt, T, h, 0, 1);
-        logits = tens(cb, "logits", MGC_TR_ACTIVATION, MGC_DT_F32, T, s->V, 0, 1);
+        /* recompute: the logits too, so that the in-place gradient below shares the pass
+         * workspace with them rather than the stash */
+        logits = tens(cb, "logits", MGC_TR_ACTIVATION, MGC_DT_F32, T, s->V, 0, !s->recompute);
         loss = tens(cb, "loss", MGC_TR_LOSS, MGC_DT_F32, 1, 0, 0, 0);
         OP(cb, 0, MGC_POP_NORM, 0, L(x, Pf), L(nf));
         OP(cb, 0, MGC_POP_LINEAR, 0, L(nf, Po), L(logits));
@@ -606,12 +608,15 @@ static void build_chunk(mgc_plan *plan, mgc_plan_chunk *ch, const synth *s, int6
     /* backward */
     int32_t dy;
     if (ch->loss) {
-        int32_t dl = tens(cb, "d_logits", MGC_TR_ACT_GRAD, MGC_DT_F32, T, s->V, 0, 0);
+        /* the logits' gradient in the compute dtype, as the real programs: in place
+         * (mgc_memplan_inplace, run_synth), at a row pitch when 16-bit */
+        int32_t dl = tens(cb, "d_logits", MGC_TR_ACT_GRAD, s->dt, T, s->V, 0, 0);
         int32_t dnf = tens(cb, "d_final_norm", MGC_TR_ACT_GRAD, s->dt, T, h, 0, 0);
         dy = tens(cb, "d_x", MGC_TR_ACT_GRAD, s->dt, T, h, 0, 0);
+        if (s->recompute) OP(cb, 1, MGC_POP_LINEAR, MGC_POF_RECOMPUTE, L(nf, Po), L(logits));
         OP(cb, 1, MGC_POP_CROSS_ENTROPY_BWD, 0, L(logits, lab, mask), L(dl));
         OP(cb, 1, MGC_POP_LINEAR_DGRAD, 0, L(dl, Po), L(dnf));
-        OP(cb, 1, MGC_POP_LINEAR_WGRAD, 0, L(nf, dl), L(Go));
+        OP(cb, 1, MGC_POP_LINEAR_WGRAD, 0, L(dl, nf), L(Go));
         OP(cb, 1, MGC_POP_NORM_BWD, 0, L(dnf, x, Pf), L(dy, Gf));
     } else {
         dy = tens(cb, "d_output", MGC_TR_ACT_GRAD, s->dt, T, h, 0, 0); /* received */
@@ -949,6 +954,16 @@ static void check_generic(const mgc_plan *p, int64_t r, const mgc_memplan_info *
                     *e = malloc((size_t)(nt ? nt : 1) * sizeof *e);
             for (int64_t t = 0; t < nt; t++)
                 pass_interval(ops, n, (int32_t)t, &b[t], &e[t]);
+            /* an in-place op's input and output meet at that op only, on the same bytes */
+            int32_t px = -1, py = -1;
+            for (int64_t i = 0; i < n; i++)
+                if (ops[i].flags & MGC_POF_INPLACE) {
+                    px = ops[i].in[0], py = ops[i].out[0];
+                    T_EQ_I64(e[px], i + 1);
+                    T_EQ_I64(b[py], i);
+                    T_EQ_I64(ch->tensors[px].buffer, ch->tensors[py].buffer);
+                    T_EQ_U64(ch->tensors[px].offset, ch->tensors[py].offset);
+                }
             int ok = 1;
             for (int64_t t = 0; t < nt && ok; t++) {
                 const mgc_plan_tensor *x = &ch->tensors[t];
@@ -964,6 +979,7 @@ static void check_generic(const mgc_plan *p, int64_t r, const mgc_memplan_info *
                 for (int64_t u = t + 1; u < nt && ok; u++) {
                     const mgc_plan_tensor *y = &ch->tensors[u];
                     if (b[u] < 0 || y->buffer != x->buffer) continue;
+                    if ((t == px && u == py) || (t == py && u == px)) continue;
                     if (b[t] < e[u] && b[u] < e[t] && x->offset < y->offset + y->bytes &&
                         y->offset < x->offset + x->bytes) {
                         fprintf(stderr,
@@ -1097,6 +1113,11 @@ static void run_synth(const char *label, const synth *s, int precision, int dist
     mgc_diags_init(&d);
     uint64_t peak = 0;
     p->distributed_optimizer = distopt;
+    int64_t inplace = 0;
+    for (int64_t r = 0; r < s->pp; r++)
+        for (int64_t k = 0; k < p->stages[r].n_chunks; k++)
+            inplace += mgc_memplan_inplace(&p->stages[r].chunks[k]);
+    T_EQ_I64(inplace, 1); /* the loss chunk's cross_entropy_bwd */
     for (int64_t r = 0; r < s->pp; r++) {
         mgc_memplan_info info;
         set_buckets(c, &g, &p->stages[r], 1 << 20);
@@ -1326,6 +1347,178 @@ static void test_real_programs(void) {
     run_real("models/tiny-llama.yaml", cp, 3);
 }
 
+/* ---- in-place outputs (mgc_memplan_inplace) ---- */
+
+static mgc_plan *compile_real(const char *file, const char *const *sets, int nsets, int inplace) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", MGC_SOURCE_DIR, file);
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_config *c = mgc_config_new();
+    mgc_config_load_file(c, path, &d);
+    for (int i = 0; i < nsets; i++)
+        mgc_config_set(c, sets[i], "test", &d);
+    mgc_config_finalize(c, &d);
+    mgc_graph *g = d.errors ? NULL : mgc_ir_build(c, &d);
+    if (!inplace) setenv("MGC_INPLACE", "0", 1);
+    mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
+    unsetenv("MGC_INPLACE");
+    if (!p) mgc_diags_print(&d, stderr);
+    T_CHECK(p != NULL);
+    mgc_ir_free(g);
+    mgc_config_free(c);
+    mgc_diags_free(&d);
+    return p;
+}
+
+/* Per pass, the interval of t when it is placed in a pass buffer, the whole of both passes
+ * when it is stashed (it lives from its forward to its backward) -- unless it is an in-place
+ * output, which lives from its op on. */
+static void live_in(const mgc_plan_chunk *ch, const mgc_plan_tensor *x, int32_t t, int pass,
+                    int32_t inplace_out, int64_t *b, int64_t *e) {
+    if (x->buffer == MGC_PLAN_BUF_STASH && t != inplace_out) { /* it takes a stashed input's bytes */
+        *b = 0, *e = pass ? ch->n_bwd : ch->n_fwd;
+        return;
+    }
+    pass_interval(pass ? ch->bwd : ch->fwd, pass ? ch->n_bwd : ch->n_fwd, t, b, e);
+}
+
+/* Independently of the planner: two tensors of a chunk that share bytes of one buffer are
+ * never live in the same op of a pass, except an in-place op's input and output at that op
+ * (the input's last touch, the output's first).  Returns the in-place ops seen. */
+static int64_t check_disjoint(const mgc_plan *p) {
+    int64_t inplace = 0;
+    for (int64_t r = 0; r < p->n_stages; r++)
+        for (int64_t c = 0; c < p->stages[r].n_chunks; c++) {
+            const mgc_plan_chunk *ch = &p->stages[r].chunks[c];
+            int32_t px = -1, py = -1;
+            int64_t pop = -1;
+            for (int64_t i = 0; i < ch->n_bwd; i++)
+                if (ch->bwd[i].flags & MGC_POF_INPLACE)
+                    px = ch->bwd[i].in[0], py = ch->bwd[i].out[0], pop = i, inplace++;
+            for (int32_t a = 0; a < ch->n_tensors; a++)
+                for (int32_t bb = a + 1; bb < ch->n_tensors; bb++) {
+                    const mgc_plan_tensor *x = &ch->tensors[a], *y = &ch->tensors[bb];
+                    if (x->buffer == -1 || x->buffer != y->buffer) continue;
+                    if (x->role == MGC_TR_PARAM || x->role == MGC_TR_GRAD || x->role == MGC_TR_INPUT)
+                        continue;
+                    if (x->offset >= y->offset + y->bytes || y->offset >= x->offset + x->bytes)
+                        continue;
+                    for (int pass = 0; pass < 2; pass++) {
+                        int64_t xb, xe, yb, ye;
+                        live_in(ch, x, a, pass, py, &xb, &xe);
+                        live_in(ch, y, bb, pass, py, &yb, &ye);
+                        if (xb < 0 || yb < 0 || xe <= yb || ye <= xb) continue;
+                        int pair = pass == 1 && ((a == px && bb == py) || (a == py && bb == px));
+                        if (pair) { /* they meet at the in-place op only */
+                            int64_t xl, xr, yl, yr;
+                            pass_interval(ch->bwd, ch->n_bwd, px, &xl, &xr);
+                            pass_interval(ch->bwd, ch->n_bwd, py, &yl, &yr);
+                            T_EQ_I64(yl, pop);
+                            if (ch->tensors[px].buffer != MGC_PLAN_BUF_STASH) T_EQ_I64(xr, pop + 1);
+                            continue;
+                        }
+                        fprintf(stderr, "stage %" PRId64 " chunk %" PRId64 ": %s and %s share bytes "
+                                "while both live in the %s\n", r, c, mgc_plan_strat(p, x->name),
+                                mgc_plan_strat(p, y->name), pass ? "backward" : "forward");
+                        T_CHECK(0);
+                    }
+                }
+        }
+    return inplace;
+}
+
+/* The validator's side of the contract, on a real plan's loss chunk. */
+#define BREAK_INPLACE(field, value, frag)                                                          \
+    do {                                                                                           \
+        __typeof__(field) keep_ = (field);                                                         \
+        (field) = (value);                                                                         \
+        char err_[512] = "";                                                                       \
+        T_EQ_I64(mgc_plan_validate(p, err_, sizeof err_), MGC_PLAN_ERR_INVALID);                   \
+        if (!strstr(err_, frag)) {                                                                 \
+            T_CHECK(!"validate message");                                                          \
+            fprintf(stderr, "  wanted \"%s\" in: %s\n", frag, err_);                             \
+        }                                                                                          \
+        (field) = keep_;                                                                           \
+    } while (0)
+
+static void test_inplace(void) {
+    const char *sets[][4] = {
+        {"training.precision=bf16", "parallel.pipeline=2", "parallel.world_size=2", NULL},
+        {"training.precision=fp32", "parallel.tensor=2", "parallel.world_size=2", NULL},
+        {"training.precision=fp16", "training.recompute=full", NULL, NULL},
+        {"training.precision=bf16", NULL, NULL, NULL},
+    };
+    const char *files[] = {"models/tiny-gpt.yaml", "models/tiny-llama.yaml", "models/tiny-moe.yaml",
+                           "models/gpt2-124m.yaml"};
+    for (int m = 0; m < 4; m++) {
+        int ns = 0;
+        while (ns < 4 && sets[m][ns]) ns++;
+        mgc_plan *p = compile_real(files[m], sets[m], ns, 1), *q = compile_real(files[m], sets[m], ns, 0);
+        if (!p || !q) {
+            mgc_plan_free(p);
+            mgc_plan_free(q);
+            continue;
+        }
+        T_EQ_I64(check_disjoint(q), 0);
+        T_EQ_I64(check_disjoint(p), 1); /* the one loss chunk's cross_entropy_bwd */
+        const mgc_stage_program *sp = &p->stages[p->n_stages - 1];
+        const mgc_plan_chunk *ch = &sp->chunks[sp->n_chunks - 1];
+        const mgc_plan_op *ce = NULL;
+        for (int64_t i = 0; i < ch->n_bwd; i++)
+            if (ch->bwd[i].kind == MGC_POP_CROSS_ENTROPY_BWD) ce = &ch->bwd[i];
+        T_CHECK(ce && (ce->flags & MGC_POF_INPLACE));
+        if (!ce) goto next;
+        const mgc_plan_tensor *x = &ch->tensors[ce->in[0]], *y = &ch->tensors[ce->out[0]];
+        int narrow = y->dtype != MGC_DT_F32;
+        T_EQ_I64(x->dtype, MGC_DT_F32);
+        T_EQ_I64((int64_t)y->ld, narrow ? 2 * x->dim[x->rank - 1] : 0);
+        T_EQ_I64(y->buffer, x->buffer);
+        T_EQ_U64(y->offset, x->offset);
+        T_EQ_U64(y->bytes, x->bytes);
+        T_EQ_U64(mgc_plan_tensor_data_bytes(y), x->bytes / (narrow ? 2 : 1));
+        /* the gradient's readers take its row pitch */
+        for (int64_t i = 0; i < ch->n_bwd; i++)
+            for (int k = 0; k < ch->bwd[i].n_in; k++)
+                if (ch->bwd[i].in[k] == ce->out[0] && &ch->bwd[i] != ce)
+                    T_CHECK(k == 0 && (ch->bwd[i].kind == MGC_POP_LINEAR_DGRAD ||
+                                       ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD));
+        /* the saving: never more memory; GPT-2's arena peaks in the loss's backward, where the
+         * gradient had bytes of its own (the tiny models peak elsewhere) */
+        uint64_t with = sp->arena_bytes, without = q->stages[q->n_stages - 1].arena_bytes;
+        printf("%-26s %s: loss stage arena %.3f MiB in place, %.3f MiB without (gradient "
+               "%.3f MiB)\n",
+               files[m], sets[m][0], (double)with / 1048576.0, (double)without / 1048576.0,
+               (double)mgc_plan_tensor_data_bytes(y) / 1048576.0);
+        T_CHECK(with <= without);
+        if (m == 3) T_CHECK(without - with >= mgc_plan_tensor_data_bytes(y) * 9 / 10);
+        {
+            mgc_plan_chunk *wch = &p->stages[p->n_stages - 1].chunks[sp->n_chunks - 1];
+            mgc_plan_op *wce = (mgc_plan_op *)ce;
+            mgc_plan_tensor *wy = &wch->tensors[ce->out[0]];
+            BREAK_INPLACE(wy->offset, wy->offset + 256, "in place, but output");
+            BREAK_INPLACE(wy->dtype, (uint16_t)(narrow ? MGC_DT_F32 : MGC_DT_BF16), "bytes");
+            if (narrow) {
+                BREAK_INPLACE(wy->ld, (uint32_t)wy->dim[wy->rank - 1], "not above");
+                BREAK_INPLACE(wce->flags, (uint16_t)(wce->flags & ~MGC_POF_INPLACE),
+                              "only the output of an in-place op");
+            }
+            /* a later reader of the logits */
+            for (int64_t i = 0; i < wch->n_bwd; i++)
+                if (wch->bwd[i].kind == MGC_POP_LINEAR_DGRAD && wch->bwd[i].in[0] == ce->out[0]) {
+                    BREAK_INPLACE(wch->bwd[i].in[0], ce->in[0], "touches after it");
+                    if (narrow)
+                        BREAK_INPLACE(wch->bwd[i].in[1], ce->out[0], "has a row pitch");
+                }
+            BREAK_INPLACE(wce->kind, MGC_POP_ROPE_BWD, "cannot write its output over its input");
+        }
+        T_EQ_I64(mgc_plan_validate(p, NULL, 0), MGC_PLAN_OK);
+    next:
+        mgc_plan_free(p);
+        mgc_plan_free(q);
+    }
+}
+
 int main(void) {
     test_assign_basic();
     test_assign_segments();
@@ -1336,5 +1529,6 @@ int main(void) {
     test_large_pipeline();
     test_malformed();
     test_real_programs();
+    test_inplace();
     return t_summary("test_memplan");
 }

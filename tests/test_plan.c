@@ -800,16 +800,16 @@ static void test_hostile(void) {
            4);
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "not an mgc plan (it starts with 7f 45 4c 46");
     memcpy(b, orig, len);
-    wr32(b + 8, 1); /* a version-1 plan (no gradient buckets) */
+    wr32(b + 8, 2); /* a version-2 plan (no row pitch: its reserved word could be garbage) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 1, this mgc-run reads 2: recompile with mgc compile");
+                  "plan format version 2, this mgc-run reads 3: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 3);
+    wr32(b + 8, 4);
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 3, this mgc-run reads 2");
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 4, this mgc-run reads 3");
     memcpy(b, orig, len);
-    wr32(b + 8, 3); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 4); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
@@ -1200,7 +1200,8 @@ static void test_validate(void) {
     T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     ch->bwd[0].kind = MGC_POP_LINEAR_DGRAD;
     ch->bwd[0].flags = 0;
-    BREAK(ch->fwd[0].flags, 8, "unknown flags");
+    BREAK(ch->fwd[0].flags, 16, "unknown flags");
+    BREAK(ch->fwd[0].flags, MGC_POF_INPLACE, "in-place flag on an op that cannot");
     BREAK(ch->fwd[0].flags, MGC_POF_QKV, "fused-qkv flag on an op that is not attention");
     BREAK(ch->fwd[0].layer, -2, "layer -2");
     BREAK(ch->fwd[0].n_in, 7, "at most 6");

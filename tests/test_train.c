@@ -480,27 +480,37 @@ static void check_loss_scaling(void) {
 }
 
 /* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
- * like the unfused one (MGC_FUSION=0), and no norm_bwd + add_bwd, dropout_add + norm,
- * linear + gelu or gelu_bwd is left (GPT's MLP: every gelu and gelu_bwd is fused), nor a
- * qkv_split where no rotary embedding sits between it and the attention. */
+ * like the unfused one (MGC_FUSION=0) and like the one without in-place outputs
+ * (MGC_INPLACE=0: the logits' gradient in a tensor of its own, memplan.h), and no
+ * norm_bwd + add_bwd, dropout_add + norm, linear + gelu or gelu_bwd is left (GPT's MLP:
+ * every gelu and gelu_bwd is fused), nor a qkv_split where no rotary embedding sits between
+ * it and the attention. */
 static void check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
     mgc_plan *u = compile(path, NULL, sets);
     unsetenv("MGC_FUSION");
     mgc_plan *f = compile(path, NULL, sets);
-    T_CHECK(u && f);
-    if (!u || !f) {
+    setenv("MGC_INPLACE", "0", 1);
+    mgc_plan *o = compile(path, NULL, sets);
+    unsetenv("MGC_INPLACE");
+    T_CHECK(u && f && o);
+    if (!u || !f || !o) {
         mgc_plan_free(u);
         mgc_plan_free(f);
+        mgc_plan_free(o);
         return;
     }
+    int64_t inpl_f = 0, inpl_o = 0;
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
     int64_t qa = 0, qab = 0, split_u = 0, split_f = 0, splitb_u = 0, splitb_f = 0, rope_u = 0, att = 0;
     for (int64_t s = 0; s < f->n_stages; s++)
         for (int64_t c = 0; c < f->stages[s].n_chunks; c++) {
             const mgc_plan_chunk *ch = &f->stages[s].chunks[c], *cu = &u->stages[s].chunks[c];
+            for (int64_t i = 0; i < o->stages[s].chunks[c].n_bwd; i++)
+                inpl_o += (o->stages[s].chunks[c].bwd[i].flags & MGC_POF_INPLACE) != 0;
             for (int64_t i = 0; i < ch->n_bwd; i++) {
+                inpl_f += (ch->bwd[i].flags & MGC_POF_INPLACE) != 0;
                 qab += ch->bwd[i].kind == MGC_POP_ATTENTION_BWD && (ch->bwd[i].flags & MGC_POF_QKV);
                 splitb_f += ch->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 dg += ch->bwd[i].kind == MGC_POP_LINEAR_DGRAD_GELU;
@@ -554,19 +564,24 @@ static void check_fusion(const char *path, const char *const *sets) {
     T_EQ_I64(splitb_u - splitb_f, qab);
     T_EQ_I64(qa, qab);
     T_EQ_I64(qa, rope_u ? 0 : att);
-    double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS];
+    T_EQ_I64(inpl_f, 1); /* the loss chunk's cross_entropy_bwd */
+    T_EQ_I64(inpl_o, 0);
+    double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS], lo[STEPS], no[STEPS];
     T_EQ_I64(train(u, lu, nu), 0);
     T_EQ_I64(train(f, lf, nf), 0);
+    T_EQ_I64(train(o, lo, no), 0);
     int same = 1;
-    for (int i = 0; i < STEPS; i++) same &= lu[i] == lf[i] && nu[i] == nf[i];
+    for (int i = 0; i < STEPS; i++)
+        same &= lu[i] == lf[i] && nu[i] == nf[i] && lo[i] == lf[i] && no[i] == nf[i];
     T_CHECK(same);
     printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu, %lld "
            "linear_dgrad + gelu_bwd and %lld qkv_split + attention pairs fused, %d steps "
-           "bit-identical to the unfused plan\n",
+           "bit-identical to the unfused plan and to the plan without in-place outputs\n",
            path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, (long long)qa,
            STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
+    mgc_plan_free(o);
 }
 
 /* ---- graphs (backend.h graph_begin / graph_end) on the CPU ------------------------------
