@@ -146,12 +146,17 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
     case MGC_POP_QKV_SPLIT:
     case MGC_POP_QKV_SPLIT_BWD: {
         if (op->iattr[0] <= 0 || op->iattr[1] <= 0 || op->iattr[2] <= 0) return -1;
+        int rope = (op->flags & MGC_POF_ROPE) != 0, fwd = op->kind == MGC_POP_QKV_SPLIT;
+        if (rope && (op->iattr[3] <= 0 || op->iattr[3] > op->iattr[2] || op->iattr[3] % 2))
+            return -1;
         mgc_kspec_init(&out[0], "pointwise.cuh",
-                       op->kind == MGC_POP_QKV_SPLIT ? "qkv_split_fwd" : "qkv_split_bwd",
+                       rope ? (fwd ? "qkv_rope_fwd" : "qkv_rope_bwd")
+                            : (fwd ? "qkv_split_fwd" : "qkv_split_bwd"),
                        dt(tin(ch, op, 0)));
         mgc_kspec_const(&out[0], "G", op->iattr[0]);
         mgc_kspec_const(&out[0], "PER", op->iattr[1]);
         mgc_kspec_const(&out[0], "D", op->iattr[2]);
+        if (rope) mgc_kspec_const(&out[0], "ROT", op->iattr[3]);
         return 1;
     }
     case MGC_POP_ROPE:

@@ -208,7 +208,7 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         mgc_plan_op *sp = &ch->fwd[i], *at = &ch->fwd[i + 1];
         if (sp->kind != MGC_POP_QKV_SPLIT || sp->n_in != 1 || sp->n_out != 3 ||
             at->kind != MGC_POP_ATTENTION || at->n_in != 3 || at->n_out < 1 ||
-            ((sp->flags | at->flags) & (MGC_POF_RECOMPUTE | MGC_POF_QKV)))
+            ((sp->flags | at->flags) & (MGC_POF_RECOMPUTE | MGC_POF_QKV | MGC_POF_ROPE)))
             continue;
         int32_t qkv = sp->in[0], q = sp->out[0], k = sp->out[1], v = sp->out[2];
         if (at->in[0] != q || at->in[1] != k || at->in[2] != v || q < BOUNDARY_TENSORS ||
@@ -319,14 +319,175 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
     return fused;
 }
 
+/* The first rope of `t` in ops[from, to) with the given recompute flag: its index, or -1.
+ * kind: MGC_POP_ROPE (reads t) or MGC_POP_ROPE_BWD (writes t). */
+static int64_t rope_of(const mgc_plan_op *ops, int64_t from, int64_t to, int32_t t, uint16_t kind,
+                       uint16_t recompute) {
+    for (int64_t j = from; j < to; j++) {
+        const mgc_plan_op *o = &ops[j];
+        if (o->kind != kind || o->n_in != 1 || o->n_out != 1 ||
+            (o->flags & MGC_POF_RECOMPUTE) != recompute)
+            continue;
+        if (kind == MGC_POP_ROPE ? o->in[0] == t : o->out[0] == t) return j;
+    }
+    return -1;
+}
+
+/* Every op of the chunk touching t (but the ops already fused away, gone[pass]) is a `split`
+ * kind writing it as output `slot` (reading it as input `slot`: the join) or a `rope` kind
+ * reading it (ROPE) / writing it (ROPE_BWD), and each pass has none or exactly that pair. */
+static int split_rope_only(const mgc_plan_chunk *ch, const uint8_t *const gone[2], int32_t t,
+                           uint16_t split, int slot, uint16_t rope) {
+    for (int pass = 0; pass < 2; pass++) {
+        const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+        int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+        int splits = 0, ropes = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const mgc_plan_op *o = &ops[i];
+            if (gone[pass][i]) continue; /* a rope already fused away */
+            int touch = 0;
+            for (int k = 0; k < o->n_in && k < MGC_PLAN_MAX_IO; k++) touch += o->in[k] == t;
+            for (int k = 0; k < o->n_out && k < MGC_PLAN_MAX_IO; k++) touch += o->out[k] == t;
+            if (!touch) continue;
+            if (touch > 1) return 0;
+            int fwd_split = split == MGC_POP_QKV_SPLIT;
+            if (o->kind == split && (fwd_split ? o->out[slot] == t : o->in[slot] == t)) splits++;
+            else if (o->kind == rope && (rope == MGC_POP_ROPE ? o->in[0] == t : o->out[0] == t))
+                ropes++;
+            else
+                return 0;
+        }
+        if (splits != ropes || splits > 1) return 0;
+    }
+    return 1;
+}
+
+static int same_rope(const mgc_plan_op *a, const mgc_plan_op *b) {
+    return a->iattr[0] == b->iattr[0] && a->iattr[1] == b->iattr[1] && a->fattr[0] == b->fattr[0];
+}
+
+/* qkv_split (qkv) -> (q, k, v) ; rope (q) -> q' ; rope (k) -> k'  becomes qkv_split with
+ * MGC_POF_ROPE: (qkv) -> (q', k', v), the rotation applied as q and k leave the split.  And in
+ * the backward, rope_bwd (dq') -> dq ; rope_bwd (dk') -> dk ; qkv_split_bwd (dq, dk, dv) ->
+ * dqkv becomes qkv_split_bwd with MGC_POF_ROPE: (dq', dk', dv) -> dqkv, the inverse rotation
+ * applied as they join.  Both programs, recompute copies included (full recompute re-runs the
+ * split and the ropes), each split with the ropes of its own pass and recompute flag.  Only
+ * when q and k (dq and dk) are touched by nothing else in the chunk, and are not stashed nor
+ * boundary tensors; the rotated tensors keep their places.  The rope's attributes go to the
+ * split's: iattr[3] the rotary dim, fattr[0] the base, fattr[1] the context-parallel degree of
+ * the positions (plan.h). */
+static int64_t fuse_qkv_rope(mgc_plan_chunk *ch) {
+    int64_t fused = 0;
+    uint8_t *gone_f = calloc((size_t)(ch->n_fwd > 0 ? ch->n_fwd : 1), 1);
+    uint8_t *gone_b = calloc((size_t)(ch->n_bwd > 0 ? ch->n_bwd : 1), 1);
+    if (!gone_f || !gone_b) {
+        free(gone_f), free(gone_b);
+        return 0;
+    }
+    const uint8_t *const gone2[2] = {gone_f, gone_b};
+    for (int pass = 0; pass < 2; pass++) {
+        mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+        int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+        uint8_t *gone = pass ? gone_b : gone_f;
+        for (int64_t i = 0; i < n; i++) {
+            mgc_plan_op *sp = &ops[i];
+            uint16_t rc = sp->flags & MGC_POF_RECOMPUTE;
+            if (sp->kind != MGC_POP_QKV_SPLIT || sp->n_in != 1 || sp->n_out != 3 ||
+                (sp->flags & (MGC_POF_QKV | MGC_POF_ROPE)) || gone[i])
+                continue;
+            int32_t q = sp->out[0], k = sp->out[1];
+            int64_t rq = rope_of(ops, i + 1, n, q, MGC_POP_ROPE, rc),
+                    rk = rope_of(ops, i + 1, n, k, MGC_POP_ROPE, rc);
+            if (rq < 0 || rk < 0 || gone[rq] || gone[rk] || !same_rope(&ops[rq], &ops[rk])) continue;
+            int32_t qr = ops[rq].out[0], kr = ops[rk].out[0];
+            /* q and k: touched only by their splits and ropes, pass by pass */
+            const mgc_plan_tensor *Q = &ch->tensors[q], *K = &ch->tensors[k];
+            if (q < BOUNDARY_TENSORS || k < BOUNDARY_TENSORS || q == k || qr == kr ||
+                Q->buffer == MGC_PLAN_BUF_STASH || K->buffer == MGC_PLAN_BUF_STASH ||
+                !split_rope_only(ch, gone2, q, MGC_POP_QKV_SPLIT, 0, MGC_POP_ROPE) ||
+                !split_rope_only(ch, gone2, k, MGC_POP_QKV_SPLIT, 1, MGC_POP_ROPE))
+                continue;
+            /* nothing between the split and the ropes touches the rotated outputs */
+            int clash = 0;
+            int64_t last = rq > rk ? rq : rk;
+            for (int64_t j = i + 1; j < last && !clash; j++) {
+                if (j == rq || j == rk) continue;
+                for (int t = 0; t < ops[j].n_in + ops[j].n_out; t++) {
+                    int32_t x = t < ops[j].n_in ? ops[j].in[t] : ops[j].out[t - ops[j].n_in];
+                    clash |= x == qr || x == kr;
+                }
+            }
+            if (clash) continue;
+            sp->out[0] = qr, sp->out[1] = kr;
+            sp->flags |= MGC_POF_ROPE | ((ops[rq].flags | ops[rk].flags) & MGC_POF_SAVED);
+            sp->iattr[3] = ops[rq].iattr[0];
+            sp->fattr[0] = ops[rq].fattr[0];
+            sp->fattr[1] = (double)(ops[rq].iattr[1] > 0 ? ops[rq].iattr[1] : 1);
+            gone[rq] = gone[rk] = 1;
+            fused++;
+        }
+    }
+    /* the backward's joins */
+    for (int64_t i = 0; i < ch->n_bwd; i++) {
+        mgc_plan_op *jn = &ch->bwd[i];
+        if (jn->kind != MGC_POP_QKV_SPLIT_BWD || jn->n_in != 3 || jn->n_out != 1 ||
+            (jn->flags & (MGC_POF_QKV | MGC_POF_ROPE | MGC_POF_RECOMPUTE)))
+            continue;
+        int32_t dq = jn->in[0], dk = jn->in[1];
+        int64_t rq = -1, rk = -1;
+        for (int64_t j = i - 1; j >= 0 && (rq < 0 || rk < 0); j--) {
+            const mgc_plan_op *o = &ch->bwd[j];
+            if (o->kind != MGC_POP_ROPE_BWD || o->n_in != 1 || o->n_out != 1 ||
+                (o->flags & MGC_POF_RECOMPUTE) || gone_b[j])
+                continue;
+            if (o->out[0] == dq && rq < 0) rq = j;
+            if (o->out[0] == dk && rk < 0) rk = j;
+        }
+        if (rq < 0 || rk < 0 || !same_rope(&ch->bwd[rq], &ch->bwd[rk])) continue;
+        int32_t dqr = ch->bwd[rq].in[0], dkr = ch->bwd[rk].in[0];
+        if (dq < BOUNDARY_TENSORS || dk < BOUNDARY_TENSORS || dq == dk || dqr == dkr ||
+            ch->tensors[dq].buffer == MGC_PLAN_BUF_STASH ||
+            ch->tensors[dk].buffer == MGC_PLAN_BUF_STASH ||
+            !split_rope_only(ch, gone2, dq, MGC_POP_QKV_SPLIT_BWD, 0, MGC_POP_ROPE_BWD) ||
+            !split_rope_only(ch, gone2, dk, MGC_POP_QKV_SPLIT_BWD, 1, MGC_POP_ROPE_BWD))
+            continue;
+        /* the join now reads dq', dk' where the ropes did: nothing between writes them */
+        int clash = 0;
+        for (int64_t j = (rq < rk ? rq : rk) + 1; j < i && !clash; j++)
+            for (int t = 0; t < ch->bwd[j].n_out; t++)
+                clash |= ch->bwd[j].out[t] == dqr || ch->bwd[j].out[t] == dkr;
+        if (clash) continue;
+        jn->in[0] = dqr, jn->in[1] = dkr;
+        jn->flags |= MGC_POF_ROPE;
+        jn->iattr[3] = ch->bwd[rq].iattr[0];
+        jn->fattr[0] = ch->bwd[rq].fattr[0];
+        jn->fattr[1] = (double)(ch->bwd[rq].iattr[1] > 0 ? ch->bwd[rq].iattr[1] : 1);
+        gone_b[rq] = gone_b[rk] = 1;
+        fused++;
+    }
+    if (fused) {
+        int64_t j = 0;
+        for (int64_t i = 0; i < ch->n_fwd; i++)
+            if (!gone_f[i]) ch->fwd[j++] = ch->fwd[i];
+        ch->n_fwd = j;
+        j = 0;
+        for (int64_t i = 0; i < ch->n_bwd; i++)
+            if (!gone_b[i]) ch->bwd[j++] = ch->bwd[i];
+        ch->n_bwd = j;
+    }
+    free(gone_f), free(gone_b);
+    return fused;
+}
+
 void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
     int64_t a = fuse_norm_bwd_add(ch);
     int64_t b = fuse_fwd_pairs(ch, pair_add_norm);
     int64_t c = fuse_fwd_pairs(ch, pair_linear_gelu);
     int64_t d = fuse_dgrad_gelu(ch);
     int64_t e = fuse_qkv_attention(ch);
+    int64_t f = fuse_qkv_rope(ch);
     if (st) {
         st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
-        st->qkv_attention += e;
+        st->qkv_attention += e, st->qkv_rope += f;
     }
 }

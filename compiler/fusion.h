@@ -21,6 +21,10 @@
  *     -> attention and attention_bwd with MGC_POF_QKV: q, k, v read in place from qkv and
  *        their gradients written in place into dqkv (no split copy either way; qkv is
  *        stashed instead of q, k, v, in their slot)
+ *   qkv_split (q, k, v = split(qkv)) ; rope (q) ; rope (k),  and in the backward
+ *   rope_bwd (dq') ; rope_bwd (dk') ... qkv_split_bwd (dqkv = join(dq, dk, dv))
+ *     -> qkv_split and qkv_split_bwd with MGC_POF_ROPE: q and k rotated as they leave the
+ *        split, their gradients rotated back as they join (recompute copies too)
  */
 #ifndef MGC_FUSION_H
 #define MGC_FUSION_H
@@ -39,6 +43,7 @@ typedef struct mgc_fusion_stats {
     int64_t linear_gelu;  /* linear + gelu pairs fused */
     int64_t dgrad_gelu;   /* linear_dgrad + gelu_bwd pairs fused */
     int64_t qkv_attention; /* qkv_split + attention (and their backwards) fused */
+    int64_t qkv_rope;      /* qkv_split + its two ropes, and qkv_split_bwd + its rope_bwds */
 } mgc_fusion_stats;
 
 /* Fuse in place what can be fused in one chunk; counts added to *st (may be

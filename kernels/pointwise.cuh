@@ -7,6 +7,7 @@
  *   gelu_fwd, gelu_bwd, add                       no constants
  *   swiglu_fwd, swiglu_bwd                        F (the output's last dim)
  *   qkv_split_fwd, qkv_split_bwd                  G, PER (query heads per group), D (head dim)
+ *   qkv_rope_fwd, qkv_rope_bwd                    G, PER, D, ROT: the split with rope (q, k)
  *   rope                                          D (head dim), ROT (rotary dim, even, <= D)
  *
  * Element-wise geometry (all but rope): grid-stride loops, so any grid works; the launcher
@@ -382,6 +383,76 @@ extern "C" __global__ void __launch_bounds__(256)
     else if (v8) mgc_qkv_copy<i64, 8>(qkv, q, k, v, items);
     else if (small) mgc_qkv_copy<unsigned, 1>(qkv, q, k, v, (unsigned)items);
     else mgc_qkv_copy<i64, 1>(qkv, q, k, v, items);
+}
+#endif
+
+/* ---- QKV split with rotary embeddings (MGC_POF_ROPE) ----------------------------------- */
+
+#if defined(MGC_ENTRY_qkv_rope_fwd) || defined(MGC_ENTRY_qkv_rope_bwd)
+#define MGC_QR_HALF (MGC_ROT / 2)
+#define MGC_QR_UNIT (MGC_QR_HALF + (MGC_D - MGC_ROT))           /* items of a rotated head row */
+#define MGC_QR_GU   ((MGC_PER + 1) * MGC_QR_UNIT + MGC_D)       /* items of a group */
+/* The split (join) and the rope of q and k in one pass: qkv_split then rope (q), rope (k) in
+ * the forward; rope_bwd (dq'), rope_bwd (dk') then qkv_split_bwd in the backward, with the
+ * arithmetic of the `rope` kernel below (so the bits of the ops it replaces).  A row of qkv
+ * is G groups of [PER query heads, k, v][D]; q' is (rows, G PER, D), k' and v (rows, G, D).
+ * grid (s, ceil(b G / 8)), block 128, smem 8 * ROT bytes (static).  Block (i, y) computes the
+ * cos/sin of sequence row i's position (fp64 angle, as the CPU) once, then moves groups
+ * [8y, 8y + 8) of the b G groups of row i: one thread a rotation pair (f, f + ROT/2) of a
+ * query or key head, or a column past ROT, or a column of v.
+ * Positions: mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp)). */
+extern "C" __global__ void __launch_bounds__(128)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
+                   mgc_t *__restrict__ v, i64 bG, i64 cp, i64 cpr, i64 half_len, double theta) {
+    __shared__ float cs[MGC_QR_HALF > 0 ? MGC_QR_HALF : 1], sn[MGC_QR_HALF > 0 ? MGC_QR_HALF : 1];
+#if defined(MGC_ENTRY_qkv_rope_fwd)
+    const double sign = 1.0;
+#else
+    const double sign = -1.0;
+#endif
+    i64 i = blockIdx.x;
+    double p = (double)mgc_ctx_pos(i, cp, cpr, half_len);
+    for (int f = threadIdx.x; f < MGC_QR_HALF; f += blockDim.x) {
+        double ang = p * pow(theta, -2.0 * (double)f / (double)MGC_ROT), sd, cd;
+        sincospi(ang * 0.31830988618379067154, &sd, &cd); /* as in `rope` */
+        cs[f] = (float)cd;
+        sn[f] = (float)(sign * sd);
+    }
+    __syncthreads();
+    i64 g0 = (i64)blockIdx.y * 8, ng = bG - g0 < 8 ? bG - g0 : 8;
+    for (int t = threadIdx.x; t < ng * MGC_QR_GU; t += blockDim.x) {
+        int gr = t / MGC_QR_GU, u = t - gr * MGC_QR_GU;
+        i64 rg = i * bG + g0 + gr; /* the group's index over all rows: r G + g */
+        mgc_t *f = qkv + rg * (i64)((MGC_PER + 2) * MGC_D);
+        if (u < (MGC_PER + 1) * MGC_QR_UNIT) {
+            int h = u / MGC_QR_UNIT, w = u - h * MGC_QR_UNIT;
+            mgc_t *o = h < MGC_PER ? q + (rg * MGC_PER + h) * (i64)MGC_D : k + rg * (i64)MGC_D;
+            f += h * MGC_D;
+#if defined(MGC_ENTRY_qkv_rope_fwd)
+            const mgc_t *x = f;
+            mgc_t *y = o;
+#else
+            const mgc_t *x = o;
+            mgc_t *y = f;
+#endif
+            if (w < MGC_QR_HALF) {
+                float x0 = mgc_ld(x[w]), x1 = mgc_ld(x[w + MGC_QR_HALF]);
+                float c = cs[w], s = sn[w];
+                y[w] = mgc_st(x0 * c - x1 * s);
+                y[w + MGC_QR_HALF] = mgc_st(x1 * c + x0 * s);
+            } else {
+                int col = MGC_ROT + (w - MGC_QR_HALF);
+                y[col] = x[col];
+            }
+        } else {
+            int w = u - (MGC_PER + 1) * MGC_QR_UNIT;
+#if defined(MGC_ENTRY_qkv_rope_fwd)
+            v[rg * MGC_D + w] = f[(MGC_PER + 1) * MGC_D + w];
+#else
+            f[(MGC_PER + 1) * MGC_D + w] = v[rg * MGC_D + w];
+#endif
+        }
+    }
 }
 #endif
 

@@ -528,8 +528,20 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     char wbuf[96];
     if (!op_kind_ok(o->kind)) INVALID("%s: op kind %u unknown", WH, o->kind);
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
-    if (o->flags & ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE))
+    if (o->flags &
+        ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE | MGC_POF_ROPE))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
+    if (o->flags & MGC_POF_ROPE) {
+        if (o->kind != MGC_POP_QKV_SPLIT && o->kind != MGC_POP_QKV_SPLIT_BWD)
+            INVALID("%s (%s): the rotary flag on an op that is not a qkv split", WH, kn);
+        double cp = o->fattr[1];
+        if (o->iattr[3] <= 0 || o->iattr[3] % 2 || o->iattr[3] > o->iattr[2] ||
+            !(o->fattr[0] > 0) || !(o->fattr[0] < INFINITY) || !(cp >= 1 && cp <= 65536) ||
+            cp != (double)(int64_t)cp)
+            INVALID("%s (%s): rotary dim %" PRId64 " (head dim %" PRId64 "), base %g or "
+                    "context-parallel degree %g out of range",
+                    WH, kn, o->iattr[3], o->iattr[2], o->fattr[0], cp);
+    }
     if ((o->flags & MGC_POF_QKV) && o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
         INVALID("%s (%s): the fused-qkv flag on an op that is not attention", WH, kn);
     int fwd_kind = o->kind <= MGC_POP_LAST_FWD,

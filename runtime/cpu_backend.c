@@ -197,20 +197,49 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
     }
 }
 
+/* With MGC_POF_ROPE (compiler/fusion.c), the split and the two ropes it replaced, in their
+ * order: the split, then q and k rotated in place; the join from dq, dk rotated back into
+ * scratch (the inputs stay as they are). */
 static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int64_t G = op->iattr[0], per = op->iattr[1], d = op->iattr[2];
-    (void)be;
+    int rope = (op->flags & MGC_POF_ROPE) != 0;
+    const mgc_plan_tensor *x = op->kind == MGC_POP_QKV_SPLIT ? tin(c, 0) : tout(c, 0);
+    int64_t n = (int64_t)(numel(x) / (uint64_t)(G * (per + 2) * d));
+    /* q, k: (s, b, heads, d) with rows = s b */
+    const mgc_plan_tensor *tq = op->kind == MGC_POP_QKV_SPLIT ? tout(c, 0) : tin(c, 0);
+    int64_t s = tq->dim[0], b = tq->rank == 4 ? tq->dim[1] : 1;
+    int64_t rot = op->iattr[3], cp = op->fattr[1] >= 1 ? (int64_t)op->fattr[1] : 1;
+    double theta = op->fattr[0];
+    int32_t *pos = NULL;
+    float *dq = NULL, *dk = NULL;
+    if (rope) {
+        if (tq->rank != 4 || s * b != n)
+            return fail(be, "qkv_split '%s': q is not (s, b, heads, d)",
+                        mgc_plan_strat(c->plan, op->name));
+        size_t qn = (size_t)(n * G * per * d), kn = (size_t)(n * G * d);
+        size_t ps = ((size_t)s * 4 + 63) / 64 * 64, qs = (qn * 4 + 63) / 64 * 64;
+        unsigned char *w = scratch(be, ps + (op->kind == MGC_POP_QKV_SPLIT ? 0 : qs + kn * 4));
+        if (!w) return fail(be, "out of memory");
+        pos = (int32_t *)w;
+        dq = (float *)(w + ps), dk = (float *)(w + ps + qs);
+        ctx_positions(pos, s, c->seq_length, cp, c->co.cp);
+    }
     if (op->kind == MGC_POP_QKV_SPLIT) {
-        const mgc_plan_tensor *x = tin(c, 0);
-        int64_t n = (int64_t)(numel(x) / (uint64_t)(G * (per + 2) * d));
         mgc_cpu_qkv_split_fwd_f32(F(c->out[0]), F(c->out[1]), F(c->out[2]), CF(c->in[0]), n, G,
                                   per, d);
+        if (rope) {
+            mgc_cpu_rope_fwd_f32(F(c->out[0]), CF(c->out[0]), pos, s, b, G * per, d, rot, theta);
+            mgc_cpu_rope_fwd_f32(F(c->out[1]), CF(c->out[1]), pos, s, b, G, d, rot, theta);
+        }
     } else {
-        const mgc_plan_tensor *x = tout(c, 0);
-        int64_t n = (int64_t)(numel(x) / (uint64_t)(G * (per + 2) * d));
-        mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), CF(c->in[2]), n, G,
-                                  per, d);
+        const float *q = CF(c->in[0]), *k = CF(c->in[1]);
+        if (rope) {
+            mgc_cpu_rope_bwd_f32(dq, q, pos, s, b, G * per, d, rot, theta);
+            mgc_cpu_rope_bwd_f32(dk, k, pos, s, b, G, d, rot, theta);
+            q = dq, k = dk;
+        }
+        mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), q, k, CF(c->in[2]), n, G, per, d);
     }
     return 0;
 }

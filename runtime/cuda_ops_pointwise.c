@@ -369,6 +369,19 @@ static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
     void *qkv = fwd ? c->in[0] : c->out[0];
     void *q = fwd ? c->out[0] : c->in[0], *kk = fwd ? c->out[1] : c->in[1],
          *v = fwd ? c->out[2] : c->in[2];
+    if (op->flags & MGC_POF_ROPE) { /* with the rotary embedding of q and k (qkv_rope_*) */
+        const mgc_plan_tensor *tq = fwd ? tout(c, 0) : tin(c, 0);
+        int64_t s = tq->dim[0], bG = tq->rank == 4 ? tq->dim[1] * G : 0;
+        int64_t cp = op->fattr[1] >= 1 ? (int64_t)op->fattr[1] : 1, cpr = c->co.cp;
+        int64_t half = cp > 1 ? c->seq_length / (2 * cp) : 0;
+        double theta = op->fattr[0];
+        if (tq->rank != 4 || s * tq->dim[1] != rows || (bG + 7) / 8 > 65535)
+            return mgc_cuda_fail(be, "qkv_split '%s': q is not (s, b, heads, d), or b*groups "
+                                 "is too large", opname(c));
+        void *args[] = {&qkv, &q, &kk, &v, &bG, &cp, &cpr, &half, &theta};
+        return mgc_cuda_launch(be, &k[0], (unsigned)s, (unsigned)((bG + 7) / 8), 1, 128, 0,
+                               args);
+    }
     void *args[] = {&qkv, &q, &kk, &v, &rows};
     return mgc_cuda_launch(be, &k[0], ew_grid(be, d % 8 ? rows * w : rows * w / 8), 1, 1, EW_BLOCK,
                            0, args);

@@ -1519,6 +1519,35 @@ static void test_inplace(void) {
     }
 }
 
+/* The fused split's rotary attributes (fusion.c, plan.h MGC_POF_ROPE) as the validator sees
+ * them: a compiled LLaMA plan carries them, and each broken one is refused. */
+static void test_rope_attrs(void) {
+    const char *sets[] = {"training.precision=bf16"};
+    mgc_plan *p = compile_real("models/tiny-llama.yaml", sets, 1, 1);
+    if (!p) return;
+    mgc_plan_op *sp = NULL, *jn = NULL;
+    mgc_plan_chunk *ch = &p->stages[0].chunks[0];
+    for (int64_t i = 0; i < ch->n_fwd && !sp; i++)
+        if (ch->fwd[i].kind == MGC_POP_QKV_SPLIT && (ch->fwd[i].flags & MGC_POF_ROPE)) sp = &ch->fwd[i];
+    for (int64_t i = 0; i < ch->n_bwd && !jn; i++)
+        if (ch->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD && (ch->bwd[i].flags & MGC_POF_ROPE))
+            jn = &ch->bwd[i];
+    T_CHECK(sp && jn);
+    if (sp && jn) {
+        T_EQ_I64(sp->iattr[3], 16); /* tiny-llama: head dim 16, all of it rotated */
+        T_CHECK(sp->fattr[0] == 10000.0 && sp->fattr[1] == 1.0);
+        T_CHECK(jn->iattr[3] == sp->iattr[3] && jn->fattr[0] == sp->fattr[0]);
+        BREAK_INPLACE(sp->iattr[3], 15, "rotary dim 15");
+        BREAK_INPLACE(sp->iattr[3], sp->iattr[2] + 2, "out of range");
+        BREAK_INPLACE(jn->iattr[3], 0, "out of range");
+        BREAK_INPLACE(sp->fattr[0], 0.0, "out of range");
+        BREAK_INPLACE(sp->fattr[1], 1.5, "out of range");
+        BREAK_INPLACE(sp->kind, MGC_POP_ROPE, "rotary flag on an op that is not a qkv split");
+        T_EQ_I64(mgc_plan_validate(p, NULL, 0), MGC_PLAN_OK);
+    }
+    mgc_plan_free(p);
+}
+
 int main(void) {
     test_assign_basic();
     test_assign_segments();
@@ -1530,5 +1559,6 @@ int main(void) {
     test_malformed();
     test_real_programs();
     test_inplace();
+    test_rope_attrs();
     return t_summary("test_memplan");
 }

@@ -1200,7 +1200,8 @@ static void test_validate(void) {
     T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     ch->bwd[0].kind = MGC_POP_LINEAR_DGRAD;
     ch->bwd[0].flags = 0;
-    BREAK(ch->fwd[0].flags, 16, "unknown flags");
+    BREAK(ch->fwd[0].flags, 32, "unknown flags");
+    BREAK(ch->fwd[0].flags, MGC_POF_ROPE, "rotary flag on an op that is not a qkv split");
     BREAK(ch->fwd[0].flags, MGC_POF_INPLACE, "in-place flag on an op that cannot");
     BREAK(ch->fwd[0].flags, MGC_POF_QKV, "fused-qkv flag on an op that is not attention");
     BREAK(ch->fwd[0].layer, -2, "layer -2");

@@ -500,7 +500,7 @@ static void check_fusion(const char *path, const char *const *sets) {
         mgc_plan_free(o);
         return;
     }
-    int64_t inpl_f = 0, inpl_o = 0;
+    int64_t inpl_f = 0, inpl_o = 0, qr = 0, qrb = 0, rope_f = 0, rope_u2 = 0;
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
     int64_t qa = 0, qab = 0, split_u = 0, split_f = 0, splitb_u = 0, splitb_f = 0, rope_u = 0, att = 0;
@@ -511,6 +511,8 @@ static void check_fusion(const char *path, const char *const *sets) {
                 inpl_o += (o->stages[s].chunks[c].bwd[i].flags & MGC_POF_INPLACE) != 0;
             for (int64_t i = 0; i < ch->n_bwd; i++) {
                 inpl_f += (ch->bwd[i].flags & MGC_POF_INPLACE) != 0;
+                qrb += ch->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD && (ch->bwd[i].flags & MGC_POF_ROPE);
+                rope_f += ch->bwd[i].kind == MGC_POP_ROPE || ch->bwd[i].kind == MGC_POP_ROPE_BWD;
                 qab += ch->bwd[i].kind == MGC_POP_ATTENTION_BWD && (ch->bwd[i].flags & MGC_POF_QKV);
                 splitb_f += ch->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 dg += ch->bwd[i].kind == MGC_POP_LINEAR_DGRAD_GELU;
@@ -529,6 +531,8 @@ static void check_fusion(const char *path, const char *const *sets) {
                 gelub_u += cu->bwd[i].kind == MGC_POP_GELU_BWD;
             }
             for (int64_t i = 0; i < ch->n_fwd; i++) {
+                qr += ch->fwd[i].kind == MGC_POP_QKV_SPLIT && (ch->fwd[i].flags & MGC_POF_ROPE);
+                rope_f += ch->fwd[i].kind == MGC_POP_ROPE;
                 qa += ch->fwd[i].kind == MGC_POP_ATTENTION && (ch->fwd[i].flags & MGC_POF_QKV);
                 split_f += ch->fwd[i].kind == MGC_POP_QKV_SPLIT;
                 lg += ch->fwd[i].kind == MGC_POP_LINEAR_GELU;
@@ -542,6 +546,8 @@ static void check_fusion(const char *path, const char *const *sets) {
                     ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
                     fpairs++;
             }
+            for (int64_t i = 0; i < cu->n_bwd; i++)
+                rope_u2 += cu->bwd[i].kind == MGC_POP_ROPE_BWD;
             for (int64_t i = 0; i < cu->n_fwd; i++) {
                 split_u += cu->fwd[i].kind == MGC_POP_QKV_SPLIT;
                 rope_u += cu->fwd[i].kind == MGC_POP_ROPE;
@@ -564,6 +570,11 @@ static void check_fusion(const char *path, const char *const *sets) {
     T_EQ_I64(splitb_u - splitb_f, qab);
     T_EQ_I64(qa, qab);
     T_EQ_I64(qa, rope_u ? 0 : att);
+    /* with rotary embeddings, each split took its two ropes and each join its two rope_bwds:
+     * no rope is left */
+    T_EQ_I64(rope_f, 0);
+    T_EQ_I64(2 * qr, rope_u);
+    T_EQ_I64(2 * qrb, rope_u2);
     T_EQ_I64(inpl_f, 1); /* the loss chunk's cross_entropy_bwd */
     T_EQ_I64(inpl_o, 0);
     double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS], lo[STEPS], no[STEPS];
@@ -575,10 +586,11 @@ static void check_fusion(const char *path, const char *const *sets) {
         same &= lu[i] == lf[i] && nu[i] == nf[i] && lo[i] == lf[i] && no[i] == nf[i];
     T_CHECK(same);
     printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu, %lld "
-           "linear_dgrad + gelu_bwd and %lld qkv_split + attention pairs fused, %d steps "
-           "bit-identical to the unfused plan and to the plan without in-place outputs\n",
+           "linear_dgrad + gelu_bwd, %lld qkv_split + attention pairs and %lld + %lld qkv_split "
+           "(_bwd) + ropes fused, %d steps bit-identical to the unfused plan and to the plan "
+           "without in-place outputs\n",
            path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, (long long)qa,
-           STEPS);
+           (long long)qr, (long long)qrb, STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
     mgc_plan_free(o);
@@ -877,6 +889,12 @@ int main(int argc, char **argv) {
         static const char *const sel[] = {"training.recompute=selective", NULL};
         check_fusion("examples/tiny-gpt.yaml", sel);
         check_fusion("models/tiny-llama.yaml", NULL);
+        /* full recompute re-runs the split and its ropes in the backward: they fuse too; with
+         * context parallelism the rotation takes the load-balanced positions */
+        static const char *const full[] = {"training.recompute=full", NULL};
+        static const char *const cp2[] = {"parallel.world_size=2", "parallel.context=2", NULL};
+        check_fusion("models/tiny-llama.yaml", full);
+        check_fusion("models/tiny-llama.yaml", cp2);
         check_fusion("models/tiny-moe.yaml", NULL);
     }
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
