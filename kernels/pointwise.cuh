@@ -399,7 +399,8 @@ extern "C" __global__ void __launch_bounds__(256)
  * grid (s, ceil(b G / 8)), block 128, smem 8 * ROT bytes (static).  Block (i, y) computes the
  * cos/sin of sequence row i's position (fp64 angle, as the CPU) once, then moves groups
  * [8y, 8y + 8) of the b G groups of row i: one thread a rotation pair (f, f + ROT/2) of a
- * query or key head, or a column past ROT, or a column of v.
+ * query or key head, or a column past ROT, or a column of v -- or eight of them, with 16-byte
+ * accesses, when ROT/2 and D - ROT are multiples of 8 and the pointers 16-byte aligned.
  * Positions: mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp)). */
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
@@ -420,6 +421,53 @@ extern "C" __global__ void __launch_bounds__(128)
     }
     __syncthreads();
     i64 g0 = (i64)blockIdx.y * 8, ng = bG - g0 < 8 ? bG - g0 : 8;
+    /* 8 pairs (or 8 columns) a thread, 16-byte accesses, when the halves and the rest of a
+     * head are multiples of 8 and every pointer 16-byte aligned (a uniform test) */
+    if (MGC_QR_HALF % 8 == 0 && (MGC_D - MGC_ROT) % 8 == 0 && mgc_al16(qkv) && mgc_al16(q) &&
+        mgc_al16(k) && mgc_al16(v)) {
+        const int U8 = MGC_QR_HALF / 8 + (MGC_D - MGC_ROT) / 8, GU8 = (MGC_PER + 1) * U8 + MGC_D / 8;
+        for (int t = threadIdx.x; t < ng * GU8; t += blockDim.x) {
+            int gr = t / GU8, u = t - gr * GU8;
+            i64 rg = i * bG + g0 + gr;
+            mgc_t *f = qkv + rg * (i64)((MGC_PER + 2) * MGC_D);
+            if (u < (MGC_PER + 1) * U8) {
+                int h = u / U8, w = 8 * (u - h * U8);
+                mgc_t *o = h < MGC_PER ? q + (rg * MGC_PER + h) * (i64)MGC_D : k + rg * (i64)MGC_D;
+                f += h * MGC_D;
+#if defined(MGC_ENTRY_qkv_rope_fwd)
+                const mgc_t *x = f;
+                mgc_t *y = o;
+#else
+                const mgc_t *x = o;
+                mgc_t *y = f;
+#endif
+                if (w < MGC_QR_HALF) {
+                    float x0[8], x1[8], y0[8], y1[8];
+                    mgc_ld8(x + w, x0);
+                    mgc_ld8(x + w + MGC_QR_HALF, x1);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        float c = cs[w + j], s = sn[w + j];
+                        y0[j] = x0[j] * c - x1[j] * s;
+                        y1[j] = x1[j] * c + x0[j] * s;
+                    }
+                    mgc_st8(y + w, y0);
+                    mgc_st8(y + w + MGC_QR_HALF, y1);
+                } else {
+                    int col = MGC_ROT + (w - MGC_QR_HALF);
+                    mgc_straw8(y + col, mgc_ldraw8(x + col));
+                }
+            } else {
+                int w = 8 * (u - (MGC_PER + 1) * U8);
+#if defined(MGC_ENTRY_qkv_rope_fwd)
+                mgc_straw8(v + rg * MGC_D + w, mgc_ldraw8(f + (MGC_PER + 1) * MGC_D + w));
+#else
+                mgc_straw8(f + (MGC_PER + 1) * MGC_D + w, mgc_ldraw8(v + rg * MGC_D + w));
+#endif
+            }
+        }
+        return;
+    }
     for (int t = threadIdx.x; t < ng * MGC_QR_GU; t += blockDim.x) {
         int gr = t / MGC_QR_GU, u = t - gr * MGC_QR_GU;
         i64 rg = i * bG + g0 + gr; /* the group's index over all rows: r G + g */

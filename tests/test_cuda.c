@@ -927,8 +927,12 @@ int main(int argc, char **argv) {
         static const char *const all8[] = {"parallel.world_size=8", "parallel.tensor=2",
                                            "parallel.pipeline=2", "parallel.data=2",
                                            "parallel.grad_bucket_size=20000", NULL};
-        static const char *const d32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
-                                          NULL};
+        /* LLaMA's split rotates q and k (fusion.c MGC_POF_ROPE): half of each head rotated, at
+         * head dim 32 with 16-byte accesses and columns passed through, at 16 element by
+         * element (4 pairs) */
+        static const char *const r32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
+                                          "model.rotary_percent=0.5", NULL};
+        static const char *const r16[] = {"model.rotary_percent=0.5", NULL};
         /* GPT's attention reads q, k, v in place from the fused projection (fusion.c); with
          * grouped queries a group's heads sit between its key and value offsets; selective
          * recompute re-runs that attention in the backward */
@@ -937,7 +941,8 @@ int main(int argc, char **argv) {
                                           "training.recompute=selective", NULL};
         check_ops("examples/tiny-gpt.yaml", d64);
         check_ops("examples/tiny-gpt.yaml", gqa);
-        check_ops("models/tiny-llama.yaml", d32);
+        check_ops("models/tiny-llama.yaml", r32);
+        check_ops("models/tiny-llama.yaml", r16);
         check_ops("models/tiny-llama.yaml", d128);
         check_ops("models/tiny-moe.yaml", NULL);
         check_training("examples/tiny-gpt.yaml", NULL);
@@ -962,6 +967,12 @@ int main(int argc, char **argv) {
         static const char *const d128[] = {"model.hidden_size=512", "model.num_attention_heads=4",
                                            NULL};
         check_ops("models/tiny-llama.yaml", d128);
+        /* half of each head rotated by the split (MGC_POF_ROPE): 16-byte and element paths */
+        static const char *const r32[] = {"model.hidden_size=128", "model.num_attention_heads=4",
+                                          "model.rotary_percent=0.5", NULL};
+        static const char *const r16[] = {"model.rotary_percent=0.5", NULL};
+        check_ops("models/tiny-llama.yaml", r32);
+        check_ops("models/tiny-llama.yaml", r16);
     }
     return t_summary(emu ? "test_cuda --emu" : "test_cuda");
 }
