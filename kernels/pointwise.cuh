@@ -399,8 +399,9 @@ extern "C" __global__ void __launch_bounds__(256)
  * grid (s, ceil(b G / 8)), block 128, smem 8 * ROT bytes (static).  Block (i, y) computes the
  * cos/sin of sequence row i's position (fp64 angle, as the CPU) once, then moves groups
  * [8y, 8y + 8) of the b G groups of row i: one thread a rotation pair (f, f + ROT/2) of a
- * query or key head, or a column past ROT, or a column of v -- or eight of them, with 16-byte
- * accesses, when ROT/2 and D - ROT are multiples of 8 and the pointers 16-byte aligned.
+ * query or key head, or a column past ROT, or a column of v -- or, in 16-bit storage, eight
+ * of them with 16-byte accesses, when ROT/2 and D - ROT are multiples of 8 and the pointers
+ * 16-byte aligned.
  * Positions: mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp)). */
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
@@ -422,9 +423,11 @@ extern "C" __global__ void __launch_bounds__(128)
     __syncthreads();
     i64 g0 = (i64)blockIdx.y * 8, ng = bG - g0 < 8 ? bG - g0 : 8;
     /* 8 pairs (or 8 columns) a thread, 16-byte accesses, when the halves and the rest of a
-     * head are multiples of 8 and every pointer 16-byte aligned (a uniform test) */
-    if (MGC_QR_HALF % 8 == 0 && (MGC_D - MGC_ROT) % 8 == 0 && mgc_al16(qkv) && mgc_al16(q) &&
-        mgc_al16(k) && mgc_al16(v)) {
+     * head are multiples of 8 and every pointer 16-byte aligned (a uniform test); 16-bit
+     * storage only (fp32 plans keep the element path: its vector form spilled 8 bytes of
+     * qkv_rope_bwd on sm_80) */
+    if (MGC_HALF && MGC_QR_HALF % 8 == 0 && (MGC_D - MGC_ROT) % 8 == 0 && mgc_al16(qkv) &&
+        mgc_al16(q) && mgc_al16(k) && mgc_al16(v)) {
         const int U8 = MGC_QR_HALF / 8 + (MGC_D - MGC_ROT) / 8, GU8 = (MGC_PER + 1) * U8 + MGC_D / 8;
         for (int t = threadIdx.x; t < ng * GU8; t += blockDim.x) {
             int gr = t / GU8, u = t - gr * GU8;
