@@ -23,6 +23,18 @@ static int32_t *count_uses(const mgc_plan_chunk *ch, const mgc_plan_op *ops, int
     return uses;
 }
 
+/* Remove the ops flagged in gone_f (forward) and gone_b (backward), keeping the order. */
+static void drop_ops(mgc_plan_chunk *ch, const uint8_t *gone_f, const uint8_t *gone_b) {
+    int64_t j = 0;
+    for (int64_t i = 0; i < ch->n_fwd; i++)
+        if (!gone_f[i]) ch->fwd[j++] = ch->fwd[i];
+    ch->n_fwd = j;
+    j = 0;
+    for (int64_t i = 0; i < ch->n_bwd; i++)
+        if (!gone_b[i]) ch->bwd[j++] = ch->bwd[i];
+    ch->n_bwd = j;
+}
+
 /* norm_bwd (x, w, dy) -> (dx1, dw [, db]) followed by add_bwd (a, b) -> (dx)
  * with dx1 one of a, b and read by nothing else: norm_bwd (x, w, dy, g) ->
  * (dx, dw [, db]) where g is the other addend. */
@@ -305,16 +317,7 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         fused++;
         i++; /* the attention */
     }
-    if (fused) {
-        int64_t j = 0;
-        for (int64_t i = 0; i < ch->n_fwd; i++)
-            if (!gone_f[i]) ch->fwd[j++] = ch->fwd[i];
-        ch->n_fwd = j;
-        j = 0;
-        for (int64_t i = 0; i < ch->n_bwd; i++)
-            if (!gone_b[i]) ch->bwd[j++] = ch->bwd[i];
-        ch->n_bwd = j;
-    }
+    if (fused) drop_ops(ch, gone_f, gone_b);
     free(gone_f), free(gone_b), free(uses), free(ub);
     return fused;
 }
@@ -465,16 +468,7 @@ static int64_t fuse_qkv_rope(mgc_plan_chunk *ch) {
         gone_b[rq] = gone_b[rk] = 1;
         fused++;
     }
-    if (fused) {
-        int64_t j = 0;
-        for (int64_t i = 0; i < ch->n_fwd; i++)
-            if (!gone_f[i]) ch->fwd[j++] = ch->fwd[i];
-        ch->n_fwd = j;
-        j = 0;
-        for (int64_t i = 0; i < ch->n_bwd; i++)
-            if (!gone_b[i]) ch->bwd[j++] = ch->bwd[i];
-        ch->n_bwd = j;
-    }
+    if (fused) drop_ops(ch, gone_f, gone_b);
     free(gone_f), free(gone_b);
     return fused;
 }

@@ -392,6 +392,28 @@ extern "C" __global__ void __launch_bounds__(256)
 #define MGC_QR_HALF (MGC_ROT / 2)
 #define MGC_QR_UNIT (MGC_QR_HALF + (MGC_D - MGC_ROT))           /* items of a rotated head row */
 #define MGC_QR_GU   ((MGC_PER + 1) * MGC_QR_UNIT + MGC_D)       /* items of a group */
+/* Head h (< PER: a query head, PER: the key) of group rg (r G + g over all rows): x the rows
+ * read, y the rows written -- the fused row's head, then q's or k's (the join: reversed). */
+__device__ __forceinline__ void mgc_qr_head(mgc_t *qkv, mgc_t *q, mgc_t *k, i64 rg, int h,
+                                            const mgc_t *&x, mgc_t *&y) {
+    mgc_t *f = qkv + rg * (i64)((MGC_PER + 2) * MGC_D) + h * MGC_D;
+    mgc_t *o = h < MGC_PER ? q + (rg * MGC_PER + h) * (i64)MGC_D : k + rg * (i64)MGC_D;
+#if defined(MGC_ENTRY_qkv_rope_fwd)
+    x = f, y = o;
+#else
+    x = o, y = f;
+#endif
+}
+/* Group rg's value head: x read, y written (as mgc_qr_head). */
+__device__ __forceinline__ void mgc_qr_value(mgc_t *qkv, mgc_t *v, i64 rg, const mgc_t *&x,
+                                             mgc_t *&y) {
+    mgc_t *f = qkv + rg * (i64)((MGC_PER + 2) * MGC_D) + (MGC_PER + 1) * MGC_D, *o = v + rg * MGC_D;
+#if defined(MGC_ENTRY_qkv_rope_fwd)
+    x = f, y = o;
+#else
+    x = o, y = f;
+#endif
+}
 /* The split (join) and the rope of q and k in one pass: qkv_split then rope (q), rope (k) in
  * the forward; rope_bwd (dq'), rope_bwd (dk') then qkv_split_bwd in the backward, with the
  * arithmetic of the `rope` kernel below (so the bits of the ops it replaces).  A row of qkv
@@ -432,18 +454,11 @@ extern "C" __global__ void __launch_bounds__(128)
         for (int t = threadIdx.x; t < ng * GU8; t += blockDim.x) {
             int gr = t / GU8, u = t - gr * GU8;
             i64 rg = i * bG + g0 + gr;
-            mgc_t *f = qkv + rg * (i64)((MGC_PER + 2) * MGC_D);
+            const mgc_t *x;
+            mgc_t *y;
             if (u < (MGC_PER + 1) * U8) {
                 int h = u / U8, w = 8 * (u - h * U8);
-                mgc_t *o = h < MGC_PER ? q + (rg * MGC_PER + h) * (i64)MGC_D : k + rg * (i64)MGC_D;
-                f += h * MGC_D;
-#if defined(MGC_ENTRY_qkv_rope_fwd)
-                const mgc_t *x = f;
-                mgc_t *y = o;
-#else
-                const mgc_t *x = o;
-                mgc_t *y = f;
-#endif
+                mgc_qr_head(qkv, q, k, rg, h, x, y);
                 if (w < MGC_QR_HALF) {
                     float x0[8], x1[8], y0[8], y1[8];
                     mgc_ld8(x + w, x0);
@@ -462,11 +477,8 @@ extern "C" __global__ void __launch_bounds__(128)
                 }
             } else {
                 int w = 8 * (u - (MGC_PER + 1) * U8);
-#if defined(MGC_ENTRY_qkv_rope_fwd)
-                mgc_straw8(v + rg * MGC_D + w, mgc_ldraw8(f + (MGC_PER + 1) * MGC_D + w));
-#else
-                mgc_straw8(f + (MGC_PER + 1) * MGC_D + w, mgc_ldraw8(v + rg * MGC_D + w));
-#endif
+                mgc_qr_value(qkv, v, rg, x, y);
+                mgc_straw8(y + w, mgc_ldraw8(x + w));
             }
         }
         return;
@@ -474,18 +486,11 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int t = threadIdx.x; t < ng * MGC_QR_GU; t += blockDim.x) {
         int gr = t / MGC_QR_GU, u = t - gr * MGC_QR_GU;
         i64 rg = i * bG + g0 + gr; /* the group's index over all rows: r G + g */
-        mgc_t *f = qkv + rg * (i64)((MGC_PER + 2) * MGC_D);
+        const mgc_t *x;
+        mgc_t *y;
         if (u < (MGC_PER + 1) * MGC_QR_UNIT) {
             int h = u / MGC_QR_UNIT, w = u - h * MGC_QR_UNIT;
-            mgc_t *o = h < MGC_PER ? q + (rg * MGC_PER + h) * (i64)MGC_D : k + rg * (i64)MGC_D;
-            f += h * MGC_D;
-#if defined(MGC_ENTRY_qkv_rope_fwd)
-            const mgc_t *x = f;
-            mgc_t *y = o;
-#else
-            const mgc_t *x = o;
-            mgc_t *y = f;
-#endif
+            mgc_qr_head(qkv, q, k, rg, h, x, y);
             if (w < MGC_QR_HALF) {
                 float x0 = mgc_ld(x[w]), x1 = mgc_ld(x[w + MGC_QR_HALF]);
                 float c = cs[w], s = sn[w];
@@ -497,11 +502,8 @@ extern "C" __global__ void __launch_bounds__(128)
             }
         } else {
             int w = u - (MGC_PER + 1) * MGC_QR_UNIT;
-#if defined(MGC_ENTRY_qkv_rope_fwd)
-            v[rg * MGC_D + w] = f[(MGC_PER + 1) * MGC_D + w];
-#else
-            f[(MGC_PER + 1) * MGC_D + w] = v[rg * MGC_D + w];
-#endif
+            mgc_qr_value(qkv, v, rg, x, y);
+            y[w] = x[w];
         }
     }
 }

@@ -1245,16 +1245,23 @@ static void test_malformed(void) {
  * scheduled by compiler/partition.c and compiler/schedule.c as mgc compile
  * does, then planned: the generic checks must hold on every pipeline rank. */
 
-static void run_real(const char *file, const char *const *sets, int nsets) {
+/* The config of a file under the source tree with `sets` applied, finalized; problems in d. */
+static mgc_config *real_config(const char *file, const char *const *sets, int nsets,
+                               mgc_diags *d) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", MGC_SOURCE_DIR, file);
+    mgc_config *c = mgc_config_new();
+    mgc_config_load_file(c, path, d);
+    for (int i = 0; i < nsets; i++)
+        mgc_config_set(c, sets[i], "test", d);
+    mgc_config_finalize(c, d);
+    return c;
+}
+
+static void run_real(const char *file, const char *const *sets, int nsets) {
     mgc_diags d;
     mgc_diags_init(&d);
-    mgc_config *c = mgc_config_new();
-    mgc_config_load_file(c, path, &d);
-    for (int i = 0; i < nsets; i++)
-        mgc_config_set(c, sets[i], "test", &d);
-    mgc_config_finalize(c, &d);
+    mgc_config *c = real_config(file, sets, nsets, &d);
     mgc_graph *g = d.errors ? NULL : mgc_ir_build(c, &d);
     mgc_plan *p = mgc_plan_new();
     mgc_schedule *sched = NULL;
@@ -1350,15 +1357,9 @@ static void test_real_programs(void) {
 /* ---- in-place outputs (mgc_memplan_inplace) ---- */
 
 static mgc_plan *compile_real(const char *file, const char *const *sets, int nsets, int inplace) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", MGC_SOURCE_DIR, file);
     mgc_diags d;
     mgc_diags_init(&d);
-    mgc_config *c = mgc_config_new();
-    mgc_config_load_file(c, path, &d);
-    for (int i = 0; i < nsets; i++)
-        mgc_config_set(c, sets[i], "test", &d);
-    mgc_config_finalize(c, &d);
+    mgc_config *c = real_config(file, sets, nsets, &d);
     mgc_graph *g = d.errors ? NULL : mgc_ir_build(c, &d);
     if (!inplace) setenv("MGC_INPLACE", "0", 1);
     mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
