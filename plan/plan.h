@@ -33,7 +33,8 @@ extern "C" {
 #endif
 
 #define MGC_PLAN_VERSION 3u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
-                              ops (MGC_POF_INPLACE); docs/plan-format.md */
+                              ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
+                              docs/plan-format.md */
 
 typedef enum mgc_plan_status {
     MGC_PLAN_OK = 0,
@@ -221,16 +222,16 @@ typedef enum mgc_plan_op_kind {
 #define MGC_POF_SAVED 2u     /* its outputs are stashed for the backward */
 #define MGC_POF_QKV 4u       /* attention, attention_bwd: q, k and v are read in place from the
                                 fused projection (compiler/fusion.c; mgc_plan_attn_geom) */
-#define MGC_POF_ROPE 16u     /* qkv_split: q and k leave rotated (rotary embedding fused,
-                                compiler/fusion.c); qkv_split_bwd: their gradients are rotated
-                                back as they join.  iattr[3] the rotary dim (even, <= head dim),
-                                fattr[0] the base (theta), fattr[1] the context-parallel degree
-                                of the positions, as the rope ops' iattr[0], fattr[0], iattr[1] */
 #define MGC_POF_INPLACE 8u   /* out[0] occupies in[0]'s bytes (the memory plan's in-place outputs,
                                 compiler/memplan.c mgc_memplan_inplace): cross_entropy_bwd writes
                                 the logits' gradient over the fp32 logits, each row over its own
                                 row, so a 16-bit gradient has a row pitch (ld) of twice its
                                 width.  in[0] is read by no later op */
+#define MGC_POF_ROPE 16u     /* qkv_split: q and k leave rotated (rotary embedding fused,
+                                compiler/fusion.c); qkv_split_bwd: their gradients are rotated
+                                back as they join.  iattr[3] the rotary dim (even, <= head dim),
+                                fattr[0] the base (theta), fattr[1] the context-parallel degree
+                                of the positions, as the rope ops' iattr[0], fattr[0], iattr[1] */
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
