@@ -173,6 +173,7 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         case 0: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_max", 0); return 1;
         case 1: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_sums", 0); return 1;
         case 2: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_finish", 0); return 1;
+        case 4: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_count", 0); return 1;
         default:
             mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_rowstats", 0);
             mgc_kspec_init(&out[1], "cross_entropy.cuh", "ce_finish", 0);

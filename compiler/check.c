@@ -15,6 +15,7 @@
  * check_int.h holds the context both files share and the conventions every
  * rule follows. */
 #include "check_int.h"
+#include "losschunk.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -739,6 +740,10 @@ static void check_moe(mgc_check_ctx *k) {
 
 /* ---- run settings ------------------------------------------------------- */
 
+static int loss_chunks_fit(const mgc_check_ctx *k, int64_t v) {
+    return mgc_loss_chunks_fit(k->c, v);
+}
+
 static void check_training(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     const mgc_training_cfg *t = &c->training;
@@ -755,6 +760,18 @@ static void check_training(mgc_check_ctx *k) {
                     "is %s)",
                     mgc_keys[fp16_keys[i]].path, mgc_enum_precision[t->precision]);
 
+    if (t->loss_chunks > 1 && c->parallel.context >= 1 &&
+        c->model.seq_length % c->parallel.context == 0 && !mgc_loss_chunks_fit(c, t->loss_chunks)) {
+        int64_t s_c = c->model.seq_length / c->parallel.context;
+        char cand[160];
+        mgc_check_candidates(k, loss_chunks_fit, 1, s_c, t->loss_chunks, 6, cand, sizeof cand);
+        snprintf(hint, sizeof hint, "set training.loss_chunks to one of %s, or 0 (auto)", cand);
+        mgc_check_error(k, mgc_check_at(k, KEY(TRAIN_LOSS_CHUNKS)), hint,
+                        "%s does not split the loss rank's %" PRId64 " sequence positions x "
+                        "micro batch %" PRId64 " into equal chunks of a multiple of %d rows",
+                        mgc_check_kv(a, k, KEY(TRAIN_LOSS_CHUNKS), t->loss_chunks), s_c,
+                        t->micro_batch_size, MGC_LOSS_CHUNK_ROWS);
+    }
     if (!mgc_check_given(k, KEY(OPT_DECAY_ITERS))) o->decay_iterations = t->iterations;
     if (o->min_lr > o->lr) {
         snprintf(hint, sizeof hint, "set optimizer.min_lr at most %g (commonly lr / 10)", o->lr);

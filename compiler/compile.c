@@ -2,10 +2,12 @@
 #include "compile.h"
 
 #include "fusion.h"
+#include "losschunk.h"
 #include "memplan.h"
 #include "partition.h"
 #include "schedule.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,7 +113,7 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
     p->distributed_optimizer = c->parallel.distributed_optimizer;
     if (mgc_compile_config_kv(c, p)) goto oom;
 
-    const int64_t pp = p->grid.pp;
+    const int64_t pp = p->grid.pp, loss_chunks = mgc_loss_chunks(c);
     p->n_stages = pp;
     p->stages = calloc((size_t)pp, sizeof *p->stages);
     buckets = calloc((size_t)pp, sizeof *buckets);
@@ -125,6 +127,16 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
         sp->chunks = calloc((size_t)sp->n_chunks, sizeof *sp->chunks);
         if (!sp->chunks) goto oom;
         if (mgc_partition_build(c, g, &p->grid, r, p, sp->chunks, d) || d->errors != before) goto fail;
+        /* the head in row chunks (losschunk.h), before the fusions see the programs */
+        for (int64_t k = 0; k < sp->n_chunks && loss_chunks > 1; k++)
+            if (sp->chunks[k].loss && mgc_loss_chunk(p, &sp->chunks[k], loss_chunks)) {
+                mgc_diag(d, MGC_SEV_ERROR, c->loc[MGC_KEY_TRAIN_LOSS_CHUNKS],
+                         "set training.loss_chunks: 1, and please report it with the config",
+                         "cannot split the output layer and cross-entropy into %" PRId64
+                         " row chunks (out of memory, or a head this mgc does not recognise)",
+                         loss_chunks);
+                goto fail;
+            }
         /* fusions (fusion.h): before the memory plan, which sees the fused programs;
          * MGC_FUSION=0 in the environment turns them off (debugging, tests) */
         const char *fz = getenv("MGC_FUSION");

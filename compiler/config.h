@@ -219,6 +219,8 @@ typedef struct mgc_blend {
     X(TRAIN_RECOMPUTE, "training.recompute", ENUM, training.recompute, MGC_RECOMPUTE_NONE, 0, 0,             \
       mgc_enum_recompute, 0, NULL,                                                                           \
       "Activation recompute: selective (attention core) or full (each layer from its input).")              \
+    X(TRAIN_LOSS_CHUNKS, "training.loss_chunks", INT, training.loss_chunks, 0, 0, 1048576, NULL, 0, NULL,   \
+      "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's fp32 logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 256 MiB of logits, 1: none.") \
     X(TRAIN_ITERS, "training.iterations", INT, training.iterations, 1000, 1, 1125899906842624.0, NULL, 0,    \
       NULL, "Optimizer steps to train.")                                                                     \
     X(TRAIN_SEED, "training.seed", INT, training.seed, 1234, 0, MGC_I64_MAX_EXACT, NULL, 0, NULL,            \
@@ -367,6 +369,7 @@ typedef struct mgc_training_cfg {
     int64_t grad_accum;              /* m, microbatches per step per DP rank */
     int precision;                   /* mgc_precision */
     int recompute;                   /* mgc_recompute */
+    int64_t loss_chunks;             /* row chunks of the head (compiler/losschunk.c); 0 auto */
     int64_t iterations;
     int64_t seed;
     double initial_loss_scale;

@@ -32,7 +32,9 @@ enum { CAT_NONE = 0, CAT_WEIGHT, CAT_GRAD, CAT_ACT, CAT_INPUT, CAT_STASH };
 
 typedef struct tplace {
     uint8_t cat;   /* CAT_* */
-    int32_t over;  /* 1 + the tensor whose bytes it takes (an MGC_POF_INPLACE output); 0 none */
+    int32_t over;  /* 1 + the tensor whose bytes it takes (an MGC_POF_INPLACE output, or a row
+                      view, plan.h tensor.view); 0 none */
+    uint64_t delta; /* a view: its bytes' start inside that tensor's */
     uint64_t off;  /* offset inside the buffer of that category */
 } tplace;
 
@@ -226,6 +228,18 @@ static void touch(use *u, int pass, int32_t op, int read) {
     u->last_write[pass] = (uint8_t)!read;
 }
 
+/* The uses of `from` become `into`'s (a tensor whose bytes `from` takes); `from` has none. */
+static void merge_uses(use *into, use *from) {
+    for (int q = 0; q < 2; q++) {
+        if (from->first[q] < 0) continue;
+        if (into->first[q] < 0 || from->first[q] < into->first[q])
+            into->first[q] = from->first[q], into->first_read[q] = from->first_read[q];
+        if (from->last[q] > into->last[q] || into->last[q] < 0)
+            into->last[q] = from->last[q], into->last_write[q] = from->last_write[q];
+        from->first[q] = from->last[q] = -1;
+    }
+}
+
 static int is_grouped(uint16_t kind) {
     return kind == MGC_POP_GROUPED_LINEAR || kind == MGC_POP_GROUPED_LINEAR_DGRAD ||
            kind == MGC_POP_GROUPED_LINEAR_WGRAD;
@@ -263,6 +277,21 @@ static int chunk_uses(builder *b, int64_t c) {
             }
         }
     }
+    /* row views (plan.h tensor.view): the viewed tensor's request covers the view's uses;
+     * the view takes its place plus the view's byte offset into it, which the view's offset
+     * holds relative to the tensor's (before this plan: the tensor's is 0) */
+    for (int64_t t = 0; t < ch->n_tensors; t++) {
+        const mgc_plan_tensor *v = &ch->tensors[t];
+        if (!v->view) continue;
+        int64_t w = (int64_t)v->view - 1;
+        if (w < 0 || w >= ch->n_tensors || w == t || ch->tensors[w].view ||
+            v->offset < ch->tensors[w].offset)
+            return fail(b, BUG_HINT, "chunk %" PRId64 " tensor %" PRId64 " is a view of %" PRId64
+                        " that is not a tensor of its own", c, t, w);
+        merge_uses(&u[w], &u[t]);
+        b->place[c][t].over = (int32_t)w + 1;
+        b->place[c][t].delta = v->offset - ch->tensors[w].offset;
+    }
     /* in-place outputs: the input's request covers both tensors' uses; the output has none
      * of its own and takes the input's place at the end (mgc_memplan_build_cached) */
     for (int pass = 0; pass < 2; pass++) {
@@ -278,15 +307,7 @@ static int chunk_uses(builder *b, int64_t c) {
                             "chunk %" PRId64 " %s op %" PRId64
                             " writes in place over a tensor that a later op touches",
                             c, pass ? "backward" : "forward", i);
-            for (int q = 0; q < 2; q++) {
-                use *ux = &u[x], *uy = &u[y];
-                if (uy->first[q] < 0) continue;
-                if (ux->first[q] < 0 || uy->first[q] < ux->first[q])
-                    ux->first[q] = uy->first[q], ux->first_read[q] = uy->first_read[q];
-                if (uy->last[q] > ux->last[q] || ux->last[q] < 0)
-                    ux->last[q] = uy->last[q], ux->last_write[q] = uy->last_write[q];
-                uy->first[q] = uy->last[q] = -1;
-            }
+            merge_uses(&u[x], &u[y]);
             b->place[c][y].over = x + 1;
         }
     }
@@ -666,7 +687,7 @@ static uint64_t layout_inputs(builder *b, uint8_t *uses_fwd, uint8_t *uses_bwd) 
         uses_fwd[c] = uses_bwd[c] = 0;
         for (int64_t t = 0; t < ch->n_tensors; t++) {
             const mgc_plan_tensor *x = &ch->tensors[t];
-            if (x->role != MGC_TR_INPUT) continue;
+            if (x->role != MGC_TR_INPUT || x->view) continue; /* a view: its tensor's slot */
             int stashed = b->place[c][t].cat == CAT_STASH;
             uses_fwd[c] = 1;
             if (!stashed && b->uses[c][t].first[1] >= 0) uses_bwd[c] = 1;
@@ -1150,14 +1171,15 @@ int mgc_memplan_build_cached(const mgc_config *c, const mgc_grid *grid, mgc_plan
         }
     }
 
-    /* in-place outputs take their input's place (stashed or packed) */
+    /* in-place outputs take their input's place, views theirs plus the view's offset
+     * (stashed or packed) */
     for (int64_t ch = 0; ch < b->V; ch++) {
         mgc_plan_chunk *chk = &sp->chunks[ch];
         for (int64_t t = 0; t < chk->n_tensors; t++)
             if (b->place[ch][t].over) {
                 const mgc_plan_tensor *x = &chk->tensors[b->place[ch][t].over - 1];
                 chk->tensors[t].buffer = x->buffer;
-                chk->tensors[t].offset = x->offset;
+                chk->tensors[t].offset = x->offset + b->place[ch][t].delta;
             }
     }
 

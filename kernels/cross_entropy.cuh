@@ -11,6 +11,8 @@
  *   ce_sums      1: out (n, 2) = (sum exp(l - mx), logit of the label if in the shard else 0)
  *   ce_finish    2: lse = mx + log(sum exp), loss[0] = sum mask (lse - tgt), loss[1] = sum mask
  *   ce_rowstats  3 (fused, tp = 1): mx and (n, 2) sums of every row, then ce_finish
+ *   ce_count     4: loss = (0, sum mask), the scale of the loss chunks' backward
+ *                (compiler/losschunk.h)
  *   ce_bwd       dlogits = (softmax - onehot) * mask * dloss / loss[1], in place over the
  *                logits when the plan says so (plan.h MGC_POF_INPLACE) */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
@@ -125,6 +127,23 @@ extern "C" __global__ void __launch_bounds__(1024)
     cnt = mgc_block_sum(cnt, sh);
     if (threadIdx.x == 0) {
         loss[0] = tot;
+        loss[1] = cnt;
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_ce_count)
+/* grid 1, block 1024, smem 0 (static 128 B): the mask summed in ce_finish's order, so the
+ * count is the one ce_finish writes.  mask is not NULL. */
+extern "C" __global__ void __launch_bounds__(1024)
+    MGC_ENTRY_NAME(float *__restrict__ loss, const float *__restrict__ mask, i64 n) {
+    __shared__ float sh[32];
+    float cnt = 0.0f;
+    for (i64 r = threadIdx.x; r < n; r += blockDim.x)
+        cnt += mask[r];
+    cnt = mgc_block_sum(cnt, sh);
+    if (threadIdx.x == 0) {
+        loss[0] = 0.0f;
         loss[1] = cnt;
     }
 }

@@ -32,9 +32,9 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 3u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+#define MGC_PLAN_VERSION 4u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
-                              docs/plan-format.md */
+                              4: row views (tensor view); docs/plan-format.md */
 
 typedef enum mgc_plan_status {
     MGC_PLAN_OK = 0,
@@ -152,6 +152,11 @@ typedef struct mgc_plan_tensor {
                              that is narrower than its input has one (mgc_plan_validate) */
     uint64_t offset;      /* byte offset inside that buffer */
     uint64_t bytes;       /* local bytes: rows x (ld or the innermost dim) x dtype size */
+    uint32_t view;        /* 1 + the tensor whose bytes this one is a part of: a range of its
+                             outermost dim (the loss chunks, compiler/losschunk.c), at the same
+                             buffer, offset - that tensor's offset bytes in; 0 none.  Same dtype,
+                             role and inner dims; never a view of a view (mgc_plan_validate) */
+    uint32_t pad2_;
 } mgc_plan_tensor;
 
 /* Elements from one row of t to the next: t->ld, or the innermost dim when dense (1 for a

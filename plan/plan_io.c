@@ -131,7 +131,7 @@ static const struct {
     [S_GRID] = {"GRID", 144}, [S_CONF] = {"CONF", 32}, [S_STRS] = {"STRS", 1},
     [S_STAG] = {"STAG", 128}, [S_INST] = {"INST", 24}, [S_BUFS] = {"BUFS", 48},
     [S_BCKT] = {"BCKT", 72},
-    [S_CHNK] = {"CHNK", 32},  [S_TENS] = {"TENS", 72}, [S_FWDO] = {"FWDO", 144},
+    [S_CHNK] = {"CHNK", 32},  [S_TENS] = {"TENS", 80}, [S_FWDO] = {"FWDO", 144},
     [S_BWDO] = {"BWDO", 144},
 };
 
@@ -359,6 +359,8 @@ static void put_tensor(uint8_t *r, const mgc_plan_tensor *t) {
     st32(r + 52, t->ld);
     st64(r + 56, t->offset);
     st64(r + 64, t->bytes);
+    st32(r + 72, t->view);
+    /* 76: u32 reserved */
 }
 static void get_tensor(const uint8_t *r, mgc_plan_tensor *t) {
     t->name = ld32(r + 0);
@@ -373,6 +375,7 @@ static void get_tensor(const uint8_t *r, mgc_plan_tensor *t) {
     t->ld = ld32(r + 52);
     t->offset = ld64(r + 56);
     t->bytes = ld64(r + 64);
+    t->view = ld32(r + 72);
 }
 _Static_assert(MGC_PLAN_MAX_RANK == 4, "TENS record holds 4 dims");
 
@@ -519,6 +522,23 @@ static mgc_plan_status check_tensor(const mgc_plan *p, const mgc_stage_program *
             INVALID("%s: [%" PRIu64 ", +%" PRIu64 ") outside its buffer %" PRId32 " of %" PRIu64
                     " bytes",
                     WH, t->offset, t->bytes, t->buffer, b->bytes);
+    }
+    if (t->view) { /* a range of whole outer rows of another tensor, in its bytes */
+        if ((int64_t)t->view > c->n_tensors || &c->tensors[t->view - 1] == t)
+            INVALID("%s: a view of tensor %" PRIu32 ", outside 0..%" PRId64 " or itself", WH,
+                    t->view - 1, c->n_tensors - 1);
+        const mgc_plan_tensor *x = &c->tensors[t->view - 1];
+        int ok = !x->view && x->dtype == t->dtype && x->role == t->role && x->rank == t->rank &&
+                 t->rank >= 1 && !x->ld && !t->ld && x->buffer == t->buffer && t->buffer != -1 &&
+                 t->offset >= x->offset && t->bytes <= x->bytes &&
+                 t->offset - x->offset <= x->bytes - t->bytes;
+        for (int i = 1; ok && i < t->rank; i++)
+            ok = x->dim[i] == t->dim[i];
+        if (ok && t->bytes) ok = (t->offset - x->offset) % (t->bytes / (uint64_t)t->dim[0]) == 0;
+        if (!ok)
+            INVALID("%s: a view of tensor %" PRIu32 " that is not a range of its outer rows (the "
+                    "same dtype, role, inner dims and buffer, inside its bytes, itself no view)",
+                    WH, t->view - 1);
     }
     return MGC_PLAN_OK;
 }

@@ -424,6 +424,15 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
                               CF(c->in[2]), n);
         return 0;
     }
+    case 4: { /* in: mask; out: (0, sum of the mask), the count the loss chunks' backward
+               * scales by (compiler/losschunk.h), summed as ce_finish sums it */
+        const float *m = CF(c->in[0]);
+        float cnt = 0.0f, *o = F(c->out[0]);
+        for (int64_t i = 0, n = (int64_t)numel(tin(c, 0)); i < n; i++)
+            cnt += m[i];
+        o[0] = 0.0f, o[1] = cnt;
+        return 0;
+    }
     default: { /* 3 fused; in: logits, labels, mask; out: lse, loss[2] */
         const mgc_plan_tensor *lab = tin(c, 1);
         int64_t n = (int64_t)numel(lab);

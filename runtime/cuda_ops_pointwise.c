@@ -484,6 +484,15 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
         void *args[] = {&lse, &loss, &mx, &sums, &mk, &n};
         return mgc_cuda_launch(be, &k[0], 1, 1, 1, 1024, 0, args);
     }
+    case 4: { /* in: mask; out: (0, sum of the mask) (compiler/losschunk.h) */
+        int64_t n = numel(tin(c, 0));
+        CHECK(want(be, c, tin(c, 0), F32, "the loss mask"));
+        CHECK(want(be, c, tout(c, 0), F32, "the count"));
+        CHECK(get_specs(be, c, k, 1));
+        void *loss = c->out[0], *mk = c->in[0];
+        void *args[] = {&loss, &mk, &n};
+        return mgc_cuda_launch(be, &k[0], 1, 1, 1, 1024, 0, args);
+    }
     default: { /* 3 fused (tp = 1); in: logits, labels, mask; out: lse, loss[2] */
         int64_t n = numel(tin(c, 1)), z = 0;
         CHECK(want(be, c, tin(c, 0), F32, "the logits"));

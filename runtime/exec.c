@@ -46,7 +46,9 @@ typedef struct chunk_rt {
     int32_t *stash;            /* (mb) buffer index of the stash of (mb, this chunk) */
     int32_t *comm[4];          /* (mb) send_act, recv_act, send_grad, recv_grad staging */
     int32_t in_act, in_grad, out_act, out_grad; /* boundary tensors, -1 when none */
-    int32_t loss, aux, z;      /* forward tensors read after the pass (-1 none) */
+    int32_t loss, aux, z;      /* tensors read after the pass (-1 none) */
+    int loss_pass;             /* the pass that writes the loss: 0 forward, 1 backward (the
+                                  loss chunks, compiler/losschunk.h) */
     int32_t *aux_all;          /* aux-loss and z-loss tensors (several MoE layers) */
     int n_aux_all;
 } chunk_rt;
@@ -624,16 +626,19 @@ static int setup_buffers(mgc_exec *x) {
         if (ch->n_tensors < next + (ch->loss || (ch->n_fwd == 0 && ch->n_tensors == 2) ? 0 : 2))
             return xfail(x, "stage %" PRId64 " chunk %" PRId64 ": too few tensors for its boundary",
                          sp->pp_rank, c);
-        /* the loss: the cross-entropy root's second output, or its CP all-reduce */
+        /* the loss: the (sum, count) pair of role loss some op writes (the cross-entropy's
+         * root, its CP all-reduce, or the loss chunks' last sum in the backward) */
         r->aux_all = calloc((size_t)(ch->n_fwd + 1), sizeof *r->aux_all);
         if (!r->aux_all) return xfail(x, "out of memory");
-        for (int64_t i = 0; i < ch->n_fwd; i++) {
-            const mgc_plan_op *op = &ch->fwd[i];
-            if (op->kind == MGC_POP_CROSS_ENTROPY && op->n_out == 2 &&
-                (op->iattr[0] == 2 || op->iattr[0] == 3))
-                r->loss = op->out[1];
-            if (op->kind == MGC_POP_ALL_REDUCE && r->loss >= 0 && op->in[0] == r->loss)
-                r->loss = op->out[0];
+        for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd; i++) {
+            const mgc_plan_op *op = i < ch->n_fwd ? &ch->fwd[i] : &ch->bwd[i - ch->n_fwd];
+            for (int k = 0; k < op->n_out; k++) {
+                const mgc_plan_tensor *t = &ch->tensors[op->out[k]];
+                if (t->role == MGC_TR_LOSS && t->dtype == MGC_DT_F32 && t->rank == 1 &&
+                    t->dim[0] == 2)
+                    r->loss = op->out[k], r->loss_pass = i >= ch->n_fwd;
+            }
+            if (i >= ch->n_fwd) continue;
             if (op->kind == MGC_POP_MOE_ROUTE)
                 for (int k = 0; k < op->n_out; k++) {
                     const mgc_plan_tensor *t = &ch->tensors[op->out[k]];
@@ -647,7 +652,7 @@ static int setup_buffers(mgc_exec *x) {
         const mgc_plan_chunk *ch = &sp->chunks[c];
         for (int64_t t = 0; t < ch->n_tensors; t++) {
             const mgc_plan_tensor *T = &ch->tensors[t];
-            if (T->role != MGC_TR_INPUT) continue;
+            if (T->role != MGC_TR_INPUT || T->view) continue; /* a view: its tensor's slot */
             if (T->buffer == MGC_PLAN_BUF_STASH)
                 return xfail(x, "stage %" PRId64 ": input '%s' is stashed; this runtime reads "
                                 "inputs from their INPUT slot only (recompile with this mgc)",
@@ -1393,6 +1398,16 @@ static int copy_tensor(mgc_exec *x, int c, int32_t t, int32_t mb, int32_t stagin
     return rc ? be_fail(x, "boundary copy") : 0;
 }
 
+/* Adds microbatch mb's loss (the mean over its masked tokens) to the step's, on the ranks
+ * that report it. */
+static int read_loss(mgc_exec *x, int c, int32_t mb) {
+    float v[2];
+    if (x->be->iface->download(x->be, v, taddr(x, c, x->chunks[c].loss, mb), sizeof v))
+        return be_fail(x, "reading the loss");
+    if (x->co.tp == 0 && x->co.cp == 0) x->loss_sum += v[1] > 0 ? v[0] / v[1] : 0.0;
+    return 0;
+}
+
 static int forward(mgc_exec *x, int c, int32_t mb) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     chunk_rt *r = &x->chunks[c];
@@ -1400,11 +1415,7 @@ static int forward(mgc_exec *x, int c, int32_t mb) {
     if (run_ops(x, c, 0, ch->fwd, ch->n_fwd, mb)) return -1;
     if (r->out_act >= 0 && copy_tensor(x, c, r->out_act, mb, r->comm[0][mb], 0)) return -1;
     float v[2];
-    if (r->loss >= 0) {
-        if (x->be->iface->download(x->be, v, taddr(x, c, r->loss, mb), sizeof v))
-            return be_fail(x, "reading the loss");
-        if (x->co.tp == 0 && x->co.cp == 0) x->loss_sum += v[1] > 0 ? v[0] / v[1] : 0.0;
-    }
+    if (r->loss >= 0 && r->loss_pass == 0 && read_loss(x, c, mb)) return -1;
     for (int i = 0; i < r->n_aux_all; i++) {
         int32_t t = r->aux_all[i];
         if (x->be->iface->download(x->be, v, taddr(x, c, t, mb), sizeof v[0]))
@@ -1422,6 +1433,7 @@ static int backward(mgc_exec *x, int c, int32_t mb) {
     chunk_rt *r = &x->chunks[c];
     if (r->out_grad >= 0 && copy_tensor(x, c, r->out_grad, mb, r->comm[3][mb], 1)) return -1;
     if (run_ops(x, c, 1, ch->bwd, ch->n_bwd, mb)) return -1;
+    if (r->loss >= 0 && r->loss_pass == 1 && read_loss(x, c, mb)) return -1;
     if (r->in_grad >= 0 && copy_tensor(x, c, r->in_grad, mb, r->comm[2][mb], 0)) return -1;
     return 0;
 }

@@ -803,13 +803,13 @@ static void test_hostile(void) {
     wr32(b + 8, 2); /* a version-2 plan (no row pitch: its reserved word could be garbage) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 2, this mgc-run reads 3: recompile with mgc compile");
+                  "plan format version 2, this mgc-run reads 4: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 4);
+    wr32(b + 8, 5);
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 4, this mgc-run reads 3");
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 5, this mgc-run reads 4");
     memcpy(b, orig, len);
-    wr32(b + 8, 4); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 5); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
@@ -835,9 +835,9 @@ static void test_hostile(void) {
     int64_t tens = find_section(orig, "TENS", 0, 0);
     T_CHECK(tens >= 0);
     memcpy(b, orig, len);
-    wr64(entry(b, (uint32_t)tens) + 32, UINT64_C(1) << 61); /* count x 72 wraps around */
+    wr64(entry(b, (uint32_t)tens) + 32, UINT64_C(1) << 61); /* count x 80 wraps around */
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "records of 72 bytes");
+    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "records of 80 bytes");
     memcpy(b, orig, len);
     wr64(entry(b, (uint32_t)tens) + 24, UINT64_MAX - 7); /* length past the end */
     reseal(b, len);
@@ -850,7 +850,7 @@ static void test_hostile(void) {
     wr32(entry(b, (uint32_t)tens) + 40, 8); /* records shorter than v1's */
     wr64(entry(b, (uint32_t)tens) + 32, rd64(entry(b, (uint32_t)tens) + 24) / 8);
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "this reader needs 72");
+    expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "this reader needs 80");
     memcpy(b, orig, len);
     wr64(entry(b, (uint32_t)tens) + 16, rd64(entry(b, (uint32_t)tens) + 16) + 8); /* a hole */
     reseal(b, len);
@@ -1112,6 +1112,7 @@ static void test_validate(void) {
         BREAK(st->instrs[last].op, MGC_I_OPTIMIZER, "1 reduce_grads instructions for 2");
         st->instrs[0].op = MGC_I_GATHER_PARAMS;
         st->instrs[0].mb = -1;
+        st->instrs[0].arg = 0; /* random until now */
         T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
         BREAK(st->instrs[0].arg, 7, "(gather_params): bucket 7 outside");
         st->instrs[0].op = MGC_I_FORWARD;
@@ -1191,6 +1192,26 @@ static void test_validate(void) {
     }
     BREAK(ch->tensors[0].offset, st->buffers[0].bytes, "outside its buffer 0");
     BREAK(ch->tensors[0].name, (uint32_t)p->strings_len, "name offset");
+    /* row views (plan.h tensor.view): tensor 1 as rows [1, 3) of a 4-row tensor 0 */
+    if (ch->n_tensors >= 3) {
+        mgc_plan_tensor t0 = ch->tensors[0], t1 = ch->tensors[1];
+        ch->tensors[0].rank = 2, ch->tensors[0].dim[0] = 4, ch->tensors[0].dim[1] = 8;
+        ch->tensors[0].bytes = 32;
+        ch->tensors[1] = ch->tensors[0];
+        ch->tensors[1].dim[0] = 2, ch->tensors[1].bytes = 16, ch->tensors[1].offset = 8;
+        ch->tensors[1].view = 1;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+        BREAK(ch->tensors[1].view, 2, "or itself");
+        BREAK(ch->tensors[1].view, (uint32_t)ch->n_tensors + 1, "outside 0..");
+        BREAK(ch->tensors[1].offset, 20, "not a range of its outer rows");  /* 12 B in */
+        BREAK(ch->tensors[1].offset, 24, "not a range of its outer rows");  /* past the end */
+        BREAK(ch->tensors[1].dim[1], 4, "not a range of its outer rows");   /* inner dims */
+        BREAK(ch->tensors[1].role, ch->tensors[0].role + 1u, "not a range");
+        BREAK(ch->tensors[0].view, 2, "not a range of its outer rows");     /* view of a view */
+        BREAK(ch->tensors[0].buffer, MGC_PLAN_BUF_STASH, "not a range"); /* other memory */
+        ch->tensors[0] = t0, ch->tensors[1] = t1;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+    }
     BREAK(ch->fwd[0].kind, 20, "op kind 20 unknown");
     BREAK(ch->fwd[0].kind, MGC_POP__END, "unknown");
     BREAK(ch->fwd[0].kind, MGC_POP_NORM_BWD, "backward op norm_bwd in a forward program");
