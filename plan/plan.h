@@ -223,7 +223,8 @@ typedef enum mgc_plan_op_kind {
 #define MGC_POP_LAST_FWD MGC_POP_LINEAR_GELU       /* forward kinds are 0 .. this */
 #define MGC_POP_LAST_BWD MGC_POP_LINEAR_DGRAD_GELU /* backward kinds are 32 .. this */
 
-#define MGC_POF_RECOMPUTE 1u /* forward op re-run before the backward (recompute) */
+#define MGC_POF_RECOMPUTE 1u /* a forward op of a backward program: re-run for recompute, or the
+                                loss chunks' head, run there only (compiler/losschunk.h) */
 #define MGC_POF_SAVED 2u     /* its outputs are stashed for the backward */
 #define MGC_POF_QKV 4u       /* attention, attention_bwd: q, k and v are read in place from the
                                 fused projection (compiler/fusion.c; mgc_plan_attn_geom) */

@@ -671,6 +671,14 @@ static int setup_buffers(mgc_exec *x) {
 /* Which tensors feed which ops: GLU weights, vocabulary weights. */
 static void mark_param_uses(mgc_exec *x, int c, uint8_t *glu, uint8_t *vocab, uint8_t *tied) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    /* the output layer's GEMM runs in the backward with loss chunks (compiler/losschunk.h) */
+    for (int64_t i = 0; i < ch->n_bwd; i++) {
+        const mgc_plan_op *op = &ch->bwd[i];
+        if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & (LIN_TIED | LIN_FP32_OUT))) {
+            vocab[op->in[1]] = 1;
+            if (op->iattr[3] & LIN_TIED) tied[op->in[1]] = 1;
+        }
+    }
     for (int64_t i = 0; i < ch->n_fwd; i++) {
         const mgc_plan_op *op = &ch->fwd[i];
         if (op->kind == MGC_POP_EMBEDDING && op->n_in > 1) vocab[op->in[1]] = 1;

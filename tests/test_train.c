@@ -758,6 +758,65 @@ static void check_graphs(void) {
     mgc_plan_free(q);
 }
 
+/* Loss chunks (compiler/losschunk.h): the head in k row chunks at the start of the backward
+ * trains as the unchunked head does.  The gradients are the same row for row; only the
+ * weight gradient's and the loss's sums over rows are grouped by chunk, so the losses agree
+ * to rounding, and a chunked rerun is bit-identical.  The plan has k cross-entropy
+ * backwards, each in place, and its forward stashes no logits. */
+static void check_loss_chunks(const char *path, const char *const *sets, int64_t k) {
+    static const char *const base[] = {"training.micro_batch_size=8",
+                                       "training.global_batch_size=16", NULL};
+    char kv[64];
+    snprintf(kv, sizeof kv, "training.loss_chunks=%lld", (long long)k);
+    const char *one[10] = {"training.loss_chunks=1"}, *many[10] = {kv};
+    for (int i = 0; sets && sets[i] && i < 8; i++)
+        one[i + 1] = many[i + 1] = sets[i];
+    mgc_plan *p = compile(path, base, one), *q = compile(path, base, many);
+    T_CHECK(p && q);
+    if (p && q) {
+        const mgc_stage_program *sp = &q->stages[q->n_stages - 1];
+        const mgc_plan_chunk *ch = &sp->chunks[sp->n_chunks - 1];
+        int64_t ce = 0, inpl = 0, fwd_gemm = 0, views = 0;
+        for (int64_t i = 0; i < ch->n_bwd; i++)
+            if (ch->bwd[i].kind == MGC_POP_CROSS_ENTROPY_BWD)
+                ce++, inpl += (ch->bwd[i].flags & MGC_POF_INPLACE) != 0;
+        for (int64_t i = 0; i < ch->n_fwd; i++)
+            fwd_gemm += ch->fwd[i].kind == MGC_POP_CROSS_ENTROPY;
+        for (int64_t t = 0; t < ch->n_tensors; t++)
+            views += ch->tensors[t].view != 0;
+        T_EQ_I64(ce, k);
+        T_EQ_I64(inpl, k);
+        T_EQ_I64(fwd_gemm, 0);
+        T_CHECK(views >= 4 * k); /* h, labels, mask, dh per chunk */
+        T_CHECK(ch->stash_bytes < p->stages[q->n_stages - 1].chunks[sp->n_chunks - 1].stash_bytes);
+        double a[STEPS], an[STEPS], b[STEPS], bn[STEPS], c[STEPS], cn[STEPS];
+        int ra = train(p, a, an), rb = train(q, b, bn), rc = train(q, c, cn);
+        T_EQ_I64(ra, 0);
+        T_EQ_I64(rb, 0);
+        T_EQ_I64(rc, 0);
+        if (ra || rb || rc) goto done;
+        double worst = 0;
+        for (int i = 0; i < STEPS; i++) {
+            T_NEAR_REL(b[i], a[i], i == 0 ? 1e-6 : 1e-5);
+            T_NEAR_REL(bn[i], an[i], 1e-4);
+            double r = fabs(b[i] - a[i]) / fabs(a[i]);
+            if (r > worst) worst = r;
+        }
+        T_CHECK(memcmp(b, c, sizeof b) == 0 && memcmp(bn, cn, sizeof bn) == 0);
+        char lay[256] = "";
+        for (int i = 1; sets && sets[i] && i < 8; i++) /* sets[0] is the world size */
+            snprintf(lay + strlen(lay), sizeof lay - strlen(lay), " %s", strchr(sets[i], '.') + 1);
+        printf("%s%s: %lld loss chunks: worst relative loss difference %.2e to one chunk, "
+               "rerun bit-identical, stash %.2f -> %.2f MiB per microbatch\n",
+               path, lay, (long long)k, worst,
+               (double)p->stages[q->n_stages - 1].chunks[sp->n_chunks - 1].stash_bytes / 1048576.0,
+               (double)ch->stash_bytes / 1048576.0);
+    }
+done:
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
 typedef struct layout {
     const char *name;
     const char *sets[8];
@@ -896,6 +955,24 @@ int main(int argc, char **argv) {
         check_fusion("models/tiny-llama.yaml", full);
         check_fusion("models/tiny-llama.yaml", cp2);
         check_fusion("models/tiny-moe.yaml", NULL);
+        /* loss chunks: one rank, then each way the head is partitioned (vocabulary over TP
+         * with and without SP, the sequence over CP, the loss chunk on the last of two
+         * virtual stages, experts beside it) */
+        static const char *const tpsp[] = {"parallel.world_size=2", "parallel.tensor=2",
+                                           "parallel.sequence_parallel=true", NULL};
+        static const char *const tp[] = {"parallel.world_size=2", "parallel.tensor=2",
+                                         "parallel.sequence_parallel=false", NULL};
+        static const char *const cpl[] = {"parallel.world_size=2", "parallel.context=2", NULL};
+        static const char *const vpp[] = {"parallel.world_size=2", "parallel.pipeline=2",
+                                          "parallel.virtual_stages=2", NULL};
+        static const char *const moep[] = {"parallel.world_size=2", "parallel.data=2",
+                                           "parallel.expert=2", "training.recompute=full", NULL};
+        check_loss_chunks("examples/tiny-gpt.yaml", NULL, 4);
+        check_loss_chunks("examples/tiny-gpt.yaml", tpsp, 2);
+        check_loss_chunks("models/tiny-llama.yaml", tp, 4);
+        check_loss_chunks("models/tiny-llama.yaml", cpl, 2);
+        check_loss_chunks("examples/tiny-gpt.yaml", vpp, 2);
+        check_loss_chunks("models/tiny-moe.yaml", moep, 2);
     }
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
