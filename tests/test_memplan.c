@@ -1380,19 +1380,27 @@ static mgc_plan *compile_real(const char *file, const char *const *sets, int nse
 static void live_in(const mgc_plan_chunk *ch, int32_t t, int pass, const uint8_t *inplace_out,
                     int64_t *b, int64_t *e) {
     int32_t root = ch->tensors[t].view ? (int32_t)ch->tensors[t].view - 1 : t;
+    const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+    int64_t n = pass ? ch->n_bwd : ch->n_fwd;
     *b = *e = -1;
-    for (int32_t u = 0; u < ch->n_tensors; u++) {
-        if (u != root && ch->tensors[u].view != (uint32_t)root + 1) continue;
-        int64_t ub, ue;
-        if (ch->tensors[u].buffer == MGC_PLAN_BUF_STASH && !inplace_out[u]) {
-            ub = 0, ue = pass ? ch->n_bwd : ch->n_fwd; /* it takes a stashed input's bytes */
-        } else {
-            pass_interval(pass ? ch->bwd : ch->fwd, pass ? ch->n_bwd : ch->n_fwd, u, &ub, &ue);
-        }
-        if (ub < 0) continue;
-        if (*b < 0 || ub < *b) *b = ub;
-        if (ue > *e) *e = ue;
+    if (ch->tensors[t].buffer == MGC_PLAN_BUF_STASH && !inplace_out[t]) {
+        *b = 0, *e = n; /* it takes a stashed input's bytes */
+        return;
     }
+    /* as pass_interval, a touch of any member of the set being a touch of the bytes */
+    int first_read = 0, last_write = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int k = 0; k < ops[i].n_in + ops[i].n_out; k++) {
+            int rd = k < ops[i].n_in;
+            int32_t x = rd ? ops[i].in[k] : ops[i].out[k - ops[i].n_in];
+            if (x != root && ch->tensors[x].view != (uint32_t)root + 1) continue;
+            if (*b < 0) *b = i, first_read = rd;
+            *e = i;
+            last_write = !rd;
+        }
+    if (*b < 0) return;
+    if (first_read) *b = 0;
+    *e = last_write ? n : *e + 1;
 }
 
 /* Independently of the planner: two tensors of a chunk that share bytes of one buffer are
@@ -1444,9 +1452,12 @@ static int64_t check_disjoint(const mgc_plan *p) {
                             if (ch->tensors[px].buffer != MGC_PLAN_BUF_STASH) T_EQ_I64(xr, pop + 1);
                             continue;
                         }
-                        fprintf(stderr, "stage %" PRId64 " chunk %" PRId64 ": %s and %s share bytes "
+                        fprintf(stderr, "stage %" PRId64 " chunk %" PRId64 ": %s [%" PRIu64 ", +%"
+                                PRIu64 ") ops [%" PRId64 ", %" PRId64 ") and %s [%" PRIu64 ", +%"
+                                PRIu64 ") ops [%" PRId64 ", %" PRId64 ") of buffer %d share bytes "
                                 "while both live in the %s\n", r, c, mgc_plan_strat(p, x->name),
-                                mgc_plan_strat(p, y->name), pass ? "backward" : "forward");
+                                x->offset, x->bytes, xb, xe, mgc_plan_strat(p, y->name), y->offset,
+                                y->bytes, yb, ye, (int)x->buffer, pass ? "backward" : "forward");
                         T_CHECK(0);
                     }
                 }
@@ -1576,6 +1587,66 @@ static void test_rope_attrs(void) {
     mgc_plan_free(p);
 }
 
+/* Loss chunks (compiler/losschunk.h) as the memory plan sees them: views share their tensor's
+ * bytes and nothing else's while live (check_disjoint), each chunk's logits are in place, and
+ * GPT-2 124M's arena shrinks by about the logits the chunks no longer hold at once. */
+static void test_loss_chunks(void) {
+    struct {
+        const char *file;
+        const char *sets[5];
+        int64_t k;
+    } cases[] = {
+        {"models/gpt2-124m.yaml", {"training.precision=bf16", NULL}, 16}, /* auto */
+        {"models/tiny-gpt.yaml", {"training.loss_chunks=3", "parallel.tensor=2",
+                                  "parallel.world_size=2", NULL}, 3},
+        {"models/tiny-llama.yaml", {"training.loss_chunks=3", "parallel.context=2",
+                                    "parallel.pipeline=2", "parallel.world_size=4", NULL}, 3},
+        {"models/tiny-moe.yaml", {"training.loss_chunks=6", "training.recompute=full", NULL}, 6},
+    };
+    for (size_t m = 0; m < sizeof cases / sizeof cases[0]; m++) {
+        int ns = 0;
+        while (cases[m].sets[ns]) ns++;
+        const char *one[6];
+        memcpy(one, cases[m].sets, sizeof cases[m].sets);
+        one[ns] = "training.loss_chunks=1";
+        mgc_plan *p = compile_real(cases[m].file, cases[m].sets, ns, 1);
+        mgc_plan *q = compile_real(cases[m].file, one, ns + 1, 1);
+        if (!p || !q) goto next;
+        T_EQ_I64(check_disjoint(p), cases[m].k);
+        T_EQ_I64(check_disjoint(q), 1);
+        T_EQ_I64(mgc_plan_validate(p, NULL, 0), MGC_PLAN_OK);
+        const mgc_stage_program *sp = &p->stages[p->n_stages - 1], *sq = &q->stages[q->n_stages - 1];
+        const mgc_plan_chunk *ch = &sq->chunks[sq->n_chunks - 1];
+        uint64_t logits = 0;
+        for (int64_t i = 0; i < ch->n_bwd; i++)
+            if (ch->bwd[i].kind == MGC_POP_CROSS_ENTROPY_BWD) logits = ch->tensors[ch->bwd[i].in[0]].bytes;
+        printf("%-24s %lld loss chunks: loss stage arena %.2f MiB, %.2f MiB with one (logits %.2f "
+               "MiB)\n",
+               cases[m].file, (long long)cases[m].k, (double)sp->arena_bytes / 1048576.0,
+               (double)sq->arena_bytes / 1048576.0, (double)logits / 1048576.0);
+        T_CHECK(sp->arena_bytes <= sq->arena_bytes);
+        /* GPT-2 peaks with the logits stashed: the chunks save all but one chunk's worth */
+        if (m == 0)
+            T_CHECK(sq->arena_bytes - sp->arena_bytes >=
+                    (logits - logits / (uint64_t)cases[m].k) * 9 / 10);
+        /* the validator refuses a view that leaves its tensor's rows */
+        {
+            mgc_plan_chunk *w = &p->stages[p->n_stages - 1].chunks[sp->n_chunks - 1];
+            for (int64_t t = 0; t < w->n_tensors; t++)
+                if (w->tensors[t].view && w->tensors[t].buffer >= 0) {
+                    const mgc_plan_tensor *x = &w->tensors[w->tensors[t].view - 1];
+                    BREAK_INPLACE(w->tensors[t].offset, x->offset + x->bytes - 8, "not a range");
+                    BREAK_INPLACE(w->tensors[t].dtype, MGC_DT_U8, "bytes");
+                    break;
+                }
+            T_EQ_I64(mgc_plan_validate(p, NULL, 0), MGC_PLAN_OK);
+        }
+    next:
+        mgc_plan_free(p);
+        mgc_plan_free(q);
+    }
+}
+
 int main(void) {
     test_assign_basic();
     test_assign_segments();
@@ -1588,5 +1659,6 @@ int main(void) {
     test_real_programs();
     test_inplace();
     test_rope_attrs();
+    test_loss_chunks();
     return t_summary("test_memplan");
 }
