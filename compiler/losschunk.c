@@ -62,8 +62,8 @@ typedef struct lc {
     int64_t nt0;          /* tensors at entry: the ones map and role describe */
     mgc_plan_tensor *t;   /* the growing tensor list */
     int64_t nt, cap;
-    int32_t *map;         /* (n_tensors at entry) this chunk's copy of a head tensor; -1 none */
-    uint8_t *role;        /* (n_tensors at entry) R_* below */
+    int32_t *map;  /* (n_tensors at entry) this chunk's copy of a head tensor; -1 none */
+    uint8_t *role; /* (n_tensors at entry) R_* below */
 } lc;
 
 enum { R_OTHER = 0, R_INSIDE, R_VIEW };
@@ -122,7 +122,8 @@ static int clone_op(lc *x, const mgc_plan_op *o, int64_t c, mgc_plan_op *out) {
         if ((out->in[i] = remap(x, o->in[i], c)) < 0) return -1;
     for (int i = 0; i < o->n_out; i++)
         if ((out->out[i] = remap(x, o->out[i], c)) < 0) return -1;
-    if (o->kind <= MGC_POP_LAST_FWD) out->flags = (uint16_t)((o->flags & ~MGC_POF_SAVED) | MGC_POF_RECOMPUTE);
+    if (o->kind <= MGC_POP_LAST_FWD)
+        out->flags = (uint16_t)((o->flags & ~MGC_POF_SAVED) | MGC_POF_RECOMPUTE);
     out->flops = o->flops / (uint64_t)x->k;
     if (o->kind == MGC_POP_LINEAR || o->kind == MGC_POP_LINEAR_DGRAD ||
         o->kind == MGC_POP_LINEAR_WGRAD) /* iattr[0]: the GEMM's rows */
@@ -166,7 +167,8 @@ int mgc_loss_chunk(mgc_plan *p, mgc_plan_chunk *ch, int64_t k) {
     if (ce0 < 0 || root < 0) return -1;
     int32_t logits = ch->fwd[ce0].in[0], loss = ch->fwd[root].out[1];
     for (int64_t i = 0; i < ce0; i++)
-        if (ch->fwd[i].kind == MGC_POP_LINEAR && ch->fwd[i].n_out == 1 && ch->fwd[i].out[0] == logits)
+        if (ch->fwd[i].kind == MGC_POP_LINEAR && ch->fwd[i].n_out == 1 &&
+            ch->fwd[i].out[0] == logits)
             lin = i;
     if (lin < 0) return -1;
     for (int64_t i = lin + 1; i < nf; i++) {
@@ -194,9 +196,12 @@ int mgc_loss_chunk(mgc_plan *p, mgc_plan_chunk *ch, int64_t k) {
     for (int64_t i = 0; i < nb; i++) {
         const mgc_plan_op *o = &ch->bwd[i];
         if (o->n_in < 1 || o->in[0] != dl) continue;
-        if (o->kind == MGC_POP_LINEAR_DGRAD && dg < 0) dg = i;
-        else if (o->kind == MGC_POP_LINEAR_WGRAD && nwg < 2) wg[nwg++] = i;
-        else return -1;
+        if (o->kind == MGC_POP_LINEAR_DGRAD && dg < 0)
+            dg = i;
+        else if (o->kind == MGC_POP_LINEAR_WGRAD && nwg < 2)
+            wg[nwg++] = i;
+        else
+            return -1;
     }
     if (dg < 0 || nwg < 1 || ch->bwd[cb].n_in != 5 || ch->bwd[cb].in[4] != loss ||
         ch->fwd[root].n_in < 3)
@@ -205,6 +210,7 @@ int mgc_loss_chunk(mgc_plan *p, mgc_plan_chunk *ch, int64_t k) {
     for (int64_t j = 0; j < nwg; j++)
         if (wg[j] > last) last = wg[j];
     const int32_t dh = ch->bwd[dg].out[0], hbw = ch->bwd[wg[0]].in[1];
+    if (hin == hbw) ag = -1; /* the backward reads the forward's gathered copy: keep it */
     const int64_t s_c = ch->tensors[logits].dim[0];
     if (s_c % k || ch->tensors[logits].rank < 2) return -1;
 

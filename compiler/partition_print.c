@@ -21,6 +21,12 @@ static void print_tensor(const mgc_plan *p, const mgc_plan_chunk *ch, int32_t id
     else if (t->split_group != MGC_PARTITION_NO_GROUP)
         fprintf(out, "(partial %s)", group_or_none(t->split_group));
     if (t->buffer == MGC_PLAN_BUF_STASH) fprintf(out, "@stash+%" PRIu64, t->offset);
+    if (t->view && (int64_t)t->view <= ch->n_tensors) { /* rows of another tensor */
+        const mgc_plan_tensor *w = &ch->tensors[t->view - 1];
+        uint64_t row = t->rank && t->dim[0] ? t->bytes / (uint64_t)t->dim[0] : 0;
+        uint64_t r0 = row && t->offset >= w->offset ? (t->offset - w->offset) / row : 0;
+        fprintf(out, "=%%%u[%" PRIu64 ":%" PRIu64 "]", t->view - 1, r0, r0 + (uint64_t)t->dim[0]);
+    }
 }
 
 static void print_ops(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *ops,

@@ -939,6 +939,10 @@ int main(int argc, char **argv) {
         static const char *const gqa[] = {"model.hidden_size=128", "model.num_attention_heads=4",
                                           "model.num_query_groups=2",
                                           "training.recompute=selective", NULL};
+        /* the head in three row chunks (compiler/losschunk.h): the mask count (ce_count), and
+         * each chunk's GEMMs and cross-entropy on row views */
+        static const char *const chunks[] = {"training.loss_chunks=3", NULL};
+        check_ops("examples/tiny-gpt.yaml", chunks);
         check_ops("examples/tiny-gpt.yaml", d64);
         check_ops("examples/tiny-gpt.yaml", gqa);
         check_ops("models/tiny-llama.yaml", r32);
@@ -947,7 +951,8 @@ int main(int argc, char **argv) {
         check_ops("models/tiny-moe.yaml", NULL);
         check_training("examples/tiny-gpt.yaml", NULL);
         static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
-                                            "parallel.sequence_parallel=true", NULL};
+                                            "parallel.sequence_parallel=true",
+                                            "training.loss_chunks=3", NULL};
         check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2, 1);
         check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
         check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
