@@ -214,7 +214,14 @@ int mgc_loss_chunk(mgc_plan *p, mgc_plan_chunk *ch, int64_t k) {
     const int64_t s_c = ch->tensors[logits].dim[0];
     if (s_c % k || ch->tensors[logits].rank < 2) return -1;
 
-    lc x = {p, ch, k, s_c, s_c / k, nt0, NULL, nt0, nt0 + 16 * k + 16, NULL, NULL};
+    lc x = {.p = p,
+            .ch = ch,
+            .k = k,
+            .s_c = s_c,
+            .rows = s_c / k,
+            .nt0 = nt0,
+            .nt = nt0,
+            .cap = nt0 + 16 * k + 16};
     x.t = malloc((size_t)x.cap * sizeof *x.t);
     x.map = malloc((size_t)(nt0 ? nt0 : 1) * sizeof *x.map);
     x.role = calloc((size_t)(nt0 ? nt0 : 1), 1);
@@ -252,10 +259,17 @@ int mgc_loss_chunk(mgc_plan *p, mgc_plan_chunk *ch, int64_t k) {
             }
         }
     if (x.role[dh] != R_VIEW) goto out;
-    for (int32_t t = 0; t < nt0; t++) /* a view of a stashed tensor is placed here */
+    /* views of a tensor the memory plan places hold their offset relative to its, which is 0
+     * until then (stashed tensors are placed already: their views are placed below) */
+    for (int32_t t = 0; t < nt0; t++)
         if (x.role[t] == R_VIEW && ch->tensors[t].buffer != MGC_PLAN_BUF_STASH &&
             ch->tensors[t].offset != 0)
             goto out;
+    /* no op outside the head reads what only the head's chunks will have (the loss is written
+     * whole again, by the last sum) */
+    for (int64_t i = 0; i < nb; i++)
+        for (int j = 0; !head_b[i] && j < ch->bwd[i].n_in; j++)
+            if (x.role[ch->bwd[i].in[j]] == R_INSIDE && ch->bwd[i].in[j] != loss) goto out;
 
     /* the forward without the head */
     int64_t n_f = 0;
