@@ -334,6 +334,14 @@ static int policy(const mgc_cb *b, int32_t t) {
     if (b->recompute == MGC_RECOMPUTE_SELECTIVE && is_lse(b, t, f)) return P_REDO;
     if (b->recompute == MGC_RECOMPUTE_FULL && b->f[f].layer >= 0 && !b->tx[t].crosses)
         return P_REDO;
+    /* training.recompute_modules: a layer's norm output, from the norm's stashed input; its
+     * GELU / SwiGLU output, from the stashed GEMM output the activation's backward reads */
+    uint16_t k = b->f[f].kind;
+    if (b->f[f].layer >= 0 && b->f[f].out[0] == t && !b->tx[t].crosses &&
+        (((b->recompute_modules & MGC_RECOMPUTE_MOD_NORM) && k == MGC_POP_NORM) ||
+         ((b->recompute_modules & MGC_RECOMPUTE_MOD_ACTIVATION) &&
+          (k == MGC_POP_GELU || k == MGC_POP_SWIGLU))))
+        return P_REDO;
     return P_SAVE;
 }
 

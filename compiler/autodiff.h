@@ -53,6 +53,7 @@ typedef struct mgc_cb {
     mgc_plan *plan;
     mgc_diags *d;
     int recompute; /* mgc_recompute */
+    uint32_t recompute_modules; /* MGC_RECOMPUTE_MOD_* (config.h) */
     mgc_dtype dt;  /* compute dtype */
     int64_t tp, cp, ep, etp;
     int sp; /* sequence parallelism in effect */

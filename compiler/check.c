@@ -760,6 +760,28 @@ static void check_training(mgc_check_ctx *k) {
                     "is %s)",
                     mgc_keys[fp16_keys[i]].path, mgc_enum_precision[t->precision]);
 
+    const mgc_str_list *rm = &t->recompute_modules;
+    for (int i = 0; i < rm->n; i++) {
+        const char *s = rm->v[i] ? rm->v[i] : "";
+        mgc_loc at = rm->loc ? rm->loc[i] : mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES));
+        int known = 0, dup = 0;
+        for (int j = 0; mgc_recompute_module_names[j]; j++)
+            known |= !strcmp(s, mgc_recompute_module_names[j]);
+        for (int j = 0; j < i; j++)
+            dup |= rm->v[j] && !strcmp(s, rm->v[j]);
+        if (!known)
+            mgc_check_error(k, at, "the modules are norm and activation (Megatron's layernorm and moe_act)",
+                            "training.recompute_modules[%d] \"%.60s\" is not a module mgc recomputes",
+                            i, s);
+        else if (dup)
+            mgc_check_warning(k, at, "remove the repeat",
+                              "training.recompute_modules[%d] \"%s\" is listed twice", i, s);
+    }
+    if (rm->n > 0 && t->recompute == MGC_RECOMPUTE_FULL)
+        mgc_check_warning(k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)),
+                          "remove it, or set training.recompute to none or selective",
+                          "training.recompute_modules has no effect: training.recompute is full, "
+                          "which recomputes every layer from its input");
     if (t->loss_chunks > 1 && c->parallel.context >= 1 &&
         c->model.seq_length % c->parallel.context == 0 && !mgc_loss_chunks_fit(c, t->loss_chunks)) {
         int64_t s_c = c->model.seq_length / c->parallel.context;

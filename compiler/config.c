@@ -22,6 +22,7 @@ const char *const mgc_enum_drop_policy[] = {"probs", "position", NULL};
 const char *const mgc_enum_sched[] = {"gpipe", "1f1b", "interleaved-1f1b", NULL};
 const char *const mgc_enum_precision[] = {"fp32", "bf16", "fp16", NULL};
 const char *const mgc_enum_recompute[] = {"none", "selective", "full", NULL};
+const char *const mgc_recompute_module_names[] = {"norm", "activation", NULL};
 const char *const mgc_enum_optimizer[] = {"adamw", NULL};
 const char *const mgc_enum_decay[] = {"cosine", "linear", "constant", NULL};
 const char *const mgc_enum_data_format[] = {"synthetic", "megatron", NULL};
@@ -131,6 +132,15 @@ void mgc_config_free(mgc_config *c) {
     free(c->derived.is_moe_layer);
     free(c->derived.stages);
     free(c);
+}
+
+uint32_t mgc_config_recompute_modules(const mgc_config *c) {
+    uint32_t m = 0;
+    const mgc_str_list *l = &c->training.recompute_modules;
+    for (int i = 0; i < l->n; i++)
+        for (int j = 0; mgc_recompute_module_names[j]; j++)
+            if (l->v[i] && !strcmp(l->v[i], mgc_recompute_module_names[j])) m |= 1u << j;
+    return m;
 }
 
 mgc_loc mgc_config_loc(const mgc_config *c, mgc_key k) {

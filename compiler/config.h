@@ -47,6 +47,10 @@ extern const char *const mgc_enum_drop_policy[];
 extern const char *const mgc_enum_sched[];
 extern const char *const mgc_enum_precision[];
 extern const char *const mgc_enum_recompute[];
+/* training.recompute_modules: the names, and their bits in mgc_config_recompute_modules */
+extern const char *const mgc_recompute_module_names[]; /* "norm", "activation", NULL */
+#define MGC_RECOMPUTE_MOD_NORM 1u
+#define MGC_RECOMPUTE_MOD_ACTIVATION 2u
 extern const char *const mgc_enum_optimizer[];
 extern const char *const mgc_enum_decay[];
 extern const char *const mgc_enum_data_format[];
@@ -219,6 +223,9 @@ typedef struct mgc_blend {
     X(TRAIN_RECOMPUTE, "training.recompute", ENUM, training.recompute, MGC_RECOMPUTE_NONE, 0, 0,             \
       mgc_enum_recompute, 0, NULL,                                                                           \
       "Activation recompute: selective (attention core) or full (each layer from its input).")              \
+    X(TRAIN_RECOMPUTE_MODULES, "training.recompute_modules", STRING_LIST, training.recompute_modules, 0, 0, 0, \
+      NULL, MGC_KF_OPTIONAL, "none",                                                                         \
+      "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input) and `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output); element-wise work for less stash.") \
     X(TRAIN_LOSS_CHUNKS, "training.loss_chunks", INT, training.loss_chunks, 0, 0, 1048576, NULL, 0, NULL,   \
       "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's fp32 logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 256 MiB of logits, 1: none.") \
     X(TRAIN_ITERS, "training.iterations", INT, training.iterations, 1000, 1, 1125899906842624.0, NULL, 0,    \
@@ -369,6 +376,7 @@ typedef struct mgc_training_cfg {
     int64_t grad_accum;              /* m, microbatches per step per DP rank */
     int precision;                   /* mgc_precision */
     int recompute;                   /* mgc_recompute */
+    mgc_str_list recompute_modules;  /* "norm", "activation" (MGC_RECOMPUTE_MOD_*) */
     int64_t loss_chunks;             /* row chunks of the head (compiler/losschunk.c); 0 auto */
     int64_t iterations;
     int64_t seed;
@@ -445,6 +453,9 @@ typedef struct mgc_config {
 
 mgc_config *mgc_config_new(void);
 void mgc_config_free(mgc_config *c);
+/* The MGC_RECOMPUTE_MOD_* bits of training.recompute_modules (a name mgc check refuses counts
+ * for none). */
+uint32_t mgc_config_recompute_modules(const mgc_config *c);
 
 /* Parse YAML text and apply its keys over the defaults.  `name` is used in
  * diagnostics.  May be called once per config.  0 when no error was added. */

@@ -973,6 +973,7 @@ static int build_chunk(const mgc_config *c, const mgc_graph *g, const mgc_grid *
     b.g = g;
     b.plan = plan;
     b.recompute = c->training.recompute;
+    b.recompute_modules = mgc_config_recompute_modules(c);
     b.dt = plan_dtype(g->dtype);
     b.tp = grid->tp;
     b.cp = grid->cp;

@@ -92,6 +92,8 @@ static const char *GPT = "model:\n"
 enum { NONE, SELECTIVE, FULL };
 static const char *const rec_names[] = {"none", "selective", "full"};
 
+static const char *extra_set; /* one more --set for stash_of (NULL: none) */
+
 /* Stash of a 1-chunk, 1-stage model with `layers` layers. */
 static uint64_t stash_of(int64_t t, int sp, int rec, const char *prec, int64_t layers,
                          double dropout) {
@@ -104,7 +106,7 @@ static uint64_t stash_of(int64_t t, int sp, int rec, const char *prec, int64_t l
     snprintf(s_l, sizeof s_l, "model.num_layers=%lld", (long long)layers);
     snprintf(s_d, sizeof s_d, "model.hidden_dropout=%g", dropout);
     snprintf(s_ad, sizeof s_ad, "model.attention_dropout=%g", dropout);
-    const char *sets[] = {s_tp, s_w, s_sp, s_rec, s_prec, s_l, s_d, s_ad, NULL};
+    const char *sets[] = {s_tp, s_w, s_sp, s_rec, s_prec, s_l, s_d, s_ad, extra_set, NULL};
     built b = build(GPT, sets);
     T_CHECK(b.ok);
     uint64_t st = b.ok ? b.ch[0][0].stash_bytes : 0;
@@ -153,6 +155,20 @@ static void test_korthikanti(void) {
     /* dropout off: no masks (sbh/t bytes each, two per layer) */
     T_EQ_U64(per_layer(4, 1, NONE, "bf16", 0.0), 32 * sbh / 4 + 4 * a * s * b / 4);
     T_EQ_U64(per_layer(4, 0, SELECTIVE, "bf16", 0.0), sbh * 8 + 24 * sbh / 4);
+    /* training.recompute_modules: the two norm outputs (QKV's and fc1's inputs, 2 + 2: the
+     * sequence shard with SP, whole without) and the GELU output (fc2's input, 8/t) */
+    for (size_t i = 1; i < sizeof tps / sizeof *tps; i++) {
+        uint64_t t = (uint64_t)tps[i];
+        extra_set = "training.recompute_modules=[norm]";
+        T_EQ_U64(per_layer((int64_t)t, 1, SELECTIVE, "bf16", 0.1), 34 * sbh / t - 4 * sbh / t);
+        extra_set = "training.recompute_modules=[activation]";
+        T_EQ_U64(per_layer((int64_t)t, 1, SELECTIVE, "bf16", 0.1), 34 * sbh / t - 8 * sbh / t);
+        extra_set = "training.recompute_modules=[norm, activation]";
+        T_EQ_U64(per_layer((int64_t)t, 0, SELECTIVE, "bf16", 0.1),
+                 sbh * 10 + 24 * sbh / t - 4 * sbh - 8 * sbh / t);
+        T_EQ_U64(per_layer((int64_t)t, 1, FULL, "bf16", 0.1), 2 * sbh / t); /* no effect */
+        extra_set = NULL;
+    }
 }
 
 /* A middle pipeline stage holding only layers stashes layers x per-layer. */

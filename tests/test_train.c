@@ -817,6 +817,49 @@ done:
     mgc_plan_free(q);
 }
 
+/* training.recompute_modules: the norms' and activations' outputs recomputed in the backward
+ * are the forward's bits on the CPU (a fused forward op computes as the ops it replaces), so
+ * training is bit-identical to stashing them, the stash is smaller, and the backward holds the
+ * recompute copies. */
+static void check_recompute_modules(const char *path, const char *const *sets) {
+    const char *mods[10] = {"training.recompute_modules=[norm, activation]"};
+    for (int i = 0; sets && sets[i] && i < 8; i++)
+        mods[i + 1] = sets[i];
+    mgc_plan *p = compile(path, NULL, sets), *q = compile(path, NULL, mods);
+    T_CHECK(p && q);
+    if (p && q) {
+        int64_t norms = 0, acts = 0;
+        uint64_t sp = 0, sq = 0;
+        for (int64_t s = 0; s < q->n_stages; s++)
+            for (int64_t c = 0; c < q->stages[s].n_chunks; c++) {
+                const mgc_plan_chunk *ch = &q->stages[s].chunks[c];
+                sp += p->stages[s].chunks[c].stash_bytes, sq += ch->stash_bytes;
+                for (int64_t i = 0; i < ch->n_bwd; i++) {
+                    if (!(ch->bwd[i].flags & MGC_POF_RECOMPUTE) || ch->bwd[i].layer < 0) continue;
+                    norms += ch->bwd[i].kind == MGC_POP_NORM;
+                    acts += ch->bwd[i].kind == MGC_POP_GELU || ch->bwd[i].kind == MGC_POP_SWIGLU;
+                }
+            }
+        int64_t layers = q->stages[0].chunks[0].num_layers * q->n_stages * q->grid.vp;
+        T_EQ_I64(norms, 2 * layers); /* the attention's and the MLP's */
+        T_CHECK(acts >= layers);     /* MoE: one a layer's experts, one its shared experts */
+        T_CHECK(sq < sp);
+        double a[STEPS], an[STEPS], b[STEPS], bn[STEPS];
+        int ra = train(p, a, an), rb = train(q, b, bn);
+        T_EQ_I64(ra, 0);
+        T_EQ_I64(rb, 0);
+        if (!ra && !rb) {
+            T_CHECK(memcmp(a, b, sizeof a) == 0 && memcmp(an, bn, sizeof an) == 0);
+            printf("%s: recompute_modules [norm, activation]: %lld norms and %lld activations "
+                   "recomputed, stash %.2f -> %.2f MiB per microbatch, losses bit-identical\n",
+                   path, (long long)norms, (long long)acts, (double)sp / 1048576.0,
+                   (double)sq / 1048576.0);
+        }
+    }
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
 typedef struct layout {
     const char *name;
     const char *sets[8];
@@ -973,6 +1016,13 @@ int main(int argc, char **argv) {
         check_loss_chunks("models/tiny-llama.yaml", cpl, 2);
         check_loss_chunks("examples/tiny-gpt.yaml", vpp, 2);
         check_loss_chunks("models/tiny-moe.yaml", moep, 2);
+        /* recompute modules: GELU and LayerNorm (tp 2 + SP: the norm output re-gathered from
+         * its recomputed shard), SwiGLU and RMSNorm over two pipeline stages, MoE experts */
+        static const char *const pp2[] = {"parallel.world_size=2", "parallel.pipeline=2", NULL};
+        check_recompute_modules("examples/tiny-gpt.yaml", NULL);
+        check_recompute_modules("examples/tiny-gpt.yaml", tpsp);
+        check_recompute_modules("models/tiny-llama.yaml", pp2);
+        check_recompute_modules("models/tiny-moe.yaml", NULL);
     }
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
