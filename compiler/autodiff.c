@@ -529,9 +529,11 @@ static void backward_op(mgc_cb *b, int32_t f) {
         break;
     }
     case MGC_POP_DROPOUT: {
+        /* the mask, or (recompute module dropout) none: the backward draws it again */
         int32_t gx = grad_like(b, x);
-        int32_t in[2] = {gy[0], fetch(b, fx.all_out[1])};
-        bop(b, MGC_POP_DROPOUT_BWD, &op, 2, in, 1, &gx, 0);
+        int regen = (b->recompute_modules & MGC_RECOMPUTE_MOD_DROPOUT) != 0;
+        int32_t in[2] = {gy[0], regen ? -1 : fetch(b, fx.all_out[1])};
+        bop(b, MGC_POP_DROPOUT_BWD, &op, regen ? 1 : 2, in, 1, &gx, 0);
         acc(b, x, gx, &op);
         break;
     }
@@ -574,8 +576,9 @@ static void backward_op(mgc_cb *b, int32_t f) {
     case MGC_POP_DROPOUT_ADD:
         if (fx.n_all_out > 1) {
             int32_t gx = grad_like(b, x);
-            int32_t in[2] = {gy[0], fetch(b, fx.all_out[1])};
-            bop(b, MGC_POP_DROPOUT_ADD_BWD, &op, 2, in, 1, &gx, 0);
+            int regen = (b->recompute_modules & MGC_RECOMPUTE_MOD_DROPOUT) != 0;
+            int32_t in[2] = {gy[0], regen ? -1 : fetch(b, fx.all_out[1])};
+            bop(b, MGC_POP_DROPOUT_ADD_BWD, &op, regen ? 1 : 2, in, 1, &gx, 0);
             acc(b, x, gx, &op);
         } else {
             acc(b, x, gy[0], &op);

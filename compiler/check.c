@@ -770,18 +770,23 @@ static void check_training(mgc_check_ctx *k) {
         for (int j = 0; j < i; j++)
             dup |= rm->v[j] && !strcmp(s, rm->v[j]);
         if (!known)
-            mgc_check_error(k, at, "the modules are norm and activation (Megatron's layernorm and moe_act)",
-                            "training.recompute_modules[%d] \"%.60s\" is not a module mgc recomputes",
+            mgc_check_error(k, at,
+                            "the modules are norm, activation and dropout (Megatron's layernorm "
+                            "and moe_act are the first two)",
+                            "training.recompute_modules[%d] \"%.60s\" is not a module mgc "
+                            "recomputes",
                             i, s);
         else if (dup)
             mgc_check_warning(k, at, "remove the repeat",
                               "training.recompute_modules[%d] \"%s\" is listed twice", i, s);
     }
-    if (rm->n > 0 && t->recompute == MGC_RECOMPUTE_FULL)
-        mgc_check_warning(k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)),
-                          "remove it, or set training.recompute to none or selective",
-                          "training.recompute_modules has no effect: training.recompute is full, "
-                          "which recomputes every layer from its input");
+    uint32_t redone = MGC_RECOMPUTE_MOD_NORM | MGC_RECOMPUTE_MOD_ACTIVATION;
+    if ((mgc_config_recompute_modules(c) & redone) && t->recompute == MGC_RECOMPUTE_FULL)
+        mgc_check_warning(
+            k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)),
+            "remove norm and activation, or set training.recompute to none or selective",
+            "training.recompute_modules norm and activation have no effect: training.recompute "
+            "is full, which recomputes every layer from its input");
     if (t->loss_chunks > 1 && c->parallel.context >= 1 &&
         c->model.seq_length % c->parallel.context == 0 && !mgc_loss_chunks_fit(c, t->loss_chunks)) {
         int64_t s_c = c->model.seq_length / c->parallel.context;

@@ -48,9 +48,10 @@ extern const char *const mgc_enum_sched[];
 extern const char *const mgc_enum_precision[];
 extern const char *const mgc_enum_recompute[];
 /* training.recompute_modules: the names, and their bits in mgc_config_recompute_modules */
-extern const char *const mgc_recompute_module_names[]; /* "norm", "activation", NULL */
+extern const char *const mgc_recompute_module_names[]; /* "norm", "activation", "dropout" */
 #define MGC_RECOMPUTE_MOD_NORM 1u
 #define MGC_RECOMPUTE_MOD_ACTIVATION 2u
+#define MGC_RECOMPUTE_MOD_DROPOUT 4u
 extern const char *const mgc_enum_optimizer[];
 extern const char *const mgc_enum_decay[];
 extern const char *const mgc_enum_data_format[];
@@ -225,7 +226,7 @@ typedef struct mgc_blend {
       "Activation recompute: selective (attention core) or full (each layer from its input).")              \
     X(TRAIN_RECOMPUTE_MODULES, "training.recompute_modules", STRING_LIST, training.recompute_modules, 0, 0, 0, \
       NULL, MGC_KF_OPTIONAL, "none",                                                                         \
-      "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input) and `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output); element-wise work for less stash.") \
+      "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input), `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output) and `dropout` (the hidden dropout masks, drawn again from the random stream); element-wise work for less stash.") \
     X(TRAIN_LOSS_CHUNKS, "training.loss_chunks", INT, training.loss_chunks, 0, 0, 1048576, NULL, 0, NULL,   \
       "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's fp32 logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 256 MiB of logits, 1: none.") \
     X(TRAIN_ITERS, "training.iterations", INT, training.iterations, 1000, 1, 1125899906842624.0, NULL, 0,    \
@@ -376,7 +377,7 @@ typedef struct mgc_training_cfg {
     int64_t grad_accum;              /* m, microbatches per step per DP rank */
     int precision;                   /* mgc_precision */
     int recompute;                   /* mgc_recompute */
-    mgc_str_list recompute_modules;  /* "norm", "activation" (MGC_RECOMPUTE_MOD_*) */
+    mgc_str_list recompute_modules;  /* "norm", "activation", "dropout" (MGC_RECOMPUTE_MOD_*) */
     int64_t loss_chunks;             /* row chunks of the head (compiler/losschunk.c); 0 auto */
     int64_t iterations;
     int64_t seed;

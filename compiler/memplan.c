@@ -31,11 +31,11 @@ static uint64_t round_up(uint64_t v, uint64_t a) {
 enum { CAT_NONE = 0, CAT_WEIGHT, CAT_GRAD, CAT_ACT, CAT_INPUT, CAT_STASH };
 
 typedef struct tplace {
-    uint8_t cat;   /* CAT_* */
-    int32_t over;  /* 1 + the tensor whose bytes it takes (an MGC_POF_INPLACE output, or a row
-                      view, plan.h tensor.view); 0 none */
+    uint8_t cat;    /* CAT_* */
+    int32_t over;   /* 1 + the tensor whose bytes it takes (an MGC_POF_INPLACE output, or a row
+                       view, plan.h tensor.view); 0 none */
     uint64_t delta; /* a view: its bytes' start inside that tensor's */
-    uint64_t off;  /* offset inside the buffer of that category */
+    uint64_t off;   /* offset inside the buffer of that category */
 } tplace;
 
 /* How a chunk's ops touch a tensor. */
@@ -286,8 +286,10 @@ static int chunk_uses(builder *b, int64_t c) {
         int64_t w = (int64_t)v->view - 1;
         if (w < 0 || w >= ch->n_tensors || w == t || ch->tensors[w].view ||
             v->offset < ch->tensors[w].offset)
-            return fail(b, BUG_HINT, "chunk %" PRId64 " tensor %" PRId64 " is a view of %" PRId64
-                        " that is not a tensor of its own", c, t, w);
+            return fail(b, BUG_HINT,
+                        "chunk %" PRId64 " tensor %" PRId64 " is a view of %" PRId64
+                        " that is not a tensor of its own",
+                        c, t, w);
         merge_uses(&u[w], &u[t]);
         b->place[c][t].over = (int32_t)w + 1;
         b->place[c][t].delta = v->offset - ch->tensors[w].offset;

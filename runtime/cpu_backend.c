@@ -321,8 +321,9 @@ static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
     case MGC_POP_DROPOUT_BWD: {
         int64_t n = (int64_t)numel(tout(c, 0));
         mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
-        mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]), (const uint8_t *)c->in[1], n,
-                                op->fattr[0], &r);
+        mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]),
+                                op->n_in > 1 ? (const uint8_t *)c->in[1] : NULL, n, op->fattr[0],
+                                &r); /* no mask: drawn again */
         return 0;
     }
     case MGC_POP_DROPOUT_ADD: {
@@ -335,8 +336,9 @@ static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
     case MGC_POP_DROPOUT_ADD_BWD: {
         int64_t n = (int64_t)numel(tout(c, 0));
         mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
-        mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]), (const uint8_t *)c->in[1], n,
-                                op->fattr[0], &r);
+        mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]),
+                                op->n_in > 1 ? (const uint8_t *)c->in[1] : NULL, n, op->fattr[0],
+                                &r); /* no mask: drawn again */
         return 0;
     }
     case MGC_POP_GELU:

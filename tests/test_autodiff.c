@@ -156,13 +156,17 @@ static void test_korthikanti(void) {
     T_EQ_U64(per_layer(4, 1, NONE, "bf16", 0.0), 32 * sbh / 4 + 4 * a * s * b / 4);
     T_EQ_U64(per_layer(4, 0, SELECTIVE, "bf16", 0.0), sbh * 8 + 24 * sbh / 4);
     /* training.recompute_modules: the two norm outputs (QKV's and fc1's inputs, 2 + 2: the
-     * sequence shard with SP, whole without) and the GELU output (fc2's input, 8/t) */
+     * sequence shard with SP, whole without), the GELU output (fc2's input, 8/t) and the two
+     * hidden dropout masks (1 + 1, the same way) */
     for (size_t i = 1; i < sizeof tps / sizeof *tps; i++) {
         uint64_t t = (uint64_t)tps[i];
         extra_set = "training.recompute_modules=[norm]";
         T_EQ_U64(per_layer((int64_t)t, 1, SELECTIVE, "bf16", 0.1), 34 * sbh / t - 4 * sbh / t);
         extra_set = "training.recompute_modules=[activation]";
         T_EQ_U64(per_layer((int64_t)t, 1, SELECTIVE, "bf16", 0.1), 34 * sbh / t - 8 * sbh / t);
+        extra_set = "training.recompute_modules=[dropout]"; /* the two u8 masks, 1 + 1 */
+        T_EQ_U64(per_layer((int64_t)t, 1, SELECTIVE, "bf16", 0.1), 34 * sbh / t - 2 * sbh / t);
+        T_EQ_U64(per_layer((int64_t)t, 0, SELECTIVE, "bf16", 0.1), sbh * 8 + 24 * sbh / t);
         extra_set = "training.recompute_modules=[norm, activation]";
         T_EQ_U64(per_layer((int64_t)t, 0, SELECTIVE, "bf16", 0.1),
                  sbh * 10 + 24 * sbh / t - 4 * sbh - 8 * sbh / t);

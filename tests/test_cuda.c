@@ -941,10 +941,10 @@ int main(int argc, char **argv) {
                                           "training.recompute=selective", NULL};
         /* the head in three row chunks (compiler/losschunk.h): the mask count (ce_count), and
          * each chunk's GEMMs and cross-entropy on row views; the norms and GELUs recomputed in
-         * the backward by their unfused kernels */
-        static const char *const chunks[] = {"training.loss_chunks=3",
-                                             "training.recompute_modules=[norm, activation]",
-                                             NULL};
+         * the backward by their unfused kernels, the dropout masks drawn again there */
+        static const char *const chunks[] = {
+            "training.loss_chunks=3", "model.hidden_dropout=0.1",
+            "training.recompute_modules=[norm, activation, dropout]", NULL};
         check_ops("examples/tiny-gpt.yaml", chunks);
         check_ops("examples/tiny-gpt.yaml", d64);
         check_ops("examples/tiny-gpt.yaml", gqa);

@@ -822,18 +822,20 @@ done:
  * training is bit-identical to stashing them, the stash is smaller, and the backward holds the
  * recompute copies. */
 static void check_recompute_modules(const char *path, const char *const *sets) {
-    const char *mods[10] = {"training.recompute_modules=[norm, activation]"};
+    const char *mods[10] = {"training.recompute_modules=[norm, activation, dropout]"};
     for (int i = 0; sets && sets[i] && i < 8; i++)
         mods[i + 1] = sets[i];
     mgc_plan *p = compile(path, NULL, sets), *q = compile(path, NULL, mods);
     T_CHECK(p && q);
     if (p && q) {
-        int64_t norms = 0, acts = 0;
+        int64_t norms = 0, acts = 0, masks = 0;
         uint64_t sp = 0, sq = 0;
         for (int64_t s = 0; s < q->n_stages; s++)
             for (int64_t c = 0; c < q->stages[s].n_chunks; c++) {
                 const mgc_plan_chunk *ch = &q->stages[s].chunks[c];
                 sp += p->stages[s].chunks[c].stash_bytes, sq += ch->stash_bytes;
+                for (int64_t t = 0; t < ch->n_tensors; t++) /* no dropout mask is stashed */
+                    masks += ch->tensors[t].dtype == MGC_DT_U8 && ch->tensors[t].buffer == MGC_PLAN_BUF_STASH;
                 for (int64_t i = 0; i < ch->n_bwd; i++) {
                     if (!(ch->bwd[i].flags & MGC_POF_RECOMPUTE) || ch->bwd[i].layer < 0) continue;
                     norms += ch->bwd[i].kind == MGC_POP_NORM;
@@ -844,16 +846,18 @@ static void check_recompute_modules(const char *path, const char *const *sets) {
         T_EQ_I64(norms, 2 * layers); /* the attention's and the MLP's */
         T_CHECK(acts >= layers);     /* MoE: one a layer's experts, one its shared experts */
         T_CHECK(sq < sp);
+        T_EQ_I64(masks, 0);
         double a[STEPS], an[STEPS], b[STEPS], bn[STEPS];
         int ra = train(p, a, an), rb = train(q, b, bn);
         T_EQ_I64(ra, 0);
         T_EQ_I64(rb, 0);
         if (!ra && !rb) {
             T_CHECK(memcmp(a, b, sizeof a) == 0 && memcmp(an, bn, sizeof an) == 0);
-            printf("%s: recompute_modules [norm, activation]: %lld norms and %lld activations "
-                   "recomputed, stash %.2f -> %.2f MiB per microbatch, losses bit-identical\n",
-                   path, (long long)norms, (long long)acts, (double)sp / 1048576.0,
-                   (double)sq / 1048576.0);
+            printf("%s%s: recompute_modules [norm, activation, dropout]: %lld norms and %lld "
+                   "activations recomputed, no mask stashed, stash %.2f -> %.2f MiB per "
+                   "microbatch, losses bit-identical\n",
+                   path, sets && sets[0] ? " (with sets)" : "", (long long)norms, (long long)acts,
+                   (double)sp / 1048576.0, (double)sq / 1048576.0);
         }
     }
     mgc_plan_free(p);
@@ -1019,8 +1023,11 @@ int main(int argc, char **argv) {
         /* recompute modules: GELU and LayerNorm (tp 2 + SP: the norm output re-gathered from
          * its recomputed shard), SwiGLU and RMSNorm over two pipeline stages, MoE experts */
         static const char *const pp2[] = {"parallel.world_size=2", "parallel.pipeline=2", NULL};
-        check_recompute_modules("examples/tiny-gpt.yaml", NULL);
-        check_recompute_modules("examples/tiny-gpt.yaml", tpsp);
+        static const char *const drop_sp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2",
+                                              "parallel.tensor=2",
+                                              "parallel.sequence_parallel=true", NULL};
+        check_recompute_modules("examples/tiny-gpt.yaml", drop);
+        check_recompute_modules("examples/tiny-gpt.yaml", drop_sp);
         check_recompute_modules("models/tiny-llama.yaml", pp2);
         check_recompute_modules("models/tiny-moe.yaml", NULL);
     }
