@@ -265,6 +265,59 @@ static void print_diags(const loaded *L, const opts *o) {
 /* The cost model's prediction for a plan on the profile `hwname`; diagnostics
  * (an unknown profile, a plan it cannot cost) point at `at`.  0 ok. */
 static int predict(const mgc_plan *p, const char *hwname, mgc_loc at, int no_overlap, mgc_hw *hw,
+                   mgc_cost_report *r, mgc_diags *d);
+
+/* The hint for a config that does not fit: the largest arena with each memory option the config
+ * does not use yet, compiled as it would be ("... 61.2 GiB with training.recompute: full
+ * (fits)"), then the options no compile can try for it. */
+static void fit_options(const char *file, const opts *o, const mgc_config *c, double usable,
+                        char *hint, size_t n) {
+    static const struct {
+        const char *set, *label;
+    } v[] = {
+        {"training.recompute_modules=[norm, activation, dropout]",
+         "training.recompute_modules: [norm, activation, dropout]"},
+        {"training.recompute=selective", "training.recompute: selective"},
+        {"training.recompute=full", "training.recompute: full"},
+        {"parallel.distributed_optimizer=true", "parallel.distributed_optimizer: true"},
+    };
+    size_t at = 0;
+    hint[0] = 0;
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        if ((k == 0 && c->training.recompute_modules.n > 0) ||
+            (k == 1 && c->training.recompute != MGC_RECOMPUTE_NONE) ||
+            (k == 2 && c->training.recompute == MGC_RECOMPUTE_FULL) ||
+            (k == 3 && (c->parallel.distributed_optimizer || c->parallel.data * c->parallel.context == 1)))
+            continue;
+        opts o2 = *o;
+        const char **sets = malloc((size_t)(o->nsets + 1) * sizeof *sets);
+        if (!sets) break;
+        memcpy(sets, o->sets, (size_t)o->nsets * sizeof *sets);
+        sets[o->nsets] = v[k].set;
+        o2.sets = sets, o2.nsets = o->nsets + 1;
+        loaded V;
+        load(file, &o2, &V);
+        mgc_plan *p = V.ok ? mgc_compile(V.cfg, V.graph, &V.diags) : NULL;
+        mgc_hw hw;
+        mgc_cost_report cr;
+        if (p && predict(p, V.cfg->hardware.gpu, V.cfg->file_loc, o->no_grad_overlap, &hw, &cr,
+                         &V.diags) == 0 &&
+            at < n)
+            at += (size_t)snprintf(hint + at, n - at, "%s%.2f GiB with %s%s", at ? "; " : "",
+                                   (double)cr.max_arena_bytes / 1073741824.0, v[k].label,
+                                   (double)cr.max_arena_bytes <= usable ? " (fits)" : "");
+        mgc_plan_free(p);
+        unload(&V);
+        free(sets);
+    }
+    if (at < n)
+        snprintf(hint + at, n - at,
+                 "%smore pipeline or tensor parallelism or a smaller micro batch lower it too "
+                 "(mgc compile --memory shows the arena)",
+                 at ? "; " : "");
+}
+
+static int predict(const mgc_plan *p, const char *hwname, mgc_loc at, int no_overlap, mgc_hw *hw,
                    mgc_cost_report *r, mgc_diags *d) {
     if (mgc_hw_load_at(hwname, at, hw, d)) return -1;
     mgc_cost_options co;
@@ -333,9 +386,9 @@ static int cmd_check(int argc, char **argv) {
                         int64_t worst = 0;
                         for (int64_t s = 0; s < p->n_stages; s++)
                             if (p->stages[s].arena_bytes > p->stages[worst].arena_bytes) worst = s;
-                        mgc_diag(&L.diags, MGC_SEV_ERROR, L.cfg->file_loc,
-                                 "more pipeline or tensor parallelism, recompute, the distributed optimizer or a "
-                                 "smaller micro batch lower it (mgc compile --memory shows the arena)",
+                        char hint[1024];
+                        fit_options(o.files[i], &o, L.cfg, usable, hint, sizeof hint);
+                        mgc_diag(&L.diags, MGC_SEV_ERROR, L.cfg->file_loc, hint,
                                  "does not fit on %s: pipeline rank %lld needs %.2f GiB, %.2f GiB usable "
                                  "(%.2f GiB less %.0f%% headroom)",
                                  hw.name, (long long)worst, (double)cr.max_arena_bytes / 1073741824.0,

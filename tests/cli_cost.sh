@@ -51,6 +51,12 @@ grep -q "fits on h100-sxm" "$tmp/o" && ok || bad "check --target: no fit line"
   models/gpt3-175b.yaml >"$tmp/big.yaml" 2>/dev/null && ok || bad "info --config failed"
 "$mgc" check --target h100-sxm:64 "$tmp/big.yaml" >"$tmp/o" 2>&1 && bad "175B on one GPU's memory accepted" || ok
 grep -q "does not fit on h100-sxm" "$tmp/o" && ok || bad "no 'does not fit' message: $(cat "$tmp/o")"
+# the hint: what each memory option would need, compiled (GPT-2 1.5B at micro batch 32 fits with
+# the recompute modules or full recompute, not without)
+"$mgc" check --target h100-sxm:8 --set training.micro_batch_size=32 --set training.global_batch_size=512 \
+  models/gpt2-1.5b.yaml >"$tmp/o" 2>&1 && bad "GPT-2 1.5B at micro batch 32 fits" || ok
+grep -q "hint: [0-9.]* GiB with training.recompute_modules: \[norm, activation, dropout\] (fits); [0-9.]* GiB with training.recompute: full (fits)" "$tmp/o" \
+  && ok || bad "no computed options in the hint: $(cat "$tmp/o")"
 "$mgc" check --json --target h100-sxm:64 "$tmp/big.yaml" models/llama2-7b.yaml >"$tmp/j" 2>/dev/null \
   && bad "check --json: status 0 with a failure" || ok
 py 'import json,sys; d=json.load(open(sys.argv[1])); f=d["files"]; assert d["failed"]==1 and not f[0]["ok"] and f[0]["target"]["fits"] is False and f[1]["ok"] and f[1]["target"]["fits"] is True and f[1]["target"]["usable_bytes"] < f[1]["target"]["memory_bytes"] and f[1]["predicted"]["tokens_per_s"] > 0' "$tmp/j" \
