@@ -94,20 +94,24 @@ row() { # name model-args mgc-sets mbs
                 echo "| $name | $label | failed: $(tail -n 1 "$OUT/$name.$tag.log") |"
             fi
         done
-        # the head in one piece (training.loss_chunks 1) against the default chunks
-        # (docs/partitioning.md, "Loss chunks"): their time and the arena they save
-        # shellcheck disable=SC2086
-        if $MGC compile "$model" --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 \
-            --set parallel.data=1 --set parallel.context=1 --set training.precision=bf16 \
-            --set training.recompute=none --set training.micro_batch_size=$mbs \
-            --set model.hidden_dropout=0 --set model.attention_dropout=0 \
-            --set training.global_batch_size=$mbs --set hardware.cuda_archs=[90] \
-            --set training.loss_chunks=1 -o "$OUT/$name.lc1.plan" >"$OUT/$name.lc1.compile.log" 2>&1 &&
-            $RUN "$OUT/$name.lc1.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.lc1.jsonl" >"$OUT/$name.lc1.log" 2>&1; then
-            echo "| $name | mgc, loss_chunks 1 | $(med "$OUT/$name.lc1.jsonl" step_ms) | $(med "$OUT/$name.lc1.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.lc1.jsonl" | tail -n 1) |"
-        else
-            echo "| $name | mgc, loss_chunks 1 | failed |"
-        fi
+        # memory options against the default plan (docs/partitioning.md): the head in one piece
+        # (loss chunks off) and the recompute modules; their time and the arena they change
+        for v in "lc1|loss_chunks 1|training.loss_chunks=1" \
+            "rcm|recompute_modules all|training.recompute_modules=[norm, activation, dropout]"; do
+            tag=${v%%|*} rest=${v#*|} label=${rest%%|*} set=${rest#*|}
+            # shellcheck disable=SC2086
+            if $MGC compile "$model" --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 \
+                --set parallel.data=1 --set parallel.context=1 --set training.precision=bf16 \
+                --set training.recompute=none --set training.micro_batch_size=$mbs \
+                --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+                --set training.global_batch_size=$mbs --set hardware.cuda_archs=[90] \
+                --set "$set" -o "$OUT/$name.$tag.plan" >"$OUT/$name.$tag.compile.log" 2>&1 &&
+                $RUN "$OUT/$name.$tag.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.$tag.jsonl" >"$OUT/$name.$tag.log" 2>&1; then
+                echo "| $name | mgc, $label | $(med "$OUT/$name.$tag.jsonl" step_ms) | $(med "$OUT/$name.$tag.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.$tag.jsonl" | tail -n 1) |"
+            else
+                echo "| $name | mgc, $label | failed |"
+            fi
+        done
     fi
     [ "${BENCH_TORCH:-1}" = 1 ] || return 0
     for c in "" --compile; do
