@@ -76,9 +76,26 @@ void mgc_plan_print_summary(const mgc_plan *p, FILE *out) {
             "  bubble: idle %.2f%% of each rank's step, idle/compute %.4f (simulated with uniform stage\n"
             "          costs; Narayanan et al. 2021: (p-1)/(v*m) = %.4f)\n",
             100.0 * p->bubble_fraction, ratio, ideal);
-    fprintf(out, "  recompute %s, distributed optimizer %s\n",
-            p->recompute >= 0 && p->recompute < 3 ? recompute_names[p->recompute] : "?",
-            p->distributed_optimizer ? "on" : "off");
+    fprintf(out, "  recompute %s",
+            p->recompute >= 0 && p->recompute < 3 ? recompute_names[p->recompute] : "?");
+    for (int i = 0;; i++) { /* training.recompute_modules, as the plan's config lists them */
+        char key[64];
+        snprintf(key, sizeof key, "training.recompute_modules[%d]", i);
+        const char *m = mgc_plan_config_str(p, key);
+        if (!m) break;
+        fprintf(out, "%s%s", i ? ", " : " (and ", m);
+        snprintf(key, sizeof key, "training.recompute_modules[%d]", i + 1);
+        if (!mgc_plan_config_str(p, key)) fputc(')', out);
+    }
+    fprintf(out, ", distributed optimizer %s", p->distributed_optimizer ? "on" : "off");
+    /* the loss chunks (compiler/losschunk.h): one cross-entropy backward each */
+    int64_t lc = 0;
+    for (int64_t s = 0; s < p->n_stages; s++)
+        for (int64_t c = 0; c < p->stages[s].n_chunks; c++)
+            for (int64_t i = 0; i < p->stages[s].chunks[c].n_bwd; i++)
+                lc += p->stages[s].chunks[c].bwd[i].kind == MGC_POP_CROSS_ENTROPY_BWD;
+    if (lc > 1) fprintf(out, ", the head in %" PRId64 " loss chunks", lc);
+    fputc('\n', out);
     if (p->model_flops_per_iter > 0)
         fprintf(out, "  model FLOPs per iteration %.6e\n", p->model_flops_per_iter);
     fputs("groups:\n", out);
