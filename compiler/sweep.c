@@ -114,7 +114,8 @@ typedef struct sweep {
 static void usage_sweep(FILE *out) {
     fputs("usage: mgc sweep BASE.yaml --vary KEY=V1,V2,... [--vary ...] [options]\n"
           "  --vary KEY=V1,V2,...  values of one config key (repeatable; the variants are the\n"
-          "                        cartesian product); values are YAML scalars, no commas\n"
+          "                        cartesian product); YAML scalars, or lists written whole:\n"
+          "                        'training.recompute_modules=[],[norm, activation]'\n"
           "  --set KEY=VALUE       fixed override of every variant (repeatable)\n"
           "  --world-size N        every variant's parallel.world_size (data parallel is derived)\n"
           "  --hardware NAME       hardware profile (default: the config's hardware.gpu)\n"
@@ -147,6 +148,22 @@ static void axis_free(axis *a) {
     free(a->key);
 }
 
+/* The next comma of s outside brackets (a list value "[norm, activation]" is one value), or
+ * NULL; *bad = 1 when a bracket is left open or closed twice. */
+static const char *next_comma(const char *s, int *bad) {
+    int depth = 0;
+    for (; *s; s++) {
+        if (*s == '[') depth++;
+        else if (*s == ']' && --depth < 0) {
+            *bad = 1;
+            return NULL;
+        }
+        else if (*s == ',' && depth == 0) return s;
+    }
+    *bad |= depth != 0;
+    return NULL;
+}
+
 /* Parse "KEY=V1,V2,..." into *a.  0 ok; -1 with a message printed. */
 static int parse_vary(const char *arg, axis *a, int index) {
     memset(a, 0, sizeof *a);
@@ -173,8 +190,19 @@ static int parse_vary(const char *arg, axis *a, int index) {
     const char *dot = strrchr(a->key, '.');
     a->label = dot ? dot + 1 : a->key;
     const char *s = eq + 1;
+    int bad = 0;
+    for (const char *t = s; t && !bad;) {
+        t = next_comma(t, &bad);
+        if (t) t++;
+    }
+    if (bad) {
+        fprintf(stderr,
+                "mgc sweep: --vary %s: brackets do not pair up (a list value is written [a, b])\n",
+                arg);
+        return -1;
+    }
     for (;;) {
-        const char *e = strchr(s, ',');
+        const char *e = next_comma(s, &bad);
         size_t n = e ? (size_t)(e - s) : strlen(s);
         while (n && (*s == ' ' || *s == '\t'))
             s++, n--;

@@ -108,6 +108,15 @@ grep -q "no variant is feasible" "$tmp/err" && ok || bad "no explanation when no
 # usage errors: exit 2 with a message
 "$mgc" sweep models/tiny-gpt.yaml --vary parallel.tensor >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 2 ] && grep -q "expected KEY=V1,V2" "$tmp/err" && ok || bad "bad --vary syntax"
+# a list value keeps its commas: two variants, each listed as written
+"$mgc" sweep models/tiny-gpt.yaml --vary 'training.recompute_modules=[],[norm, activation, dropout]' \
+  >"$tmp/out" 2>"$tmp/err" && ok || bad "list-valued --vary failed: $(cat "$tmp/err")"
+grep -q "2 variants" "$tmp/out" && grep -q "\[norm, activation, dropout\]" "$tmp/out" && ok \
+  || bad "list-valued --vary: $(cat "$tmp/out")"
+for v in '[norm' 'norm]' '[norm],[activation'; do
+    "$mgc" sweep models/tiny-gpt.yaml --vary "training.recompute_modules=$v" >"$tmp/out" 2>"$tmp/err"
+    [ $? -eq 2 ] && grep -q "brackets do not pair up" "$tmp/err" && ok || bad "--vary $v accepted"
+done
 "$mgc" sweep models/tiny-gpt.yaml --vary parallel.tensor=1,,2 >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 2 ] && grep -q "empty value" "$tmp/err" && ok || bad "empty --vary value"
 "$mgc" sweep models/tiny-gpt.yaml --vary parallel.tensr=1,2 >"$tmp/out" 2>"$tmp/err"
