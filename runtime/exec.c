@@ -94,6 +94,7 @@ struct mgc_exec {
     double loss_sum, aux_sum, z_sum;
     int64_t graph_replays;
     int64_t iteration;
+    int64_t iter_base, sample_base; /* step iter_base reads sample sample_base on (resumed) */
     int32_t *tok;              /* (seq_length + 1) */
     mgc_exec_op_hook hook_before, hook_after;
     void *hook_ctx;
@@ -1143,6 +1144,147 @@ int mgc_exec_init_params(mgc_exec *x) {
     return 0;
 }
 
+/* ---- checkpoints (exec.h; the file is runtime/checkpoint.c's) ------------------------------- */
+
+/* Local elements from `li` on whose global indices follow one another: to the end of the
+ * split axis' block (of the half, in a [gate | up] split), the whole tensor when unsplit. */
+static int64_t run_len(const mgc_exec *x, const pentry *e, const mgc_plan_tensor *T, int64_t li) {
+    int r = T->rank;
+    if (T->split_axis == MGC_PLAN_NO_SPLIT || T->split_axis >= r || group_size_of(x, T->split_group) == 1)
+        return e->pub.numel - li;
+    int a = T->split_axis;
+    int64_t inner = 1;
+    for (int d = a + 1; d < r; d++)
+        inner *= T->dim[d];
+    int64_t L = T->dim[a], ia = (li / inner) % L, end = L;
+    if (e->glu && a == (e->expert ? 1 : 0) && ia < L / 2) end = L / 2;
+    return (end - ia) * inner - li % inner;
+}
+
+/* The parameter holding flat element `elem` of the weights, or NULL. */
+static const pentry *param_at(const mgc_exec *x, int64_t elem) {
+    for (int64_t i = 0; i < x->n_params; i++)
+        if (x->params[i].elem <= elem && elem < x->params[i].elem + x->params[i].pub.numel)
+            return &x->params[i];
+    return NULL;
+}
+
+/* put (dir 0) or get (dir 1) local elements [lo, hi) of e to / from host[0 ..), run by run */
+static int ckpt_runs(const mgc_exec *x, const pentry *e, int array, int64_t lo, int64_t hi, float *host,
+                     const mgc_exec_ckpt_io *io, int dir) {
+    const mgc_plan_tensor *T = &x->sp->chunks[e->pub.chunk].tensors[e->tensor];
+    for (int64_t li = lo; li < hi;) {
+        int64_t n = run_len(x, e, T, li), row;
+        if (n > hi - li) n = hi - li;
+        uint64_t gi = global_index(x, e, T, li, &row);
+        int rc = dir == 0 ? io->put(io->ctx, e->pub.name, array, gi, host + (li - lo), n)
+                          : io->get(io->ctx, e->pub.name, array, gi, host + (li - lo), n);
+        if (rc) return -1;
+        li += n;
+    }
+    return 0;
+}
+
+enum { CKPT_PIECE = 1 << 22 }; /* elements moved through host memory at a time */
+
+int mgc_exec_ckpt_save(mgc_exec *x, const mgc_exec_ckpt_io *io) {
+    float *host = malloc((size_t)CKPT_PIECE * sizeof *host);
+    if (!host) return xfail(x, "out of memory");
+    float *master = x->w16 ? (float *)buf_addr(x, x->master_buf) : NULL;
+    float *m = x->m_buf >= 0 ? (float *)buf_addr(x, x->m_buf) : NULL;
+    float *v = x->v_buf >= 0 ? (float *)buf_addr(x, x->v_buf) : NULL;
+    int rc = 0;
+    for (int64_t i = 0; i < x->n_norm && !rc; i++) {
+        const seg *s = &x->norm[i];
+        const pentry *e = param_at(x, s->elem);
+        if (!e) continue;
+        for (int64_t lo = s->elem; lo < s->elem + s->n && !rc; lo += CKPT_PIECE) {
+            int64_t hi = lo + CKPT_PIECE < s->elem + s->n ? lo + CKPT_PIECE : s->elem + s->n;
+            size_t bytes = (size_t)(hi - lo) * 4;
+            int64_t mo = s->moment + (lo - s->elem);
+            for (int a = 0; a < 3 && !rc; a++) {
+                const float *src = a == 1 ? m + mo : a == 2 ? v + mo
+                                   : master ? master + mo : e->pub.weight + (lo - e->elem);
+                if ((a == 1 && !m) || (a == 2 && !v)) continue;
+                if (x->be->iface->download(x->be, host, src, bytes)) rc = be_fail(x, "reading the state to save");
+                else if (ckpt_runs(x, e, a, lo - e->elem, hi - e->elem, host, io, 0)) rc = -1;
+            }
+        }
+    }
+    free(host);
+    return rc;
+}
+
+int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io) {
+    float *host = malloc((size_t)CKPT_PIECE * sizeof *host);
+    if (!host) return xfail(x, "out of memory");
+    int rc = 0;
+    /* the weights, every local element */
+    for (int64_t i = 0; i < x->n_params && !rc; i++) {
+        const pentry *e = &x->params[i];
+        for (int64_t lo = 0; lo < e->pub.numel && !rc; lo += CKPT_PIECE) {
+            int64_t hi = lo + CKPT_PIECE < e->pub.numel ? lo + CKPT_PIECE : e->pub.numel;
+            if (ckpt_runs(x, e, MGC_CKPT_PARAM, lo, hi, host, io, 1)) {
+                rc = -1;
+                break;
+            }
+            int bad;
+            if (!x->w16) {
+                bad = x->be->iface->upload(x->be, e->pub.weight + lo, host, (size_t)(hi - lo) * 4);
+            } else {
+                uint16_t *h16 = (uint16_t *)host; /* in place: element j only reads j */
+                for (int64_t j = 0; j < hi - lo; j++)
+                    h16[j] = x->wdt == MGC_DT_F16 ? mgc_f32_to_f16(host[j]) : mgc_f32_to_bf16(host[j]);
+                bad = x->be->iface->upload(x->be, (uint16_t *)e->pub.weight + lo, h16, (size_t)(hi - lo) * 2);
+            }
+            if (bad) rc = be_fail(x, "uploading the resumed weights");
+        }
+    }
+    /* the optimizer shard: the master copy (16-bit weights), m and v; gaps zero */
+    float *master = x->w16 ? (float *)buf_addr(x, x->master_buf) : NULL;
+    float *m = x->m_buf >= 0 ? (float *)buf_addr(x, x->m_buf) : NULL;
+    float *v = x->v_buf >= 0 ? (float *)buf_addr(x, x->v_buf) : NULL;
+    if (!rc && ((m && x->be->iface->zero(x->be, m, x->sp->buffers[x->m_buf].bytes)) ||
+                (v && x->be->iface->zero(x->be, v, x->sp->buffers[x->v_buf].bytes))))
+        rc = be_fail(x, "zeroing the optimizer state");
+    for (int64_t i = 0; i < x->n_adam && !rc; i++) {
+        const seg *s = &x->adam[i];
+        const pentry *e = param_at(x, s->elem);
+        if (!e) continue;
+        for (int64_t lo = s->elem; lo < s->elem + s->n && !rc; lo += CKPT_PIECE) {
+            int64_t hi = lo + CKPT_PIECE < s->elem + s->n ? lo + CKPT_PIECE : s->elem + s->n;
+            int64_t mo = s->moment + (lo - s->elem);
+            for (int a = master ? 0 : 1; a < 3 && !rc; a++) {
+                float *dst = a == 0 ? master + mo : a == 1 ? (m ? m + mo : NULL) : (v ? v + mo : NULL);
+                if (!dst) continue;
+                if (ckpt_runs(x, e, a, lo - e->elem, hi - e->elem, host, io, 1)) rc = -1;
+                else if (x->be->iface->upload(x->be, dst, host, (size_t)(hi - lo) * 4))
+                    rc = be_fail(x, "uploading the resumed optimizer state");
+            }
+        }
+    }
+    free(host);
+    return rc;
+}
+
+int64_t mgc_exec_global_batch(const mgc_exec *x) {
+    return x->mbs * x->mb_count * x->dp;
+}
+
+void mgc_exec_get_resume(const mgc_exec *x, int64_t completed, mgc_exec_resume *r) {
+    memset(r, 0, sizeof *r);
+    r->iteration = completed;
+    r->consumed_samples = x->sample_base + (completed - x->iter_base) * mgc_exec_global_batch(x);
+    if (x->ls_on) r->loss_scale = x->ls_scale, r->ls_clean = x->ls_clean, r->ls_left = x->ls_left;
+}
+
+void mgc_exec_set_resume(mgc_exec *x, const mgc_exec_resume *r) {
+    x->iter_base = r->iteration;
+    x->sample_base = r->consumed_samples;
+    if (x->ls_on && r->loss_scale > 0)
+        x->ls_scale = r->loss_scale, x->ls_clean = r->ls_clean, x->ls_left = r->ls_left;
+}
+
 /* ---- data -------------------------------------------------------------------------------- */
 
 static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, void *ctx) {
@@ -1159,7 +1301,8 @@ static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, 
     mask = (float *)(lab + n);
     int64_t gbs = B * x->mb_count * x->dp;
     for (int64_t bi = 0; bi < B; bi++) {
-        int64_t sample = x->iteration * gbs + ((int64_t)mb * x->dp + x->co.dp) * B + bi;
+        int64_t sample = x->sample_base + (x->iteration - x->iter_base) * gbs +
+                         ((int64_t)mb * x->dp + x->co.dp) * B + bi;
         char e[512] = "";
         if (fn(ctx, sample, x->tok, e, sizeof e)) {
             free(host);

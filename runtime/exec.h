@@ -151,6 +151,43 @@ void mgc_exec_set_send_overlap(mgc_exec *x, int on);
 int mgc_exec_send_overlap(const mgc_exec *x);
 double mgc_exec_loss_scale(const mgc_exec *x); /* the current scale, 1 when off */
 
+/* Checkpoints (runtime/checkpoint.h, docs/checkpoints.md).  A checkpoint holds every
+ * parameter whole, as the unpartitioned model has it, in three fp32 arrays: the parameter
+ * (the master copy), Adam's m and v.  An element is addressed by the parameter's name, the
+ * array (MGC_CKPT_PARAM, _M, _V) and its global row-major index, the one that
+ * mgc_exec_init_params draws its initial value from, so any layout reads what any layout
+ * wrote.  `put` and `get` move n consecutive global elements; 0 ok, -1 with the message
+ * kept by the callee. */
+enum { MGC_CKPT_PARAM = 0, MGC_CKPT_M = 1, MGC_CKPT_V = 2 };
+typedef struct mgc_exec_ckpt_io {
+    int (*put)(void *ctx, const char *name, int array, uint64_t gi, const float *v, int64_t n);
+    int (*get)(void *ctx, const char *name, int array, uint64_t gi, float *v, int64_t n);
+    void *ctx;
+} mgc_exec_ckpt_io;
+/* Writes the elements this rank owns: the gradient norm's partition, in which every element
+ * of the model belongs to exactly one rank of the world.  Call between steps. */
+int mgc_exec_ckpt_save(mgc_exec *x, const mgc_exec_ckpt_io *io);
+/* Reads every element this rank holds: its weights (rounded to the 16-bit copy where the
+ * weights are 16-bit, as the optimizer's copy-out rounds them) and its optimizer shard's
+ * master copy, m and v.  In place of mgc_exec_init_params. */
+int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io);
+/* The state between steps that is not a tensor: steps completed, training samples consumed
+ * (a resumed run reads sample consumed + k * global_batch at its k-th step, so a checkpoint
+ * may be resumed with another global batch) and dynamic loss scaling's state. */
+typedef struct mgc_exec_resume {
+    int64_t iteration;        /* steps completed */
+    int64_t consumed_samples;
+    double loss_scale;        /* 0: loss scaling off */
+    int64_t ls_clean, ls_left;
+} mgc_exec_resume;
+/* The state after `completed` steps (the caller's count: steps run so far plus the resumed). */
+void mgc_exec_get_resume(const mgc_exec *x, int64_t completed, mgc_exec_resume *r);
+/* Continue from r: the next step is r->iteration (0-based).  Loss scaling's state is taken
+ * only when both the plan and r have it on. */
+void mgc_exec_set_resume(mgc_exec *x, const mgc_exec_resume *r);
+/* Samples a step trains on: micro batch x microbatches x data-parallel ranks. */
+int64_t mgc_exec_global_batch(const mgc_exec *x);
+
 void mgc_exec_free(mgc_exec *x); /* NULL is a no-op; frees the groups, not the world */
 
 #ifdef __cplusplus

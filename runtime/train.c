@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "checkpoint.h"
 #include "exec.h"
 
 static double now_s(void) {
@@ -37,6 +38,30 @@ static int device_of(mgc_comm *world) {
         }
     }
     return mgc_comm_world_rank(world);
+}
+
+/* Rank 0 looks for the newest checkpoint in dir and tells the others: path[0] = 0 when there
+ * is none.  0, or -1 with err (every rank). */
+static int find_resume(mgc_comm *world, const char *dir, char *path, size_t n, char *err, size_t errsz) {
+    char msg[4200] = "";
+    int64_t step = 0;
+    int rc = 0;
+    if (mgc_comm_rank(world) == 0) {
+        rc = mgc_ckpt_latest(dir, msg + 1, sizeof msg - 1, &step, err, errsz);
+        if (rc < 0) snprintf(msg + 1, sizeof msg - 1, "%s", err);
+        msg[0] = rc < 0 ? 'E' : rc ? 'P' : 'N';
+    }
+    if (mgc_comm_broadcast(world, msg, sizeof msg, MGC_DT_U8, 0) != MGC_COMM_OK) {
+        snprintf(err, errsz, "looking for a checkpoint: %s", mgc_comm_error(world));
+        return -1;
+    }
+    msg[sizeof msg - 1] = 0;
+    if (msg[0] == 'E') {
+        snprintf(err, errsz, "%s", msg + 1);
+        return -1;
+    }
+    snprintf(path, n, "%s", msg[0] == 'P' ? msg + 1 : "");
+    return 0;
 }
 
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
@@ -71,11 +96,29 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         mgc_comm_abort(world, err);
         goto done;
     }
-    if (mgc_exec_init_params(x)) {
+    int lead = mgc_exec_rank(x) == 0;
+    /* a checkpoint to resume from, else the seeded initial model */
+    const char *cdir = o->checkpoint_dir ? o->checkpoint_dir : mgc_plan_config_str(plan, "checkpoint.directory");
+    int ckpt = cdir && *cdir;
+    int64_t c_every = 0, c_keep = 3, start = 0;
+    mgc_plan_config_int(plan, "checkpoint.interval", &c_every);
+    mgc_plan_config_int(plan, "checkpoint.keep", &c_keep);
+    char cpath[4200] = "";
+    if (ckpt && find_resume(world, cdir, cpath, sizeof cpath, err, errsz)) goto done;
+    if (cpath[0]) {
+        mgc_exec_resume r;
+        if (mgc_ckpt_load(plan, x, world, cpath, &r, err, errsz)) {
+            mgc_comm_abort(world, err);
+            goto done;
+        }
+        mgc_exec_set_resume(x, &r);
+        start = r.iteration;
+    } else if (mgc_exec_init_params(x)) {
         snprintf(err, errsz, "%s", mgc_exec_error(x));
         mgc_comm_abort(world, err);
         goto done;
     }
+    if (o->resumed_from && (lead || strcmp(mgc_comm_transport(world), "local"))) *o->resumed_from = start;
     mgc_exec_set_graphs(x, o->graphs);
     mgc_exec_set_grad_overlap(x, !o->no_grad_overlap);
     mgc_exec_set_send_overlap(x, !o->no_send_overlap);
@@ -83,7 +126,6 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     if (iters <= 0) mgc_plan_config_int(plan, "training.iterations", &iters);
     if (log_every <= 0) mgc_plan_config_int(plan, "training.log_interval", &log_every);
     if (log_every <= 0) log_every = 10;
-    int lead = mgc_exec_rank(x) == 0;
     /* local ranks share o's arrays (rank 0 fills them); a process of its own fills its own */
     int own_out = lead || strcmp(mgc_comm_transport(world), "local");
     char a[32];
@@ -94,12 +136,15 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                 plan->grid.world, plan->grid.world > 1 ? "s" : "", be->iface->name,
                 mgc_comm_transport(world), mib(a, sizeof a, plan->stages[0].arena_bytes),
                 plan->stages[0].arena_bytes, iters);
+    if (lead && o->log && cpath[0])
+        fprintf(o->log, "mgc-run: resumed from %s (step %" PRId64 ")%s\n", cpath, start,
+                start >= iters ? ": at or past the last step, nothing to train" : "");
     double t_start = now_s(), t_log = t_start, log_loss = 0;
     int64_t log_n = 0, log_tokens = 0;
-    for (int64_t it = 0; it < iters; it++) {
+    for (int64_t it = start; it < iters; it++) {
         mgc_step_stats st;
         /* the warm-up steps are not recorded (first-call costs: allocations, JIT, caches) */
-        mgc_exec_set_profile(x, it >= o->profile_warmup ? prof : NULL);
+        mgc_exec_set_profile(x, it - start >= o->profile_warmup ? prof : NULL);
         double t0 = now_s();
         if (mgc_exec_step(x, it, mgc_train_data_sample, data, &st)) {
             snprintf(err, errsz, "step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
@@ -153,10 +198,18 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             fflush(o->log);
             t_log = t, log_loss = 0, log_n = 0, log_tokens = 0;
         }
+        if (ckpt && ((c_every > 0 && (it + 1) % c_every == 0) || it + 1 == iters)) {
+            double c0 = now_s();
+            if (mgc_ckpt_save(plan, x, world, cdir, it + 1, c_keep, err, errsz)) goto done;
+            if (lead && o->log)
+                fprintf(o->log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in %.2f s\n", cdir, it + 1,
+                        now_s() - c0);
+            t_log += now_s() - c0; /* not in the next line's tokens/s */
+        }
     }
     if (lead && o->log) {
         double t = now_s() - t_start;
-        fprintf(o->log, "mgc-run: %" PRId64 " steps in %.2f s\n", iters, t);
+        fprintf(o->log, "mgc-run: %" PRId64 " steps in %.2f s\n", iters > start ? iters - start : 0, t);
     }
     if (prof) o->profiles[mgc_comm_world_rank(world)] = prof, prof = NULL;
     rc = 0;

@@ -49,6 +49,12 @@ typedef struct mgc_train_opts {
     int64_t *overlapped;    /* (iterations) buckets reduced beside the backward (rank 0's under
                                local ranks, this process's under MPI), or NULL */
     int no_send_overlap;    /* 1: pipeline transfers in line (mgc_exec_set_send_overlap) */
+    /* Checkpoints (checkpoint.h, docs/checkpoints.md): the directory (NULL: the plan's
+     * checkpoint.directory; "": none).  With one, the run resumes from its newest checkpoint,
+     * runs to step `iterations` (counted from the job's start, not from the resumed step) and
+     * saves every checkpoint.interval steps and after its last step. */
+    const char *checkpoint_dir;
+    int64_t *resumed_from;  /* out, or NULL: the step the run resumed from (0: none) */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \

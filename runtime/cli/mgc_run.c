@@ -4,11 +4,12 @@
  *     mgc-run PLAN [--local-ranks N] [--backend cpu] [--threads N]
  *                  [--iterations N] [--log-interval N] [--metrics FILE]
  *                  [--profile FILE [--profile-warmup N]] [--cuda-graphs]
- *                  [--no-grad-overlap] [--no-send-overlap] [-q]
+ *                  [--no-grad-overlap] [--no-send-overlap] [--checkpoint-dir DIR] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
  *
  * Every check that can fail on bad input (the plan, the launch size, the
- * dataset, the metrics and profile paths) runs before the first step; exit status 0 ok,
+ * dataset, the metrics and profile paths, the checkpoint directory and the
+ * checkpoint resumed from) runs before the first step; exit status 0 ok,
  * 1 an error, 2 a usage error.  docs/runtime.md is the manual. */
 #include <errno.h>
 #include <inttypes.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "checkpoint.h"
 #include "comm.h"
 #include "exec.h"
 #include "plan.h"
@@ -40,7 +42,11 @@ static void usage(FILE *out) {
           "                     (the CUDA backend's kernels run on the CPU by the CUDA emulator:\n"
           "                     slow; for debugging kernels without a GPU, docs/cuda-emulator.md)\n"
           "  --threads N        BLAS threads per rank (default 1)\n"
-          "  --iterations N     steps to run (default: the plan's training.iterations)\n"
+          "  --iterations N     steps to run (default: the plan's training.iterations); with\n"
+          "                     checkpoints, the step to stop after, counted from the job's start\n"
+          "  --checkpoint-dir DIR\n"
+          "                     save checkpoints in DIR and resume from its newest (default: the\n"
+          "                     plan's checkpoint.directory; docs/checkpoints.md)\n"
           "  --log-interval N   steps between progress lines (default: training.log_interval)\n"
           "  --metrics FILE     write one JSON object per step (JSON lines, docs/runtime.md)\n"
           "  --profile FILE     time every op and instruction (slower steps: the backend is\n"
@@ -122,6 +128,7 @@ static int under_mpi(void) {
 
 int main(int argc, char **argv) {
     const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
+    const char *ckpt_dir = NULL;
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
     int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0;
     for (int i = 1; i < argc; i++) {
@@ -149,13 +156,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--iterations")) target = &iters, hi = INT64_MAX / 2;
         else if (!strcmp(a, "--log-interval")) target = &log_every, hi = INT64_MAX / 2;
         else if (!strcmp(a, "--profile-warmup")) target = &warmup, lo = 0, hi = INT64_MAX / 2;
-        else if (!strcmp(a, "--metrics") || !strcmp(a, "--backend") || !strcmp(a, "--profile")) {
+        else if (!strcmp(a, "--metrics") || !strcmp(a, "--backend") || !strcmp(a, "--profile") ||
+                 !strcmp(a, "--checkpoint-dir")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "mgc-run: %s needs a value (see mgc-run --help)\n", a);
                 return 2;
             }
             if (!strcmp(a, "--metrics")) metrics_path = argv[++i];
             else if (!strcmp(a, "--profile")) profile_path = argv[++i];
+            else if (!strcmp(a, "--checkpoint-dir")) ckpt_dir = argv[++i];
             else backend = argv[++i];
             continue;
         } else if (a[0] == '-' && a[1]) {
@@ -205,12 +214,8 @@ int main(int argc, char **argv) {
         mgc_plan_free(plan);
         return 1;
     }
-    const char *ckpt = mgc_plan_config_str(plan, "checkpoint.directory");
-    if (ckpt && *ckpt)
-        fprintf(stderr, "mgc-run: warning: %s: checkpoint.directory is '%s' but this mgc-run does "
-                        "not write or resume checkpoints yet: the run starts from step 1 and "
-                        "saves nothing\n",
-                plan_path, ckpt);
+    if (!ckpt_dir) ckpt_dir = mgc_plan_config_str(plan, "checkpoint.directory");
+    if (ckpt_dir && !*ckpt_dir) ckpt_dir = NULL;
     int use_mpi = !local && under_mpi();
     mgc_comm *world = NULL;
     int rank = 0;
@@ -260,8 +265,22 @@ int main(int argc, char **argv) {
         mgc_plan_free(plan);
         return 2;
     }
+    /* checkpoints: a writable directory before the first step; the data is the job's
+     * (training.iterations), so a resumed run reads the samples an unbroken one would */
+    int64_t data_iters = run_iters;
+    if (ckpt_dir) {
+        int64_t job = 0;
+        mgc_plan_config_int(plan, "training.iterations", &job);
+        if (job > data_iters) data_iters = job;
+        if (rank == 0 && mgc_ckpt_prepare_dir(ckpt_dir, err, sizeof err)) {
+            fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
+            mgc_comm_free(world);
+            mgc_plan_free(plan);
+            return 1;
+        }
+    }
     mgc_train_data *data = NULL;
-    if (mgc_train_data_open(&data, plan, run_iters, err, sizeof err)) {
+    if (mgc_train_data_open(&data, plan, data_iters, err, sizeof err)) {
         if (rank == 0) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
         mgc_comm_free(world);
         mgc_plan_free(plan);
@@ -313,6 +332,7 @@ int main(int argc, char **argv) {
     o.graphs = graphs;
     o.no_grad_overlap = no_overlap;
     o.no_send_overlap = no_send_overlap;
+    o.checkpoint_dir = ckpt_dir ? ckpt_dir : "";
     int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
                      : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
     if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
