@@ -939,9 +939,10 @@ static void check_data(mgc_check_ctx *k) {
         for (int i = 0; i < 2; i++)
             if (mgc_check_given(k, ck_keys[i]))
                 mgc_check_warning(
-                    k, mgc_check_at(k, ck_keys[i]), "set checkpoint.directory",
-                    "%s has no effect: checkpoint.directory is empty, so no checkpoints are "
-                    "written",
+                    k, mgc_check_at(k, ck_keys[i]),
+                    "set checkpoint.directory (or give mgc-run --checkpoint-dir)",
+                    "%s has no effect unless mgc-run is given --checkpoint-dir: "
+                    "checkpoint.directory is empty",
                     mgc_keys[ck_keys[i]].path);
     }
 }

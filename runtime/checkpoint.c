@@ -688,6 +688,13 @@ int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
     memset(&info, 0, sizeof info);
     int rc = mgc_ckpt_read_info(path, &info, err, errsz);
     if (!rc) rc = mgc_ckpt_model_of(plan, &want, err, errsz);
+    int64_t vocab = 0;
+    mgc_plan_config_int(plan, "model.vocab_size", &vocab);
+    if (!rc && info.vocab_size != vocab)
+        rc = BAD("%s was saved for a vocabulary of %" PRId64 " tokens, this plan's model has %" PRId64
+                 ": resume with the model it was saved for, or give this model a checkpoint "
+                 "directory of its own",
+                 path, info.vocab_size, vocab);
     if (!rc) rc = match(path, &info.model, &want, err, errsz);
     if (!rc && mgc_comm_rank(world) == 0) rc = mgc_ckpt_verify(path, &info, err, errsz);
     if (agree(world, rc, err, errsz)) {

@@ -96,6 +96,27 @@ if "$run" "$tmp/pp2.plan" --local-ranks 2 -q --metrics "$tmp/c.jsonl" 2>"$tmp/er
 else
     bad "--no-send-overlap"; cat "$tmp/err"
 fi
+# checkpoints: an unusable directory, a damaged checkpoint, then a stopped run resumed
+: >"$tmp/afile"
+expect "checkpoint dir is a file" 1 "afile is not a directory" -- "$run" "$tmp/one.plan" --checkpoint-dir "$tmp/afile" --metrics "$tmp/m.jsonl"
+expect "usage: checkpoint dir" 2 "--checkpoint-dir needs a value" -- "$run" "$tmp/one.plan" --checkpoint-dir
+if "$run" "$tmp/one.plan" -q --iterations 2 --checkpoint-dir "$tmp/ck/a" 2>"$tmp/err" &&
+    [ -f "$tmp/ck/a/step-000000002.mgck" ] &&
+    "$run" "$tmp/one.plan" --checkpoint-dir "$tmp/ck/a" --metrics "$tmp/r.jsonl" >"$tmp/out" 2>>"$tmp/err" &&
+    grep -q "resumed from $tmp/ck/a/step-000000002.mgck (step 2)" "$tmp/out" &&
+    [ "$(wc -l <"$tmp/r.jsonl")" -eq 1 ] && grep -q '"step": 3, ' "$tmp/r.jsonl" &&
+    "$run" "$tmp/one.plan" -q --metrics "$tmp/u.jsonl" 2>>"$tmp/err" &&
+    [ "$(sed -n 3p "$tmp/u.jsonl" | cut -d, -f1-4)" = "$(cut -d, -f1-4 "$tmp/r.jsonl")" ]; then
+    ok "a run stopped at step 2 resumes to step 3 with the unbroken run's loss"
+else
+    bad "checkpoint resume"; cat "$tmp/out" "$tmp/err"
+fi
+mkdir -p "$tmp/ck/b"
+cp "$tmp/ck/a/step-000000003.mgck" "$tmp/ck/b/"
+printf '\001' | dd of="$tmp/ck/b/step-000000003.mgck" bs=1 seek=40000 conv=notrunc 2>/dev/null
+expect "damaged checkpoint" 1 "step-000000003.mgck: the parameter values of" -- "$run" "$tmp/one.plan" --iterations 5 --checkpoint-dir "$tmp/ck/b" --metrics "$tmp/m.jsonl"
+[ -f "$tmp/ck/b/step-000000003.mgck" ] && ok "the damaged checkpoint is left in place" || bad "the damaged checkpoint was removed"
+
 # the same data as a megatron dataset trains too
 mplan "$tmp/syn.plan" "$tmp/syn" || exit 1
 if "$run" "$tmp/syn.plan" -q >/dev/null 2>"$tmp/err"; then ok "megatron dataset run"; else bad "megatron dataset run"; cat "$tmp/err"; fi

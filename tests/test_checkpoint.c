@@ -1,0 +1,387 @@
+/* test_checkpoint.c - saving and resuming training (runtime/checkpoint.c).
+ *
+ * - A run stopped after step 4 and resumed to step 10 gives the losses and gradient norms of
+ *   an unbroken run bit for bit, and its final checkpoint is byte-identical to the unbroken
+ *   run's: one rank with dropout (the random streams continue), tensor 2 with sequence
+ *   parallelism, two virtual pipeline stages with tied embeddings (the output layer's copy),
+ *   LLaMA over pipeline x data with the distributed optimizer, MoE over experts with the
+ *   distributed optimizer.
+ * - Across layouts: the checkpoint of step 4 written by tensor 2 x pipeline 2 x data 2 (and by
+ *   expert 2 for the MoE) holds what one rank's holds (each array of each tensor within 1e-3
+ *   relative, Frobenius: a region no rank wrote would be zeros, some 6e-2 for one row of the
+ *   embedding; the layouts differ by ~1e-4 where Adam normalises gradients that are zero but
+ *   for rounding, the key biases'), and a run resumed under another layout tracks the
+ *   unbroken run of that layout within 1e-5 relative, as the layouts track each other.
+ * - Retention (checkpoint.keep), unfinished files of a crashed save, and refusals: a damaged
+ *   file (one flipped byte of data, a truncated file, a broken header), another model's
+ *   checkpoint; each fails before the first step with the file named, and nothing in the
+ *   directory is lost. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "compile.h"
+#include "config.h"
+#include "diag.h"
+#include "ir.h"
+#include "plan.h"
+#include "testlib.h"
+#include "train.h"
+#include "train_data.h"
+
+#define STEPS 10
+#define STOP 4
+
+static const char *const common[] = {
+    "training.iterations=10", "optimizer.warmup_iterations=2", "model.seq_length=32",
+    "training.micro_batch_size=2", "training.global_batch_size=4", NULL};
+
+static mgc_plan *compile(const char *path, const char *const *sets) {
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_config *c = mgc_config_new();
+    mgc_config_load_file(c, path, &d);
+    for (int i = 0; common[i]; i++)
+        mgc_config_set(c, common[i], "--set", &d);
+    for (int i = 0; sets && sets[i]; i++)
+        mgc_config_set(c, sets[i], "--set", &d);
+    if (d.errors == 0) mgc_config_finalize(c, &d);
+    mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
+    mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
+    if (!p) mgc_diags_print(&d, stderr);
+    mgc_ir_free(g);
+    mgc_config_free(c);
+    mgc_diags_free(&d);
+    return p;
+}
+
+/* Trains p to step `until` with checkpoints in dir: losses / norms of the steps run (the
+ * others NaN), the step it resumed from.  0, or -1 with the message in err. */
+static int run(const mgc_plan *p, const char *dir, int64_t until, double *loss, double *norm,
+               int64_t *resumed, char *err, size_t errsz) {
+    mgc_train_data *data = NULL;
+    if (mgc_train_data_open(&data, p, STEPS, err, errsz)) return -1;
+    mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+    o.iterations = until;
+    o.losses = loss;
+    o.grad_norms = norm;
+    o.timeout_ms = 120000;
+    o.checkpoint_dir = dir;
+    o.resumed_from = resumed;
+    for (int i = 0; i < STEPS; i++)
+        loss[i] = norm[i] = NAN;
+    *resumed = -1;
+    int rc = mgc_train_local(p, data, (int)p->grid.world, &o, err, errsz);
+    mgc_train_data_free(data);
+    return rc;
+}
+
+static void make_dir(char *dir) {
+    snprintf(dir, 64, "/tmp/mgc-ckpt-XXXXXX");
+    T_CHECK(mkdtemp(dir) != NULL);
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char p[512];
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+static char *ckpt_path(char *buf, const char *dir, int64_t step) {
+    snprintf(buf, 512, "%s/step-%09lld.mgck", dir, (long long)step);
+    return buf;
+}
+
+static unsigned char *slurp(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)(*n > 0 ? *n : 1));
+    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) free(b), b = NULL;
+    fclose(f);
+    return b;
+}
+
+static int same_file(const char *a, const char *b) {
+    long na = 0, nb = 0;
+    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+    int same = x && y && na == nb && !memcmp(x, y, (size_t)na);
+    free(x), free(y);
+    return same;
+}
+
+static int count_files(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* Stopped at STOP and resumed = unbroken, bit for bit, final checkpoints byte for byte. */
+static void check_resume(const char *path, const char *name, const char *const *sets) {
+    mgc_plan *p = compile(path, sets);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    char a[64], b[64], pa[512], pb[512], err[4096];
+    make_dir(a), make_dir(b);
+    double la[STEPS], na[STEPS], lb[STEPS], nb[STEPS], l1[STEPS], n1[STEPS];
+    int64_t r0 = -1, r1 = -1, r2 = -1;
+    int rc = run(p, a, STEPS, la, na, &r0, err, sizeof err);
+    if (rc) fprintf(stderr, "%s unbroken: %s\n", name, err);
+    T_EQ_I64(rc, 0);
+    T_EQ_I64(r0, 0);
+    rc = run(p, b, STOP, l1, n1, &r1, err, sizeof err);
+    if (rc) fprintf(stderr, "%s to step %d: %s\n", name, STOP, err);
+    T_EQ_I64(rc, 0);
+    T_EQ_I64(r1, 0);
+    T_CHECK(access(ckpt_path(pb, b, STOP), R_OK) == 0);
+    rc = run(p, b, STEPS, lb, nb, &r2, err, sizeof err);
+    if (rc) fprintf(stderr, "%s resumed: %s\n", name, err);
+    T_EQ_I64(rc, 0);
+    T_EQ_I64(r2, STOP);
+    /* the first part's steps are the unbroken run's; the resumed run ran only the rest */
+    T_CHECK(memcmp(l1, la, STOP * sizeof *la) == 0);
+    T_CHECK(isnan(lb[STOP - 1]) && !isnan(lb[STOP]));
+    int same = memcmp(lb + STOP, la + STOP, (STEPS - STOP) * sizeof *la) == 0 &&
+               memcmp(nb + STOP, na + STOP, (STEPS - STOP) * sizeof *na) == 0;
+    T_CHECK(same);
+    int files = same_file(ckpt_path(pa, a, STEPS), ckpt_path(pb, b, STEPS));
+    T_CHECK(files);
+    printf("%s %-24s world %lld: resumed at step %d: steps %d-%d %s, step-%d checkpoints %s\n", path,
+           name, (long long)p->grid.world, STOP, STOP + 1, STEPS, same ? "bit-identical" : "DIFFER",
+           STEPS, files ? "byte-identical" : "DIFFER");
+    remove_dir(a), remove_dir(b);
+    mgc_plan_free(p);
+}
+
+/* The worst relative difference (Frobenius) of an array of a tensor of checkpoint x from y's. */
+static double compare_ckpts(const char *x, const char *y) {
+    mgc_ckpt_info ix, iy;
+    char err[1024];
+    if (mgc_ckpt_read_info(x, &ix, err, sizeof err) || mgc_ckpt_read_info(y, &iy, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return INFINITY;
+    }
+    long nx = 0, ny = 0;
+    unsigned char *bx = slurp(x, &nx), *by = slurp(y, &ny);
+    double worst = bx && by && ix.model.n == iy.model.n ? 0 : INFINITY;
+    T_EQ_I64(ix.resume.iteration, iy.resume.iteration);
+    T_EQ_I64(ix.resume.consumed_samples, iy.resume.consumed_samples);
+    for (int64_t i = 0; i < ix.model.n && worst < INFINITY; i++) {
+        const mgc_ckpt_tensor *t = &ix.model.t[i], *u = &iy.model.t[i];
+        /* vocabulary tensors: the rows both have (padded to a multiple of the tensor degree) */
+        uint64_t rows = t->numel < u->numel ? t->numel : u->numel;
+        if (strcmp(t->name, u->name) || (t->numel != u->numel && !(t->vocab && u->vocab))) {
+            worst = INFINITY;
+            break;
+        }
+        for (int a = 0; a < 3; a++) {
+            const float *p = (const float *)(bx + ix.data_offset + t->offset) + (uint64_t)a * t->numel;
+            const float *q = (const float *)(by + iy.data_offset + u->offset) + (uint64_t)a * u->numel;
+            double d = 0, s = 0;
+            for (uint64_t k = 0; k < rows; k++)
+                d += ((double)p[k] - q[k]) * ((double)p[k] - q[k]), s += (double)q[k] * q[k];
+            double r = s > 0 ? sqrt(d / s) : (d > 0 ? INFINITY : 0);
+            if (r > worst) worst = r;
+            if (r > 1e-3) printf("  %s (array %d): relative difference %.3e\n", t->name, a, r);
+        }
+    }
+    free(bx), free(by);
+    mgc_ckpt_info_free(&ix);
+    mgc_ckpt_info_free(&iy);
+    return worst;
+}
+
+/* Saved under layout `from`, resumed under layout `to`: the checkpoint holds what one rank's
+ * holds, and the resumed run tracks `to`'s unbroken run. */
+static void check_across(const char *path, const char *const *from, const char *const *to,
+                         const char *name) {
+    mgc_plan *one = compile(path, NULL), *pf = compile(path, from), *pt = compile(path, to);
+    T_CHECK(one && pf && pt);
+    if (!one || !pf || !pt) goto out;
+    char d1[64], df[64], dt[64], p1[512], pfp[512], err[4096];
+    make_dir(d1), make_dir(df), make_dir(dt);
+    double l[STEPS], n[STEPS], lt[STEPS], nt[STEPS];
+    int64_t r;
+    T_EQ_I64(run(one, d1, STOP, l, n, &r, err, sizeof err), 0);
+    int rc = run(pf, df, STOP, l, n, &r, err, sizeof err);
+    if (rc) fprintf(stderr, "%s: %s\n", name, err);
+    T_EQ_I64(rc, 0);
+    double worst = compare_ckpts(ckpt_path(pfp, df, STOP), ckpt_path(p1, d1, STOP));
+    T_CHECK(worst <= 1e-3);
+    /* resumed under `to` from `from`'s checkpoint, against `to` unbroken */
+    T_EQ_I64(run(pt, dt, STEPS, lt, nt, &r, err, sizeof err), 0);
+    remove_dir(dt);
+    make_dir(dt);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp %s %s/", pfp, dt);
+    T_EQ_I64(system(cmd), 0);
+    rc = run(pt, dt, STEPS, l, n, &r, err, sizeof err);
+    if (rc) fprintf(stderr, "%s resumed: %s\n", name, err);
+    T_EQ_I64(rc, 0);
+    T_EQ_I64(r, STOP);
+    double wl = 0;
+    for (int i = STOP; i < STEPS && rc == 0; i++) {
+        T_NEAR_REL(l[i], lt[i], 1e-5);
+        double e = fabs(l[i] - lt[i]) / fabs(lt[i]);
+        if (e > wl) wl = e;
+    }
+    printf("%s %s: step-%d checkpoints within %.2e of one rank's; resumed across layouts, "
+           "losses within %.2e of the unbroken run\n",
+           path, name, STOP, worst, wl);
+    remove_dir(d1), remove_dir(df), remove_dir(dt);
+out:
+    mgc_plan_free(one), mgc_plan_free(pf), mgc_plan_free(pt);
+}
+
+/* checkpoint.keep, a crashed save's leftovers, and a user's file left alone */
+static void check_retention(void) {
+    static const char *const sets[] = {"checkpoint.interval=1", "checkpoint.keep=2", NULL};
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", sets);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    char d[64], f[600], err[4096];
+    make_dir(d);
+    snprintf(f, sizeof f, "%s/notes.txt", d);
+    FILE *u = fopen(f, "w");
+    T_CHECK(u != NULL);
+    if (u) fputs("mine\n", u), fclose(u);
+    snprintf(f, sizeof f, "%s/step-000000002.mgck.partial", d); /* a crashed save */
+    u = fopen(f, "w");
+    if (u) fclose(u);
+    double l[STEPS], n[STEPS];
+    int64_t r;
+    T_EQ_I64(run(p, d, 5, l, n, &r, err, sizeof err), 0);
+    T_EQ_I64(count_files(d), 3); /* notes.txt, step 4, step 5 */
+    T_CHECK(access(ckpt_path(f, d, 4), R_OK) == 0 && access(ckpt_path(f, d, 5), R_OK) == 0);
+    snprintf(f, sizeof f, "%s/notes.txt", d);
+    T_CHECK(access(f, R_OK) == 0);
+    /* resuming at or past the last step trains nothing and keeps everything */
+    T_EQ_I64(run(p, d, 5, l, n, &r, err, sizeof err), 0);
+    T_EQ_I64(r, 5);
+    T_CHECK(isnan(l[4]));
+    T_EQ_I64(count_files(d), 3);
+    printf("retention: keep 2 of 5, a crashed save's file removed, the user's file kept\n");
+    remove_dir(d);
+    mgc_plan_free(p);
+}
+
+/* flips byte `at` (negative: from the end) of file */
+static void flip(const char *file, long at) {
+    FILE *f = fopen(file, "r+b");
+    T_CHECK(f != NULL);
+    if (!f) return;
+    fseek(f, at, at < 0 ? SEEK_END : SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, at, at < 0 ? SEEK_END : SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+
+static void expect_refused(const mgc_plan *p, const char *dir, const char *want, const char *what) {
+    double l[STEPS], n[STEPS];
+    int64_t r;
+    char err[4096] = "";
+    int rc = run(p, dir, STEPS, l, n, &r, err, sizeof err);
+    T_CHECK(rc != 0);
+    T_CHECK(strstr(err, want) != NULL && strstr(err, dir) != NULL);
+    T_CHECK(isnan(l[STOP])); /* refused before any step */
+    printf("refused (%s): %s\n", what, err);
+}
+
+static void check_refusals(void) {
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", NULL), *q = compile("models/tiny-llama.yaml", NULL);
+    T_CHECK(p && q);
+    if (!p || !q) goto out;
+    char d[64], e[64], f[512], err[4096];
+    make_dir(d), make_dir(e);
+    double l[STEPS], n[STEPS];
+    int64_t r;
+    T_EQ_I64(run(p, d, STOP, l, n, &r, err, sizeof err), 0);
+    ckpt_path(f, d, STOP);
+    long size = 0;
+    unsigned char *orig = slurp(f, &size);
+    T_CHECK(orig != NULL);
+    /* one bit of data (the last Adam v element written) */
+    flip(f, -3);
+    expect_refused(p, d, "damaged", "a flipped bit of data");
+    /* the header */
+    FILE *w = fopen(f, "wb");
+    if (w) fwrite(orig, 1, (size_t)size, w), fclose(w);
+    flip(f, 20);
+    expect_refused(p, d, "header is damaged", "a flipped bit of the header");
+    /* truncated */
+    w = fopen(f, "wb");
+    if (w) fwrite(orig, 1, (size_t)size, w), fclose(w);
+    T_EQ_I64(truncate(f, size - 4096), 0);
+    expect_refused(p, d, "truncated", "a truncated file");
+    /* restored, it resumes; the damaged attempts changed nothing in the directory */
+    w = fopen(f, "wb");
+    if (w) fwrite(orig, 1, (size_t)size, w), fclose(w);
+    T_EQ_I64(count_files(d), 1);
+    T_EQ_I64(run(p, d, STOP + 1, l, n, &r, err, sizeof err), 0);
+    T_EQ_I64(r, STOP);
+    /* another model's checkpoint */
+    T_EQ_I64(run(q, e, STOP, l, n, &r, err, sizeof err), 0);
+    expect_refused(p, e, "has no parameter", "another model's checkpoint");
+    T_EQ_I64(count_files(e), 1);
+    /* another vocabulary: the padding rule would let its rows through */
+    static const char *const v300[] = {"model.vocab_size=300", NULL};
+    mgc_plan *v = compile("examples/tiny-gpt.yaml", v300);
+    T_CHECK(v != NULL);
+    if (v) expect_refused(v, d, "vocabulary of 257 tokens", "another vocabulary");
+    mgc_plan_free(v);
+    free(orig);
+    remove_dir(d), remove_dir(e);
+out:
+    mgc_plan_free(p), mgc_plan_free(q);
+}
+
+#define W(n) "parallel.world_size=" #n
+
+int main(void) {
+    static const char *const one_drop[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+    static const char *const tpsp[] = {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true", NULL};
+    static const char *const vpp_tied[] = {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2",
+                                           "model.tie_embeddings=true", NULL};
+    static const char *const llama[] = {W(4), "parallel.pipeline=2", "parallel.data=2",
+                                        "parallel.distributed_optimizer=true", NULL};
+    static const char *const moe[] = {W(2), "parallel.data=2", "parallel.expert=2",
+                                      "parallel.distributed_optimizer=true", NULL};
+    check_resume("examples/tiny-gpt.yaml", "one rank, dropout", one_drop);
+    check_resume("examples/tiny-gpt.yaml", "tp2+sp", tpsp);
+    check_resume("examples/tiny-gpt.yaml", "pp2 vp2 tied", vpp_tied);
+    check_resume("models/tiny-llama.yaml", "pp2 dp2 dist-opt", llama);
+    check_resume("models/tiny-moe.yaml", "ep2 dist-opt", moe);
+    static const char *const t8[] = {W(8), "parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2",
+                                     "parallel.sequence_parallel=true", "parallel.distributed_optimizer=true",
+                                     NULL};
+    static const char *const tp2[] = {W(2), "parallel.tensor=2", NULL};
+    static const char *const moe1[] = {W(2), "parallel.data=2", "parallel.expert=2", NULL};
+    /* the vocabulary is padded to a multiple of 8 x the tensor degree: from tensor 2 to one
+     * rank the checkpoint's padding rows past the plan's are left out, from one to two the
+     * plan's extra rows start at zero */
+    check_across("examples/tiny-gpt.yaml", t8, NULL, "tp2 pp2 dp2 dist-opt -> one rank");
+    check_across("models/tiny-llama.yaml", llama, tp2, "pp2 dp2 dist-opt -> tp2");
+    check_across("models/tiny-moe.yaml", moe, moe1, "ep2 dist-opt -> ep2");
+    check_retention();
+    check_refusals();
+    return t_summary("test_checkpoint");
+}
