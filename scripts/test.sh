@@ -29,11 +29,11 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 echo "== build 3: clang, ThreadSanitizer: the tests with threads (local ranks, gradient reducer)"
 CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGC_WERROR=ON \
   -DMGC_SANITIZE=thread >/dev/null
-cmake --build build-tsan -j "$jobs" --target test_comm test_train
+cmake --build build-tsan -j "$jobs" --target test_comm test_train test_checkpoint
 # OpenBLAS runs its GEMMs on threads of its own that ThreadSanitizer cannot see synchronise
 # (uninstrumented spin-waits): with more than one, every GEMM the main thread reads back is
 # reported as a race (OpenBLAS 0.3.21, Debian 12).  Our threads are what this build checks.
-for t in test_comm test_train; do
+for t in test_comm test_train test_checkpoint; do
   OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/$t >build-tsan/$t.log 2>&1 ||
     { tail -n 60 build-tsan/$t.log; echo "test.sh: $t failed under ThreadSanitizer"; exit 1; }
   tail -n 1 build-tsan/$t.log

@@ -755,6 +755,88 @@ out:
         mgc_plan_free(p[k]);
 }
 
+/* ---- 2a. checkpoints of 16-bit plans ----------------------------------------------- */
+
+/* Trains p on `backend` to step `until` with checkpoints in dir (docs/checkpoints.md). */
+static int train_ckpt(const mgc_plan *p, const char *backend, const char *dir, int64_t until, double *loss,
+                      int64_t *resumed) {
+    char err[4096];
+    mgc_train_data *data = NULL;
+    if (mgc_train_data_open(&data, p, steps, err, sizeof err)) return -1;
+    double norms[STEPS];
+    mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+    o.iterations = until;
+    o.losses = loss;
+    o.grad_norms = norms;
+    o.backend = backend;
+    o.checkpoint_dir = dir;
+    o.resumed_from = resumed;
+    for (int i = 0; i < STEPS; i++)
+        loss[i] = NAN;
+    int rc = mgc_train_local(p, data, (int)p->grid.world, &o, err, sizeof err);
+    if (rc) fprintf(stderr, "train (%s, checkpoints in %s): %s\n", backend, dir, err);
+    mgc_train_data_free(data);
+    return rc;
+}
+
+static int same_bytes(const char *a, const char *b) {
+    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
+    int same = f && g, ca, cb;
+    while (same && ((ca = fgetc(f)) != EOF) | ((cb = fgetc(g)) != EOF))
+        same = ca == cb;
+    if (f) fclose(f);
+    if (g) fclose(g);
+    return same;
+}
+
+/* bf16 and fp16 plans (the master copy, the weights rounded from it, fp16's loss-scale state):
+ * stopped half way and resumed = unbroken, bit for bit and byte for byte; and a checkpoint of
+ * the CPU's fp32 run resumed in bf16 tracks the bf16 run. */
+static void check_checkpoints(const char *path) {
+    int half = steps / 2;
+    char a[64], b[64], c[64], fa[256], fb[256], cmd[300];
+    mgc_plan *fp32 = compile(path, "fp32", NULL);
+    T_CHECK(fp32 != NULL);
+    for (int k = 0; k < 2 && fp32; k++) {
+        mgc_plan *p = compile(path, half_name[k], NULL);
+        T_CHECK(p != NULL);
+        if (!p) continue;
+        snprintf(a, sizeof a, "/tmp/mgc-ck-XXXXXX"), snprintf(b, sizeof b, "/tmp/mgc-ck-XXXXXX");
+        T_CHECK(mkdtemp(a) && mkdtemp(b));
+        double la[STEPS], lb[STEPS], l1[STEPS];
+        int64_t r = -1;
+        T_EQ_I64(train_ckpt(p, gpu_name(), a, steps, la, &r), 0);
+        T_EQ_I64(train_ckpt(p, gpu_name(), b, half, l1, &r), 0);
+        T_EQ_I64(train_ckpt(p, gpu_name(), b, steps, lb, &r), 0);
+        T_EQ_I64(r, half);
+        int same = !memcmp(la + half, lb + half, (size_t)(steps - half) * sizeof *la);
+        snprintf(fa, sizeof fa, "%s/step-%09d.mgck", a, steps), snprintf(fb, sizeof fb, "%s/step-%09d.mgck", b, steps);
+        int bytes = same_bytes(fa, fb);
+        T_CHECK(same && bytes);
+        /* fp32 (the CPU) to step `half`, resumed here in this precision */
+        snprintf(c, sizeof c, "/tmp/mgc-ck-XXXXXX");
+        T_CHECK(mkdtemp(c) != NULL);
+        double lc[STEPS], lr[STEPS];
+        T_EQ_I64(train_ckpt(fp32, "cpu", c, half, lc, &r), 0);
+        T_EQ_I64(train_ckpt(p, gpu_name(), c, steps, lr, &r), 0);
+        T_EQ_I64(r, half);
+        double worst = 0;
+        for (int i = half; i < steps; i++) {
+            T_NEAR_REL(lr[i], la[i], 3e-2);
+            double e = fabs(lr[i] - la[i]) / fabs(la[i]);
+            if (e > worst || e != e) worst = e;
+        }
+        printf("%s %s checkpoints: resumed at step %d, steps %d-%d %s, final files %s; resumed "
+               "from the CPU's fp32 checkpoint: within %.2e of the %s run\n",
+               path, half_name[k], half, half + 1, steps, same ? "bit-identical" : "DIFFER",
+               bytes ? "byte-identical" : "DIFFER", worst, half_name[k]);
+        snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", a, b, c);
+        T_EQ_I64(system(cmd), 0);
+        mgc_plan_free(p);
+    }
+    mgc_plan_free(fp32);
+}
+
 /* ---- 2b. several ranks on the GPU ---------------------------------------------------- */
 
 /* Parallel layouts on the CUDA backend, every rank a thread on this GPU (local ranks): the
@@ -917,6 +999,8 @@ int main(int argc, char **argv) {
         check_training("models/tiny-llama.yaml", NULL);
         check_training("models/tiny-moe.yaml", NULL);
     }
+    if (!only || !strcmp(only, "train") || !strcmp(only, "ci") || !strcmp(only, "ckpt"))
+        check_checkpoints("examples/tiny-gpt.yaml");
     if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!emu && (!only || !strcmp(only, "graphs"))) check_graphs();
     if (only && !strcmp(only, "ci")) { /* test_cuda_emu in CI: every kernel family, in minutes */
