@@ -431,6 +431,19 @@ int mgc_ckpt_read_info(const char *path, mgc_ckpt_info *info, char *err, size_t 
             path, info->file_bytes, doff + data, hint);
         goto done;
     }
+    /* the padding before the data is zeros: no byte of the file goes unchecked */
+    uint64_t gap = doff - MGC_CKPT_HEADER_BYTES - tbytes;
+    uint8_t z[4096];
+    if (gap > sizeof z || pread_all(fd, z, (size_t)gap, MGC_CKPT_HEADER_BYTES + tbytes)) {
+        BAD("%s: the checkpoint's table is damaged (its padding cannot be read): %s", path, hint);
+        goto done;
+    }
+    for (uint64_t i = 0; i < gap; i++)
+        if (z[i]) {
+            BAD("%s: the checkpoint's table is damaged (non-zero padding at byte %" PRIu64 "): %s",
+                path, MGC_CKPT_HEADER_BYTES + tbytes + i, hint);
+            goto done;
+        }
     info->data_offset = doff;
     mgc_exec_resume *r = &info->resume;
     r->iteration = (int64_t)get64(h + 16);
