@@ -182,7 +182,18 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             fputs("}\n", o->metrics);
             fflush(o->metrics);
         }
-        if (lead && o->log && ((it + 1) % log_every == 0 || it + 1 == iters || it == 0)) {
+        /* a stop request: every rank stops after the same step */
+        int stop = 0;
+        if (o->stop) {
+            float mine = *o->stop ? 1.0f : 0.0f, any = 0;
+            if (mgc_comm_all_reduce(world, &mine, &any, 1, MGC_DT_F32, MGC_COMM_MAX) != MGC_COMM_OK) {
+                snprintf(err, errsz, "step %" PRId64 ": agreeing on a stop: %s", it + 1, mgc_comm_error(world));
+                goto done;
+            }
+            stop = any > 0;
+            if (stop && o->stopped_after && own_out) *o->stopped_after = it + 1;
+        }
+        if (lead && o->log && ((it + 1) % log_every == 0 || it + 1 == iters || it == 0 || stop)) {
             double t = now_s(), span = t - t_log;
             fprintf(o->log,
                     "step %6" PRId64 "/%" PRId64 " | loss %.4f | lr %.3e | grad norm %.3f | %8.0f "
@@ -198,13 +209,20 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             fflush(o->log);
             t_log = t, log_loss = 0, log_n = 0, log_tokens = 0;
         }
-        if (ckpt && ((c_every > 0 && (it + 1) % c_every == 0) || it + 1 == iters)) {
+        if (ckpt && (stop || (c_every > 0 && (it + 1) % c_every == 0) || it + 1 == iters)) {
             double c0 = now_s();
             if (mgc_ckpt_save(plan, x, world, cdir, it + 1, c_keep, err, errsz)) goto done;
             if (lead && o->log)
                 fprintf(o->log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in %.2f s\n", cdir, it + 1,
                         now_s() - c0);
             t_log += now_s() - c0; /* not in the next line's tokens/s */
+        }
+        if (stop) {
+            if (lead && o->log)
+                fprintf(o->log, "mgc-run: stopped on request after step %" PRId64 "%s\n", it + 1,
+                        ckpt ? ": run again to resume from its checkpoint" : " (no checkpoint directory: nothing saved)");
+            iters = it + 1;
+            break;
         }
     }
     if (lead && o->log) {

@@ -55,6 +55,11 @@ typedef struct mgc_train_opts {
      * saves every checkpoint.interval steps and after its last step. */
     const char *checkpoint_dir;
     int64_t *resumed_from;  /* out, or NULL: the step the run resumed from (0: none) */
+    /* A request to stop (a signal handler sets it), or NULL.  After each step the ranks agree
+     * on it (one all-reduce): if any saw it set, every rank saves a checkpoint (when
+     * checkpoints are on) and the run ends there, successfully. */
+    volatile int *stop;
+    int64_t *stopped_after; /* out, or NULL: the step a stop request ended the run after (0: none) */
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \

@@ -116,6 +116,27 @@ cp "$tmp/ck/a/step-000000003.mgck" "$tmp/ck/b/"
 printf '\001' | dd of="$tmp/ck/b/step-000000003.mgck" bs=1 seek=40000 conv=notrunc 2>/dev/null
 expect "damaged checkpoint" 1 "step-000000003.mgck: the parameter values of" -- "$run" "$tmp/one.plan" --iterations 5 --checkpoint-dir "$tmp/ck/b" --metrics "$tmp/m.jsonl"
 [ -f "$tmp/ck/b/step-000000003.mgck" ] && ok "the damaged checkpoint is left in place" || bad "the damaged checkpoint was removed"
+# SIGTERM (a batch system's notice): the step finishes, a checkpoint is saved, exit 0; the next
+# run resumes after that step
+$mgc compile examples/tiny-gpt.yaml --no-kernels --set training.iterations=2000 --set model.seq_length=32 \
+    -o "$tmp/long.plan" >/dev/null || exit 1
+"$run" "$tmp/long.plan" --checkpoint-dir "$tmp/ck/s" --metrics "$tmp/s.jsonl" --log-interval 1000 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+n=0
+while [ "$n" -lt 200 ] && [ "$(cat "$tmp/s.jsonl.partial" 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.05; n=$((n + 1)); done
+kill -TERM $pid
+wait $pid
+st=$?
+last=$(tail -n 1 "$tmp/s.jsonl" 2>/dev/null | sed 's/{"step": \([0-9]*\),.*/\1/')
+saved=$(printf '%s/ck/s/step-%09d.mgck' "$tmp" "${last:-0}")
+if [ "$st" = 0 ] && [ -n "$last" ] && [ "$last" -lt 2000 ] && [ -f "$saved" ] &&
+    grep -q "stopped on request after step $last: run again" "$tmp/out" &&
+    "$run" "$tmp/long.plan" --checkpoint-dir "$tmp/ck/s" --iterations $((last + 2)) -q --metrics "$tmp/t.jsonl" 2>>"$tmp/err" &&
+    [ "$(head -n 1 "$tmp/t.jsonl" | sed 's/{"step": \([0-9]*\),.*/\1/')" = $((last + 1)) ]; then
+    ok "SIGTERM after step $last: saved, exit 0, resumed at step $((last + 1))"
+else
+    bad "SIGTERM (exit $st, last step '$last')"; cat "$tmp/out" "$tmp/err"
+fi
 
 # the same data as a megatron dataset trains too
 mplan "$tmp/syn.plan" "$tmp/syn" || exit 1

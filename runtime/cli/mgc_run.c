@@ -13,6 +13,7 @@
  * 1 an error, 2 a usage error.  docs/runtime.md is the manual. */
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +47,8 @@ static void usage(FILE *out) {
           "                     checkpoints, the step to stop after, counted from the job's start\n"
           "  --checkpoint-dir DIR\n"
           "                     save checkpoints in DIR and resume from its newest (default: the\n"
-          "                     plan's checkpoint.directory; docs/checkpoints.md)\n"
+          "                     plan's checkpoint.directory; docs/checkpoints.md); SIGTERM,\n"
+          "                     SIGINT or SIGUSR1 then saves after the current step and stops\n"
           "  --log-interval N   steps between progress lines (default: training.log_interval)\n"
           "  --metrics FILE     write one JSON object per step (JSON lines, docs/runtime.md)\n"
           "  --profile FILE     time every op and instruction (slower steps: the backend is\n"
@@ -120,6 +122,14 @@ static int finish_profile(FILE *f, const char *partial, const char *path, mgc_pr
         return -1;
     }
     return 0;
+}
+
+/* SIGTERM, SIGINT or SIGUSR1 while checkpoints are on: finish the step, save, stop (a batch
+ * system's notice before preemption, or ^C).  A second one kills as usual. */
+static volatile int stop_requested;
+static void on_stop(int sig) {
+    (void)sig;
+    stop_requested = 1;
 }
 
 static int under_mpi(void) {
@@ -333,6 +343,17 @@ int main(int argc, char **argv) {
     o.no_grad_overlap = no_overlap;
     o.no_send_overlap = no_send_overlap;
     o.checkpoint_dir = ckpt_dir ? ckpt_dir : "";
+    if (ckpt_dir) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_stop;
+        sa.sa_flags = SA_RESETHAND | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGUSR1, &sa, NULL);
+        o.stop = &stop_requested;
+    }
     int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
                      : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
     if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
