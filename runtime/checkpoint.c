@@ -695,7 +695,7 @@ static int match(const char *path, const mgc_ckpt_model *have, const mgc_ckpt_mo
 }
 
 int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char *path,
-                  mgc_exec_resume *r, char *err, size_t errsz) {
+                  int params_only, mgc_exec_resume *r, char *err, size_t errsz) {
     mgc_ckpt_info info;
     mgc_ckpt_model want = {0, NULL};
     memset(&info, 0, sizeof info);
@@ -719,7 +719,7 @@ int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
         rc = BAD("cannot open the checkpoint %s: %s", path, strerror(errno));
     } else {
         mgc_exec_ckpt_io io = {io_put, io_get, &c};
-        rc = mgc_exec_ckpt_load(x, &io);
+        rc = mgc_exec_ckpt_load(x, &io, params_only);
         if (rc) snprintf(err, errsz, "%s", c.err[0] ? c.err : mgc_exec_error(x));
         close(c.fd);
     }
@@ -727,7 +727,7 @@ int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
         rc = -1;
         goto done;
     }
-    *r = info.resume;
+    if (!params_only) *r = info.resume;
     rc = 0;
 done:
     mgc_ckpt_info_free(&info);

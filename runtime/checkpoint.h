@@ -67,9 +67,11 @@ int mgc_ckpt_latest(const char *dir, char *path, size_t pathsz, int64_t *step, c
 int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char *dir,
                   int64_t completed, int64_t keep, char *err, size_t errsz);
 /* Loads path into x (in place of mgc_exec_init_params) and fills *r (then
- * mgc_exec_set_resume).  Collective; refuses a damaged file or another model's with err. */
+ * mgc_exec_set_resume).  params_only: the parameters alone, Adam's moments zero (a run that
+ * starts from a checkpoint's model: mgc-run --init-from); r is then not filled.  Collective;
+ * refuses a damaged file or another model's with err. */
 int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char *path,
-                  mgc_exec_resume *r, char *err, size_t errsz);
+                  int params_only, mgc_exec_resume *r, char *err, size_t errsz);
 
 /* A checkpoint's header and table, checked (no data checksums: mgc_ckpt_verify).  For
  * tools and tests.  0, or -1 with err. */

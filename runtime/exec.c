@@ -1215,7 +1215,7 @@ int mgc_exec_ckpt_save(mgc_exec *x, const mgc_exec_ckpt_io *io) {
     return rc;
 }
 
-int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io) {
+int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io, int params_only) {
     float *host = malloc((size_t)CKPT_PIECE * sizeof *host);
     if (!host) return xfail(x, "out of memory");
     int rc = 0;
@@ -1254,7 +1254,7 @@ int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io) {
         for (int64_t lo = s->elem; lo < s->elem + s->n && !rc; lo += CKPT_PIECE) {
             int64_t hi = lo + CKPT_PIECE < s->elem + s->n ? lo + CKPT_PIECE : s->elem + s->n;
             int64_t mo = s->moment + (lo - s->elem);
-            for (int a = master ? 0 : 1; a < 3 && !rc; a++) {
+            for (int a = master ? 0 : 1; a < (params_only ? 1 : 3) && !rc; a++) {
                 float *dst = a == 0 ? master + mo : a == 1 ? (m ? m + mo : NULL) : (v ? v + mo : NULL);
                 if (!dst) continue;
                 if (ckpt_runs(x, e, a, lo - e->elem, hi - e->elem, host, io, 1)) rc = -1;

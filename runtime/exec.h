@@ -169,8 +169,9 @@ typedef struct mgc_exec_ckpt_io {
 int mgc_exec_ckpt_save(mgc_exec *x, const mgc_exec_ckpt_io *io);
 /* Reads every element this rank holds: its weights (rounded to the 16-bit copy where the
  * weights are 16-bit, as the optimizer's copy-out rounds them) and its optimizer shard's
- * master copy, m and v.  In place of mgc_exec_init_params. */
-int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io);
+ * master copy, m and v (params_only: m and v zero, a fresh optimizer).  In place of
+ * mgc_exec_init_params. */
+int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io, int params_only);
 /* The state between steps that is not a tensor: steps completed, training samples consumed
  * (a resumed run reads sample consumed + k * global_batch at its k-th step, so a checkpoint
  * may be resumed with another global batch) and dynamic loss scaling's state. */

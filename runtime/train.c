@@ -107,12 +107,17 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     if (ckpt && find_resume(world, cdir, cpath, sizeof cpath, err, errsz)) goto done;
     if (cpath[0]) {
         mgc_exec_resume r;
-        if (mgc_ckpt_load(plan, x, world, cpath, &r, err, errsz)) {
+        if (mgc_ckpt_load(plan, x, world, cpath, 0, &r, err, errsz)) {
             mgc_comm_abort(world, err);
             goto done;
         }
         mgc_exec_set_resume(x, &r);
         start = r.iteration;
+    } else if (o->init_from && *o->init_from) {
+        if (mgc_ckpt_load(plan, x, world, o->init_from, 1, NULL, err, errsz)) {
+            mgc_comm_abort(world, err);
+            goto done;
+        }
     } else if (mgc_exec_init_params(x)) {
         snprintf(err, errsz, "%s", mgc_exec_error(x));
         mgc_comm_abort(world, err);
@@ -137,8 +142,11 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                 mgc_comm_transport(world), mib(a, sizeof a, plan->stages[0].arena_bytes),
                 plan->stages[0].arena_bytes, iters);
     if (lead && o->log && cpath[0])
-        fprintf(o->log, "mgc-run: resumed from %s (step %" PRId64 ")%s\n", cpath, start,
-                start >= iters ? ": at or past the last step, nothing to train" : "");
+        fprintf(o->log, "mgc-run: resumed from %s (step %" PRId64 ")%s%s\n", cpath, start,
+                start >= iters ? ": at or past the last step, nothing to train" : "",
+                o->init_from && *o->init_from ? " (its own checkpoint, not --init-from's)" : "");
+    else if (lead && o->log && o->init_from && *o->init_from)
+        fprintf(o->log, "mgc-run: the parameters of %s, a fresh optimizer, step 1\n", o->init_from);
     double t_start = now_s(), t_log = t_start, log_loss = 0;
     int64_t log_n = 0, log_tokens = 0;
     for (int64_t it = start; it < iters; it++) {

@@ -55,6 +55,10 @@ typedef struct mgc_train_opts {
      * saves every checkpoint.interval steps and after its last step. */
     const char *checkpoint_dir;
     int64_t *resumed_from;  /* out, or NULL: the step the run resumed from (0: none) */
+    /* A checkpoint whose parameters the run starts from, with a fresh optimizer at step 1
+     * (fine-tuning; any layout's checkpoint of the same model), or NULL.  A checkpoint in
+     * checkpoint_dir takes precedence: the run is then resuming itself. */
+    const char *init_from;
     /* A request to stop (a signal handler sets it), or NULL.  After each step the ranks agree
      * on it (one all-reduce): if any saw it set, every rank saves a checkpoint (when
      * checkpoints are on) and the run ends there, successfully. */

@@ -63,6 +63,9 @@ static mgc_plan *compile(const char *path, const char *const *sets) {
 
 /* Trains p to step `until` with checkpoints in dir: losses / norms of the steps run (the
  * others NaN), the step it resumed from.  0, or -1 with the message in err. */
+static const char *init_from; /* run(): mgc_train_opts.init_from */
+#define W(n) "parallel.world_size=" #n
+
 static int run(const mgc_plan *p, const char *dir, int64_t until, double *loss, double *norm,
                int64_t *resumed, char *err, size_t errsz) {
     mgc_train_data *data = NULL;
@@ -74,6 +77,7 @@ static int run(const mgc_plan *p, const char *dir, int64_t until, double *loss, 
     o.timeout_ms = 120000;
     o.checkpoint_dir = dir;
     o.resumed_from = resumed;
+    o.init_from = init_from;
     for (int i = 0; i < STEPS; i++)
         loss[i] = norm[i] = NAN;
     *resumed = -1;
@@ -405,7 +409,88 @@ out:
     mgc_plan_free(p);
 }
 
-#define W(n) "parallel.world_size=" #n
+/* The parameters of array `a` of every tensor of x equal y's, byte for byte, over the rows both
+ * have: 1, else 0. */
+static int same_array(const char *x, const char *y, int a) {
+    mgc_ckpt_info ix, iy;
+    char err[1024];
+    if (mgc_ckpt_read_info(x, &ix, err, sizeof err)) return 0;
+    if (mgc_ckpt_read_info(y, &iy, err, sizeof err)) {
+        mgc_ckpt_info_free(&ix);
+        return 0;
+    }
+    long nx = 0, ny = 0;
+    unsigned char *bx = slurp(x, &nx), *by = slurp(y, &ny);
+    int same = bx && by && ix.model.n == iy.model.n;
+    for (int64_t i = 0; same && i < ix.model.n; i++) {
+        const mgc_ckpt_tensor *t = &ix.model.t[i], *u = &iy.model.t[i];
+        uint64_t n = t->numel < u->numel ? t->numel : u->numel;
+        same = !strcmp(t->name, u->name) &&
+               !memcmp(bx + ix.data_offset + t->offset + (uint64_t)a * t->numel * 4,
+                       by + iy.data_offset + u->offset + (uint64_t)a * u->numel * 4, n * 4);
+    }
+    free(bx), free(by);
+    mgc_ckpt_info_free(&ix);
+    mgc_ckpt_info_free(&iy);
+    return same;
+}
+
+/* --init-from: a fine-tuning run at learning rate 0 keeps the source's parameters bit for bit
+ * (on one rank and on tensor 2 x data 2, whose vocabulary is padded otherwise) with a fresh
+ * optimizer at step 1; its own checkpoint takes precedence when it runs again. */
+static void check_init_from(void) {
+    static const char *const lr0[] = {"optimizer.lr=0", "optimizer.min_lr=0", NULL};
+    static const char *const lr0_tp[] = {"optimizer.lr=0", "optimizer.min_lr=0", W(4), "parallel.tensor=2",
+                                         "parallel.data=2", "parallel.distributed_optimizer=true", NULL};
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", NULL), *f[2] = {compile("examples/tiny-gpt.yaml", lr0),
+                                                                    compile("examples/tiny-gpt.yaml", lr0_tp)};
+    T_CHECK(p && f[0] && f[1]);
+    if (!p || !f[0] || !f[1]) goto out;
+    char a[64], src[512], got[512], err[4096];
+    make_dir(a);
+    double l[STEPS], n[STEPS], l0[STEPS];
+    int64_t r;
+    T_EQ_I64(run(p, a, STOP, l0, n, &r, err, sizeof err), 0);
+    ckpt_path(src, a, STOP);
+    for (int k = 0; k < 2; k++) {
+        char b[64];
+        make_dir(b);
+        init_from = src;
+        int rc = run(f[k], b, 2, l, n, &r, err, sizeof err);
+        if (rc) fprintf(stderr, "--init-from: %s\n", err);
+        T_EQ_I64(rc, 0);
+        T_EQ_I64(r, 0);                   /* step 1 of its own */
+        T_CHECK(!isnan(l[0]) && l[0] < l0[0] - 0.05); /* the trained model, not the initial one */
+        double first = l[0];
+        ckpt_path(got, b, 2);
+        int params = same_array(got, src, 0), moments = same_array(got, src, 1);
+        T_CHECK(params && !moments);
+        mgc_ckpt_info info;
+        T_CHECK(mgc_ckpt_read_info(got, &info, err, sizeof err) == 0);
+        T_EQ_I64(info.resume.iteration, 2);
+        T_EQ_I64(info.resume.consumed_samples, 2 * 4);
+        mgc_ckpt_info_free(&info);
+        /* again: its own checkpoint wins */
+        rc = run(f[k], b, 3, l, n, &r, err, sizeof err);
+        T_EQ_I64(rc, 0);
+        T_EQ_I64(r, 2);
+        init_from = NULL;
+        printf("--init-from (world %lld): step 1 loss %.4f (a fresh model: %.4f), parameters kept bit "
+               "for bit at learning rate 0, fresh moments; run again: resumed its own step 2\n",
+               (long long)f[k]->grid.world, first, l0[0]);
+        remove_dir(b);
+    }
+    /* a damaged --init-from is refused before any step */
+    init_from = "/nonexistent/step-000000001.mgck";
+    char c[64];
+    make_dir(c);
+    T_CHECK(run(f[0], c, 2, l, n, &r, err, sizeof err) != 0 && strstr(err, "/nonexistent/") != NULL);
+    init_from = NULL;
+    remove_dir(c);
+    remove_dir(a);
+out:
+    mgc_plan_free(p), mgc_plan_free(f[0]), mgc_plan_free(f[1]);
+}
 
 int main(void) {
     static const char *const one_drop[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
@@ -435,5 +520,6 @@ int main(void) {
     check_retention();
     check_refusals();
     check_every_flip();
+    check_init_from();
     return t_summary("test_checkpoint");
 }

@@ -4,7 +4,8 @@
  *     mgc-run PLAN [--local-ranks N] [--backend cpu] [--threads N]
  *                  [--iterations N] [--log-interval N] [--metrics FILE]
  *                  [--profile FILE [--profile-warmup N]] [--cuda-graphs]
- *                  [--no-grad-overlap] [--no-send-overlap] [--checkpoint-dir DIR] [-q]
+ *                  [--no-grad-overlap] [--no-send-overlap] [--checkpoint-dir DIR]
+ *                  [--init-from CKPT] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
  *
  * Every check that can fail on bad input (the plan, the launch size, the
@@ -49,6 +50,9 @@ static void usage(FILE *out) {
           "                     save checkpoints in DIR and resume from its newest (default: the\n"
           "                     plan's checkpoint.directory; docs/checkpoints.md); SIGTERM,\n"
           "                     SIGINT or SIGUSR1 then saves after the current step and stops\n"
+          "  --init-from CKPT   start from the parameters of checkpoint CKPT (any layout of the\n"
+          "                     model) with a fresh optimizer at step 1: fine-tuning.  A\n"
+          "                     checkpoint in the checkpoint directory takes precedence\n"
           "  --log-interval N   steps between progress lines (default: training.log_interval)\n"
           "  --metrics FILE     write one JSON object per step (JSON lines, docs/runtime.md)\n"
           "  --profile FILE     time every op and instruction (slower steps: the backend is\n"
@@ -138,7 +142,7 @@ static int under_mpi(void) {
 
 int main(int argc, char **argv) {
     const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
-    const char *ckpt_dir = NULL;
+    const char *ckpt_dir = NULL, *init_from = NULL;
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
     int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0;
     for (int i = 1; i < argc; i++) {
@@ -167,7 +171,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--log-interval")) target = &log_every, hi = INT64_MAX / 2;
         else if (!strcmp(a, "--profile-warmup")) target = &warmup, lo = 0, hi = INT64_MAX / 2;
         else if (!strcmp(a, "--metrics") || !strcmp(a, "--backend") || !strcmp(a, "--profile") ||
-                 !strcmp(a, "--checkpoint-dir")) {
+                 !strcmp(a, "--checkpoint-dir") || !strcmp(a, "--init-from")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "mgc-run: %s needs a value (see mgc-run --help)\n", a);
                 return 2;
@@ -175,6 +179,7 @@ int main(int argc, char **argv) {
             if (!strcmp(a, "--metrics")) metrics_path = argv[++i];
             else if (!strcmp(a, "--profile")) profile_path = argv[++i];
             else if (!strcmp(a, "--checkpoint-dir")) ckpt_dir = argv[++i];
+            else if (!strcmp(a, "--init-from")) init_from = argv[++i];
             else backend = argv[++i];
             continue;
         } else if (a[0] == '-' && a[1]) {
@@ -289,6 +294,18 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    /* --init-from: a readable checkpoint before the data is built (every value is checked
+     * against the plan's model when the ranks load it) */
+    if (init_from && rank == 0) {
+        mgc_ckpt_info info;
+        if (mgc_ckpt_read_info(init_from, &info, err, sizeof err)) {
+            fprintf(stderr, "mgc-run: %s: --init-from %s\n", plan_path, err);
+            mgc_comm_free(world);
+            mgc_plan_free(plan);
+            return 1;
+        }
+        mgc_ckpt_info_free(&info);
+    }
     mgc_train_data *data = NULL;
     if (mgc_train_data_open(&data, plan, data_iters, err, sizeof err)) {
         if (rank == 0) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
@@ -343,6 +360,7 @@ int main(int argc, char **argv) {
     o.no_grad_overlap = no_overlap;
     o.no_send_overlap = no_send_overlap;
     o.checkpoint_dir = ckpt_dir ? ckpt_dir : "";
+    o.init_from = init_from;
     if (ckpt_dir) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
