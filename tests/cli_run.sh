@@ -100,6 +100,8 @@ fi
 : >"$tmp/afile"
 expect "checkpoint dir is a file" 1 "afile is not a directory" -- "$run" "$tmp/one.plan" --checkpoint-dir "$tmp/afile" --metrics "$tmp/m.jsonl"
 expect "usage: checkpoint dir" 2 "--checkpoint-dir needs a value" -- "$run" "$tmp/one.plan" --checkpoint-dir
+expect "init-from a missing file" 1 "--init-from cannot open the checkpoint $tmp/none.mgck" -- "$run" "$tmp/one.plan" --init-from "$tmp/none.mgck" --metrics "$tmp/m.jsonl"
+expect "init-from a plan file" 1 "not an mgc checkpoint" -- "$run" "$tmp/one.plan" --init-from "$tmp/one.plan" --metrics "$tmp/m.jsonl"
 if "$run" "$tmp/one.plan" -q --iterations 2 --checkpoint-dir "$tmp/ck/a" 2>"$tmp/err" &&
     [ -f "$tmp/ck/a/step-000000002.mgck" ] &&
     "$run" "$tmp/one.plan" --checkpoint-dir "$tmp/ck/a" --metrics "$tmp/r.jsonl" >"$tmp/out" 2>>"$tmp/err" &&
