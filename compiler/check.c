@@ -892,6 +892,15 @@ static void check_split(mgc_check_ctx *k) {
         mgc_check_error(
             k, loc, w[1] + w[2] > 0 ? "give the first (train) part a positive weight" : hint,
             "data.split \"%.40s\": the training part is 0, so there is nothing to train on", s);
+    const mgc_training_cfg *t = &k->c->training;
+    if (t->eval_interval > 0 && w[1] == 0) {
+        char a[KV_N];
+        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(TRAIN_EVAL_INTERVAL), KEY(DATA_SPLIT))),
+                        "give data.split a validation part (e.g. \"969,30,1\"), or set "
+                        "training.eval_interval: 0",
+                        "%s but data.split \"%.40s\" has no validation part to evaluate on",
+                        mgc_check_kv(a, k, KEY(TRAIN_EVAL_INTERVAL), t->eval_interval), s);
+    }
 }
 
 static void check_data(mgc_check_ctx *k) {

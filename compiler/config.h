@@ -241,6 +241,11 @@ typedef struct mgc_blend {
       "fp16: overflows tolerated before the loss scale halves.")                                            \
     X(TRAIN_LOG_INTERVAL, "training.log_interval", INT, training.log_interval, 10, 1, 1e9, NULL, 0, NULL,    \
       "Steps between log lines.")                                                                           \
+    X(TRAIN_EVAL_INTERVAL, "training.eval_interval", INT, training.eval_interval, 0, 0, 1125899906842624.0, \
+      NULL, 0, NULL,                                                                                        \
+      "Steps between evaluations of the validation loss (the validation split of data.split), also after the last step; 0: none.") \
+    X(TRAIN_EVAL_ITERS, "training.eval_iters", INT, training.eval_iters, 10, 1, 1048576, NULL, 0, NULL,      \
+      "Global batches of validation samples an evaluation reads: the same samples every time.")             \
     /* optimizer and learning-rate schedule */                                                               \
     X(OPT_TYPE, "optimizer.type", ENUM, optimizer.type, MGC_OPT_ADAMW, 0, 0, mgc_enum_optimizer, 0, NULL,    \
       "Optimizer.")                                                                                          \
@@ -385,6 +390,8 @@ typedef struct mgc_training_cfg {
     int64_t loss_scale_window;
     int64_t hysteresis;
     int64_t log_interval;
+    int64_t eval_interval;
+    int64_t eval_iters;
 } mgc_training_cfg;
 
 typedef struct mgc_optimizer_cfg {

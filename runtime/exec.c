@@ -95,6 +95,8 @@ struct mgc_exec {
     int64_t graph_replays;
     int64_t iteration;
     int64_t iter_base, sample_base; /* step iter_base reads sample sample_base on (resumed) */
+    int eval;                  /* mgc_exec_eval: no dropout, no gradient reduction or update */
+    mgc_plan_op **eval_ops;    /* (2 n_chunks) the chunks' programs with dropout off, or NULL */
     int32_t *tok;              /* (seq_length + 1) */
     mgc_exec_op_hook hook_before, hook_after;
     void *hook_ctx;
@@ -1009,6 +1011,10 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->norm_g), free(x->norm_n), free(x->aw);
     free(x->tok);
     free(x->graph_ok);
+    if (x->eval_ops)
+        for (int64_t i = 0; i < 2 * x->sp->n_chunks; i++)
+            free(x->eval_ops[i]);
+    free(x->eval_ops);
     free(x);
 }
 
@@ -1471,7 +1477,8 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
     call.dloss = (x->ls_on ? x->ls_scale : 1.0) / (double)(x->mb_count * x->dp);
     /* the last backward of a chunk hands buckets to the reducer: never recorded */
     int hands = pass == 1 && overlapping(x) && x->last_bwd_mb[c] == mb;
-    if (!x->graphs || x->prof || x->hook_before || x->hook_after || !x->graph_ok[2 * c + pass] || hands)
+    if (!x->graphs || x->eval || x->prof || x->hook_before || x->hook_after || !x->graph_ok[2 * c + pass] ||
+        hands)
         return issue_ops(x, c, pass, ops, n, mb, &call);
     mgc_backend *be = x->be;
     uint64_t key = graph_key(c, pass, mb, call.dloss);
@@ -1563,7 +1570,7 @@ static int forward(mgc_exec *x, int c, int32_t mb) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     chunk_rt *r = &x->chunks[c];
     if (r->in_act >= 0 && copy_tensor(x, c, r->in_act, mb, r->comm[1][mb], 1)) return -1;
-    if (run_ops(x, c, 0, ch->fwd, ch->n_fwd, mb)) return -1;
+    if (run_ops(x, c, 0, x->eval ? x->eval_ops[2 * c] : ch->fwd, ch->n_fwd, mb)) return -1;
     if (r->out_act >= 0 && copy_tensor(x, c, r->out_act, mb, r->comm[0][mb], 0)) return -1;
     float v[2];
     if (r->loss >= 0 && r->loss_pass == 0 && read_loss(x, c, mb)) return -1;
@@ -1583,7 +1590,7 @@ static int backward(mgc_exec *x, int c, int32_t mb) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     chunk_rt *r = &x->chunks[c];
     if (r->out_grad >= 0 && copy_tensor(x, c, r->out_grad, mb, r->comm[3][mb], 1)) return -1;
-    if (run_ops(x, c, 1, ch->bwd, ch->n_bwd, mb)) return -1;
+    if (run_ops(x, c, 1, x->eval ? x->eval_ops[2 * c + 1] : ch->bwd, ch->n_bwd, mb)) return -1;
     if (r->loss >= 0 && r->loss_pass == 1 && read_loss(x, c, mb)) return -1;
     if (r->in_grad >= 0 && copy_tensor(x, c, r->in_grad, mb, r->comm[2][mb], 0)) return -1;
     return 0;
@@ -1814,7 +1821,7 @@ static int setup_overlap(mgc_exec *x) {
 }
 
 static int overlapping(const mgc_exec *x) {
-    return x->red && x->overlap && !x->prof;
+    return x->red && x->overlap && !x->prof && !x->eval;
 }
 
 /* Queues bucket bi on the reducer, its download ordered after the compute issued so far. */
@@ -2315,6 +2322,49 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
 
 /* ---- a step -------------------------------------------------------------------------------- */
 
+/* The chunks' programs with every dropout probability 0 (graphable()'s list of the ops that
+ * draw one), made at the first evaluation. */
+static int make_eval_ops(mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    x->eval_ops = calloc((size_t)(2 * sp->n_chunks), sizeof *x->eval_ops);
+    if (!x->eval_ops) return xfail(x, "out of memory");
+    for (int64_t c = 0; c < sp->n_chunks; c++)
+        for (int pass = 0; pass < 2; pass++) {
+            const mgc_plan_chunk *ch = &sp->chunks[c];
+            int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+            mgc_plan_op *o = malloc((size_t)(n ? n : 1) * sizeof *o);
+            if (!o) return xfail(x, "out of memory");
+            if (n) memcpy(o, pass ? ch->bwd : ch->fwd, (size_t)n * sizeof *o);
+            for (int64_t i = 0; i < n; i++)
+                switch ((mgc_plan_op_kind)o[i].kind) {
+                case MGC_POP_DROPOUT:
+                case MGC_POP_DROPOUT_BWD:
+                case MGC_POP_DROPOUT_ADD:
+                case MGC_POP_DROPOUT_ADD_BWD: o[i].fattr[0] = 0; break;
+                case MGC_POP_ADD_NORM:
+                case MGC_POP_ATTENTION:
+                case MGC_POP_ATTENTION_BWD: o[i].fattr[1] = 0; break;
+                default: break;
+                }
+            x->eval_ops[2 * c + pass] = o;
+        }
+    return 0;
+}
+
+int mgc_exec_eval(mgc_exec *x, int64_t first_sample, mgc_sample_fn fn, void *ctx, mgc_step_stats *st) {
+    if (!x->eval_ops && make_eval_ops(x)) {
+        mgc_comm_abort(x->world, x->err);
+        return -1;
+    }
+    int64_t base = x->sample_base, ibase = x->iter_base, it = x->iteration;
+    x->sample_base = first_sample, x->iter_base = it;
+    x->eval = 1;
+    int rc = mgc_exec_step(x, it, fn, ctx, st);
+    x->eval = 0;
+    x->sample_base = base, x->iter_base = ibase;
+    return rc;
+}
+
 int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, mgc_step_stats *st) {
     memset(st, 0, sizeof *st);
     x->iteration = iteration;
@@ -2353,13 +2403,14 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         case MGC_I_RECV_ACT:
         case MGC_I_SEND_GRAD:
         case MGC_I_RECV_GRAD: rc = p2p(x, in, i); break;
-        case MGC_I_REDUCE_GRADS: rc = reduce_grads(x, in->arg); break;
-        case MGC_I_EMBED_GRADS: rc = embed_grads(x); break;
+        case MGC_I_REDUCE_GRADS: rc = x->eval ? 0 : reduce_grads(x, in->arg); break;
+        case MGC_I_EMBED_GRADS: rc = x->eval ? 0 : embed_grads(x); break;
         case MGC_I_OPTIMIZER:
             /* every handed-over bucket is back (each has its REDUCE_GRADS before this) */
-            rc = (x->red ? reducer_wait(x, -1) : 0) || optimizer(x, st), did_opt = 1;
+            if (!x->eval) rc = (x->red ? reducer_wait(x, -1) : 0) || optimizer(x, st);
+            did_opt = 1;
             break;
-        case MGC_I_GATHER_PARAMS: rc = gather_params(x, in->arg); break;
+        case MGC_I_GATHER_PARAMS: rc = x->eval ? 0 : gather_params(x, in->arg); break;
         default: rc = xfail(x, "instruction %" PRId64 ": unknown op %u", i, in->op);
         }
         if (!rc && x->prof && !(rc = prof_clock(x, &t1))) mgc_profile_add_instr(x->prof, i, t1 - t0);

@@ -80,6 +80,13 @@ int mgc_exec_init_params(mgc_exec *x);
 /* Runs training step `iteration` (0-based).  Collective over the world. */
 int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx,
                   mgc_step_stats *st);
+/* Evaluates the current model on one global batch of samples first_sample, first_sample + 1,
+ * ... (of fn, ctx: the validation data): the step's instruction stream with every dropout
+ * probability 0 and no gradient reduction, clipping or update, so the parameters, the
+ * optimizer state and the next training step are untouched; st->loss is the batch's loss.
+ * The backward runs too (the head of a loss-chunked plan is there), so an evaluation costs
+ * a training step's compute.  Collective over the world. */
+int mgc_exec_eval(mgc_exec *x, int64_t first_sample, mgc_sample_fn fn, void *ctx, mgc_step_stats *st);
 const char *mgc_exec_error(const mgc_exec *x);
 uint64_t mgc_exec_arena_bytes(const mgc_exec *x);
 int64_t mgc_exec_rank(const mgc_exec *x);

@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "exec.h"
+#include "train_data.h"
 
 static double now_s(void) {
     struct timespec t;
@@ -69,6 +70,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     mgc_backend *be = NULL;
     mgc_exec *x = NULL;
     mgc_profile *prof = NULL;
+    mgc_train_data *own_valid = NULL; /* the validation data, when o->valid is NULL */
     int rc = -1;
     char berr[512];
     const char *want = o->backend ? o->backend : "cpu";
@@ -100,7 +102,18 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     /* a checkpoint to resume from, else the seeded initial model */
     const char *cdir = o->checkpoint_dir ? o->checkpoint_dir : mgc_plan_config_str(plan, "checkpoint.directory");
     int ckpt = cdir && *cdir;
-    int64_t c_every = 0, c_keep = 3, start = 0;
+    int64_t c_every = 0, c_keep = 3, start = 0, e_every = 0, e_iters = 10;
+    mgc_plan_config_int(plan, "training.eval_interval", &e_every);
+    mgc_plan_config_int(plan, "training.eval_iters", &e_iters);
+    mgc_train_data *valid = o->valid;
+    if (e_every > 0 && !valid) {
+        int64_t gbs = plan->micro_batch_size * plan->num_microbatches * plan->grid.dp;
+        if (mgc_train_data_open_validation(&own_valid, plan, e_iters * gbs, err, errsz)) {
+            mgc_comm_abort(world, err);
+            goto done;
+        }
+        valid = own_valid;
+    }
     mgc_plan_config_int(plan, "checkpoint.interval", &c_every);
     mgc_plan_config_int(plan, "checkpoint.keep", &c_keep);
     char cpath[4200] = "";
@@ -167,6 +180,35 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         log_loss += st.loss;
         log_n++;
         log_tokens += st.tokens;
+        /* a stop request: every rank stops after the same step */
+        int stop = 0;
+        if (o->stop) {
+            float mine = *o->stop ? 1.0f : 0.0f, any = 0;
+            if (mgc_comm_all_reduce(world, &mine, &any, 1, MGC_DT_F32, MGC_COMM_MAX) != MGC_COMM_OK) {
+                snprintf(err, errsz, "step %" PRId64 ": agreeing on a stop: %s", it + 1, mgc_comm_error(world));
+                goto done;
+            }
+            stop = any > 0;
+            if (stop && o->stopped_after && own_out) *o->stopped_after = it + 1;
+        }
+        /* the validation loss: eval_iters global batches, the same every time */
+        double eval_loss = NAN, eval_ms = 0;
+        if (e_every > 0 && ((it + 1) % e_every == 0 || it + 1 == iters || stop)) {
+            double e0 = now_s(), sum = 0;
+            int64_t gbs = mgc_exec_global_batch(x);
+            for (int64_t j = 0; j < e_iters; j++) {
+                mgc_step_stats es;
+                if (mgc_exec_eval(x, j * gbs, mgc_train_data_sample, valid, &es)) {
+                    snprintf(err, errsz, "evaluation after step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
+                    goto done;
+                }
+                sum += es.loss;
+            }
+            eval_loss = sum / (double)e_iters;
+            eval_ms = (now_s() - e0) * 1e3;
+            t_log += now_s() - e0; /* not in the next line's tokens/s */
+            if (o->eval_losses && own_out) o->eval_losses[it] = eval_loss;
+        }
         if (lead && o->metrics) {
             char gn[32] = "null"; /* an overflowed (skipped) step's norm is not a JSON number */
             if (isfinite(st.grad_norm)) snprintf(gn, sizeof gn, "%.9g", st.grad_norm);
@@ -187,19 +229,11 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                 fprintf(o->metrics, ", \"overlapped_buckets\": %" PRId64, st.overlapped_buckets);
             if (st.overlapped_sends > 0)
                 fprintf(o->metrics, ", \"overlapped_sends\": %" PRId64, st.overlapped_sends);
+            if (eval_loss == eval_loss)
+                fprintf(o->metrics, ", \"eval_loss\": %.9g, \"eval_ppl\": %.9g, \"eval_ms\": %.6g", eval_loss,
+                        exp(eval_loss), eval_ms);
             fputs("}\n", o->metrics);
             fflush(o->metrics);
-        }
-        /* a stop request: every rank stops after the same step */
-        int stop = 0;
-        if (o->stop) {
-            float mine = *o->stop ? 1.0f : 0.0f, any = 0;
-            if (mgc_comm_all_reduce(world, &mine, &any, 1, MGC_DT_F32, MGC_COMM_MAX) != MGC_COMM_OK) {
-                snprintf(err, errsz, "step %" PRId64 ": agreeing on a stop: %s", it + 1, mgc_comm_error(world));
-                goto done;
-            }
-            stop = any > 0;
-            if (stop && o->stopped_after && own_out) *o->stopped_after = it + 1;
         }
         if (lead && o->log && ((it + 1) % log_every == 0 || it + 1 == iters || it == 0 || stop)) {
             double t = now_s(), span = t - t_log;
@@ -216,6 +250,12 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             fputc('\n', o->log);
             fflush(o->log);
             t_log = t, log_loss = 0, log_n = 0, log_tokens = 0;
+        }
+        if (lead && o->log && eval_loss == eval_loss) {
+            fprintf(o->log, "validation after step %" PRId64 " | loss %.4f | perplexity %.3f | %" PRId64
+                            " batches in %.1f ms\n",
+                    it + 1, eval_loss, exp(eval_loss), e_iters, eval_ms);
+            fflush(o->log);
         }
         if (ckpt && (stop || (c_every > 0 && (it + 1) % c_every == 0) || it + 1 == iters)) {
             double c0 = now_s();
@@ -240,6 +280,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     if (prof) o->profiles[mgc_comm_world_rank(world)] = prof, prof = NULL;
     rc = 0;
 done:
+    mgc_train_data_free(own_valid);
     mgc_profile_free(prof);
     mgc_exec_free(x);
     mgc_backend_close(be);

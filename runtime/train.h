@@ -64,6 +64,12 @@ typedef struct mgc_train_opts {
      * checkpoints are on) and the run ends there, successfully. */
     volatile int *stop;
     int64_t *stopped_after; /* out, or NULL: the step a stop request ended the run after (0: none) */
+    /* Evaluation (training.eval_interval > 0): the validation data
+     * (mgc_train_data_open_validation with eval_iters x global batch samples), or NULL to
+     * open it here; eval_losses (iterations, or NULL) gets the validation loss after each step
+     * that evaluates (NaN after the others). */
+    mgc_train_data *valid;
+    double *eval_losses;
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \

@@ -70,8 +70,9 @@ static int open_synthetic(mgc_train_data *d, uint64_t seed, char *err, size_t er
     return rc;
 }
 
-int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iterations, char *err,
-                        size_t errsz) {
+/* part 0: training, 1: validation; `want` samples */
+static int open_part(mgc_train_data **out, const mgc_plan *plan, int part, int64_t want, char *err,
+                     size_t errsz) {
     *out = NULL;
     mgc_train_data *d = calloc(1, sizeof *d);
     if (!d) {
@@ -118,8 +119,6 @@ int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iter
         snprintf(err, errsz, "data.split '%s': %s", split, e.message);
         goto fail;
     }
-    int64_t gbs = plan->micro_batch_size * plan->num_microbatches * plan->grid.dp;
-    int64_t want = gbs * (iterations > 0 ? iterations : 1);
     int64_t per[MAX_DATASETS];
     if (d->n > 1) {
         if (mgc_blend_build(&d->blend, weights, d->n, want, &e) != MGC_DATA_OK) {
@@ -135,23 +134,23 @@ int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iter
     for (int i = 0; i < d->n; i++) {
         int64_t bounds[4], n_seq = mgc_indexed_sequence_count(d->ds[i]);
         mgc_data_split_bounds(sw, n_seq, bounds);
-        int64_t split_tokens = 0;
-        for (int64_t q = bounds[0]; q < bounds[1]; q++)
+        int64_t lo = bounds[part], hi = bounds[part + 1], split_tokens = 0;
+        for (int64_t q = lo; q < hi; q++)
             split_tokens += mgc_indexed_sequence_length(d->ds[i], q);
         tokens += split_tokens;
         if (split_tokens < d->seq_length + 1) {
             char key[64];
             snprintf(key, sizeof key, "data.paths[%d]", i);
             snprintf(err, errsz,
-                     "%s: the training split holds %" PRId64 " tokens (%" PRId64
+                     "%s: the %s split holds %" PRId64 " tokens (%" PRId64
                      " sequences), fewer than one sample of seq_length + 1 = %" PRId64
-                     ": use a larger dataset, a larger training share in data.split, or a "
+                     ": use a larger dataset, a larger %s share in data.split, or a "
                      "shorter model.seq_length",
-                     fmt == 0 ? "synthetic corpus" : key, split_tokens, bounds[1] - bounds[0],
-                     d->seq_length + 1);
+                     fmt == 0 ? "synthetic corpus" : key, part ? "validation" : "training", split_tokens,
+                     hi - lo, d->seq_length + 1, part ? "validation" : "training");
             goto fail;
         }
-        mgc_gpt_config gc = {d->seq_length, per[i], (uint64_t)seed, bounds[0], bounds[1]};
+        mgc_gpt_config gc = {d->seq_length, per[i], (uint64_t)seed, lo, hi};
         if (mgc_gpt_dataset_build(&d->gpt[i], d->ds[i], &gc, &e) != MGC_DATA_OK) {
             snprintf(err, errsz, "building the sample index: %s", e.message);
             goto fail;
@@ -159,19 +158,32 @@ int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iter
     }
     if (fmt == 0)
         snprintf(d->describe, sizeof d->describe,
-                 "synthetic corpus (%d documents, %.2f M training tokens), %" PRId64
+                 "synthetic corpus (%d documents, %.2f M %s tokens), %" PRId64
                  " samples of %" PRId64 " tokens",
-                 MGC_SYNTHETIC_DEFAULT_DOCUMENTS, (double)tokens / 1e6, want, d->seq_length);
+                 MGC_SYNTHETIC_DEFAULT_DOCUMENTS, (double)tokens / 1e6, part ? "validation" : "training",
+                 want, d->seq_length);
     else
         snprintf(d->describe, sizeof d->describe,
-                 "%d indexed dataset%s (%.2f M training tokens), %" PRId64 " samples of %" PRId64
+                 "%d indexed dataset%s (%.2f M %s tokens), %" PRId64 " samples of %" PRId64
                  " tokens",
-                 d->n, d->n > 1 ? "s blended" : "", (double)tokens / 1e6, want, d->seq_length);
+                 d->n, d->n > 1 ? "s blended" : "", (double)tokens / 1e6, part ? "validation" : "training",
+                 want, d->seq_length);
     *out = d;
     return 0;
 fail:
     mgc_train_data_free(d);
     return -1;
+}
+
+int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iterations, char *err,
+                        size_t errsz) {
+    int64_t gbs = plan->micro_batch_size * plan->num_microbatches * plan->grid.dp;
+    return open_part(out, plan, 0, gbs * (iterations > 0 ? iterations : 1), err, errsz);
+}
+
+int mgc_train_data_open_validation(mgc_train_data **out, const mgc_plan *plan, int64_t samples,
+                                   char *err, size_t errsz) {
+    return open_part(out, plan, 1, samples > 0 ? samples : 1, err, errsz);
 }
 
 int mgc_train_data_sample(void *data, int64_t sample, int32_t *tokens, char *err, size_t errsz) {

@@ -29,6 +29,10 @@ typedef struct mgc_train_data mgc_train_data;
  * message (file, problem, hint) in err. */
 int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iterations, char *err,
                         size_t errsz);
+/* The validation part of data.split (the second weight): `samples` samples of the same
+ * datasets, blend weights and seed.  0, or -1 with err (a split without a validation part). */
+int mgc_train_data_open_validation(mgc_train_data **out, const mgc_plan *plan, int64_t samples,
+                                   char *err, size_t errsz);
 /* Thread-safe: samples are read from read-only maps. */
 int mgc_train_data_sample(void *data, int64_t sample, int32_t *tokens, char *err, size_t errsz);
 /* "synthetic corpus (8000 documents, 1.31 M tokens)" style description. */

@@ -864,6 +864,147 @@ static void check_recompute_modules(const char *path, const char *const *sets) {
     mgc_plan_free(q);
 }
 
+/* ---- evaluation ---------------------------------------------------------------------- */
+
+/* Trains p STEPS steps on `data` (NULL: the plan's training data) with its evaluations:
+ * training losses and validation losses (NaN where none). */
+static int train_eval(const mgc_plan *p, mgc_train_data *data, double *loss, double *eval) {
+    char err[4096];
+    mgc_train_data *own = NULL;
+    if (!data && mgc_train_data_open(&own, p, STEPS, err, sizeof err)) {
+        fprintf(stderr, "data: %s\n", err);
+        return -1;
+    }
+    double norm[STEPS];
+    mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+    o.iterations = STEPS;
+    o.losses = loss;
+    o.grad_norms = norm;
+    o.eval_losses = eval;
+    o.timeout_ms = 120000;
+    for (int i = 0; i < STEPS; i++)
+        loss[i] = eval[i] = NAN;
+    int rc = mgc_train_local(p, data ? data : own, (int)p->grid.world, &o, err, sizeof err);
+    if (rc) fprintf(stderr, "train: %s\n", err);
+    mgc_train_data_free(own);
+    return rc;
+}
+
+/* Evaluation (training.eval_interval): it leaves training bit for bit alone, it is the
+ * training step's loss on the same samples with dropout off and no update, dropout is off in
+ * it, and every layout evaluates the same function. */
+static void check_eval(void) {
+    static const char *const ev[] = {"training.eval_interval=5", "training.eval_iters=2",
+                                     "model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+    static const char *const none[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", NULL, ev), *q = compile("examples/tiny-gpt.yaml", NULL, none);
+    T_CHECK(p && q);
+    if (!p || !q) goto out;
+    double a[STEPS], ea[STEPS], b[STEPS], eb[STEPS], c[STEPS], ec[STEPS];
+    T_EQ_I64(train_eval(p, NULL, a, ea), 0);
+    T_EQ_I64(train_eval(q, NULL, b, eb), 0);
+    T_EQ_I64(train_eval(p, NULL, c, ec), 0);
+    /* training untouched; evaluations after steps 5 and 10 only; reruns bit-identical */
+    T_CHECK(memcmp(a, b, sizeof a) == 0);
+    T_CHECK(isnan(ea[3]) && !isnan(ea[4]) && isnan(ea[5]) && !isnan(ea[9]) && ea[9] < ea[4]);
+    T_CHECK(memcmp(ea, ec, sizeof ea) == 0);
+    printf("evaluation: training losses with and without it bit-identical; validation loss %.5f "
+           "after step 5, %.5f after 10; rerun bit-identical\n",
+           ea[4], ea[9]);
+    /* the same samples as a training step's: the validation data as training data, learning
+     * rate 0 and no dropout, one batch evaluated after every step = that step's loss */
+    {
+        static const char *const same[] = {"training.eval_interval=1", "training.eval_iters=1",
+                                           "optimizer.lr=0", "optimizer.min_lr=0", NULL};
+        mgc_plan *r = compile("examples/tiny-gpt.yaml", NULL, same);
+        char err[4096];
+        mgc_train_data *valid = NULL;
+        T_CHECK(r && mgc_train_data_open_validation(&valid, r, 4, err, sizeof err) == 0);
+        double l[STEPS], e[STEPS];
+        if (r && valid && train_eval(r, valid, l, e) == 0) {
+            T_CHECK(memcmp(&l[0], &e[0], sizeof l[0]) == 0);
+            /* the weights never change: every evaluation is the first step's loss */
+            T_CHECK(memcmp(&e[0], &e[STEPS - 1], sizeof e[0]) == 0);
+            printf("evaluation: on the validation data as training data, learning rate 0: the "
+                   "validation loss %.6f is step 1's training loss %.6f bit for bit\n", e[0], l[0]);
+        } else {
+            T_CHECK(0);
+        }
+        mgc_train_data_free(valid);
+        mgc_plan_free(r);
+    }
+    /* dropout is off: at learning rate 0, the model with dropout 0.1 and the one without give
+     * the same validation loss */
+    {
+        static const char *const d1[] = {"training.eval_interval=10", "optimizer.lr=0", "optimizer.min_lr=0",
+                                         "model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+        static const char *const d0[] = {"training.eval_interval=10", "optimizer.lr=0", "optimizer.min_lr=0",
+                                         "model.hidden_dropout=0", "model.attention_dropout=0", NULL};
+        mgc_plan *r1 = compile("examples/tiny-gpt.yaml", NULL, d1), *r0 = compile("examples/tiny-gpt.yaml", NULL, d0);
+        double l1[STEPS], e1[STEPS], l0[STEPS], e0[STEPS];
+        T_CHECK(r1 && r0 && train_eval(r1, NULL, l1, e1) == 0 && train_eval(r0, NULL, l0, e0) == 0);
+        T_NEAR_REL(e1[9], e0[9], 1e-6);
+        T_CHECK(fabs(l1[0] - l0[0]) > 1e-4); /* while training saw dropout */
+        printf("evaluation: dropout off: validation %.7f with dropout 0.1, %.7f without (training "
+               "step 1: %.5f and %.5f)\n", e1[9], e0[9], l1[0], l0[0]);
+        mgc_plan_free(r1);
+        mgc_plan_free(r0);
+    }
+    /* layouts (hidden dropout on where its masks are the same in every layout: not the
+     * attention's under tensor parallelism, nor any under context parallelism): the head in two loss chunks (micro batch 8: chunks of 64
+     * rows), tensor 2 with SP, interleaved pipeline with tied embeddings, data 2 with the
+     * distributed optimizer; LLaMA over context 2; MoE over experts */
+    static const char *const evl[] = {"training.eval_interval=5", "training.eval_iters=2",
+                                      "model.hidden_dropout=0.1", NULL};
+    static const char *const evn[] = {"training.eval_interval=5", "training.eval_iters=2", NULL};
+    static const char *const mb8[] = {"training.micro_batch_size=8", "training.global_batch_size=16",
+                                      "training.eval_interval=5", "training.eval_iters=2",
+                                      "model.hidden_dropout=0.1", NULL};
+    static const struct {
+        const char *path, *name;
+        const char *const *common;
+        const char *sets[10];
+    } lay[] = {
+        {"examples/tiny-gpt.yaml", "loss chunks 2", mb8, {"training.loss_chunks=2"}},
+        {"examples/tiny-gpt.yaml", "tp2+sp", evl, {"parallel.world_size=2", "parallel.tensor=2",
+                                                   "parallel.sequence_parallel=true"}},
+        {"examples/tiny-gpt.yaml", "pp2 vp2 tied", evl, {"parallel.world_size=2", "parallel.pipeline=2",
+                                                         "parallel.virtual_stages=2", "model.tie_embeddings=true"}},
+        {"examples/tiny-gpt.yaml", "dp2 dist-opt", evl, {"parallel.world_size=2", "parallel.data=2",
+                                                         "parallel.distributed_optimizer=true"}},
+        {"models/tiny-llama.yaml", "cp2", evn, {"parallel.world_size=2", "parallel.context=2"}},
+        {"models/tiny-moe.yaml", "ep2", evl, {"parallel.world_size=2", "parallel.data=2", "parallel.expert=2"}},
+    };
+    const char *prev = NULL;
+    const char *const *prev_common = NULL;
+    double base[STEPS], ebase[STEPS];
+    for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
+        const char *sets[16];
+        int k = 0;
+        for (int j = 0; lay[i].sets[j]; j++) sets[k++] = lay[i].sets[j];
+        sets[k] = NULL;
+        if (!prev || strcmp(prev, lay[i].path) || prev_common != lay[i].common) { /* one rank */
+            mgc_plan *one = compile(lay[i].path, lay[i].common, NULL);
+            T_CHECK(one && train_eval(one, NULL, base, ebase) == 0);
+            mgc_plan_free(one);
+            prev = lay[i].path, prev_common = lay[i].common;
+        }
+        mgc_plan *r = compile(lay[i].path, lay[i].common, sets);
+        double l[STEPS], e[STEPS];
+        for (int j = 0; j < STEPS; j++)
+            e[j] = NAN;
+        T_CHECK(r && train_eval(r, NULL, l, e) == 0);
+        T_NEAR_REL(e[4], ebase[4], 1e-5);
+        T_NEAR_REL(e[9], ebase[9], 1e-5);
+        printf("evaluation: %s %-14s validation loss after step 10 %.7f, one rank %.7f\n", lay[i].path,
+               lay[i].name, e[9], ebase[9]);
+        mgc_plan_free(r);
+    }
+out:
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
 typedef struct layout {
     const char *name;
     const char *sets[8];
@@ -965,6 +1106,7 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-moe.yaml");
         check_loss_scaling();
         check_graphs();
+        check_eval();
         /* tiny-gpt: about ten buckets; tiny-llama: interleaved, sharded optimizer */
         static const char *const dp2[] = {"parallel.world_size=2", "parallel.data=2",
                                           "parallel.grad_bucket_size=50000", NULL};
@@ -1031,6 +1173,7 @@ int main(int argc, char **argv) {
         check_recompute_modules("models/tiny-llama.yaml", pp2);
         check_recompute_modules("models/tiny-moe.yaml", NULL);
     }
+    if (only && !strcmp(only, "eval")) check_eval();
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", NULL, moe, 12);

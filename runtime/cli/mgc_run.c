@@ -345,8 +345,29 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    /* evaluation: the validation part of data.split, opened before the first step */
+    mgc_train_data *valid = NULL;
+    int64_t e_every = 0, e_iters = 10;
+    mgc_plan_config_int(plan, "training.eval_interval", &e_every);
+    mgc_plan_config_int(plan, "training.eval_iters", &e_iters);
+    if (e_every > 0 &&
+        mgc_train_data_open_validation(&valid, plan,
+                                       e_iters * plan->micro_batch_size * plan->num_microbatches * plan->grid.dp,
+                                       err, sizeof err)) {
+        if (rank == 0) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
+        if (metrics) fclose(metrics), drop_partial(partial);
+        if (prof_f) fclose(prof_f), drop_partial(prof_partial);
+        free(profiles);
+        mgc_train_data_free(data);
+        mgc_comm_free(world);
+        mgc_plan_free(plan);
+        return 1;
+    }
     if (rank == 0 && !quiet)
         printf("mgc-run: %s: data: %s\n", plan_path, mgc_train_data_describe(data));
+    if (rank == 0 && !quiet && valid)
+        printf("mgc-run: %s: validation: %s, every %" PRId64 " steps\n", plan_path,
+               mgc_train_data_describe(valid), e_every);
     mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
     o.iterations = iters;
     o.log_interval = log_every;
@@ -361,6 +382,7 @@ int main(int argc, char **argv) {
     o.no_send_overlap = no_send_overlap;
     o.checkpoint_dir = ckpt_dir ? ckpt_dir : "";
     o.init_from = init_from;
+    o.valid = valid;
     if (ckpt_dir) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -405,6 +427,7 @@ int main(int argc, char **argv) {
             mgc_profile_free(profiles[r]);
         free(profiles);
     }
+    mgc_train_data_free(valid);
     mgc_train_data_free(data);
     if (world) mgc_comm_free(world);
     mgc_plan_free(plan);
