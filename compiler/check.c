@@ -898,7 +898,7 @@ static void check_split(mgc_check_ctx *k) {
         mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(TRAIN_EVAL_INTERVAL), KEY(DATA_SPLIT))),
                         "give data.split a validation part (e.g. \"969,30,1\"), or set "
                         "training.eval_interval: 0",
-                        "%s but data.split \"%.40s\" has no validation part to evaluate on",
+                        "%s asks for evaluations, but data.split \"%.40s\" has no validation part",
                         mgc_check_kv(a, k, KEY(TRAIN_EVAL_INTERVAL), t->eval_interval), s);
     }
 }
