@@ -837,6 +837,49 @@ static void check_checkpoints(const char *path) {
     mgc_plan_free(fp32);
 }
 
+/* Evaluation (docs/runtime.md) on this backend: dropout off through the kernels without it
+ * (compiled on first use: the plan has the dropout ones), no update; against the CPU's fp32
+ * evaluation of the same model within the precision's tolerance. */
+static void check_eval(const char *path) {
+    static const char *const ev[] = {"training.eval_interval=1", "training.eval_iters=1",
+                                     "model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+    static const double tol[3] = {1e-4, 3e-2, 3e-2};
+    mgc_plan *cpu = compile(path, "fp32", ev);
+    T_CHECK(cpu != NULL);
+    double lc[STEPS], ec[STEPS];
+    char err[4096];
+    for (int k = 0; k < 3 && cpu; k++) {
+        static const char *const prec[3] = {"fp32", "bf16", "fp16"};
+        mgc_plan *p = compile(path, prec[k], ev);
+        T_CHECK(p != NULL);
+        if (!p) continue;
+        double l[STEPS], e[STEPS], norms[STEPS];
+        for (int pass = 0; pass < (k == 0 ? 2 : 1); pass++) {
+            const mgc_plan *q = pass ? cpu : p;
+            mgc_train_data *data = NULL;
+            T_CHECK(mgc_train_data_open(&data, q, 2, err, sizeof err) == 0);
+            mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+            o.iterations = 2;
+            o.losses = pass ? lc : l;
+            o.grad_norms = norms;
+            o.eval_losses = pass ? ec : e;
+            o.backend = pass ? "cpu" : gpu_name();
+            int rc = data ? mgc_train_local(q, data, 1, &o, err, sizeof err) : -1;
+            if (rc) fprintf(stderr, "evaluation (%s): %s\n", o.backend, err);
+            T_EQ_I64(rc, 0);
+            mgc_train_data_free(data);
+        }
+        if (k == 0) /* the CPU's reference ran second, in the same loop */
+            printf("%s: evaluation on the CPU: %.6f, %.6f\n", path, ec[0], ec[1]);
+        for (int i = 0; i < 2; i++)
+            T_NEAR_REL(e[i], ec[i], tol[k]);
+        printf("%s %s evaluation on %s: %.6f, %.6f (CPU fp32 %.6f, %.6f)\n", path, prec[k], gpu_name(), e[0],
+               e[1], ec[0], ec[1]);
+        mgc_plan_free(p);
+    }
+    mgc_plan_free(cpu);
+}
+
 /* ---- 2b. several ranks on the GPU ---------------------------------------------------- */
 
 /* Parallel layouts on the CUDA backend, every rank a thread on this GPU (local ranks): the
@@ -1001,6 +1044,8 @@ int main(int argc, char **argv) {
     }
     if (!only || !strcmp(only, "train") || !strcmp(only, "ci") || !strcmp(only, "ckpt"))
         check_checkpoints("examples/tiny-gpt.yaml");
+    if (!only || !strcmp(only, "train") || !strcmp(only, "ci") || !strcmp(only, "eval"))
+        check_eval("examples/tiny-gpt.yaml");
     if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!emu && (!only || !strcmp(only, "graphs"))) check_graphs();
     if (only && !strcmp(only, "ci")) { /* test_cuda_emu in CI: every kernel family, in minutes */
