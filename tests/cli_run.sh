@@ -140,6 +140,23 @@ else
     bad "SIGTERM (exit $st, last step '$last')"; cat "$tmp/out" "$tmp/err"
 fi
 
+# evaluation: the validation loss in the metrics of the steps that evaluate; a validation split
+# too small for one sample is refused before the first step
+# shellcheck disable=SC2086
+$mgc compile examples/tiny-gpt.yaml --no-kernels $small --set training.eval_interval=2 --set training.eval_iters=2 \
+    -o "$tmp/eval.plan" >/dev/null || exit 1
+if "$run" "$tmp/eval.plan" --metrics "$tmp/e.jsonl" >"$tmp/out" 2>"$tmp/err" &&
+    [ "$(grep -c '"eval_loss": ' "$tmp/e.jsonl")" -eq 2 ] && ! sed -n 1p "$tmp/e.jsonl" | grep -q eval_loss &&
+    grep -q '^validation after step 3 | loss ' "$tmp/out"; then
+    ok "evaluation after steps 2 and 3 (the last)"
+else
+    bad "evaluation"; cat "$tmp/out" "$tmp/err"
+fi
+# shellcheck disable=SC2086
+$mgc compile examples/tiny-gpt.yaml --no-kernels $small --set training.eval_interval=2 --set data.split=99999,1,0 \
+    -o "$tmp/noval.plan" >/dev/null || exit 1
+expect "empty validation split" 1 "the validation split holds 0 tokens" -- "$run" "$tmp/noval.plan" --metrics "$tmp/m.jsonl"
+
 # the same data as a megatron dataset trains too
 mplan "$tmp/syn.plan" "$tmp/syn" || exit 1
 if "$run" "$tmp/syn.plan" -q >/dev/null 2>"$tmp/err"; then ok "megatron dataset run"; else bad "megatron dataset run"; cat "$tmp/err"; fi
