@@ -1209,9 +1209,9 @@ int mgc_exec_ckpt_save(mgc_exec *x, const mgc_exec_ckpt_io *io) {
             size_t bytes = (size_t)(hi - lo) * 4;
             int64_t mo = s->moment + (lo - s->elem);
             for (int a = 0; a < 3 && !rc; a++) {
+                if ((a == 1 && !m) || (a == 2 && !v)) continue;
                 const float *src = a == 1 ? m + mo : a == 2 ? v + mo
                                    : master ? master + mo : e->pub.weight + (lo - e->elem);
-                if ((a == 1 && !m) || (a == 2 && !v)) continue;
                 if (x->be->iface->download(x->be, host, src, bytes)) rc = be_fail(x, "reading the state to save");
                 else if (ckpt_runs(x, e, a, lo - e->elem, hi - e->elem, host, io, 0)) rc = -1;
             }
