@@ -2,7 +2,8 @@
  *
  * - A run stopped after step 4 and resumed to step 10 gives the losses and gradient norms of
  *   an unbroken run bit for bit, and its final checkpoint is byte-identical to the unbroken
- *   run's: one rank with dropout (the random streams continue), tensor 2 with sequence
+ *   run's: one rank with dropout (the random streams continue) and evaluations (the same
+ *   validation losses), tensor 2 with sequence
  *   parallelism, two virtual pipeline stages with tied embeddings (the output layer's copy),
  *   LLaMA over pipeline x data with the distributed optimizer, MoE over experts with the
  *   distributed optimizer.
@@ -64,6 +65,7 @@ static mgc_plan *compile(const char *path, const char *const *sets) {
 /* Trains p to step `until` with checkpoints in dir: losses / norms of the steps run (the
  * others NaN), the step it resumed from.  0, or -1 with the message in err. */
 static const char *init_from; /* run(): mgc_train_opts.init_from */
+static double *eval_out;       /* run(): mgc_train_opts.eval_losses */
 #define W(n) "parallel.world_size=" #n
 
 static int run(const mgc_plan *p, const char *dir, int64_t until, double *loss, double *norm,
@@ -78,8 +80,11 @@ static int run(const mgc_plan *p, const char *dir, int64_t until, double *loss, 
     o.checkpoint_dir = dir;
     o.resumed_from = resumed;
     o.init_from = init_from;
-    for (int i = 0; i < STEPS; i++)
+    o.eval_losses = eval_out;
+    for (int i = 0; i < STEPS; i++) {
         loss[i] = norm[i] = NAN;
+        if (eval_out) eval_out[i] = NAN;
+    }
     *resumed = -1;
     int rc = mgc_train_local(p, data, (int)p->grid.world, &o, err, errsz);
     mgc_train_data_free(data);
@@ -146,9 +151,11 @@ static void check_resume(const char *path, const char *name, const char *const *
     if (!p) return;
     char a[64], b[64], pa[512], pb[512], err[4096];
     make_dir(a), make_dir(b);
-    double la[STEPS], na[STEPS], lb[STEPS], nb[STEPS], l1[STEPS], n1[STEPS];
+    double la[STEPS], na[STEPS], lb[STEPS], nb[STEPS], l1[STEPS], n1[STEPS], ea[STEPS], eb[STEPS];
     int64_t r0 = -1, r1 = -1, r2 = -1;
+    eval_out = ea;
     int rc = run(p, a, STEPS, la, na, &r0, err, sizeof err);
+    eval_out = NULL;
     if (rc) fprintf(stderr, "%s unbroken: %s\n", name, err);
     T_EQ_I64(rc, 0);
     T_EQ_I64(r0, 0);
@@ -157,7 +164,9 @@ static void check_resume(const char *path, const char *name, const char *const *
     T_EQ_I64(rc, 0);
     T_EQ_I64(r1, 0);
     T_CHECK(access(ckpt_path(pb, b, STOP), R_OK) == 0);
+    eval_out = eb;
     rc = run(p, b, STEPS, lb, nb, &r2, err, sizeof err);
+    eval_out = NULL;
     if (rc) fprintf(stderr, "%s resumed: %s\n", name, err);
     T_EQ_I64(rc, 0);
     T_EQ_I64(r2, STOP);
@@ -169,9 +178,16 @@ static void check_resume(const char *path, const char *name, const char *const *
     T_CHECK(same);
     int files = same_file(ckpt_path(pa, a, STEPS), ckpt_path(pb, b, STEPS));
     T_CHECK(files);
-    printf("%s %-24s world %lld: resumed at step %d: steps %d-%d %s, step-%d checkpoints %s\n", path,
+    /* evaluations (where the plan has them) after the resumed steps: the unbroken run's */
+    int evals = 0;
+    for (int i = STOP; i < STEPS; i++) {
+        T_CHECK(memcmp(&ea[i], &eb[i], sizeof ea[i]) == 0 || (isnan(ea[i]) && isnan(eb[i])));
+        evals += !isnan(ea[i]);
+    }
+    printf("%s %-24s world %lld: resumed at step %d: steps %d-%d %s, step-%d checkpoints %s%s\n", path,
            name, (long long)p->grid.world, STOP, STOP + 1, STEPS, same ? "bit-identical" : "DIFFER",
-           STEPS, files ? "byte-identical" : "DIFFER");
+           STEPS, files ? "byte-identical" : "DIFFER",
+           evals ? ", validation losses bit-identical" : "");
     remove_dir(a), remove_dir(b);
     mgc_plan_free(p);
 }
@@ -493,7 +509,8 @@ out:
 }
 
 int main(void) {
-    static const char *const one_drop[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+    static const char *const one_drop[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+                                           "training.eval_interval=3", "training.eval_iters=2", NULL};
     static const char *const tpsp[] = {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true", NULL};
     static const char *const vpp_tied[] = {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2",
                                            "model.tie_embeddings=true", NULL};
