@@ -82,6 +82,9 @@ int mgc_compile_kernels(mgc_plan *p, const int *archs, int n_archs, int threads,
     clock_gettime(CLOCK_MONOTONIC, &t0);
     mgc_kspec *specs = NULL, k[MGC_KSPEC_MAX_PER_OP > 16 ? MGC_KSPEC_MAX_PER_OP : 16];
     int n = 0, cap = 0;
+    /* evaluations run the ops with dropout 0 (docs/runtime.md): their kernels too */
+    int64_t eval = 0;
+    mgc_plan_config_int(p, "training.eval_interval", &eval);
     for (int64_t s = 0; s < p->n_stages; s++)
         for (int64_t c = 0; c < p->stages[s].n_chunks; c++) {
             const mgc_plan_chunk *ch = &p->stages[s].chunks[c];
@@ -89,13 +92,18 @@ int mgc_compile_kernels(mgc_plan *p, const int *archs, int n_archs, int threads,
                 const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
                 int64_t nops = pass ? ch->n_bwd : ch->n_fwd;
                 for (int64_t i = 0; i < nops; i++) {
-                    int m = mgc_kspecs_for_op(p, ch, &ops[i], k, MGC_KSPEC_MAX_PER_OP, err, errsz);
-                    if (m < 0 && ops[i].kind < MGC_POP_ALL_REDUCE) {
-                        free(specs);
-                        return -1;
+                    mgc_plan_op op = ops[i];
+                    int da = mgc_plan_op_dropout_attr(&op);
+                    for (int variant = 0; variant < (eval > 0 && da >= 0 && op.fattr[da] > 0 ? 2 : 1); variant++) {
+                        if (variant) op.fattr[da] = 0;
+                        int m = mgc_kspecs_for_op(p, ch, &op, k, MGC_KSPEC_MAX_PER_OP, err, errsz);
+                        if (m < 0 && op.kind < MGC_POP_ALL_REDUCE) {
+                            free(specs);
+                            return -1;
+                        }
+                        for (int q = 0; q < m; q++)
+                            if (add_spec(&specs, &n, &cap, &k[q])) goto oom;
                     }
-                    for (int q = 0; q < m; q++)
-                        if (add_spec(&specs, &n, &cap, &k[q])) goto oom;
                 }
             }
         }

@@ -83,6 +83,19 @@ const char *mgc_tensor_role_name(mgc_plan_tensor_role r) {
 const char *mgc_buf_kind_name(mgc_buf_kind k) {
     return NAME_OF(buf_names, k);
 }
+int mgc_plan_op_dropout_attr(const mgc_plan_op *op) {
+    switch ((mgc_plan_op_kind)op->kind) {
+    case MGC_POP_DROPOUT:
+    case MGC_POP_DROPOUT_BWD:
+    case MGC_POP_DROPOUT_ADD:
+    case MGC_POP_DROPOUT_ADD_BWD: return 0;
+    case MGC_POP_ADD_NORM:
+    case MGC_POP_ATTENTION:
+    case MGC_POP_ATTENTION_BWD: return 1;
+    default: return -1;
+    }
+}
+
 const char *mgc_plan_op_name(mgc_plan_op_kind k) {
     return NAME_OF(op_names, k);
 }

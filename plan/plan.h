@@ -241,6 +241,10 @@ typedef enum mgc_plan_op_kind {
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
+/* The fattr index of op's dropout probability (dropout and dropout-add: 0; add-norm and
+ * attention, forward and backward: 1), or -1 for an op without one.  An evaluation runs the
+ * ops with that attribute 0 (mgc-run, docs/runtime.md "Evaluation"). */
+int mgc_plan_op_dropout_attr(const mgc_plan_op *op);
 const char *mgc_tensor_role_name(mgc_plan_tensor_role r);
 
 typedef struct mgc_plan_chunk {

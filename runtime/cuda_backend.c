@@ -583,6 +583,8 @@ static int warm_up(mgc_backend *be, const mgc_stage_program *st, void *arena) {
     char err[256];
     int rc = 0;
     c->dry = 1;
+    int64_t eval = 0; /* evaluations run the ops with dropout 0: their kernels too */
+    mgc_plan_config_int(c->plan, "training.eval_interval", &eval);
     for (int64_t k = 0; k < st->n_chunks && !rc; k++) {
         const mgc_plan_chunk *ch = &st->chunks[k];
         for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd && !rc; i++) {
@@ -594,6 +596,14 @@ static int warm_up(mgc_backend *be, const mgc_stage_program *st, void *arena) {
             }
             for (int j = 0; j < n && !rc; j++)
                 if (!find_kernel(be, &ks[j])) rc = -1;
+            mgc_plan_op ev = *op;
+            int da = mgc_plan_op_dropout_attr(&ev);
+            if (!rc && eval > 0 && da >= 0 && ev.fattr[da] > 0) {
+                ev.fattr[da] = 0;
+                n = mgc_kspecs_for_op(c->plan, ch, &ev, ks, MGC_KSPEC_MAX_PER_OP, err, sizeof err);
+                for (int j = 0; j < n && !rc; j++)
+                    if (!find_kernel(be, &ks[j])) rc = -1;
+            }
             if (rc || !is_linear(op->kind)) continue;
             mgc_op_call call;
             memset(&call, 0, sizeof call);

@@ -192,20 +192,11 @@ static int graphable(const mgc_plan_op *ops, int64_t n) {
         case MGC_POP_MOE_COMBINE_BWD:
         case MGC_POP_GROUPED_LINEAR_DGRAD:
         case MGC_POP_GROUPED_LINEAR_WGRAD: return 0;
-        case MGC_POP_DROPOUT:
-        case MGC_POP_DROPOUT_BWD:
-        case MGC_POP_DROPOUT_ADD:
-        case MGC_POP_DROPOUT_ADD_BWD:
-            if (o->fattr[0] > 0) return 0;
+        default: {
+            int a = mgc_plan_op_dropout_attr(o);
+            if (o->kind >= MGC_POP_ALL_REDUCE || (a >= 0 && o->fattr[a] > 0)) return 0;
             break;
-        case MGC_POP_ADD_NORM:
-        case MGC_POP_ATTENTION:
-        case MGC_POP_ATTENTION_BWD:
-            if (o->fattr[1] > 0) return 0;
-            break;
-        default:
-            if (o->kind >= MGC_POP_ALL_REDUCE) return 0;
-            break;
+        }
         }
     }
     return 1;
@@ -2322,8 +2313,7 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
 
 /* ---- a step -------------------------------------------------------------------------------- */
 
-/* The chunks' programs with every dropout probability 0 (graphable()'s list of the ops that
- * draw one), made at the first evaluation. */
+/* The chunks' programs with every dropout probability 0, made at the first evaluation. */
 static int make_eval_ops(mgc_exec *x) {
     const mgc_stage_program *sp = x->sp;
     x->eval_ops = calloc((size_t)(2 * sp->n_chunks), sizeof *x->eval_ops);
@@ -2335,17 +2325,10 @@ static int make_eval_ops(mgc_exec *x) {
             mgc_plan_op *o = malloc((size_t)(n ? n : 1) * sizeof *o);
             if (!o) return xfail(x, "out of memory");
             if (n) memcpy(o, pass ? ch->bwd : ch->fwd, (size_t)n * sizeof *o);
-            for (int64_t i = 0; i < n; i++)
-                switch ((mgc_plan_op_kind)o[i].kind) {
-                case MGC_POP_DROPOUT:
-                case MGC_POP_DROPOUT_BWD:
-                case MGC_POP_DROPOUT_ADD:
-                case MGC_POP_DROPOUT_ADD_BWD: o[i].fattr[0] = 0; break;
-                case MGC_POP_ADD_NORM:
-                case MGC_POP_ATTENTION:
-                case MGC_POP_ATTENTION_BWD: o[i].fattr[1] = 0; break;
-                default: break;
-                }
+            for (int64_t i = 0; i < n; i++) {
+                int a = mgc_plan_op_dropout_attr(&o[i]);
+                if (a >= 0) o[i].fattr[a] = 0;
+            }
             x->eval_ops[2 * c + pass] = o;
         }
     return 0;
