@@ -78,12 +78,65 @@ static int check_file(const char *path, const char *precision) {
     return own;
 }
 
+/* A plan that evaluates (training.eval_interval) carries the kernels of its dropout ops
+ * without dropout too: the attention's and add-norm's DROP0 variants, and no other kernel
+ * more. */
+static mgc_plan *compile_drop(int eval) {
+    mgc_diags d;
+    mgc_diags_init(&d);
+    mgc_config *c = mgc_config_new();
+    mgc_config_load_file(c, "examples/tiny-gpt.yaml", &d);
+    const char *sets[] = {"training.precision=bf16", "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+                          eval ? "training.eval_interval=10" : "training.eval_interval=0"};
+    for (int i = 0; i < 4; i++)
+        mgc_config_set(c, sets[i], "--set", &d);
+    if (d.errors == 0) mgc_config_finalize(c, &d);
+    mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
+    mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
+    if (p) {
+        int archs[1] = {90};
+        mgc_kernel_stats st;
+        char err[4096];
+        T_EQ_I64(mgc_compile_kernels(p, archs, 1, 4, &st, err, sizeof err), 0);
+    }
+    mgc_ir_free(g);
+    mgc_config_free(c);
+    mgc_diags_free(&d);
+    return p;
+}
+
+static int has_kernel(const mgc_plan *p, const char *a, const char *b) {
+    for (int64_t i = 0; i < p->n_kernels; i++) {
+        const char *nm = mgc_plan_strat(p, p->kernels[i].name);
+        if (nm && strstr(nm, a) && strstr(nm, b)) return 1;
+    }
+    return 0;
+}
+
+static void check_eval_kernels(void) {
+    mgc_plan *p = compile_drop(0), *q = compile_drop(1);
+    T_CHECK(p && q);
+    if (p && q) {
+        T_CHECK(has_kernel(p, "attention_fwd", "DROP1") && !has_kernel(p, "attention_fwd", "DROP0"));
+        T_CHECK(has_kernel(q, "attention_fwd", "DROP1") && has_kernel(q, "attention_fwd", "DROP0"));
+        T_CHECK(has_kernel(q, "add_layernorm_fwd", "DROP0") && !has_kernel(p, "add_layernorm_fwd", "DROP0"));
+        for (int64_t i = 0; i < p->n_kernels; i++) /* every kernel of the plan that trains only */
+            T_CHECK(has_kernel(q, mgc_plan_strat(p, p->kernels[i].name), ""));
+        printf("evaluation kernels: %lld cubins with training.eval_interval, %lld without (the "
+               "dropout-free variants of the dropout ops' kernels)\n",
+               (long long)q->n_kernels, (long long)p->n_kernels);
+    }
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
 int main(void) {
     if (!mgc_nvrtc_available()) {
         printf("test_kernels: NVRTC not found: skipped\n");
         return 77;
     }
     setvbuf(stdout, NULL, _IONBF, 0);
+    check_eval_kernels();
     const char *dirs[] = {"models", "examples"};
     for (int k = 0; k < 2; k++) {
         DIR *dir = opendir(dirs[k]);
