@@ -2340,10 +2340,11 @@ int mgc_exec_eval(mgc_exec *x, int64_t first_sample, mgc_sample_fn fn, void *ctx
         return -1;
     }
     int64_t base = x->sample_base, ibase = x->iter_base, it = x->iteration;
+    mgc_profile *prof = x->prof; /* a profile times training steps only */
     x->sample_base = first_sample, x->iter_base = it;
-    x->eval = 1;
+    x->eval = 1, x->prof = NULL;
     int rc = mgc_exec_step(x, it, fn, ctx, st);
-    x->eval = 0;
+    x->eval = 0, x->prof = prof;
     x->sample_base = base, x->iter_base = ibase;
     return rc;
 }
