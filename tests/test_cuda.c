@@ -781,9 +781,12 @@ static int train_ckpt(const mgc_plan *p, const char *backend, const char *dir, i
 
 static int same_bytes(const char *a, const char *b) {
     FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
-    int same = f && g, ca, cb;
-    while (same && ((ca = fgetc(f)) != EOF) | ((cb = fgetc(g)) != EOF))
+    int same = f && g;
+    while (same) {
+        int ca = fgetc(f), cb = fgetc(g);
         same = ca == cb;
+        if (ca == EOF || cb == EOF) break;
+    }
     if (f) fclose(f);
     if (g) fclose(g);
     return same;
