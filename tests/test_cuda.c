@@ -50,6 +50,7 @@
 #include "kernels.h"
 #include "plan.h"
 #include "testlib.h"
+#include "testplan.h"
 #include "train.h"
 #include "train_data.h"
 
@@ -67,27 +68,13 @@ static int open_gpu(mgc_backend **be, char *err, size_t errsz) {
 }
 
 static mgc_plan *compile(const char *path, const char *precision, const char *const *extra) {
-    mgc_diags d;
-    mgc_diags_init(&d);
-    mgc_config *c = mgc_config_new();
-    mgc_config_load_file(c, path, &d);
     char prec[64];
     snprintf(prec, sizeof prec, "training.precision=%s", precision);
     const char *sets[] = {prec, "training.iterations=20", "optimizer.warmup_iterations=2", NULL};
-    for (int i = 0; sets[i]; i++)
-        mgc_config_set(c, sets[i], "--set", &d);
-    for (int i = 0; extra && extra[i]; i++)
-        mgc_config_set(c, extra[i], "--set", &d);
     /* fp16: a loss scale the tiny models' gradients do not overflow, so that no step is
      * skipped and the losses can track the CPU's step for step */
-    if (!strcmp(precision, "fp16")) mgc_config_set(c, "training.initial_loss_scale=1024", "--set", &d);
-    if (d.errors == 0) mgc_config_finalize(c, &d);
-    mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
-    mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
-    if (!p) mgc_diags_print(&d, stderr);
-    mgc_ir_free(g);
-    mgc_config_free(c);
-    mgc_diags_free(&d);
+    static const char *const fp16[] = {"training.initial_loss_scale=1024", NULL};
+    mgc_plan *p = t_compile(path, (const char *const *const[]){sets, extra, strcmp(precision, "fp16") ? NULL : fp16}, 3);
     if (p && !emu) { /* the emulator compiles the kernel source for the host instead */
         int archs[2] = {80, 90};
         mgc_kernel_stats st;

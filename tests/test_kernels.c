@@ -18,6 +18,7 @@
 #include "nvrtc.h"
 #include "plan.h"
 #include "testlib.h"
+#include "testplan.h"
 
 static int by_name(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -82,26 +83,16 @@ static int check_file(const char *path, const char *precision) {
  * without dropout too: the attention's and add-norm's DROP0 variants, and no other kernel
  * more. */
 static mgc_plan *compile_drop(int eval) {
-    mgc_diags d;
-    mgc_diags_init(&d);
-    mgc_config *c = mgc_config_new();
-    mgc_config_load_file(c, "examples/tiny-gpt.yaml", &d);
-    const char *sets[] = {"training.precision=bf16", "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
-                          eval ? "training.eval_interval=10" : "training.eval_interval=0"};
-    for (int i = 0; i < 4; i++)
-        mgc_config_set(c, sets[i], "--set", &d);
-    if (d.errors == 0) mgc_config_finalize(c, &d);
-    mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
-    mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
+    static const char *const sets[] = {"training.precision=bf16", "model.hidden_dropout=0.1",
+                                       "model.attention_dropout=0.1", NULL};
+    static const char *const ev[] = {"training.eval_interval=10", NULL};
+    mgc_plan *p = t_compile("examples/tiny-gpt.yaml", (const char *const *const[]){sets, eval ? ev : NULL}, 2);
     if (p) {
         int archs[1] = {90};
         mgc_kernel_stats st;
         char err[4096];
         T_EQ_I64(mgc_compile_kernels(p, archs, 1, 4, &st, err, sizeof err), 0);
     }
-    mgc_ir_free(g);
-    mgc_config_free(c);
-    mgc_diags_free(&d);
     return p;
 }
 

@@ -30,6 +30,7 @@
 #include "ir.h"
 #include "plan.h"
 #include "testlib.h"
+#include "testplan.h"
 #include "train.h"
 #include "train_data.h"
 
@@ -40,30 +41,7 @@ static const char *const common[] = {
     "training.micro_batch_size=2", "training.global_batch_size=4", NULL};
 
 static mgc_plan *compile(const char *path, const char *const *base, const char *const *sets) {
-    mgc_diags d;
-    mgc_diags_init(&d);
-    mgc_config *c = mgc_config_new();
-    mgc_config_load_file(c, path, &d);
-    for (int i = 0; common[i]; i++)
-        mgc_config_set(c, common[i], "--set", &d);
-    for (int i = 0; base && base[i]; i++)
-        mgc_config_set(c, base[i], "--set", &d);
-    for (int i = 0; sets && sets[i]; i++)
-        mgc_config_set(c, sets[i], "--set", &d);
-    if (d.errors == 0) mgc_config_finalize(c, &d);
-    mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
-    mgc_plan *p = g ? mgc_compile(c, g, &d) : NULL;
-    if (!p) {
-        fprintf(stderr, "%s: cannot compile:", path);
-        for (int i = 0; sets && sets[i]; i++)
-            fprintf(stderr, " --set %s", sets[i]);
-        fputc('\n', stderr);
-        mgc_diags_print(&d, stderr);
-    }
-    mgc_ir_free(g);
-    mgc_config_free(c);
-    mgc_diags_free(&d);
-    return p;
+    return t_compile(path, (const char *const *const[]){common, base, sets}, 3);
 }
 
 /* ---- communication on device memory ------------------------------------------------------
