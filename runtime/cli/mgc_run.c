@@ -287,8 +287,8 @@ int main(int argc, char **argv) {
         int64_t job = 0;
         mgc_plan_config_int(plan, "training.iterations", &job);
         if (job > data_iters) data_iters = job;
-        if (rank == 0 && mgc_ckpt_prepare_dir(ckpt_dir, err, sizeof err)) {
-            fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
+        if (mgc_ckpt_prepare_dir(ckpt_dir, err, sizeof err)) { /* every process: none waits alone */
+            if (rank == 0) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
             mgc_comm_free(world);
             mgc_plan_free(plan);
             return 1;
@@ -296,10 +296,10 @@ int main(int argc, char **argv) {
     }
     /* --init-from: a readable checkpoint before the data is built (every value is checked
      * against the plan's model when the ranks load it) */
-    if (init_from && rank == 0) {
+    if (init_from) {
         mgc_ckpt_info info;
         if (mgc_ckpt_read_info(init_from, &info, err, sizeof err)) {
-            fprintf(stderr, "mgc-run: %s: --init-from %s\n", plan_path, err);
+            if (rank == 0) fprintf(stderr, "mgc-run: %s: --init-from %s\n", plan_path, err);
             mgc_comm_free(world);
             mgc_plan_free(plan);
             return 1;
