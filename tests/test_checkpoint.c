@@ -10,8 +10,9 @@
  * - Across layouts: the checkpoint of step 4 written by tensor 2 x pipeline 2 x data 2 (and by
  *   expert 2 for the MoE) holds what one rank's holds (each array of each tensor within 1e-3
  *   relative, Frobenius: a region no rank wrote would be zeros, some 6e-2 for one row of the
- *   embedding; the layouts differ by ~1e-4 where Adam normalises gradients that are zero but
- *   for rounding, the key biases'), and a run resumed under another layout tracks the
+ *   embedding; the layouts differ by ~1e-4 in the QKV biases, most likely where Adam
+ *   normalises gradients that are zero but for rounding, the key biases'), and a run resumed
+ *   under another layout tracks the
  *   unbroken run of that layout within 1e-5 relative, as the layouts track each other.
  * - Retention (checkpoint.keep), unfinished files of a crashed save, and refusals: a damaged
  *   file (one flipped byte of data, a truncated file, a broken header), another model's
