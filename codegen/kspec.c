@@ -96,10 +96,17 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
         mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_grad_partial", ch->tensors[op->in[0]].dtype);
         mgc_kspec_init(&out[1], "gemm_aux.cuh", "bias_grad_finish", ch->tensors[op->in[0]].dtype);
         return 2;
+    case MGC_POP_GROUPED_LINEAR: /* cuBLASLt; the experts' biases */
+        if (op->n_in < 4 || max < 1) return 0;
+        mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_add", ch->tensors[op->out[0]].dtype);
+        return 1;
+    case MGC_POP_GROUPED_LINEAR_WGRAD: /* cuBLASLt; the experts' bias gradients */
+        if (op->n_out < 2 || max < 2) return 0;
+        mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_grad_partial", ch->tensors[op->in[0]].dtype);
+        mgc_kspec_init(&out[1], "gemm_aux.cuh", "bias_grad_finish", ch->tensors[op->in[0]].dtype);
+        return 2;
     case MGC_POP_LINEAR_DGRAD:
-    case MGC_POP_GROUPED_LINEAR:
     case MGC_POP_GROUPED_LINEAR_DGRAD:
-    case MGC_POP_GROUPED_LINEAR_WGRAD:
         return 0; /* cuBLASLt */
     default:
         break;

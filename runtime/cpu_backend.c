@@ -636,18 +636,23 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
         int64_t N = op->iattr[1], K = op->iattr[2];
         const mgc_plan_tensor *w = op->kind == MGC_POP_GROUPED_LINEAR_WGRAD ? tout(c, 0) : tin(c, 1);
         int64_t E_l = w->dim[0];
-        int tpe_in = op->kind == MGC_POP_GROUPED_LINEAR ? 2 : 2;
+        int tpe_in = 2; /* tokens per expert, in every kind */
         int32_t *c32 = scratch(be, (size_t)E_l * 4);
         if (!c32) return fail(be, "out of memory");
         to_i32(c32, c->in[tpe_in], (mgc_dtype)tin(c, tpe_in)->dtype, E_l);
-        if (op->kind == MGC_POP_GROUPED_LINEAR)
-            mgc_cpu_grouped_linear_fwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), c32, E_l, N, K);
-        else if (op->kind == MGC_POP_GROUPED_LINEAR_DGRAD)
+        if (op->kind == MGC_POP_GROUPED_LINEAR) {
+            /* the experts' biases (E_l,N); a row-parallel one on expert-tensor rank 0 only */
+            const float *bias = op->n_in > 3 ? CF(c->in[3]) : NULL;
+            if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.etp != 0) bias = NULL;
+            mgc_cpu_grouped_linear_fwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), bias, c32, E_l,
+                                           N, K);
+        } else if (op->kind == MGC_POP_GROUPED_LINEAR_DGRAD) {
             mgc_cpu_grouped_linear_dgrad_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), c32, E_l, N,
                                              K);
-        else
-            mgc_cpu_grouped_linear_wgrad_f32(F(c->out[0]), CF(c->in[0]), CF(c->in[1]), c32, E_l, N,
-                                             K);
+        } else {
+            mgc_cpu_grouped_linear_wgrad_f32(F(c->out[0]), op->n_out > 1 ? F(c->out[1]) : NULL,
+                                             CF(c->in[0]), CF(c->in[1]), c32, E_l, N, K);
+        }
         return 0;
     }
     default:

@@ -55,16 +55,19 @@ void MGC_FN(mgc_cpu_linear_dgrad)(MGC_REAL *dx /* (n,K) */, const MGC_REAL *dy /
 void MGC_FN(mgc_cpu_linear_wgrad)(MGC_REAL *dW /* (N,K) */, MGC_REAL *db /* (N) */,
                                   const MGC_REAL *dy /* (n,N) */, const MGC_REAL *x /* (n,K) */,
                                   int64_t n, int64_t N, int64_t K);
-/* Grouped (MoE experts): rows are grouped by expert, counts[e] rows for expert e, e < E_l. */
+/* Grouped (MoE experts): rows are grouped by expert, counts[e] rows for expert e, e < E_l;
+ * expert e's bias is row e of bias (E_l,N) (NULL: none), its gradient row e of db. */
 void MGC_FN(mgc_cpu_grouped_linear_fwd)(MGC_REAL *y /* (rows,N) */,
                                         const MGC_REAL *x /* (rows,K) */,
                                         const MGC_REAL *W /* (E_l,N,K) */,
+                                        const MGC_REAL *bias /* (E_l,N) or NULL */,
                                         const int32_t *counts /* (E_l) */, int64_t E_l, int64_t N,
                                         int64_t K);
 void MGC_FN(mgc_cpu_grouped_linear_dgrad)(MGC_REAL *dx /* (rows,K) */, const MGC_REAL *dy,
                                           const MGC_REAL *W, const int32_t *counts, int64_t E_l,
                                           int64_t N, int64_t K);
-void MGC_FN(mgc_cpu_grouped_linear_wgrad)(MGC_REAL *dW /* (E_l,N,K) */, const MGC_REAL *dy,
+void MGC_FN(mgc_cpu_grouped_linear_wgrad)(MGC_REAL *dW /* (E_l,N,K) */,
+                                          MGC_REAL *db /* (E_l,N) += or NULL */, const MGC_REAL *dy,
                                           const MGC_REAL *x, const int32_t *counts, int64_t E_l,
                                           int64_t N, int64_t K);
 

@@ -165,11 +165,12 @@ void FN(mgc_cpu_linear_wgrad)(R *dW, R *db, const R *dy, const R *x, int64_t n, 
                 db[c] += dy[r * N + c];
 }
 
-void FN(mgc_cpu_grouped_linear_fwd)(R *y, const R *x, const R *W, const int32_t *counts,
-                                    int64_t E_l, int64_t N, int64_t K) {
+void FN(mgc_cpu_grouped_linear_fwd)(R *y, const R *x, const R *W, const R *bias,
+                                    const int32_t *counts, int64_t E_l, int64_t N, int64_t K) {
     int64_t r0 = 0;
     for (int64_t e = 0; e < E_l; e++) {
-        FN(mgc_cpu_linear_fwd)(y + r0 * N, x + r0 * K, W + e * N * K, NULL, counts[e], N, K);
+        FN(mgc_cpu_linear_fwd)(y + r0 * N, x + r0 * K, W + e * N * K, bias ? bias + e * N : NULL,
+                               counts[e], N, K);
         r0 += counts[e];
     }
 }
@@ -183,11 +184,12 @@ void FN(mgc_cpu_grouped_linear_dgrad)(R *dx, const R *dy, const R *W, const int3
     }
 }
 
-void FN(mgc_cpu_grouped_linear_wgrad)(R *dW, const R *dy, const R *x, const int32_t *counts,
-                                      int64_t E_l, int64_t N, int64_t K) {
+void FN(mgc_cpu_grouped_linear_wgrad)(R *dW, R *db, const R *dy, const R *x,
+                                      const int32_t *counts, int64_t E_l, int64_t N, int64_t K) {
     int64_t r0 = 0;
     for (int64_t e = 0; e < E_l; e++) {
-        FN(mgc_cpu_linear_wgrad)(dW + e * N * K, NULL, dy + r0 * N, x + r0 * K, counts[e], N, K);
+        FN(mgc_cpu_linear_wgrad)(dW + e * N * K, db ? db + e * N : NULL, dy + r0 * N, x + r0 * K,
+                                 counts[e], N, K);
         r0 += counts[e];
     }
 }

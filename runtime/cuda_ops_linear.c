@@ -198,6 +198,22 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
         return -1;
     }
     size_t xs = mgc_dtype_size((mgc_dtype)T_in(c, 0)->dtype);
+    /* the experts' biases (E_l,N): added by bias_add after each expert's GEMM (a row-parallel
+     * one on expert-tensor rank 0 only); their gradients summed by bias_grad, expert by expert */
+    const char *bias = op->kind == MGC_POP_GROUPED_LINEAR && op->n_in > 3 ? c->in[3] : NULL;
+    if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.etp != 0) bias = NULL;
+    float *db = op->kind == MGC_POP_GROUPED_LINEAR_WGRAD && op->n_out > 1 ? c->out[1] : NULL;
+    mgc_kspec badd;
+    if (bias) {
+        if (T_in(c, 3)->dtype != T_out(c, 0)->dtype) {
+            free(cnt);
+            return mgc_cuda_fail(be, "grouped_linear '%s': a %s bias for %s outputs",
+                                 mgc_plan_strat(c->plan, op->name),
+                                 mgc_dtype_name((mgc_dtype)T_in(c, 3)->dtype),
+                                 mgc_dtype_name((mgc_dtype)T_out(c, 0)->dtype));
+        }
+        mgc_kspec_init(&badd, "gemm_aux.cuh", "bias_add", T_out(c, 0)->dtype);
+    }
     int rc = 0;
     int64_t row = 0;
     for (int64_t e = 0; e < E_l && !rc; e++) {
@@ -210,6 +226,11 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
             rc = host(be)->gemm(be, 1, 0, N, r, K, (const char *)c->in[1] + (size_t)(e * N * K) * ws, K,
                       w->dtype, x, K, T_in(c, 0)->dtype, y, N, T_out(c, 0)->dtype,
                       0.0f, NULL);
+            if (!rc && bias) {
+                const void *bp = bias + (size_t)(e * N) * mgc_dtype_size((mgc_dtype)T_in(c, 3)->dtype);
+                void *a[] = {&y, (void *)&bp, &r, (void *)&N};
+                rc = mgc_cuda_launch(be, &badd, (unsigned)((r * N + 255) / 256), 1, 1, 256, 0, a);
+            }
         } else if (op->kind == MGC_POP_GROUPED_LINEAR_DGRAD) { /* in dy (rows,N), W; out dx (rows,K) */
             const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
             char *dx = (char *)c->out[0] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
@@ -221,6 +242,7 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
             const char *x = (const char *)c->in[1] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_in(c, 1)->dtype);
             rc = host(be)->gemm(be, 0, 1, K, N, r, x, K, T_in(c, 1)->dtype, dy, N, T_in(c, 0)->dtype,
                       (char *)c->out[0] + (size_t)(e * N * K) * ws, K, w->dtype, 1.0f, NULL);
+            if (!rc && db) rc = bias_grad(be, db + e * N, dy, T_in(c, 0)->dtype, r, N);
         }
         row += r;
     }

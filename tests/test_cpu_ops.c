@@ -431,34 +431,61 @@ static void test_linear(void) {
 }
 
 typedef struct glin_ctx {
-    double *y, *x, *W;
+    double *y, *x, *W, *bias;
     int32_t *counts;
     int64_t E, N, K;
 } glin_ctx;
 static void glin_fwd(void *p) {
     glin_ctx *c = p;
-    mgc_cpu_grouped_linear_fwd_f64(c->y, c->x, c->W, c->counts, c->E, c->N, c->K);
+    mgc_cpu_grouped_linear_fwd_f64(c->y, c->x, c->W, c->bias, c->counts, c->E, c->N, c->K);
 }
 
+/* each expert's rows through its own weight and bias, an empty expert between */
 static void test_grouped_linear(void) {
     int64_t E = 4, N = 5, K = 7, rows = 3 + 0 + 5 + 1;
     int32_t *counts = I(E);
     counts[0] = 3, counts[1] = 0, counts[2] = 5, counts[3] = 1;
-    double *x = Drand(rows * K), *W = Drand(E * N * K), *r = Drand(rows * N), *y = D(rows * N);
-    glin_ctx c = {y, x, W, counts, E, N, K};
+    double *x = Drand(rows * K), *W = Drand(E * N * K), *b = Drand(E * N), *r = Drand(rows * N),
+           *y = D(rows * N);
+    glin_ctx c = {y, x, W, b, counts, E, N, K};
     fd_case fc = {glin_fwd, &c, {{y, r, rows * N}}, 1};
     fd_loss(&fc);
     no_nan_d("grouped_linear fwd", y, rows * N);
+    /* against one linear per expert, written here row by row */
+    double worst = 0;
+    for (int64_t e = 0, r0 = 0; e < E; r0 += counts[e], e++)
+        for (int64_t i = r0; i < r0 + counts[e]; i++)
+            for (int64_t o = 0; o < N; o++) {
+                double v = b[e * N + o];
+                for (int64_t k = 0; k < K; k++)
+                    v += x[i * K + k] * W[(e * N + o) * K + k];
+                if (fabs(v - y[i * N + o]) > worst) worst = fabs(v - y[i * N + o]);
+            }
+    T_CHECK(worst < 1e-13);
     double *dx = D(rows * K), *dW0 = Drand(E * N * K), *dW = Dcopy(dW0, E * N * K);
+    double *db0 = Drand(E * N), *db = Dcopy(db0, E * N);
     pd(dx, rows * K);
     mgc_cpu_grouped_linear_dgrad_f64(dx, r, W, counts, E, N, K);
-    mgc_cpu_grouped_linear_wgrad_f64(dW, r, x, counts, E, N, K);
+    mgc_cpu_grouped_linear_wgrad_f64(dW, db, r, x, counts, E, N, K);
     fd_check("grouped_linear dx", &fc, x, rows * K, dx);
     fd_check("grouped_linear dW", &fc, W, E * N * K, Dsub(dW, dW0, E * N * K));
-    float *yf = Fn(rows * N);
+    fd_check("grouped_linear db", &fc, b, E * N, Dsub(db, db0, E * N));
+    /* the empty expert's bias gets nothing */
+    for (int64_t o = 0; o < N; o++)
+        T_CHECK(db[1 * N + o] == db0[1 * N + o]);
+    float *yf = Fn(rows * N), *yn = Fn(rows * N);
     pf(yf, rows * N);
-    mgc_cpu_grouped_linear_fwd_f32(yf, F(x, rows * K), F(W, E * N * K), counts, E, N, K);
+    pf(yn, rows * N);
+    mgc_cpu_grouped_linear_fwd_f32(yf, F(x, rows * K), F(W, E * N * K), F(b, E * N), counts, E, N, K);
     near_fd("grouped_linear f32 fwd", yf, y, rows * N, F32_TOL);
+    /* without a bias: the same minus each expert's bias row */
+    mgc_cpu_grouped_linear_fwd_f32(yn, F(x, rows * K), F(W, E * N * K), NULL, counts, E, N, K);
+    double *yb = Dcopy(y, rows * N);
+    for (int64_t e = 0, r0 = 0; e < E; r0 += counts[e], e++)
+        for (int64_t i = r0; i < r0 + counts[e]; i++)
+            for (int64_t o = 0; o < N; o++)
+                yb[i * N + o] -= b[e * N + o];
+    near_fd("grouped_linear f32 fwd, no bias", yn, yb, rows * N, F32_TOL);
     tfree_all();
 }
 
