@@ -120,6 +120,8 @@ int32_t mgc_cb_tensor(mgc_cb *b, const char *name, mgc_plan_tensor_role role, mg
     t->role = (uint16_t)role;
     t->split_axis = split_axis;
     t->split_group = split_group;
+    t->split2_axis = MGC_PLAN_NO_SPLIT;
+    t->split2_group = MGC_GROUP__COUNT;
     t->buffer = -1;
     t->bytes = bytes;
     mgc_partition_tensor_info *ti = &b->ti[id];
@@ -800,6 +802,8 @@ int mgc_cb_export(mgc_cb *b, const mgc_stage *st, mgc_plan_chunk *out, mgc_parti
     for (int64_t i = 0; i < b->nt; i++) {
         if (map[i] < 0) continue;
         out->tensors[map[i]] = b->t[i];
+        out->tensors[map[i]].split2_axis = b->ti[i].split2_axis; /* plan.h: the second split */
+        out->tensors[map[i]].split2_group = b->ti[i].split2_group;
         if (ti) {
             mgc_partition_tensor_info x = b->ti[i];
             x.grad_of = x.grad_of >= 0 ? map[x.grad_of] : -1;

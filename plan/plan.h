@@ -32,9 +32,10 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 4u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+#define MGC_PLAN_VERSION 5u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
-                              4: row views (tensor view); docs/plan-format.md */
+                              4: row views (tensor view); 5: a second split (tensor split2_*);
+                              docs/plan-format.md */
 
 typedef enum mgc_plan_status {
     MGC_PLAN_OK = 0,
@@ -156,7 +157,10 @@ typedef struct mgc_plan_tensor {
                              outermost dim (the loss chunks, compiler/losschunk.c), at the same
                              buffer, offset - that tensor's offset bytes in; 0 none.  Same dtype,
                              role and inner dims; never a view of a view (mgc_plan_validate) */
-    uint32_t pad2_;
+    uint16_t split2_axis;  /* a second sharded dim, MGC_PLAN_NO_SPLIT when none: an expert
+                              weight's FFN dim over ETP (its first split is EP's, dim 0), the
+                              sequence (dim 0) of q, k, v over CP when the first is TP's heads */
+    uint16_t split2_group; /* mgc_group_kind of that second shard index */
 } mgc_plan_tensor;
 
 /* Elements from one row of t to the next: t->ld, or the innermost dim when dense (1 for a

@@ -360,7 +360,8 @@ static void put_tensor(uint8_t *r, const mgc_plan_tensor *t) {
     st64(r + 56, t->offset);
     st64(r + 64, t->bytes);
     st32(r + 72, t->view);
-    /* 76: u32 reserved */
+    st16(r + 76, t->split2_axis);
+    st16(r + 78, t->split2_group);
 }
 static void get_tensor(const uint8_t *r, mgc_plan_tensor *t) {
     t->name = ld32(r + 0);
@@ -376,6 +377,8 @@ static void get_tensor(const uint8_t *r, mgc_plan_tensor *t) {
     t->offset = ld64(r + 56);
     t->bytes = ld64(r + 64);
     t->view = ld32(r + 72);
+    t->split2_axis = ld16(r + 76);
+    t->split2_group = ld16(r + 78);
 }
 _Static_assert(MGC_PLAN_MAX_RANK == 4, "TENS record holds 4 dims");
 
@@ -509,6 +512,13 @@ static mgc_plan_status check_tensor(const mgc_plan *p, const mgc_stage_program *
             INVALID("%s: split axis %u outside rank %u", WH, t->split_axis, t->rank);
         if (t->split_group >= MGC_GROUP__COUNT)
             INVALID("%s: split group %u unknown", WH, t->split_group);
+    }
+    if (t->split2_axis != MGC_PLAN_NO_SPLIT) {
+        if (t->split2_axis >= t->rank || t->split2_axis == t->split_axis)
+            INVALID("%s: second split axis %u outside rank %u or the first split's", WH,
+                    t->split2_axis, t->rank);
+        if (t->split2_group >= MGC_GROUP__COUNT)
+            INVALID("%s: second split group %u unknown", WH, t->split2_group);
     }
     if (t->buffer < MGC_PLAN_BUF_STASH || t->buffer >= st->n_buffers)
         INVALID("%s: buffer %" PRId32 " outside %d..%" PRId64, WH, t->buffer, MGC_PLAN_BUF_STASH,

@@ -90,8 +90,10 @@ int mgc_ckpt_model_of(const mgc_plan *plan, mgc_ckpt_model *out, char *err, size
                 t->numel = 1;
                 for (int d = 0; d < T->rank && d < 4; d++) {
                     t->dim[d] = T->dim[d];
-                    if (d == T->split_axis) {
-                        int64_t g = mgc_grid_group(&plan->grid, (mgc_group_kind)T->split_group, 0, NULL, 0);
+                    /* the whole tensor: each sharded dim times its group's size */
+                    if (d == T->split_axis || d == T->split2_axis) {
+                        uint16_t grp = d == T->split_axis ? T->split_group : T->split2_group;
+                        int64_t g = mgc_grid_group(&plan->grid, (mgc_group_kind)grp, 0, NULL, 0);
                         t->dim[d] *= g > 0 ? g : 1;
                     }
                     t->numel *= (uint64_t)t->dim[d];

@@ -32,7 +32,8 @@ typedef struct pentry {        /* one parameter of the stage */
     uint8_t tp_partial;        /* gradient partial over TP: summed over TP before the norm */
     uint8_t vocab;             /* rows are vocabulary entries (padding rows past vocab_size) */
     uint8_t glu;               /* rows are [gate | up] halves, each split the same way */
-    uint8_t expert;
+    uint8_t expert;            /* split over EP on dim 0 (the expert grid's parameters) */
+    uint8_t etp_dup;           /* an expert parameter replicated over ETP: counted once */
     uint8_t scaled;            /* output projection: std / sqrt(2 L) */
 } pentry;
 
@@ -487,6 +488,94 @@ static int c_all_to_all(xcomm *k, mgc_comm *g, const void *in, void *out, const 
     return stage_up(k, out, h + sb, rb);
 }
 
+/* Variable all-gather: group rank j holds per[j] elements; out = their concatenation in
+ * group-rank order (an all-to-all that sends this rank's elements to every peer). */
+static int c_all_gather_v(xcomm *k, mgc_comm *g, const void *in, void *out, const size_t *per,
+                          mgc_dtype dt, const char *what) {
+    int size = mgc_comm_size(g), me = mgc_comm_rank(g);
+    size_t es = mgc_dtype_size(dt), rb = 0;
+    size_t *sc = calloc((size_t)(2 * size), sizeof *sc);
+    if (!sc) return kfail(k, "rank %" PRId64 ": %s: out of memory", k->rank, what);
+    size_t *sd = sc + size; /* every peer reads the same elements: displacements 0 */
+    for (int j = 0; j < size; j++)
+        sc[j] = per[me], rb += per[j] * es;
+    int rc;
+    if (!k->staged) {
+        rc = c_check(k, g, mgc_comm_all_to_all_v(g, in, sc, sd, out, per, NULL, dt), what);
+    } else {
+        size_t sb = per[me] * es;
+        unsigned char *h = stage(k, sb + rb);
+        rc = !h || stage_down(k, h, in, sb) ||
+                     c_check(k, g, mgc_comm_all_to_all_v(g, h, sc, sd, h + sb, per, NULL, dt), what)
+                 ? -1
+                 : stage_up(k, out, h + sb, rb);
+    }
+    free(sc);
+    return rc;
+}
+
+/* Variable reduce-scatter: in holds, in group-rank order, per[j] elements for each group rank
+ * j (partial sums); this rank receives the sum of its block over the group, added in
+ * group-rank order in fp32 (16-bit types rounded once), as every reduction. */
+static int c_reduce_scatter_v(xcomm *k, mgc_comm *g, const void *in, void *out, const size_t *per,
+                              mgc_dtype dt, const char *what) {
+    int size = mgc_comm_size(g), me = mgc_comm_rank(g);
+    if (dt != MGC_DT_F32 && dt != MGC_DT_BF16 && dt != MGC_DT_F16)
+        return kfail(k, "rank %" PRId64 ": %s: a reduce-scatter of %s", k->rank, what,
+                     mgc_dtype_name(dt));
+    size_t es = mgc_dtype_size(dt), n = per[me], sb = 0;
+    for (int j = 0; j < size; j++)
+        sb += per[j] * es;
+    size_t *rc_ = calloc((size_t)size, sizeof *rc_);
+    float *acc = malloc((n ? n : 1) * sizeof *acc);
+    unsigned char *h = NULL;
+    int rc = -1;
+    if (!rc_ || !acc) {
+        kfail(k, "rank %" PRId64 ": %s: out of memory", k->rank, what);
+        goto out;
+    }
+    for (int j = 0; j < size; j++)
+        rc_[j] = n;
+    /* the send side on the host (staged), then every peer's block for this rank after it */
+    if (k->staged) {
+        if (!(h = stage(k, sb + (size_t)size * n * es)) || stage_down(k, h, in, sb)) goto out;
+    } else if (!(h = malloc(sb + (size_t)size * n * es + 1))) {
+        kfail(k, "rank %" PRId64 ": %s: out of memory", k->rank, what);
+        goto out;
+    } else {
+        memcpy(h, in, sb);
+    }
+    unsigned char *recv = h + sb;
+    if (c_check(k, g, mgc_comm_all_to_all_v(g, h, per, NULL, recv, rc_, NULL, dt), what)) goto out;
+    for (int j = 0; j < size; j++) {
+        const unsigned char *b = recv + (size_t)j * n * es;
+        for (size_t i = 0; i < n; i++) {
+            float v;
+            if (dt == MGC_DT_F32) memcpy(&v, b + i * 4, 4);
+            else {
+                uint16_t u;
+                memcpy(&u, b + i * 2, 2);
+                v = dt == MGC_DT_BF16 ? mgc_bf16_to_f32(u) : mgc_f16_to_f32(u);
+            }
+            acc[i] = j ? acc[i] + v : v;
+        }
+    }
+    /* the sum over the receive area's first block, in the type, then out */
+    for (size_t i = 0; i < n; i++) {
+        if (dt == MGC_DT_F32) memcpy(recv + i * 4, &acc[i], 4);
+        else {
+            uint16_t u = dt == MGC_DT_BF16 ? mgc_f32_to_bf16(acc[i]) : mgc_f32_to_f16(acc[i]);
+            memcpy(recv + i * 2, &u, 2);
+        }
+    }
+    if (k->staged) rc = stage_up(k, out, recv, n * es);
+    else memcpy(out, recv, n * es), rc = 0;
+out:
+    if (!k->staged) free(h);
+    free(rc_), free(acc);
+    return rc;
+}
+
 static int c_broadcast(xcomm *k, mgc_comm *g, void *buf, size_t n, mgc_dtype dt, const char *what) {
     if (!k->staged) return c_check(k, g, mgc_comm_broadcast(g, buf, n, dt, 0), what);
     size_t b = n * mgc_dtype_size(dt);
@@ -767,12 +856,9 @@ static int setup_params(mgc_exec *x) {
             e->vocab = vocab[t];
             e->glu = glu[t];
             e->scaled = ends_with(nm, "linear_proj.weight") || ends_with(nm, "linear_fc2.weight");
-            if (e->expert && x->grid.etp > 1) {
-                free(marks);
-                return xfail(x, "'%s': expert tensor parallelism (parallel.expert_tensor > 1) is "
-                                "not supported by this runtime yet: use expert_tensor 1",
-                             nm);
-            }
+            /* replicated over the expert-tensor ranks (a row-parallel expert bias): its
+             * gradient is complete on each, so the norm counts expert-tensor rank 0's */
+            e->etp_dup = e->expert && T->split2_axis == MGC_PLAN_NO_SPLIT && x->grid.etp > 1;
         }
         free(marks);
     }
@@ -796,7 +882,8 @@ static int setup_params(mgc_exec *x) {
             int64_t end = in ? (in->elem + in->pub.numel < hi ? in->elem + in->pub.numel : hi) : next;
             seg s = {at, end - at, moment + (at - lo), in ? in->decay : 0};
             if (seg_push(&x->adam, &x->n_adam, &ca, s)) return xfail(x, "out of memory");
-            if (in && counted && !(in->tp_dup && x->co.tp != 0) && !in->shared_copy)
+            if (in && counted && !(in->tp_dup && x->co.tp != 0) && !(in->etp_dup && x->co.etp != 0) &&
+                !in->shared_copy)
                 if (seg_push(&x->norm, &x->n_norm, &cn, s)) return xfail(x, "out of memory");
             at = end;
         }
@@ -840,14 +927,6 @@ int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, si
                  ": key/value heads replicated over tensor ranks are not supported by this "
                  "runtime yet; use a tensor degree that divides the query groups",
                  plan->grid.tp, groups);
-        return -1;
-    }
-    if (cfg_i(plan, "moe.num_experts", 0) > 0 && plan->grid.etp > 1) {
-        snprintf(err, errsz,
-                 "parallel.expert_tensor is %" PRId64 ": expert tensor parallelism is not "
-                 "supported by this runtime yet; compile with --set parallel.expert_tensor=1 "
-                 "(it defaults to parallel.tensor)",
-                 plan->grid.etp);
         return -1;
     }
     return 0;
@@ -1018,6 +1097,25 @@ static double normal_at(uint64_t seed, uint64_t stream, uint64_t i) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+/* A tensor's sharded dims: its split and its second split (plan.h), those over a group of
+ * more than one rank; returns how many (0..2), axes in a[], groups in g[]. */
+static int splits_of(const mgc_exec *x, const mgc_plan_tensor *T, int a[2], uint16_t g[2]) {
+    int n = 0;
+    if (T->split_axis != MGC_PLAN_NO_SPLIT && T->split_axis < T->rank &&
+        group_size_of(x, T->split_group) > 1)
+        a[n] = T->split_axis, g[n++] = T->split_group;
+    if (T->split2_axis != MGC_PLAN_NO_SPLIT && T->split2_axis < T->rank &&
+        group_size_of(x, T->split2_group) > 1)
+        a[n] = T->split2_axis, g[n++] = T->split2_group;
+    return n;
+}
+
+/* A GLU weight's [gate | up] dim (fc1's output: dim 0, an expert's dim 1): each half is split
+ * alike over the ranks. */
+static int glu_axis(const pentry *e, int a) {
+    return e->glu && a == (e->expert ? 1 : 0);
+}
+
 /* The global (unpartitioned) row-major index of local element `li` of param e,
  * and its global row along dim 0 (for vocabulary padding). */
 static uint64_t global_index(const mgc_exec *x, const pentry *e, const mgc_plan_tensor *T,
@@ -1029,14 +1127,16 @@ static uint64_t global_index(const mgc_exec *x, const pentry *e, const mgc_plan_
         li /= T->dim[d];
         gdim[d] = T->dim[d];
     }
-    if (T->split_axis != MGC_PLAN_NO_SPLIT && T->split_axis < r) {
-        int a = T->split_axis;
-        int64_t n = group_size_of(x, T->split_group), g = group_rank_of(x, T->split_group);
+    int ax[2];
+    uint16_t grp[2];
+    for (int s = 0, n = splits_of(x, T, ax, grp); s < n; s++) {
+        int a = ax[s];
+        int64_t size = group_size_of(x, grp[s]), g = group_rank_of(x, grp[s]);
         int64_t L = T->dim[a];
-        gdim[a] = L * n;
-        if (e->glu && a == (e->expert ? 1 : 0)) { /* [gate | up]: each half split alike */
+        gdim[a] = L * size;
+        if (glu_axis(e, a)) {
             int64_t half = L / 2;
-            idx[a] = idx[a] < half ? g * half + idx[a] : n * half + g * half + (idx[a] - half);
+            idx[a] = idx[a] < half ? g * half + idx[a] : size * half + g * half + (idx[a] - half);
         } else {
             idx[a] += g * L;
         }
@@ -1144,17 +1244,19 @@ int mgc_exec_init_params(mgc_exec *x) {
 /* ---- checkpoints (exec.h; the file is runtime/checkpoint.c's) ------------------------------- */
 
 /* Local elements from `li` on whose global indices follow one another: to the end of the
- * split axis' block (of the half, in a [gate | up] split), the whole tensor when unsplit. */
+ * innermost split axis' block (of the half, in a [gate | up] split), the whole tensor when
+ * unsplit. */
 static int64_t run_len(const mgc_exec *x, const pentry *e, const mgc_plan_tensor *T, int64_t li) {
-    int r = T->rank;
-    if (T->split_axis == MGC_PLAN_NO_SPLIT || T->split_axis >= r || group_size_of(x, T->split_group) == 1)
-        return e->pub.numel - li;
-    int a = T->split_axis;
+    int r = T->rank, ax[2];
+    uint16_t grp[2];
+    int n = splits_of(x, T, ax, grp);
+    if (n == 0) return e->pub.numel - li;
+    int a = n == 2 && ax[1] > ax[0] ? ax[1] : ax[0];
     int64_t inner = 1;
     for (int d = a + 1; d < r; d++)
         inner *= T->dim[d];
     int64_t L = T->dim[a], ia = (li / inner) % L, end = L;
-    if (e->glu && a == (e->expert ? 1 : 0) && ia < L / 2) end = L / 2;
+    if (glu_axis(e, a) && ia < L / 2) end = L / 2;
     return (end - ia) * inner - li % inner;
 }
 
@@ -1341,6 +1443,36 @@ static int a2a_counts(const int64_t *counts, int64_t n_counts, int peers, int64_
     return 0;
 }
 
+/* Elements each group rank holds in a variable all-gather or reduce-scatter: in[1]'s row
+ * counts (size x the experts, group-rank order) summed per rank, times the row width. */
+static int var_counts(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb, int size, size_t *per) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    if (op->n_in < 2 || op->in[1] < 0)
+        return xfail(x, "'%s': a variable collective without its row counts", sname(x, op->name));
+    const mgc_plan_tensor *t = &ch->tensors[op->in[0]], *ct = &ch->tensors[op->in[1]];
+    if (ct->dtype != MGC_DT_I64)
+        return xfail(x, "'%s': row counts are %s, not int64", sname(x, op->name),
+                     mgc_dtype_name((mgc_dtype)ct->dtype));
+    size_t nc = (size_t)tnumel(ct);
+    int64_t *tmp = malloc((nc ? nc : 1) * sizeof *tmp);
+    const void *cd = taddr(x, c, op->in[1], mb);
+    if (!tmp) return xfail(x, "out of memory");
+    if (!cd) {
+        free(tmp);
+        return xfail(x, "'%s': row counts not materialised", sname(x, op->name));
+    }
+    const int64_t *a = host_view(x->fg, cd, tmp, nc * sizeof *tmp);
+    int rc = 0;
+    if (!a) rc = -1; /* the download failed: x->err says why */
+    else if (a2a_counts(a, (int64_t)nc, size, t->dim[t->rank - 1], per))
+        rc = xfail(x, "'%s': %zu row counts do not split over %d ranks", sname(x, op->name), nc, size);
+    else
+        for (size_t i = 0; i < nc; i++)
+            if (a[i] < 0) rc = xfail(x, "'%s': a negative row count", sname(x, op->name));
+    free(tmp);
+    return rc;
+}
+
 static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb) {
     const mgc_plan_chunk *ch = &x->sp->chunks[c];
     mgc_comm *g = op->group < MGC_GROUP__COUNT ? x->group[op->group] : NULL;
@@ -1388,13 +1520,26 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
         return rc;
     }
     case MGC_POP_ALL_GATHER:
-        if (op->iattr[3] & PCOLL_VARIABLE)
-            return xfail(x, "'%s': variable all-gather is not supported yet", sname(x, op->name));
-        return c_all_gather(x->fg, g, in, out, n_in, dt, what);
-    case MGC_POP_REDUCE_SCATTER:
-        if (op->iattr[3] & PCOLL_VARIABLE)
-            return xfail(x, "'%s': variable reduce-scatter is not supported yet", sname(x, op->name));
-        return c_reduce_scatter(x->fg, g, in, out, n_out, dt, what);
+    case MGC_POP_REDUCE_SCATTER: {
+        if (!(op->iattr[3] & PCOLL_VARIABLE))
+            return op->kind == MGC_POP_ALL_GATHER ? c_all_gather(x->fg, g, in, out, n_in, dt, what)
+                                                  : c_reduce_scatter(x->fg, g, in, out, n_out, dt, what);
+        /* the expert rows over ETP: in[1] holds every group rank's row counts, in group-rank
+         * order (partitioning.md, Mixture of experts) */
+        size_t *per = calloc((size_t)size, sizeof *per);
+        int rc = per ? var_counts(x, c, op, mb, size, per) : xfail(x, "out of memory");
+        size_t bound = op->kind == MGC_POP_ALL_GATHER ? n_out : n_in, tot = 0;
+        for (int j = 0; j < size && !rc; j++)
+            tot += per[j];
+        if (!rc && (tot > bound || per[mgc_comm_rank(g)] > (op->kind == MGC_POP_ALL_GATHER ? n_in : n_out)))
+            rc = xfail(x, "'%s': %zu rows' elements exceed the buffers (%zu in, %zu out)",
+                       sname(x, op->name), tot, n_in, n_out);
+        if (!rc)
+            rc = op->kind == MGC_POP_ALL_GATHER ? c_all_gather_v(x->fg, g, in, out, per, dt, what)
+                                                : c_reduce_scatter_v(x->fg, g, in, out, per, dt, what);
+        free(per);
+        return rc;
+    }
     case MGC_POP_ALL_TO_ALL: {
         size_t *cnt = calloc((size_t)(2 * size), sizeof *cnt);
         if (!cnt) return xfail(x, "out of memory");

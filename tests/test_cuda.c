@@ -914,6 +914,14 @@ static void check_layout(const char *path, const char *precision, const char *co
 static const char *const cp2d32[] = {"parallel.world_size=2", "parallel.context=2",
                                      "model.hidden_size=128", "model.num_attention_heads=4", NULL};
 
+/* expert tensor parallelism (expert_tensor defaults to tensor) beside expert parallelism, with
+ * the experts' biases: the rows all-gathered and reduce-scattered over ETP in variable sizes,
+ * fc2's bias added on expert-tensor rank 0 */
+static const char *const etp2ep2[] = {"parallel.world_size=4", "parallel.tensor=2",
+                                      "parallel.sequence_parallel=true", "parallel.data=2",
+                                      "parallel.expert=2", "model.add_bias_linear=true", NULL};
+static const char *const moe_bias[] = {"model.add_bias_linear=true", NULL};
+
 static void check_layouts(void) {
     static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
                                         "parallel.sequence_parallel=true", NULL};
@@ -936,6 +944,7 @@ static void check_layouts(void) {
     check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2, 1);
     check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
     check_layout("models/tiny-moe.yaml", "fp32", ep2, 1e-4, 1);
+    check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
     check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
 }
 
@@ -1070,7 +1079,7 @@ int main(int argc, char **argv) {
         check_ops("models/tiny-llama.yaml", r32);
         check_ops("models/tiny-llama.yaml", r16);
         check_ops("models/tiny-llama.yaml", d128);
-        check_ops("models/tiny-moe.yaml", NULL);
+        check_ops("models/tiny-moe.yaml", moe_bias); /* the experts' GEMMs with biases */
         check_training("examples/tiny-gpt.yaml", NULL);
         static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
                                             "parallel.sequence_parallel=true",
@@ -1079,10 +1088,14 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
         check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
     }
+    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe")))
+        check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
+    if (only && !strcmp(only, "moe")) check_ops("models/tiny-moe.yaml", moe_bias);
     if (!only || !strcmp(only, "ops")) {
         check_ops("examples/tiny-gpt.yaml", NULL);
         check_ops("models/tiny-llama.yaml", NULL);
         check_ops("models/tiny-moe.yaml", NULL);
+        check_ops("models/tiny-moe.yaml", moe_bias);
         /* head dims 32, 64 and 128 (the 16-bit tensor-core attention; the tiny models have
          * 16), with attention dropout at 64, and grouped queries at 32 and 128 */
         static const char *const d64[] = {"model.hidden_size=128", "model.num_attention_heads=2",

@@ -268,6 +268,13 @@ static mgc_plan *random_plan(mgc_grid g, int64_t scale) {
                 t->split_axis =
                     t->rank && rnd() % 2 ? (uint16_t)rnd_in(0, t->rank - 1) : MGC_PLAN_NO_SPLIT;
                 t->split_group = (uint16_t)rnd_in(0, MGC_GROUP__COUNT - 1);
+                t->split2_axis = MGC_PLAN_NO_SPLIT, t->split2_group = MGC_GROUP__COUNT;
+                if (t->rank > 1 && rnd() % 2) { /* a second split on another dim */
+                    t->split2_axis = (uint16_t)rnd_in(0, t->rank - 1);
+                    if (t->split2_axis == t->split_axis)
+                        t->split2_axis = (uint16_t)((t->split2_axis + 1) % t->rank);
+                    t->split2_group = (uint16_t)rnd_in(0, MGC_GROUP__COUNT - 1);
+                }
                 t->buffer = (int32_t)rnd_in(-1, st->n_buffers - 1);
                 if (t->buffer >= 0 && st->buffers[t->buffer].bytes >= t->bytes)
                     t->offset =
@@ -429,6 +436,8 @@ static int compare_plans(const mgc_plan *a, const mgc_plan *b) {
                 SAME(t->role, w->role);
                 SAME(t->split_axis, w->split_axis);
                 SAME(t->split_group, w->split_group);
+                SAME(t->split2_axis, w->split2_axis);
+                SAME(t->split2_group, w->split2_group);
                 SAME(w->pad_, 0);
                 SAME(t->buffer, w->buffer);
                 SAME(t->offset, w->offset);
@@ -803,13 +812,13 @@ static void test_hostile(void) {
     wr32(b + 8, 2); /* a version-2 plan (no row pitch: its reserved word could be garbage) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 2, this mgc-run reads 4: recompile with mgc compile");
+                  "plan format version 2, this mgc-run reads 5: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 5);
+    wr32(b + 8, 6);
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 5, this mgc-run reads 4");
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 6, this mgc-run reads 5");
     memcpy(b, orig, len);
-    wr32(b + 8, 5); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 6); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
@@ -1069,6 +1078,7 @@ static void test_validate(void) {
     ch->tensors[0].dtype = MGC_DT_U8;
     ch->tensors[0].bytes = 1;
     ch->tensors[0].split_axis = MGC_PLAN_NO_SPLIT;
+    ch->tensors[0].split2_axis = MGC_PLAN_NO_SPLIT;
     st->instrs[0].op = MGC_I_FORWARD;
     st->instrs[0].mb = 0;
     st->instrs[0].peer = -1;
@@ -1181,7 +1191,14 @@ static void test_validate(void) {
     BREAK(ch->tensors[0].split_axis, 1, "split axis 1 outside rank 1");
     ch->tensors[0].split_axis = 0;
     BREAK(ch->tensors[0].split_group, MGC_GROUP__COUNT, "split group");
+    BREAK(ch->tensors[0].split2_axis, 0, "second split axis 0 outside rank 1 or the first split's");
     ch->tensors[0].split_axis = MGC_PLAN_NO_SPLIT;
+    BREAK(ch->tensors[0].split2_axis, 1, "second split axis 1 outside rank 1");
+    ch->tensors[0].split2_axis = 0;
+    ch->tensors[0].split2_group = MGC_GROUP_ETP;
+    T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+    BREAK(ch->tensors[0].split2_group, MGC_GROUP__COUNT, "second split group");
+    ch->tensors[0].split2_axis = MGC_PLAN_NO_SPLIT;
     BREAK(ch->tensors[0].buffer, -3, "buffer -3 outside");
     BREAK(ch->tensors[0].buffer, (int32_t)st->n_buffers, "outside -2..");
     {   /* a stashed tensor must lie inside the chunk's per-microbatch stash */

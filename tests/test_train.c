@@ -332,8 +332,8 @@ static void check_overlap(const char *path, const char *const *sets) {
 /* Every parameter receives a gradient: one step on one rank, then each
  * parameter's gradient must have a non-zero element.  (Equivalence across
  * layouts cannot see a gradient that is missing everywhere; this can.) */
-static void check_all_grads(const char *path) {
-    mgc_plan *p = compile(path, NULL, NULL);
+static void check_all_grads(const char *path, const char *const *sets) {
+    mgc_plan *p = compile(path, NULL, sets);
     T_CHECK(p != NULL);
     if (!p) return;
     char err[4096];
@@ -360,8 +360,8 @@ static void check_all_grads(const char *path) {
         }
     }
     T_EQ_I64(zero, 0);
-    printf("%s: all %lld parameters receive a gradient\n", path,
-           (long long)(x ? mgc_exec_param_count(x) : 0));
+    printf("%s%s%s: all %lld parameters receive a gradient\n", path, sets ? " " : "",
+           sets ? sets[0] : "", (long long)(x ? mgc_exec_param_count(x) : 0));
     mgc_exec_free(x);
     mgc_train_data_free(data);
     mgc_backend_close(be);
@@ -997,7 +997,7 @@ static void check_model(const char *path, const char *const *extra, const layout
     mgc_plan_free(p);
     /* the model learns: the last step's loss is below the first */
     T_CHECK(base[STEPS - 1] < base[0] - 0.1);
-    printf("%s%s: single rank: loss %.6f -> %.6f\n", path, extra ? " (capacity)" : "", base[0],
+    printf("%s%s%s: single rank: loss %.6f -> %.6f\n", path, extra ? " " : "", extra ? extra[0] : "", base[0],
            base[STEPS - 1]);
     for (int l = 0; l < n; l++) {
         p = compile(path, extra, lays[l].sets);
@@ -1014,19 +1014,21 @@ static void check_model(const char *path, const char *const *extra, const layout
         long fences = fenced_fences - fences0;
         /* pipeline neighbours send beside the compute there */
         if (p->grid.pp > 1) T_CHECK(sends > 0);
-        double worst = 0;
+        double worst = 0, worst_n = 0;
         for (int i = 0; i < STEPS && rc == 0; i++) {
             T_NEAR_REL(a[i], base[i], 1e-5);
-            double r = fabs(a[i] - base[i]) / fabs(base[i]);
+            T_NEAR_REL(an[i], bnorm[i], 1e-5); /* every gradient element counted once */
+            double r = fabs(a[i] - base[i]) / fabs(base[i]), rn = fabs(an[i] - bnorm[i]) / bnorm[i];
             if (r > worst) worst = r;
+            if (rn > worst_n) worst_n = rn;
         }
         if (rc == 0 && rc2 == 0) {
             T_CHECK(memcmp(a, b, sizeof a) == 0);
             T_CHECK(memcmp(an, bn, sizeof an) == 0);
         }
-        printf("%s: %-18s world %2lld: worst relative loss difference %.2e%s (%ld bytes up/down, "
-               "%ld sends beside the compute, %ld fenced)\n",
-               path, lays[l].name, (long long)p->grid.world, worst,
+        printf("%s: %-18s world %2lld: worst relative loss difference %.2e, norm %.2e%s (%ld bytes "
+               "up/down, %ld sends beside the compute, %ld fenced)\n",
+               path, lays[l].name, (long long)p->grid.world, worst, worst_n,
                memcmp(a, b, sizeof a) ? " (rerun differs!)" : ", rerun on a far arena bit-identical", staged,
                sends, fences);
         mgc_plan_free(p);
@@ -1066,6 +1068,25 @@ static const layout moe[] = {
     {"tp2 pp2 dp2 ep2", {W(8), "parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2",
                          "parallel.sequence_parallel=true", "parallel.expert_tensor=1",
                          "parallel.expert=2"}},
+    /* expert tensor parallelism: expert_tensor defaults to tensor */
+    {"tp2+sp etp2", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true"}},
+    {"etp2 ep2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+                  "parallel.expert=2"}},
+    {"etp2 edp2 dist-opt", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                            "parallel.data=2", "parallel.distributed_optimizer=true"}},
+    {"etp2 ep2 pp2", {W(8), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                      "parallel.pipeline=2", "parallel.data=2", "parallel.expert=2"}},
+    {"etp4 (tp2 cp2)", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                        "parallel.context=2", "parallel.expert_tensor=4"}},
+};
+
+/* The experts' biases (a row-parallel one added on expert-tensor rank 0 only). */
+static const char *const biased[] = {"model.add_bias_linear=true", NULL};
+static const layout moe_bias[] = {
+    {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
+    {"tp2+sp etp2", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true"}},
+    {"etp2 ep2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+                  "parallel.expert=2"}},
 };
 
 /* Capacity mode: drops are decided per source rank over its microbatch's tokens, so layouts
@@ -1079,9 +1100,11 @@ static const layout moe_capacity[] = {
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
     if (!only) {
-        check_all_grads("examples/tiny-gpt.yaml");
-        check_all_grads("models/tiny-llama.yaml");
-        check_all_grads("models/tiny-moe.yaml");
+        static const char *const bias[] = {"model.add_bias_linear=true", NULL};
+        check_all_grads("examples/tiny-gpt.yaml", NULL);
+        check_all_grads("models/tiny-llama.yaml", NULL);
+        check_all_grads("models/tiny-moe.yaml", NULL);
+        check_all_grads("models/tiny-moe.yaml", bias); /* the experts' biases too */
         check_loss_scaling();
         check_graphs();
         check_eval();
@@ -1154,7 +1177,8 @@ int main(int argc, char **argv) {
     if (only && !strcmp(only, "eval")) check_eval();
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", NULL, moe, 12);
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", NULL, moe, 17);
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", biased, moe_bias, 3);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", capacity, moe_capacity, 2);
     return t_summary("test_train");
 }
