@@ -6,9 +6,9 @@
  *   validation losses), tensor 2 with sequence
  *   parallelism, two virtual pipeline stages with tied embeddings (the output layer's copy),
  *   LLaMA over pipeline x data with the distributed optimizer, MoE over experts with the
- *   distributed optimizer.
+ *   distributed optimizer, MoE over expert tensor x experts with the experts' biases.
  * - Across layouts: the checkpoint of step 4 written by tensor 2 x pipeline 2 x data 2 (and by
- *   expert 2 for the MoE) holds what one rank's holds (each array of each tensor within 1e-3
+ *   expert 2, and by expert tensor 2 x expert 2, for the MoE) holds what one rank's holds (each array of each tensor within 1e-3
  *   relative, Frobenius: a region no rank wrote would be zeros, some 6e-2 for one row of the
  *   embedding; the layouts differ by ~1e-4 in the QKV biases, most likely where Adam
  *   normalises gradients that are zero but for rounding, the key biases'), and a run resumed
@@ -508,6 +508,15 @@ int main(void) {
     check_resume("examples/tiny-gpt.yaml", "pp2 vp2 tied", vpp_tied);
     check_resume("models/tiny-llama.yaml", "pp2 dp2 dist-opt", llama);
     check_resume("models/tiny-moe.yaml", "ep2 dist-opt", moe);
+    /* expert tensor 2 (fc1 split over ETP on its [gate | up] dim, fc2 on its input dim, fc2's
+     * bias replicated over ETP and written by expert-tensor rank 0) */
+    static const char *const etp[] = {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                                      "parallel.data=2", "parallel.expert=2",
+                                      "parallel.distributed_optimizer=true", NULL};
+    static const char *const etp_bias[] = {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                                           "parallel.data=2", "parallel.expert=2",
+                                           "model.add_bias_linear=true", NULL};
+    check_resume("models/tiny-moe.yaml", "etp2 ep2 biases", etp_bias);
     static const char *const t8[] = {W(8), "parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2",
                                      "parallel.sequence_parallel=true", "parallel.distributed_optimizer=true",
                                      NULL};
@@ -519,6 +528,7 @@ int main(void) {
     check_across("examples/tiny-gpt.yaml", t8, NULL, "tp2 pp2 dp2 dist-opt -> one rank");
     check_across("models/tiny-llama.yaml", llama, tp2, "pp2 dp2 dist-opt -> tp2");
     check_across("models/tiny-moe.yaml", moe, moe1, "ep2 dist-opt -> ep2");
+    check_across("models/tiny-moe.yaml", etp, moe1, "etp2 ep2 dist-opt -> ep2");
     check_retention();
     check_refusals();
     check_every_flip();
