@@ -39,6 +39,9 @@ PY
 case_ gpt-tp2-pp2-dp2 examples/tiny-gpt.yaml 8 --set parallel.world_size=8 --set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.data=2
 case_ llama-cp2-tp2 models/tiny-llama.yaml 4 --set parallel.world_size=4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
 case_ moe-ep2-dist-opt models/tiny-moe.yaml 2 --set parallel.world_size=2 --set parallel.data=2 --set parallel.expert=2 --set parallel.distributed_optimizer=true
+# expert tensor parallelism (expert_tensor defaults to tensor): the rows' variable all-gather and
+# reduce-scatter over ETP as MPI all-to-alls
+case_ moe-etp2-ep2 models/tiny-moe.yaml 4 --set parallel.world_size=4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.data=2 --set parallel.expert=2
 # small buckets: under MPI_THREAD_MULTIPLE the gradient reducer runs; the metrics count its buckets
 case_ gpt-dp2-pp2-buckets examples/tiny-gpt.yaml 4 --set parallel.world_size=4 --set parallel.data=2 --set parallel.pipeline=2 --set parallel.grad_bucket_size=20000
 if [ -f "$tmp/gpt-dp2-pp2-buckets.1.jsonl" ]; then
