@@ -68,8 +68,12 @@ static void lay_out(mgc_ckpt_model *m) {
 
 int mgc_ckpt_model_of(const mgc_plan *plan, mgc_ckpt_model *out, char *err, size_t errsz) {
     memset(out, 0, sizeof *out);
-    int64_t total = 0, padded = 0;
+    int64_t total = 0, padded = 0, heads = 0, groups = 0;
     mgc_plan_config_int(plan, "derived.padded_vocab_size", &padded);
+    mgc_plan_config_int(plan, "model.num_attention_heads", &heads);
+    mgc_plan_config_int(plan, "model.num_query_groups", &groups);
+    /* key/value heads replicated over tensor ranks: a QKV shard is [q | k | v] of one group */
+    int kv_rep = groups > 0 && heads > 0 && plan->grid.tp > groups;
     for (int64_t s = 0; s < plan->n_stages; s++)
         for (int64_t c = 0; c < plan->stages[s].n_chunks; c++)
             total += plan->stages[s].chunks[c].n_tensors;
@@ -97,6 +101,14 @@ int mgc_ckpt_model_of(const mgc_plan *plan, mgc_ckpt_model *out, char *err, size
                         t->dim[d] *= g > 0 ? g : 1;
                     }
                     t->numel *= (uint64_t)t->dim[d];
+                }
+                size_t nl = strlen(t->name);
+                if (kv_rep && T->rank >= 1 && T->split_axis == 0 &&
+                    ((nl >= 17 && !strcmp(t->name + nl - 17, "linear_qkv.weight")) ||
+                     (nl >= 15 && !strcmp(t->name + nl - 15, "linear_qkv.bias")))) {
+                    int64_t a_l = heads / plan->grid.tp, hd = T->dim[0] / (a_l + 2);
+                    t->numel = t->numel / (uint64_t)t->dim[0] * (uint64_t)((heads + 2 * groups) * hd);
+                    t->dim[0] = (heads + 2 * groups) * hd;
                 }
                 t->vocab = padded > 0 && t->rank == 2 && t->dim[0] == padded &&
                            (strstr(t->name, "word_embeddings") || !strncmp(t->name, "output_layer", 12));

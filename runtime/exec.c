@@ -34,6 +34,9 @@ typedef struct pentry {        /* one parameter of the stage */
     uint8_t glu;               /* rows are [gate | up] halves, each split the same way */
     uint8_t expert;            /* split over EP on dim 0 (the expert grid's parameters) */
     uint8_t etp_dup;           /* an expert parameter replicated over ETP: counted once */
+    uint8_t kv;                /* a QKV weight or bias whose k/v rows are replicated over the
+                                  kv_share tensor ranks of their group (tensor > query groups) */
+    int64_t kv_lo, kv_hi;      /* kv: those rows' flat elements [kv_lo, kv_hi) */
     uint8_t scaled;            /* output projection: std / sqrt(2 L) */
 } pentry;
 
@@ -72,8 +75,13 @@ struct mgc_exec {
     int wdt;                   /* the weights' dtype: MGC_DT_F32, MGC_DT_BF16 or MGC_DT_F16 */
     pentry *params;
     int64_t n_params;
-    seg *adam, *norm, *partial, *embed;
-    int64_t n_adam, n_norm, n_partial, n_embed;
+    seg *adam, *norm, *partial, *embed, *kvsum;
+    int64_t n_adam, n_norm, n_partial, n_embed, n_kvsum;
+    /* key/value heads replicated over tensor ranks (tensor > query groups): kv_share consecutive
+     * tensor ranks hold each group's k and v rows, and kv_comm joins them to sum those rows'
+     * gradients (kvsum) once a step */
+    int64_t kv_share, heads, groups;
+    mgc_comm *kv_comm;
     /* the optimizer's backend calls: every segment at once (filled each step) */
     const float **norm_g;
     int64_t *norm_n;
@@ -856,6 +864,21 @@ static int setup_params(mgc_exec *x) {
             e->vocab = vocab[t];
             e->glu = glu[t];
             e->scaled = ends_with(nm, "linear_proj.weight") || ends_with(nm, "linear_fc2.weight");
+            if (x->kv_share > 1 &&
+                (ends_with(nm, "linear_qkv.weight") || ends_with(nm, "linear_qkv.bias"))) {
+                /* local rows [a_l q heads | k | v] x d, group-major (partitioning.md) */
+                int64_t a_l = x->heads / x->grid.tp, rows = T->dim[0], d = rows / (a_l + 2);
+                int64_t K = T->rank > 1 ? e->pub.numel / rows : 1;
+                if (T->split_axis != 0 || (a_l + 2) * d != rows) {
+                    free(marks);
+                    return xfail(x, "'%s': %" PRId64 " rows are not %" PRId64 " query heads, a key and "
+                                    "a value of one group",
+                                 nm, rows, a_l);
+                }
+                e->kv = 1;
+                e->kv_lo = e->elem + a_l * d * K;
+                e->kv_hi = e->elem + rows * K;
+            }
             /* replicated over the expert-tensor ranks (a row-parallel expert bias): its
              * gradient is complete on each, so the norm counts expert-tensor rank 0's */
             e->etp_dup = e->expert && T->split2_axis == MGC_PLAN_NO_SPLIT && x->grid.etp > 1;
@@ -863,7 +886,7 @@ static int setup_params(mgc_exec *x) {
         free(marks);
     }
     /* optimizer and norm segments from the buckets, in layout order */
-    int64_t ca = 0, cn = 0, cpt = 0, ce = 0, moment = 0;
+    int64_t ca = 0, cn = 0, cpt = 0, ce = 0, ckv = 0, moment = 0;
     for (int64_t bi = sp->n_buckets - 1; bi >= 0; bi--) {
         const mgc_bucket *B = &sp->buckets[bi];
         int64_t D = B->shards, gr = group_rank_of(x, B->group), piece = (int64_t)B->count / D;
@@ -883,8 +906,17 @@ static int setup_params(mgc_exec *x) {
             seg s = {at, end - at, moment + (at - lo), in ? in->decay : 0};
             if (seg_push(&x->adam, &x->n_adam, &ca, s)) return xfail(x, "out of memory");
             if (in && counted && !(in->tp_dup && x->co.tp != 0) && !(in->etp_dup && x->co.etp != 0) &&
-                !in->shared_copy)
-                if (seg_push(&x->norm, &x->n_norm, &cn, s)) return xfail(x, "out of memory");
+                !in->shared_copy) {
+                /* replicated k/v rows count on the first tensor rank of their group */
+                int64_t klo = in->kv && x->co.tp % x->kv_share ? in->kv_lo : end;
+                int64_t khi = in->kv && x->co.tp % x->kv_share ? in->kv_hi : end;
+                klo = klo < at ? at : klo > end ? end : klo;
+                khi = khi < klo ? klo : khi > end ? end : khi;
+                seg a = {at, klo - at, s.moment, s.decay};
+                seg b = {khi, end - khi, s.moment + (khi - at), s.decay};
+                if (seg_push(&x->norm, &x->n_norm, &cn, a) || seg_push(&x->norm, &x->n_norm, &cn, b))
+                    return xfail(x, "out of memory");
+            }
             at = end;
         }
         moment += piece;
@@ -894,6 +926,8 @@ static int setup_params(mgc_exec *x) {
         seg s = {e->elem, e->pub.numel, 0, 0};
         if (e->tp_partial && seg_push(&x->partial, &x->n_partial, &cpt, s))
             return xfail(x, "out of memory");
+        seg kv = {e->kv_lo, e->kv_hi - e->kv_lo, 0, 0};
+        if (e->kv && seg_push(&x->kvsum, &x->n_kvsum, &ckv, kv)) return xfail(x, "out of memory");
         if (e->vocab && (e->shared_copy || sp->chunks[e->pub.chunk].embedding) &&
             cfg_i(x->plan, "model.tie_embeddings", 0) &&
             seg_push(&x->embed, &x->n_embed, &ce, s))
@@ -919,16 +953,6 @@ int mgc_exec_check_plan(const mgc_plan *plan, const char *backend, char *err, si
                  prec == 1 ? "bf16" : "fp16");
         return -1;
     }
-    /* kv-replicated QKV (tensor > query groups) needs a gradient sum this runtime lacks */
-    int64_t groups = cfg_i(plan, "model.num_query_groups", 0);
-    if (groups > 0 && plan->grid.tp > groups) {
-        snprintf(err, errsz,
-                 "parallel.tensor %" PRId64 " exceeds model.num_query_groups %" PRId64
-                 ": key/value heads replicated over tensor ranks are not supported by this "
-                 "runtime yet; use a tensor degree that divides the query groups",
-                 plan->grid.tp, groups);
-        return -1;
-    }
     return 0;
 }
 
@@ -945,6 +969,8 @@ static size_t stage_bytes(const mgc_exec *x) {
         if ((uint64_t)x->embed[i].n * 4 > most) most = (uint64_t)x->embed[i].n * 4;
     for (int64_t i = 0; i < x->n_partial; i++)
         if ((uint64_t)x->partial[i].n * 4 > most) most = (uint64_t)x->partial[i].n * 4;
+    for (int64_t i = 0; i < x->n_kvsum; i++)
+        if ((uint64_t)x->kvsum[i].n * 4 > most) most = (uint64_t)x->kvsum[i].n * 4;
     for (int64_t c = 0; c < sp->n_chunks; c++) {
         const mgc_plan_chunk *ch = &sp->chunks[c];
         for (int pass = 0; pass < 2; pass++) {
@@ -955,6 +981,9 @@ static size_t stage_bytes(const mgc_exec *x) {
                 uint64_t es = mgc_dtype_size((mgc_dtype)o->iattr[2]);
                 uint64_t n = ((uint64_t)o->iattr[0] + (uint64_t)o->iattr[1]) * es;
                 uint64_t t = ch->tensors[o->in[0]].bytes + ch->tensors[o->out[0]].bytes;
+                /* a variable reduce-scatter holds its input and every peer's block for it */
+                if (o->kind == MGC_POP_REDUCE_SCATTER && (o->iattr[3] & PCOLL_VARIABLE))
+                    n = 2 * (uint64_t)o->iattr[0] * es, t = 2 * ch->tensors[o->in[0]].bytes;
                 if (n > most) most = n;
                 if (t > most) most = t;
             }
@@ -1018,6 +1047,9 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     if (cfg_i(plan, "training.precision", 0) == 2)
         mgc_exec_set_loss_scaling(x, cfg_f(plan, "training.initial_loss_scale", 4294967296.0),
                                   cfg_i(plan, "training.loss_scale_window", 1000), cfg_i(plan, "training.hysteresis", 2));
+    x->heads = cfg_i(plan, "model.num_attention_heads", 1);
+    x->groups = cfg_i(plan, "model.num_query_groups", x->heads);
+    x->kv_share = x->groups > 0 && plan->grid.tp > x->groups ? plan->grid.tp / x->groups : 1;
     x->router_score = (int32_t)cfg_i(plan, "moe.router_score", 0);
     x->drop_policy = (int32_t)cfg_i(plan, "moe.drop_policy", 0);
     x->tok = malloc((size_t)(x->seq_length + 1) * sizeof *x->tok);
@@ -1029,6 +1061,14 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
         mgc_comm_status s = mgc_comm_group(world, &x->grid, (mgc_group_kind)k, &x->group[k]);
         if (s != MGC_COMM_OK) {
             comm_fail(x, world, s, "creating process groups");
+            goto done;
+        }
+    }
+    if (x->kv_share > 1) { /* the tensor ranks sharing this rank's key/value group */
+        mgc_comm_status s = mgc_comm_split(x->group[MGC_GROUP_TP], x->co.tp / x->kv_share, x->co.tp,
+                                           &x->kv_comm);
+        if (s != MGC_COMM_OK) {
+            comm_fail(x, x->group[MGC_GROUP_TP], s, "joining the ranks of a key/value group");
             goto done;
         }
     }
@@ -1066,6 +1106,7 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->ready_op);
     for (int k = 0; k < MGC_GROUP__COUNT; k++)
         mgc_comm_free(x->group[k]);
+    mgc_comm_free(x->kv_comm);
     if (x->arena) x->be->iface->arena_free(x->be, x->arena);
     if (x->chunks)
         for (int64_t c = 0; c < x->sp->n_chunks; c++) {
@@ -1077,7 +1118,7 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->chunks);
     free(x->input_buf);
     free(x->params);
-    free(x->adam), free(x->norm), free(x->partial), free(x->embed);
+    free(x->adam), free(x->norm), free(x->partial), free(x->embed), free(x->kvsum);
     free(x->norm_g), free(x->norm_n), free(x->aw);
     free(x->tok);
     free(x->graph_ok);
@@ -1129,7 +1170,13 @@ static uint64_t global_index(const mgc_exec *x, const pentry *e, const mgc_plan_
     }
     int ax[2];
     uint16_t grp[2];
-    for (int s = 0, n = splits_of(x, T, ax, grp); s < n; s++) {
+    if (e->kv) { /* rows [q of this rank's heads | k | v] of group j = tp / kv_share */
+        int64_t a_l = x->heads / x->grid.tp, d = T->dim[0] / (a_l + 2), per = x->heads / x->groups;
+        int64_t j = x->co.tp / x->kv_share, in_g = x->co.tp % x->kv_share, i = idx[0];
+        gdim[0] = (x->heads + 2 * x->groups) * d;
+        idx[0] = j * (per + 2) * d + (i < a_l * d ? in_g * a_l * d + i : per * d + (i - a_l * d));
+    }
+    for (int s = 0, n = e->kv ? 0 : splits_of(x, T, ax, grp); s < n; s++) {
         int a = ax[s];
         int64_t size = group_size_of(x, grp[s]), g = group_rank_of(x, grp[s]);
         int64_t L = T->dim[a];
@@ -1249,6 +1296,10 @@ int mgc_exec_init_params(mgc_exec *x) {
 static int64_t run_len(const mgc_exec *x, const pentry *e, const mgc_plan_tensor *T, int64_t li) {
     int r = T->rank, ax[2];
     uint16_t grp[2];
+    if (e->kv) { /* the query rows, then the key and value rows */
+        int64_t q = e->kv_lo - e->elem;
+        return li < q ? q - li : e->pub.numel - li;
+    }
     int n = splits_of(x, T, ax, grp);
     if (n == 0) return e->pub.numel - li;
     int a = n == 2 && ax[1] > ax[0] ? ax[1] : ax[0];
@@ -2397,6 +2448,13 @@ static int optimizer(mgc_exec *x, mgc_step_stats *st) {
         float *p = gptr(x, x->partial[i].elem);
         if (c_all_reduce(x->fg, x->group[MGC_GROUP_TP], p, p, (size_t)x->partial[i].n, MGC_DT_F32,
                          MGC_COMM_SUM, "partial gradient sum"))
+            return -1;
+    }
+    /* replicated k/v rows: each rank has its own query heads' part; sum over the group's ranks */
+    for (int64_t i = 0; i < x->n_kvsum; i++) {
+        float *p = gptr(x, x->kvsum[i].elem);
+        if (c_all_reduce(x->fg, x->kv_comm, p, p, (size_t)x->kvsum[i].n, MGC_DT_F32, MGC_COMM_SUM,
+                         "key/value gradient sum"))
             return -1;
     }
     /* global norm: each element counted on exactly one rank, summed over the world */

@@ -6,9 +6,11 @@
  *   validation losses), tensor 2 with sequence
  *   parallelism, two virtual pipeline stages with tied embeddings (the output layer's copy),
  *   LLaMA over pipeline x data with the distributed optimizer, MoE over experts with the
- *   distributed optimizer, MoE over expert tensor x experts with the experts' biases.
+ *   distributed optimizer, MoE over expert tensor x experts with the experts' biases, GPT with
+ *   multi-query attention over three tensor ranks (the key/value head replicated).
  * - Across layouts: the checkpoint of step 4 written by tensor 2 x pipeline 2 x data 2 (and by
- *   expert 2, and by expert tensor 2 x expert 2, for the MoE) holds what one rank's holds (each array of each tensor within 1e-3
+ *   expert 2, and by expert tensor 2 x expert 2, for the MoE; by tensor 6, three ranks to a
+ *   key/value group, for LLaMA) holds what one rank's holds (each array of each tensor within 1e-3
  *   relative, Frobenius: a region no rank wrote would be zeros, some 6e-2 for one row of the
  *   embedding; the layouts differ by ~1e-4 in the QKV biases, most likely where Adam
  *   normalises gradients that are zero but for rounding, the key biases'), and a run resumed
@@ -517,6 +519,10 @@ int main(void) {
                                            "parallel.data=2", "parallel.expert=2",
                                            "model.add_bias_linear=true", NULL};
     check_resume("models/tiny-moe.yaml", "etp2 ep2 biases", etp_bias);
+    /* multi-query attention over three tensor ranks: each holds the one key/value head (and its
+     * bias) whole; tensor rank 0 writes it */
+    static const char *const mqa3[] = {W(3), "parallel.tensor=3", "model.num_query_groups=1", NULL};
+    check_resume("examples/tiny-gpt.yaml", "tp3 mqa", mqa3);
     static const char *const t8[] = {W(8), "parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2",
                                      "parallel.sequence_parallel=true", "parallel.distributed_optimizer=true",
                                      NULL};
@@ -529,6 +535,10 @@ int main(void) {
     check_across("models/tiny-llama.yaml", llama, tp2, "pp2 dp2 dist-opt -> tp2");
     check_across("models/tiny-moe.yaml", moe, moe1, "ep2 dist-opt -> ep2");
     check_across("models/tiny-moe.yaml", etp, moe1, "etp2 ep2 dist-opt -> ep2");
+    /* tiny LLaMA's two key/value groups over six tensor ranks (three a group) and back */
+    static const char *const kv6[] = {W(6), "parallel.tensor=6", NULL};
+    check_across("models/tiny-llama.yaml", kv6, tp2, "tp6 (kv replicated) -> tp2");
+    check_across("models/tiny-llama.yaml", tp2, kv6, "tp2 -> tp6 (kv replicated)");
     check_retention();
     check_refusals();
     check_every_flip();

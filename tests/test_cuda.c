@@ -921,6 +921,10 @@ static const char *const etp2ep2[] = {"parallel.world_size=4", "parallel.tensor=
                                       "parallel.sequence_parallel=true", "parallel.data=2",
                                       "parallel.expert=2", "model.add_bias_linear=true", NULL};
 static const char *const moe_bias[] = {"model.add_bias_linear=true", NULL};
+/* multi-query attention over two tensor ranks: the key/value head (and its bias) replicated,
+ * its gradient summed over the ranks sharing it */
+static const char *const mqa_tp2[] = {"parallel.world_size=2", "parallel.tensor=2",
+                                      "model.num_query_groups=1", NULL};
 
 static void check_layouts(void) {
     static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
@@ -945,6 +949,7 @@ static void check_layouts(void) {
     check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
     check_layout("models/tiny-moe.yaml", "fp32", ep2, 1e-4, 1);
     check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
+    check_layout("examples/tiny-gpt.yaml", "bf16", mqa_tp2, 3e-2, 0);
     check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
 }
 
@@ -1090,6 +1095,8 @@ int main(int argc, char **argv) {
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe")))
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
+    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "kv")))
+        check_layout("examples/tiny-gpt.yaml", "bf16", mqa_tp2, 3e-2, 0);
     if (only && !strcmp(only, "moe")) check_ops("models/tiny-moe.yaml", moe_bias);
     if (!only || !strcmp(only, "ops")) {
         check_ops("examples/tiny-gpt.yaml", NULL);

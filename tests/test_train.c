@@ -1080,6 +1080,22 @@ static const layout moe[] = {
                         "parallel.context=2", "parallel.expert_tensor=4"}},
 };
 
+/* Key/value heads replicated over tensor ranks (tensor > query groups): tiny LLaMA's two
+ * groups over six tensor ranks, and multi-query attention (one group) in tiny GPT, whose QKV
+ * has a bias, over two and three. */
+static const layout kv_llama[] = {
+    {"tp6 (3 a group)", {W(6), "parallel.tensor=6"}},
+    {"tp6 pp2", {W(12), "parallel.tensor=6", "parallel.pipeline=2"}},
+};
+static const char *const mqa[] = {"model.num_query_groups=1", NULL};
+static const layout kv_gpt[] = {
+    {"tp2 mqa", {W(2), "parallel.tensor=2"}},
+    {"tp2+sp pp2 mqa", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                        "parallel.pipeline=2"}},
+    {"tp3 dp2 dist-opt mqa", {W(6), "parallel.tensor=3", "parallel.data=2",
+                              "parallel.distributed_optimizer=true"}},
+};
+
 /* The experts' biases (a row-parallel one added on expert-tensor rank 0 only). */
 static const char *const biased[] = {"model.add_bias_linear=true", NULL};
 static const layout moe_bias[] = {
@@ -1177,6 +1193,8 @@ int main(int argc, char **argv) {
     if (only && !strcmp(only, "eval")) check_eval();
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
+    if (!only || strstr("kv", only)) check_model("models/tiny-llama.yaml", NULL, kv_llama, 2);
+    if (!only || strstr("kv", only)) check_model("examples/tiny-gpt.yaml", mqa, kv_gpt, 3);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", NULL, moe, 17);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", biased, moe_bias, 3);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", capacity, moe_capacity, 2);
