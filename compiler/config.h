@@ -274,6 +274,10 @@ typedef struct mgc_blend {
       "Datasets to blend: a list of prefixes, or of {path, weight} mappings.")                              \
     X(DATA_SPLIT, "data.split", STRING, data.split, 0, 0, 0, NULL, 0, "\"969,30,1\"",                        \
       "Train/validation/test split of documents, as relative weights.")                                      \
+    X(DATA_EOD_MASK, "data.eod_mask_loss", BOOL, data.eod_mask_loss, 0, 0, 0, NULL, 0, NULL,                 \
+      "Leave out of the loss the tokens predicted from an end-of-document token.")                          \
+    X(DATA_EOD, "data.eod_token", INT, data.eod_token, 256, 0, 2147483647.0, NULL, 0, NULL,                  \
+      "The end-of-document token id (256: the byte tokenizer's).")                                          \
     /* checkpoint */                                                                                         \
     X(CKPT_DIR, "checkpoint.directory", STRING, checkpoint.directory, 0, 0, 0, NULL, 0, "\"\"",               \
       "Where checkpoints are written and resumed from; empty turns checkpointing off.")                     \
@@ -406,6 +410,8 @@ typedef struct mgc_data_cfg {
     int format;                      /* mgc_data_format */
     mgc_blend paths;
     char *split;
+    int eod_mask_loss;
+    int64_t eod_token;
 } mgc_data_cfg;
 
 typedef struct mgc_checkpoint_cfg {

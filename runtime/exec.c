@@ -93,6 +93,8 @@ struct mgc_exec {
     int64_t warmup, decay_iters, iterations;
     int decay_style;
     int32_t router_score, drop_policy;
+    int eod_mask;              /* data.eod_mask_loss: no loss on tokens predicted from eod */
+    int64_t eod;               /* data.eod_token */
     /* dynamic loss scaling (fp16; tests switch it on in any precision) */
     int ls_on;                 /* 1: the losses' gradients are scaled by ls_scale */
     double ls_scale;           /* the current scale (a power of two: unscaling is exact) */
@@ -1050,6 +1052,8 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->heads = cfg_i(plan, "model.num_attention_heads", 1);
     x->groups = cfg_i(plan, "model.num_query_groups", x->heads);
     x->kv_share = x->groups > 0 && plan->grid.tp > x->groups ? plan->grid.tp / x->groups : 1;
+    x->eod_mask = cfg_i(plan, "data.eod_mask_loss", 0) != 0;
+    x->eod = cfg_i(plan, "data.eod_token", 256);
     x->router_score = (int32_t)cfg_i(plan, "moe.router_score", 0);
     x->drop_policy = (int32_t)cfg_i(plan, "moe.drop_policy", 0);
     x->tok = malloc((size_t)(x->seq_length + 1) * sizeof *x->tok);
@@ -1462,7 +1466,9 @@ static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, 
             int64_t p = cp <= 1 ? i : i < half ? x->co.cp * half + i : (2 * cp - 1 - x->co.cp) * half + (i - half);
             tok[i * B + bi] = x->tok[p];
             lab[i * B + bi] = x->tok[p + 1];
-            mask[i * B + bi] = 1.0f;
+            /* Megatron's eod_mask_loss: the prediction made from an end-of-document token (the
+             * next document's first token) is not trained on */
+            mask[i * B + bi] = x->eod_mask && x->tok[p] == x->eod ? 0.0f : 1.0f;
         }
     }
     unsigned char *base = buf_addr(x, b);
