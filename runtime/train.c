@@ -71,6 +71,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     mgc_exec *x = NULL;
     mgc_profile *prof = NULL;
     mgc_train_data *own_valid = NULL; /* the validation data, when o->valid is NULL */
+    mgc_train_data *test = NULL;      /* the test split, evaluated after the last step */
     int rc = -1;
     char berr[512];
     const char *want = o->backend ? o->backend : "cpu";
@@ -113,6 +114,17 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             goto done;
         }
         valid = own_valid;
+    }
+    if (e_every > 0) { /* the test split: Megatron's evaluation at the end of training */
+        int64_t gbs = plan->micro_batch_size * plan->num_microbatches * plan->grid.dp;
+        char terr[1024];
+        int trc = mgc_train_data_open_test(&test, plan, e_iters * gbs, terr, sizeof terr);
+        if (trc < 0) {
+            snprintf(err, errsz, "the test split: %s", terr);
+            mgc_comm_abort(world, err);
+            goto done;
+        }
+        if (trc > 0 && lead && o->log) fprintf(o->log, "mgc-run: no test evaluation: %s\n", terr);
     }
     mgc_plan_config_int(plan, "checkpoint.interval", &c_every);
     mgc_plan_config_int(plan, "checkpoint.keep", &c_keep);
@@ -209,6 +221,24 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             t_log += now_s() - e0; /* not in the next line's tokens/s */
             if (o->eval_losses && own_out) o->eval_losses[it] = eval_loss;
         }
+        /* after the run's last step (not a stop request's), the test split, as many batches */
+        double test_loss = NAN, test_ms = 0;
+        if (test && it + 1 == iters && !stop) {
+            double e0 = now_s(), sum = 0;
+            int64_t gbs = mgc_exec_global_batch(x);
+            for (int64_t j = 0; j < e_iters; j++) {
+                mgc_step_stats es;
+                if (mgc_exec_eval(x, j * gbs, mgc_train_data_sample, test, &es)) {
+                    snprintf(err, errsz, "test evaluation after step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
+                    goto done;
+                }
+                sum += es.loss;
+            }
+            test_loss = sum / (double)e_iters;
+            test_ms = (now_s() - e0) * 1e3;
+            t_log += now_s() - e0;
+            if (o->test_loss && own_out) *o->test_loss = test_loss;
+        }
         if (lead && o->metrics) {
             char gn[32] = "null"; /* an overflowed (skipped) step's norm is not a JSON number */
             if (isfinite(st.grad_norm)) snprintf(gn, sizeof gn, "%.9g", st.grad_norm);
@@ -232,6 +262,9 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             if (eval_loss == eval_loss)
                 fprintf(o->metrics, ", \"eval_loss\": %.9g, \"eval_ppl\": %.9g, \"eval_ms\": %.6g", eval_loss,
                         exp(eval_loss), eval_ms);
+            if (test_loss == test_loss)
+                fprintf(o->metrics, ", \"test_loss\": %.9g, \"test_ppl\": %.9g, \"test_ms\": %.6g", test_loss,
+                        exp(test_loss), test_ms);
             fputs("}\n", o->metrics);
             fflush(o->metrics);
         }
@@ -255,6 +288,12 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             fprintf(o->log, "validation after step %" PRId64 " | loss %.4f | perplexity %.3f | %" PRId64
                             " batches in %.1f ms\n",
                     it + 1, eval_loss, exp(eval_loss), e_iters, eval_ms);
+            fflush(o->log);
+        }
+        if (lead && o->log && test_loss == test_loss) {
+            fprintf(o->log, "test after step %" PRId64 " | loss %.4f | perplexity %.3f | %" PRId64
+                            " batches in %.1f ms\n",
+                    it + 1, test_loss, exp(test_loss), e_iters, test_ms);
             fflush(o->log);
         }
         if (ckpt && (stop || (c_every > 0 && (it + 1) % c_every == 0) || it + 1 == iters)) {
@@ -281,6 +320,7 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
     rc = 0;
 done:
     mgc_train_data_free(own_valid);
+    mgc_train_data_free(test);
     mgc_profile_free(prof);
     mgc_exec_free(x);
     mgc_backend_close(be);

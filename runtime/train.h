@@ -70,6 +70,10 @@ typedef struct mgc_train_opts {
      * that evaluates (NaN after the others). */
     mgc_train_data *valid;
     double *eval_losses;
+    /* out, or NULL: the test split's loss (the third part of data.split, eval_iters global
+     * batches) after the run's last step, when it evaluates and the split holds a sample;
+     * left alone otherwise */
+    double *test_loss;
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \

@@ -71,9 +71,14 @@ static int open_synthetic(mgc_train_data *d, uint64_t seed, char *err, size_t er
 }
 
 /* part 0: training, 1: validation; `want` samples */
+static const char *const part_name[3] = {"training", "validation", "test"};
+
+/* Split `part` of the datasets (0 training, 1 validation, 2 test): 0; 1 when the part holds
+ * less than one sample (err says so); -1 with err on any other problem. */
 static int open_part(mgc_train_data **out, const mgc_plan *plan, int part, int64_t want, char *err,
                      size_t errsz) {
     *out = NULL;
+    int small = 0;
     mgc_train_data *d = calloc(1, sizeof *d);
     if (!d) {
         snprintf(err, errsz, "out of memory");
@@ -146,8 +151,9 @@ static int open_part(mgc_train_data **out, const mgc_plan *plan, int part, int64
                      " sequences), fewer than one sample of seq_length + 1 = %" PRId64
                      ": use a larger dataset, a larger %s share in data.split, or a "
                      "shorter model.seq_length",
-                     fmt == 0 ? "synthetic corpus" : key, part ? "validation" : "training", split_tokens,
-                     hi - lo, d->seq_length + 1, part ? "validation" : "training");
+                     fmt == 0 ? "synthetic corpus" : key, part_name[part], split_tokens,
+                     hi - lo, d->seq_length + 1, part_name[part]);
+            small = 1;
             goto fail;
         }
         mgc_gpt_config gc = {d->seq_length, per[i], (uint64_t)seed, lo, hi};
@@ -160,30 +166,43 @@ static int open_part(mgc_train_data **out, const mgc_plan *plan, int part, int64
         snprintf(d->describe, sizeof d->describe,
                  "synthetic corpus (%d documents, %.2f M %s tokens), %" PRId64
                  " samples of %" PRId64 " tokens",
-                 MGC_SYNTHETIC_DEFAULT_DOCUMENTS, (double)tokens / 1e6, part ? "validation" : "training",
+                 MGC_SYNTHETIC_DEFAULT_DOCUMENTS, (double)tokens / 1e6, part_name[part],
                  want, d->seq_length);
     else
         snprintf(d->describe, sizeof d->describe,
                  "%d indexed dataset%s (%.2f M %s tokens), %" PRId64 " samples of %" PRId64
                  " tokens",
-                 d->n, d->n > 1 ? "s blended" : "", (double)tokens / 1e6, part ? "validation" : "training",
+                 d->n, d->n > 1 ? "s blended" : "", (double)tokens / 1e6, part_name[part],
                  want, d->seq_length);
     *out = d;
     return 0;
 fail:
     mgc_train_data_free(d);
-    return -1;
+    return small ? 1 : -1;
 }
 
 int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iterations, char *err,
                         size_t errsz) {
     int64_t gbs = plan->micro_batch_size * plan->num_microbatches * plan->grid.dp;
-    return open_part(out, plan, 0, gbs * (iterations > 0 ? iterations : 1), err, errsz);
+    return open_part(out, plan, 0, gbs * (iterations > 0 ? iterations : 1), err, errsz) ? -1 : 0;
 }
 
 int mgc_train_data_open_validation(mgc_train_data **out, const mgc_plan *plan, int64_t samples,
                                    char *err, size_t errsz) {
-    return open_part(out, plan, 1, samples > 0 ? samples : 1, err, errsz);
+    return open_part(out, plan, 1, samples > 0 ? samples : 1, err, errsz) ? -1 : 0;
+}
+
+int mgc_train_data_open_test(mgc_train_data **out, const mgc_plan *plan, int64_t samples, char *err,
+                             size_t errsz) {
+    *out = NULL;
+    const char *split = mgc_plan_config_str(plan, "data.split");
+    double sw[3] = {1, 0, 0};
+    mgc_data_error e = {{0}};
+    if (split && *split && mgc_data_split_parse(split, sw, &e) == MGC_DATA_OK && sw[2] <= 0) {
+        snprintf(err, errsz, "data.split '%s' has no test part", split);
+        return 1;
+    }
+    return open_part(out, plan, 2, samples > 0 ? samples : 1, err, errsz);
 }
 
 int mgc_train_data_sample(void *data, int64_t sample, int32_t *tokens, char *err, size_t errsz) {

@@ -33,6 +33,10 @@ int mgc_train_data_open(mgc_train_data **out, const mgc_plan *plan, int64_t iter
  * datasets, blend weights and seed.  0, or -1 with err (a split without a validation part). */
 int mgc_train_data_open_validation(mgc_train_data **out, const mgc_plan *plan, int64_t samples,
                                    char *err, size_t errsz);
+/* The test part of data.split (the third weight), likewise: 0; 1 when there is none, or it
+ * holds less than one sample (err says which); -1 with err on any other problem. */
+int mgc_train_data_open_test(mgc_train_data **out, const mgc_plan *plan, int64_t samples, char *err,
+                             size_t errsz);
 /* Thread-safe: samples are read from read-only maps. */
 int mgc_train_data_sample(void *data, int64_t sample, int32_t *tokens, char *err, size_t errsz);
 /* "synthetic corpus (8000 documents, 1.31 M tokens)" style description. */

@@ -147,10 +147,23 @@ $mgc compile examples/tiny-gpt.yaml --no-kernels $small --set training.eval_inte
     -o "$tmp/eval.plan" >/dev/null || exit 1
 if "$run" "$tmp/eval.plan" --metrics "$tmp/e.jsonl" >"$tmp/out" 2>"$tmp/err" &&
     [ "$(grep -c '"eval_loss": ' "$tmp/e.jsonl")" -eq 2 ] && ! sed -n 1p "$tmp/e.jsonl" | grep -q eval_loss &&
-    grep -q '^validation after step 3 | loss ' "$tmp/out"; then
-    ok "evaluation after steps 2 and 3 (the last)"
+    grep -q '^validation after step 3 | loss ' "$tmp/out" &&
+    [ "$(grep -c '"test_loss": ' "$tmp/e.jsonl")" -eq 1 ] && sed -n 3p "$tmp/e.jsonl" | grep -q test_loss &&
+    grep -q '^test after step 3 | loss ' "$tmp/out"; then
+    ok "evaluation after steps 2 and 3 (the last), the test split after step 3"
 else
     bad "evaluation"; cat "$tmp/out" "$tmp/err"
+fi
+# a test split too small for one sample: said, and the run goes on without it
+# shellcheck disable=SC2086
+$mgc compile examples/tiny-gpt.yaml --no-kernels $small --set training.eval_interval=2 --set data.split=99000,999,1 \
+    -o "$tmp/notest.plan" >/dev/null || exit 1
+if "$run" "$tmp/notest.plan" --metrics "$tmp/e.jsonl" >"$tmp/out" 2>"$tmp/err" &&
+    grep -q '^mgc-run: no test evaluation: synthetic corpus: the test split holds 0 tokens' "$tmp/out" &&
+    ! grep -q test_loss "$tmp/e.jsonl" && grep -q '^validation after step 3' "$tmp/out"; then
+    ok "a test split without a sample: no test evaluation, said once"
+else
+    bad "small test split"; cat "$tmp/out" "$tmp/err"
 fi
 # shellcheck disable=SC2086
 $mgc compile examples/tiny-gpt.yaml --no-kernels $small --set training.eval_interval=2 --set data.split=99999,1,0 \

@@ -991,6 +991,40 @@ static void check_eval(void) {
             T_CHECK(0);
         }
         mgc_train_data_free(valid);
+        /* the test split after the last step: on the test data as training data, step 1's
+         * loss too; another split than validation's; none without a test part */
+        mgc_train_data *test = NULL;
+        T_CHECK(r && mgc_train_data_open_test(&test, r, 4, err, sizeof err) == 0);
+        double tl = NAN, tv = NAN;
+        mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+        o.iterations = STEPS;
+        o.losses = l;
+        o.test_loss = &tl;
+        o.timeout_ms = 120000;
+        T_CHECK(r && test && mgc_train_local(r, test, 1, &o, err, sizeof err) == 0);
+        T_CHECK(memcmp(&tl, &l[0], sizeof tl) == 0);
+        mgc_train_data_free(test);
+        static const char *const no_test[] = {"training.eval_interval=1", "training.eval_iters=1",
+                                              "optimizer.lr=0", "optimizer.min_lr=0",
+                                              "data.split=969,31,0", NULL};
+        mgc_plan *nt = compile("examples/tiny-gpt.yaml", NULL, no_test);
+        mgc_train_data *td = NULL;
+        T_CHECK(nt && mgc_train_data_open_test(&td, nt, 4, err, sizeof err) == 1 && !td);
+        T_CHECK(strstr(err, "no test part") != NULL);
+        mgc_train_data *train = NULL;
+        T_CHECK(nt && mgc_train_data_open(&train, nt, STEPS, err, sizeof err) == 0);
+        o.test_loss = &tv;
+        T_CHECK(nt && train && mgc_train_local(nt, train, 1, &o, err, sizeof err) == 0 && isnan(tv));
+        double vl[STEPS];
+        o.eval_losses = vl;
+        T_CHECK(train && mgc_train_local(r, train, 1, &o, err, sizeof err) == 0 && !isnan(tv) &&
+                tv == tl && vl[STEPS - 1] != tv);
+        mgc_train_data_free(train);
+        printf("test split: on the test data as training data, learning rate 0: the test loss %.6f "
+               "after step %d is step 1's training loss bit for bit (validation: %.6f); none "
+               "without a test part\n",
+               tl, STEPS, vl[STEPS - 1]);
+        mgc_plan_free(nt);
         mgc_plan_free(r);
     }
     /* dropout is off: at learning rate 0, the model with dropout 0.1 and the one without give
