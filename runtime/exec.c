@@ -984,7 +984,7 @@ static size_t stage_bytes(const mgc_exec *x) {
                 uint64_t n = ((uint64_t)o->iattr[0] + (uint64_t)o->iattr[1]) * es;
                 uint64_t t = ch->tensors[o->in[0]].bytes + ch->tensors[o->out[0]].bytes;
                 /* a variable reduce-scatter holds its input and every peer's block for it */
-                if (o->kind == MGC_POP_REDUCE_SCATTER && (o->iattr[3] & PCOLL_VARIABLE))
+                if (o->kind == MGC_POP_REDUCE_SCATTER && o->n_in > 1)
                     n = 2 * (uint64_t)o->iattr[0] * es, t = 2 * ch->tensors[o->in[0]].bytes;
                 if (n > most) most = n;
                 if (t > most) most = t;
@@ -1578,11 +1578,13 @@ static int run_collective(mgc_exec *x, int c, const mgc_plan_op *op, int32_t mb)
     }
     case MGC_POP_ALL_GATHER:
     case MGC_POP_REDUCE_SCATTER: {
-        if (!(op->iattr[3] & PCOLL_VARIABLE))
+        /* the expert rows over ETP carry every group rank's row counts in in[1], in group-rank
+         * order (partitioning.md, Mixture of experts): packed by them, dropless
+         * (MGC_PCOLL_VARIABLE) or not -- with a capacity factor the buffers are sized for
+         * E x capacity rows but hold the kept ones, packed, as the all-to-all's */
+        if (op->n_in < 2 || op->in[1] < 0)
             return op->kind == MGC_POP_ALL_GATHER ? c_all_gather(x->fg, g, in, out, n_in, dt, what)
                                                   : c_reduce_scatter(x->fg, g, in, out, n_out, dt, what);
-        /* the expert rows over ETP: in[1] holds every group rank's row counts, in group-rank
-         * order (partitioning.md, Mixture of experts) */
         size_t *per = calloc((size_t)size, sizeof *per);
         int rc = per ? var_counts(x, c, op, mb, size, per) : xfail(x, "out of memory");
         size_t bound = op->kind == MGC_POP_ALL_GATHER ? n_out : n_in, tot = 0;
