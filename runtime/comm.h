@@ -94,6 +94,15 @@ mgc_comm_status mgc_comm_local_world_create(int n, const mgc_comm_config *cfg, m
 mgc_comm_status mgc_comm_mpi_world_create(const mgc_comm_config *cfg, mgc_comm **world, char *err,
                                           size_t err_size);
 
+/* The TCP transport: one rank per process, started the torchrun way.  The environment gives
+ * RANK, WORLD_SIZE, MASTER_ADDR (rank 0's host) and MASTER_PORT (where rank 0 listens);
+ * every process calls this, and it returns when all WORLD_SIZE ranks are connected (or the
+ * timeout passed: each error names what to fix).  mgc_comm_tcp_env: 1 when those four
+ * variables are set. */
+mgc_comm_status mgc_comm_tcp_world_create(const mgc_comm_config *cfg, mgc_comm **world, char *err,
+                                          size_t err_size);
+int mgc_comm_tcp_env(void);
+
 /* The communicator of the process group of kind `kind` that holds this rank,
  * built from the plan's grid (plan.h, docs/process-groups.md): members in
  * group-rank order as mgc_grid_group lists them.  `world` must be a world

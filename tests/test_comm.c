@@ -541,8 +541,100 @@ static int test_mpi(void) {
     return t_summary(name);
 }
 
+/* ---- the TCP transport: tests/comm_tcp.sh starts N processes of `test_comm --tcp MODE`
+ * with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set ------------------------------- */
+
+static int test_tcp(const char *mode) {
+    mgc_comm *world = NULL;
+    char err[512];
+    mgc_comm_config cfg = MGC_COMM_CONFIG_INIT;
+    cfg.timeout_ms = 60000;
+    mgc_comm_status s = mgc_comm_tcp_world_create(&cfg, &world, err, sizeof err);
+    if (s != MGC_COMM_OK) fprintf(stderr, "test_comm --tcp: %s\n", err);
+    T_CHECK(s == MGC_COMM_OK);
+    if (s != MGC_COMM_OK) return t_summary("test_comm --tcp");
+    int n = mgc_comm_size(world), me = mgc_comm_rank(world);
+    T_CHECK(strcmp(mgc_comm_transport(world), "tcp") == 0);
+    T_CHECK(mgc_comm_concurrent(world) == 0);
+    if (!strcmp(mode, "grids")) {
+        /* every grid of this size through every operation, against the serial reference */
+        mgc_grid grids[] = {mk(n, 1, 1, 1, 1, 1), mk(1, 1, n, 1, 1, n), mk(1, 1, 1, n, 1, 1),
+                            mk(2, 1, 2, 2, 1, 2), mk(2, 2, 1, 2, 1, 4), mk(1, 2, 2, 2, 2, 1),
+                            mk(1, 1, 2, 4, 1, 2), mk(2, 1, 2, 1, 1, 2), mk(3, 1, 2, 1, 1, 2)};
+        int ran = 0;
+        for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
+            if (grids[i].world != n || mgc_grid_check(&grids[i]) != 0) continue;
+            grid_case gc = {grids[i], 2};
+            rank_arg a = {.comm = world, .rank = me, .user = &gc, .seed = 1234u + (unsigned)me};
+            grid_rank(&a);
+            ran++;
+        }
+        T_CHECK(ran > 0);
+        /* a large all-reduce: megabytes each way, the sockets fill and drain in turn */
+        size_t big = (size_t)1 << 20;
+        float *x = malloc(big * sizeof *x), *y = malloc(big * sizeof *y);
+        for (size_t i = 0; x && i < big; i++)
+            x[i] = (float)((i * 7 + (size_t)me * 13) % 1000) / 8.0f;
+        T_CHECK(x && y && mgc_comm_all_reduce(world, x, y, big, MGC_DT_F32, MGC_COMM_SUM) == MGC_COMM_OK);
+        size_t wrong = 0;
+        for (size_t i = 0; x && y && i < big; i++) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want = r ? want + (float)((i * 7 + (size_t)r * 13) % 1000) / 8.0f
+                         : (float)((i * 7) % 1000) / 8.0f;
+            wrong += y[i] != want;
+        }
+        T_EQ_I64((int64_t)wrong, 0);
+        free(x), free(y);
+        if (n >= 2) { /* last: it poisons the job */
+            float a[8] = {0}, b[64];
+            s = me == 1 ? mgc_comm_all_gather(world, a, b, 8, MGC_DT_F32)
+                        : mgc_comm_all_reduce(world, a, b, 8, MGC_DT_F32, MGC_COMM_SUM);
+            T_CHECK(s == MGC_COMM_ERR_MISMATCH);
+            T_CHECK(strstr(mgc_comm_error(world), "group rank 0 (world 0) called all_reduce #") &&
+                    strstr(mgc_comm_error(world), "but group rank 1 (world 1) called all_gather #"));
+            if (me == 0) printf("tcp mismatch report: %s\n", mgc_comm_error(world));
+            T_CHECK(mgc_comm_barrier(world) == MGC_COMM_ERR_ABORTED);
+        }
+    } else if (!strcmp(mode, "abort")) {
+        /* rank 1 fails elsewhere and aborts: the others, in an all-reduce with a minute's
+         * timeout, are released at once with its reason */
+        float x[4] = {1, 2, 3, 4};
+        if (me == 1) {
+            struct timespec ts = {0, 100 * 1000000L};
+            nanosleep(&ts, NULL);
+            mgc_comm_abort(world, "kernel failed");
+        } else {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            s = mgc_comm_all_reduce(world, x, x, 4, MGC_DT_F32, MGC_COMM_SUM);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            T_CHECK(s == MGC_COMM_ERR_ABORTED);
+            T_CHECK(strstr(mgc_comm_error(world), "world rank 1 aborted: kernel failed") != NULL);
+            T_CHECK((double)(t1.tv_sec - t0.tv_sec) < 10.0);
+            if (me == 0) printf("tcp abort report: %s\n", mgc_comm_error(world));
+        }
+    } else if (!strcmp(mode, "vanish")) {
+        /* rank 1 exits without taking part: the others learn it from the closed connection */
+        if (me == 1) {
+            mgc_comm_free(world);
+            return 0;
+        }
+        float x = 1;
+        s = mgc_comm_all_reduce(world, &x, &x, 1, MGC_DT_F32, MGC_COMM_SUM);
+        T_CHECK(s == MGC_COMM_ERR_ABORTED);
+        T_CHECK(strstr(mgc_comm_error(world), "group rank 1 (world 1) closed its connection") != NULL);
+        if (me == 0) printf("tcp vanish report: %s\n", mgc_comm_error(world));
+    }
+    mgc_comm_free(world);
+    char name[64];
+    snprintf(name, sizeof name, "test_comm --tcp %s rank %d/%d", mode, me, n);
+    return t_summary(name);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--mpi") == 0) return test_mpi();
+    if (argc > 1 && strcmp(argv[1], "--tcp") == 0) return test_tcp(argc > 2 ? argv[2] : "grids");
     test_order_matters();
     test_invalid();
     test_grids();

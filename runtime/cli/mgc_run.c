@@ -7,6 +7,8 @@
  *                  [--no-grad-overlap] [--no-send-overlap] [--checkpoint-dir DIR]
  *                  [--init-from CKPT] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
+ *     RANK=r WORLD_SIZE=N MASTER_ADDR=host MASTER_PORT=p mgc-run PLAN ...
+ *                                              # the same over TCP (torchrun --no-python)
  *
  * Every check that can fail on bad input (the plan, the launch size, the
  * dataset, the metrics and profile paths, the checkpoint directory and the
@@ -32,12 +34,14 @@
 static void usage(FILE *out) {
     fputs("usage: mgc-run PLAN [options]\n"
           "       mpirun -np N mgc-run PLAN [options]\n"
+          "       RANK=r WORLD_SIZE=N MASTER_ADDR=HOST MASTER_PORT=P mgc-run PLAN [options]\n"
+          "                     (one process per rank over TCP, as torchrun --no-python starts)\n"
           "\n"
           "Trains the plan `mgc compile` wrote (docs/runtime.md, docs/getting-started.md).\n"
           "\n"
           "options:\n"
           "  --local-ranks N    run N ranks as threads of this process (N = the plan's world size;\n"
-          "                     default 1 outside mpirun)\n"
+          "                     default 1 outside mpirun and a TCP launch)\n"
           "  --backend NAME     cpu (the fp32 reference), cuda (rank r on GPU r mod the visible\n"
           "                     GPUs; communication through host memory), auto (default: cuda\n"
           "                     when a GPU is visible and this build has CUDA, else cpu), or emu\n"
@@ -57,7 +61,7 @@ static void usage(FILE *out) {
           "  --metrics FILE     write one JSON object per step (JSON lines, docs/runtime.md)\n"
           "  --profile FILE     time every op and instruction (slower steps: the backend is\n"
           "                     synchronised around each) and write the sums to FILE as JSON\n"
-          "                     lines; under mpirun rank k > 0 writes FILE.rank<k>\n"
+          "                     lines; one process per rank: rank k > 0 writes FILE.rank<k>\n"
           "  --profile-warmup N steps not recorded by --profile (default 1; below --iterations)\n"
           "  --cuda-graphs      cuda backend: record each forward and backward program that\n"
           "                     qualifies as a CUDA graph on its second run and replay it after\n"
@@ -231,24 +235,35 @@ int main(int argc, char **argv) {
     }
     if (!ckpt_dir) ckpt_dir = mgc_plan_config_str(plan, "checkpoint.directory");
     if (ckpt_dir && !*ckpt_dir) ckpt_dir = NULL;
+    /* one rank per process: under mpirun, or started the torchrun way over TCP */
     int use_mpi = !local && under_mpi();
+    int use_tcp = !local && !use_mpi && mgc_comm_tcp_env();
+    int procs = use_mpi || use_tcp;
     mgc_comm *world = NULL;
     int rank = 0;
-    if (use_mpi) {
+    if (procs) {
         mgc_comm_config cc = MGC_COMM_CONFIG_INIT;
-        if (mgc_comm_mpi_world_create(&cc, &world, err, sizeof err) != MGC_COMM_OK) {
+        if ((use_mpi ? mgc_comm_mpi_world_create(&cc, &world, err, sizeof err)
+                     : mgc_comm_tcp_world_create(&cc, &world, err, sizeof err)) != MGC_COMM_OK) {
             fprintf(stderr, "mgc-run: %s\n", err);
             mgc_plan_free(plan);
             return 1;
         }
         rank = mgc_comm_world_rank(world);
         if (mgc_comm_size(world) != plan->grid.world) {
-            if (rank == 0)
+            if (rank == 0 && use_mpi)
                 fprintf(stderr,
                         "mgc-run: %s: the plan is for %" PRId64 " ranks but mpirun started %d: "
                         "run mpirun -np %" PRId64 " (or recompile with parallel.world_size %d)\n",
                         plan_path, plan->grid.world, mgc_comm_size(world), plan->grid.world,
                         mgc_comm_size(world));
+            else if (rank == 0)
+                fprintf(stderr,
+                        "mgc-run: %s: the plan is for %" PRId64 " ranks but WORLD_SIZE is %d: "
+                        "start %" PRId64 " processes with WORLD_SIZE=%" PRId64
+                        " (or recompile with parallel.world_size %d)\n",
+                        plan_path, plan->grid.world, mgc_comm_size(world), plan->grid.world,
+                        plan->grid.world, mgc_comm_size(world));
             mgc_comm_free(world);
             mgc_plan_free(plan);
             return 1;
@@ -394,9 +409,9 @@ int main(int argc, char **argv) {
         sigaction(SIGUSR1, &sa, NULL);
         o.stop = &stop_requested;
     }
-    int rc = use_mpi ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
-                     : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
-    if (rc && (rank == 0 || use_mpi)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
+    int rc = procs ? mgc_train_rank(plan, data, world, &o, err, sizeof err)
+                   : mgc_train_local(plan, data, (int)local, &o, err, sizeof err);
+    if (rc && (rank == 0 || procs)) fprintf(stderr, "mgc-run: %s: %s\n", plan_path, err);
     if (metrics) {
         long written = ftell(metrics);
         int bad = fclose(metrics) != 0;
@@ -418,8 +433,8 @@ int main(int argc, char **argv) {
         } else {
             mgc_profile_info info = {plan_path, warmup};
             /* local ranks: every slot, in rank order; under MPI: this rank's own */
-            int n = use_mpi ? 1 : (int)plan->grid.world;
-            if (finish_profile(prof_f, prof_partial, prof_path, use_mpi ? &profiles[rank] : profiles,
+            int n = procs ? 1 : (int)plan->grid.world;
+            if (finish_profile(prof_f, prof_partial, prof_path, procs ? &profiles[rank] : profiles,
                                n, &info))
                 rc = -1;
         }
