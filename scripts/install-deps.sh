@@ -4,7 +4,7 @@
 # run before every build.  The CUDA toolkit is optional and never installed
 # here (it lives under /usr/local/cuda where present).
 set -eu
-pkgs="build-essential cmake pkg-config libyaml-dev libopenblas-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev python3 python3-pip python3-yaml python3-jsonschema"
+pkgs="build-essential cmake pkg-config libyaml-dev libopenblas-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev python3 python3-pip python3-yaml python3-jsonschema python3-numpy"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -23,10 +23,11 @@ if [ -n "$missing" ]; then
   # shellcheck disable=SC2086
   $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
-# jsonschema and PyYAML for the test that checks docs/mgc-config.schema.json
-# (Debian's packages serve Debian's python3; another python3 on PATH gets them
-# from PyPI).  Without them that one test is skipped.
-if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import jsonschema, yaml' 2>/dev/null; then
-  echo "install-deps: installing jsonschema and PyYAML from PyPI"
-  python3 -m pip install --quiet jsonschema pyyaml || echo "install-deps: pip failed; schema_validate will be skipped" >&2
+# jsonschema and PyYAML for the test that checks docs/mgc-config.schema.json,
+# NumPy for the reference forward pass that checks mgc-export (Debian's packages
+# serve Debian's python3; another python3 on PATH gets them from PyPI).  Without
+# them those tests are skipped.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import jsonschema, yaml, numpy' 2>/dev/null; then
+  echo "install-deps: installing jsonschema, PyYAML and NumPy from PyPI"
+  python3 -m pip install --quiet jsonschema pyyaml numpy || echo "install-deps: pip failed; schema_validate and export_hf will be skipped" >&2
 fi

@@ -173,4 +173,21 @@ expect "empty validation split" 1 "the validation split holds 0 tokens" -- "$run
 # the same data as a megatron dataset trains too
 mplan "$tmp/syn.plan" "$tmp/syn" || exit 1
 if "$run" "$tmp/syn.plan" -q >/dev/null 2>"$tmp/err"; then ok "megatron dataset run"; else bad "megatron dataset run"; cat "$tmp/err"; fi
+
+# mgc-export beside mgc-run: a checkpoint to safetensors (test_export checks the values)
+exp=$(dirname "$run")/mgc-export
+if [ -x "$exp" ]; then
+    "$run" "$tmp/one.plan" -q --iterations 2 --checkpoint-dir "$tmp/exck" >/dev/null 2>&1 || bad "export: training"
+    expect "export: usage" 2 "give a plan, a checkpoint and -o DIR" -- "$exp" "$tmp/one.plan"
+    expect "export: bad format" 2 "use hf or mgc" -- "$exp" "$tmp/one.plan" "$tmp/exck/step-000000002.mgck" -o "$tmp/ex" --format onnx
+    expect "export: missing checkpoint" 1 "cannot open the checkpoint" -- "$exp" "$tmp/one.plan" "$tmp/exck/nope.mgck" -o "$tmp/ex"
+    if "$exp" "$tmp/one.plan" "$tmp/exck/step-000000002.mgck" -o "$tmp/ex" --dtype bf16 >"$tmp/out" 2>"$tmp/err" &&
+        grep -q '"torch_dtype": "bfloat16"' "$tmp/ex/config.json" && grep -q 'GPT2LMHeadModel' "$tmp/ex/config.json" &&
+        [ -s "$tmp/ex/model.safetensors" ] && ! ls "$tmp/ex" | grep -q partial; then
+        ok "export: GPT-2 layout in bf16"
+    else
+        bad "export"; cat "$tmp/out" "$tmp/err"
+    fi
+    expect "export: never over an export" 1 "already holds an export" -- "$exp" "$tmp/one.plan" "$tmp/exck/step-000000002.mgck" -o "$tmp/ex"
+fi
 exit $fail

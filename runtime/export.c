@@ -1,0 +1,540 @@
+/* export.c - a checkpoint's model as safetensors (export.h). */
+#include "export.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "half.h"
+
+static int fail_with(char *err, size_t errsz, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static int fail_with(char *err, size_t errsz, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errsz, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+#define BAD(...) fail_with(err, errsz, __VA_ARGS__)
+
+typedef enum { X_ROWS, X_TRANSPOSE, X_QKV, X_GPT2_QKV } xkind;
+
+typedef struct out_t {
+    char name[200];
+    int rank;
+    int64_t dim[4];
+    const mgc_ckpt_tensor *src;
+    xkind kind;
+    int64_t r0, r1; /* X_ROWS: the source's rows [r0, r1) */
+    int part;       /* X_QKV, X_GPT2_QKV: 0 q, 1 k, 2 v */
+    uint64_t off;   /* bytes from the data's start */
+} out_t;
+
+typedef struct ctx {
+    const mgc_plan *plan;
+    mgc_ckpt_info info;
+    out_t *out;
+    int n, cap;
+    int64_t vocab, heads, groups, head_dim, hidden, ffn, layers, seq;
+    char *err;
+    size_t errsz;
+} ctx;
+
+static int64_t cfg_i(const mgc_plan *p, const char *k, int64_t d) {
+    int64_t v;
+    return mgc_plan_config_int(p, k, &v) ? v : d;
+}
+static double cfg_f(const mgc_plan *p, const char *k, double d) {
+    double v;
+    return mgc_plan_config_float(p, k, &v) ? v : d;
+}
+
+static const mgc_ckpt_tensor *find(const ctx *x, const char *name) {
+    for (int64_t i = 0; i < x->info.model.n; i++)
+        if (!strcmp(x->info.model.t[i].name, name)) return &x->info.model.t[i];
+    return NULL;
+}
+
+/* Adds an output from checkpoint tensor `src` (the source's shape, vocabulary rows cut). */
+static out_t *add_kind(ctx *x, const char *name, const char *src, xkind kind) {
+    const mgc_ckpt_tensor *t = find(x, src);
+    if (!t) {
+        snprintf(x->err, x->errsz, "the checkpoint has no parameter '%s', which this model's "
+                                   "export needs: export with the plan of the model it was saved for",
+                 src);
+        return NULL;
+    }
+    if (x->n == x->cap) {
+        int nc = x->cap ? 2 * x->cap : 64;
+        out_t *o = realloc(x->out, (size_t)nc * sizeof *o);
+        if (!o) {
+            snprintf(x->err, x->errsz, "out of memory");
+            return NULL;
+        }
+        x->out = o, x->cap = nc;
+    }
+    out_t *o = &x->out[x->n++];
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", name);
+    o->src = t;
+    o->kind = kind;
+    o->rank = t->rank;
+    for (int d = 0; d < t->rank; d++)
+        o->dim[d] = t->dim[d];
+    o->r0 = 0, o->r1 = t->dim[0];
+    if (t->vocab && t->dim[0] > x->vocab) o->r1 = o->dim[0] = x->vocab; /* padding rows out */
+    return o;
+}
+
+/* a copy (the vocabulary padding cut) */
+static out_t *add(ctx *x, const char *name, const char *src) {
+    return add_kind(x, name, src, X_ROWS);
+}
+
+static out_t *rows(ctx *x, const char *name, const char *src, int64_t r0, int64_t r1) {
+    out_t *o = add_kind(x, name, src, X_ROWS);
+    if (o) o->r0 = r0, o->r1 = r1, o->dim[0] = r1 - r0;
+    return o;
+}
+
+static out_t *transposed(ctx *x, const char *name, const char *src) {
+    out_t *o = add_kind(x, name, src, X_TRANSPOSE);
+    if (o && o->rank == 2) {
+        int64_t t = o->dim[0];
+        o->dim[0] = o->dim[1], o->dim[1] = t;
+    }
+    return o;
+}
+
+/* LLaMA's q, k or v projection out of the group-major fused QKV (partitioning.md) */
+static out_t *qkv_part(ctx *x, const char *name, const char *src, int part) {
+    out_t *o = add_kind(x, name, src, X_QKV);
+    if (o) {
+        o->part = part;
+        o->dim[0] = (part == 0 ? x->heads : x->groups) * x->head_dim;
+    }
+    return o;
+}
+
+/* GPT-2's c_attn: [q of every head | k | v], as a Conv1D (input dim first) */
+static out_t *gpt2_qkv(ctx *x, const char *name, const char *src) {
+    out_t *o = add_kind(x, name, src, X_GPT2_QKV);
+    if (o && o->rank == 2) {
+        int64_t t = o->dim[0];
+        o->dim[0] = o->dim[1], o->dim[1] = t;
+    }
+    return o;
+}
+
+/* ---- the model's families ----------------------------------------------------------- */
+
+static int plan_hf(ctx *x, int *gpt2) {
+    const mgc_plan *p = x->plan;
+    int64_t norm = cfg_i(p, "model.normalization", 0), act = cfg_i(p, "model.activation", 0);
+    int64_t pos = cfg_i(p, "model.position_embedding", 0), bias = cfg_i(p, "model.add_bias_linear", 1);
+    int64_t qkvb = cfg_i(p, "model.add_qkv_bias", bias), experts = cfg_i(p, "moe.num_experts", 0);
+    double rp = cfg_f(p, "model.rotary_percent", 1.0);
+    char *err = x->err;
+    size_t errsz = x->errsz;
+    const char *why = NULL;
+    if (experts > 0) why = "mixture of experts";
+    *gpt2 = norm == 0 && act == 0 && pos == 0;
+    int llama = norm == 1 && act == 1 && pos == 1;
+    if (!why && !*gpt2 && !llama)
+        why = "a mix the hf format has no architecture for (GPT-2: layernorm, gelu, learned positions; "
+              "LLaMA: rmsnorm, swiglu, rotary)";
+    if (!why && *gpt2 && (x->groups != x->heads || !bias || x->head_dim * x->heads != x->hidden))
+        why = "a GPT-2 variant that GPT2LMHeadModel cannot hold (it needs every head its own key and "
+              "value, biases, and head_dim x heads = hidden_size)";
+    if (!why && llama && (bias || qkvb)) why = "linear biases, which LlamaForCausalLM's q/k/v/o do not all take";
+    if (!why && llama && rp != 1.0) why = "partial rotary embeddings (rotary_percent < 1)";
+    if (why)
+        return BAD("the hf format covers GPT-2- and LLaMA-style models; this one has %s: export "
+                   "with --format mgc (every parameter under mgc's names)",
+                   why);
+    char n[200], s[200];
+    int tied = cfg_i(p, "model.tie_embeddings", 0) != 0;
+    if (*gpt2) {
+        if (!add(x, "transformer.wte.weight", "embedding.word_embeddings.weight") ||
+            !add(x, "transformer.wpe.weight", "embedding.position_embeddings.weight"))
+            return -1;
+    } else if (!add(x, "model.embed_tokens.weight", "embedding.word_embeddings.weight")) {
+        return -1;
+    }
+    for (int64_t l = 0; l < x->layers; l++) {
+#define N(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+#define S(suffix) (snprintf(s, sizeof s, "decoder.layers.%" PRId64 ".%s", l, suffix), s)
+        if (*gpt2) {
+            const char *h = "transformer.h";
+            if (!add(x, N("%s.%" PRId64 ".ln_1.weight", h, l), S("input_layernorm.weight")) ||
+                !add(x, N("%s.%" PRId64 ".ln_1.bias", h, l), S("input_layernorm.bias")) ||
+                !gpt2_qkv(x, N("%s.%" PRId64 ".attn.c_attn.weight", h, l), S("self_attention.linear_qkv.weight")) ||
+                !gpt2_qkv(x, N("%s.%" PRId64 ".attn.c_attn.bias", h, l), S("self_attention.linear_qkv.bias")) ||
+                !transposed(x, N("%s.%" PRId64 ".attn.c_proj.weight", h, l), S("self_attention.linear_proj.weight")) ||
+                !add(x, N("%s.%" PRId64 ".attn.c_proj.bias", h, l), S("self_attention.linear_proj.bias")) ||
+                !add(x, N("%s.%" PRId64 ".ln_2.weight", h, l), S("pre_mlp_layernorm.weight")) ||
+                !add(x, N("%s.%" PRId64 ".ln_2.bias", h, l), S("pre_mlp_layernorm.bias")) ||
+                !transposed(x, N("%s.%" PRId64 ".mlp.c_fc.weight", h, l), S("mlp.linear_fc1.weight")) ||
+                !add(x, N("%s.%" PRId64 ".mlp.c_fc.bias", h, l), S("mlp.linear_fc1.bias")) ||
+                !transposed(x, N("%s.%" PRId64 ".mlp.c_proj.weight", h, l), S("mlp.linear_fc2.weight")) ||
+                !add(x, N("%s.%" PRId64 ".mlp.c_proj.bias", h, l), S("mlp.linear_fc2.bias")))
+                return -1;
+        } else {
+            const char *h = "model.layers";
+            if (!add(x, N("%s.%" PRId64 ".input_layernorm.weight", h, l), S("input_layernorm.weight")) ||
+                !qkv_part(x, N("%s.%" PRId64 ".self_attn.q_proj.weight", h, l), S("self_attention.linear_qkv.weight"), 0) ||
+                !qkv_part(x, N("%s.%" PRId64 ".self_attn.k_proj.weight", h, l), S("self_attention.linear_qkv.weight"), 1) ||
+                !qkv_part(x, N("%s.%" PRId64 ".self_attn.v_proj.weight", h, l), S("self_attention.linear_qkv.weight"), 2) ||
+                !add(x, N("%s.%" PRId64 ".self_attn.o_proj.weight", h, l), S("self_attention.linear_proj.weight")) ||
+                !add(x, N("%s.%" PRId64 ".post_attention_layernorm.weight", h, l), S("pre_mlp_layernorm.weight")) ||
+                !rows(x, N("%s.%" PRId64 ".mlp.gate_proj.weight", h, l), S("mlp.linear_fc1.weight"), 0, x->ffn) ||
+                !rows(x, N("%s.%" PRId64 ".mlp.up_proj.weight", h, l), S("mlp.linear_fc1.weight"), x->ffn, 2 * x->ffn) ||
+                !add(x, N("%s.%" PRId64 ".mlp.down_proj.weight", h, l), S("mlp.linear_fc2.weight")))
+                return -1;
+        }
+#undef N
+#undef S
+    }
+    if (*gpt2) {
+        if (!add(x, "transformer.ln_f.weight", "decoder.final_layernorm.weight") ||
+            !add(x, "transformer.ln_f.bias", "decoder.final_layernorm.bias"))
+            return -1;
+    } else if (!add(x, "model.norm.weight", "decoder.final_layernorm.weight")) {
+        return -1;
+    }
+    if (!tied && !add(x, "lm_head.weight", "output_layer.weight")) return -1;
+    return 0;
+}
+
+static int plan_mgc(ctx *x) {
+    for (int64_t i = 0; i < x->info.model.n; i++)
+        if (!add(x, x->info.model.t[i].name, x->info.model.t[i].name)) return -1;
+    return 0;
+}
+
+/* ---- values --------------------------------------------------------------------------- */
+
+static int read_src(ctx *x, int fd, const mgc_ckpt_tensor *t, float *dst) {
+    size_t bytes = (size_t)t->numel * 4, done = 0;
+    unsigned char *b = (unsigned char *)dst; /* decoded in place: 4 bytes -> one float */
+    while (done < bytes) {
+        ssize_t k = pread(fd, b + done, bytes - done, (off_t)(x->info.data_offset + t->offset + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        done += (size_t)k;
+    }
+    for (size_t i = 0; i < (size_t)t->numel; i++) {
+        uint32_t u = (uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 | (uint32_t)b[4 * i + 2] << 16 |
+                     (uint32_t)b[4 * i + 3] << 24;
+        memcpy(&dst[i], &u, 4);
+    }
+    return 0;
+}
+
+static uint64_t out_numel(const out_t *o) {
+    uint64_t n = 1;
+    for (int d = 0; d < o->rank; d++)
+        n *= (uint64_t)o->dim[d];
+    return n;
+}
+
+/* The output's values from the source's. */
+static void fill(const ctx *x, const out_t *o, const float *s, float *v) {
+    const mgc_ckpt_tensor *t = o->src;
+    int64_t inner = (int64_t)(t->numel / (uint64_t)t->dim[0]), d = x->head_dim;
+    switch (o->kind) {
+    case X_ROWS:
+        memcpy(v, s + o->r0 * inner, (size_t)((o->r1 - o->r0) * inner) * sizeof *v);
+        return;
+    case X_TRANSPOSE: { /* [N, K] -> [K, N] */
+        int64_t N = t->dim[0], K = inner;
+        for (int64_t a = 0; a < N; a++)
+            for (int64_t b = 0; b < K; b++)
+                v[b * N + a] = s[a * K + b];
+        return;
+    }
+    case X_QKV: { /* per group j: [per q heads | k | v] x d rows */
+        int64_t per = x->heads / x->groups, at = 0;
+        for (int64_t j = 0; j < x->groups; j++) {
+            int64_t base = j * (per + 2) * d;
+            int64_t r0 = o->part == 0 ? base : o->part == 1 ? base + per * d : base + (per + 1) * d;
+            int64_t nr = o->part == 0 ? per * d : d;
+            memcpy(v + at * inner, s + r0 * inner, (size_t)(nr * inner) * sizeof *v);
+            at += nr;
+        }
+        return;
+    }
+    case X_GPT2_QKV: { /* column p*a*d + h*d + e is the source's row h*3d + p*d + e */
+        int64_t a = x->heads, cols = 3 * a * d, K = inner;
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t p = c / (a * d), h = (c / d) % a, e = c % d, r = h * 3 * d + p * d + e;
+            if (t->rank == 1) v[c] = s[r];
+            else
+                for (int64_t b = 0; b < K; b++)
+                    v[b * cols + c] = s[r * K + b];
+        }
+        return;
+    }
+    }
+}
+
+/* ---- files ---------------------------------------------------------------------------- */
+
+static int mkdirs(const char *dir) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *c = p + 1; *c; c++)
+        if (*c == '/') {
+            *c = 0;
+            if (mkdir(p, 0777) && errno != EEXIST) return -1;
+            *c = '/';
+        }
+    return mkdir(p, 0777) && errno != EEXIST ? -1 : 0;
+}
+
+static int put_all(int fd, const void *buf, size_t len) {
+    const unsigned char *p = buf;
+    while (len) {
+        ssize_t k = write(fd, p, len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k, len -= (size_t)k;
+    }
+    return 0;
+}
+
+static const char *st_dtype(int dt) {
+    return dt == MGC_DT_BF16 ? "BF16" : dt == MGC_DT_F16 ? "F16" : "F32";
+}
+
+/* The shortest JSON number that reads back as the same double (1e-05, not 1.0000000000000001e-05). */
+static void num(char *b, size_t n, double v) {
+    for (int p = 1; p <= 17; p++) {
+        snprintf(b, n, "%.*g", p, v);
+        if (strtod(b, NULL) == v) return;
+    }
+}
+
+static int write_config(const ctx *x, int gpt2, int dtype, const char *path, char *err, size_t errsz) {
+    const mgc_plan *p = x->plan;
+    char eps[40], theta[40], hd[40], ad[40];
+    num(eps, sizeof eps, cfg_f(p, "model.norm_eps", 1e-5));
+    num(theta, sizeof theta, cfg_f(p, "model.rotary_base", 10000));
+    num(hd, sizeof hd, cfg_f(p, "model.hidden_dropout", 0));
+    num(ad, sizeof ad, cfg_f(p, "model.attention_dropout", 0));
+    int tied = cfg_i(p, "model.tie_embeddings", 0) != 0;
+    int64_t eod = cfg_i(p, "data.eod_token", 256), pos = cfg_i(p, "model.max_position_embeddings", x->seq);
+    const char *td = dtype == MGC_DT_BF16 ? "bfloat16" : dtype == MGC_DT_F16 ? "float16" : "float32";
+    FILE *f = fopen(path, "wx");
+    if (!f) return BAD("cannot create %s: %s", path, strerror(errno));
+    if (gpt2)
+        fprintf(f,
+                "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+                "  \"vocab_size\": %" PRId64 ",\n  \"n_embd\": %" PRId64 ",\n  \"n_layer\": %" PRId64
+                ",\n  \"n_head\": %" PRId64 ",\n  \"n_inner\": %" PRId64 ",\n  \"n_positions\": %" PRId64
+                ",\n  \"n_ctx\": %" PRId64 ",\n  \"activation_function\": \"gelu_new\",\n"
+                "  \"layer_norm_epsilon\": %s,\n  \"resid_pdrop\": %s,\n  \"embd_pdrop\": %s,\n"
+                "  \"attn_pdrop\": %s,\n  \"scale_attn_weights\": true,\n  \"tie_word_embeddings\": %s,\n",
+                x->vocab, x->hidden, x->layers, x->heads, x->ffn, pos, pos, eps, hd, hd, ad,
+                tied ? "true" : "false");
+    else
+        fprintf(f,
+                "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+                "  \"vocab_size\": %" PRId64 ",\n  \"hidden_size\": %" PRId64 ",\n  \"intermediate_size\": %" PRId64
+                ",\n  \"num_hidden_layers\": %" PRId64 ",\n  \"num_attention_heads\": %" PRId64
+                ",\n  \"num_key_value_heads\": %" PRId64 ",\n  \"head_dim\": %" PRId64
+                ",\n  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %" PRId64
+                ",\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"attention_bias\": false,\n"
+                "  \"mlp_bias\": false,\n  \"attention_dropout\": %s,\n  \"tie_word_embeddings\": %s,\n",
+                x->vocab, x->hidden, x->ffn, x->layers, x->heads, x->groups, x->head_dim, pos, eps,
+                theta, ad, tied ? "true" : "false");
+    if (eod >= 0 && eod < x->vocab) fprintf(f, "  \"eos_token_id\": %" PRId64 ",\n", eod);
+    fprintf(f, "  \"torch_dtype\": \"%s\"\n}\n", td);
+    int bad = ferror(f) != 0;
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad) {
+        unlink(path);
+        return BAD("cannot write %s: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_export_format fmt,
+               int dtype, char *err, size_t errsz) {
+    ctx x;
+    memset(&x, 0, sizeof x);
+    x.plan = plan, x.err = err, x.errsz = errsz;
+    int rc = -1, fd = -1, out_fd = -1, gpt2 = 0;
+    float *src = NULL, *val = NULL;
+    unsigned char *buf = NULL;
+    char *hdr = NULL;
+    char st_path[4200], st_tmp[4300], cf_path[4200], cf_tmp[4300];
+    st_tmp[0] = cf_tmp[0] = 0;
+    if (dtype != MGC_DT_F32 && dtype != MGC_DT_BF16 && dtype != MGC_DT_F16)
+        return BAD("export: dtype %s is not fp32, bf16 or fp16", mgc_dtype_name((mgc_dtype)dtype));
+    x.vocab = cfg_i(plan, "model.vocab_size", 0);
+    x.heads = cfg_i(plan, "model.num_attention_heads", 1);
+    x.groups = cfg_i(plan, "model.num_query_groups", x.heads);
+    x.hidden = cfg_i(plan, "model.hidden_size", 0);
+    x.head_dim = cfg_i(plan, "model.head_dim", x.heads > 0 ? x.hidden / x.heads : 0);
+    x.ffn = cfg_i(plan, "model.ffn_hidden_size", 0);
+    x.layers = cfg_i(plan, "model.num_layers", 0);
+    x.seq = plan->seq_length;
+    if (x.heads <= 0 || x.groups <= 0 || x.heads % x.groups || x.head_dim <= 0)
+        return BAD("export: the plan's model has %" PRId64 " heads in %" PRId64 " groups of %" PRId64
+                   " channels: a plan from another mgc?",
+                   x.heads, x.groups, x.head_dim);
+    if (mgc_ckpt_read_info(ckpt, &x.info, err, errsz) || mgc_ckpt_verify(ckpt, &x.info, err, errsz))
+        goto out;
+    /* the plan's model, tensor by tensor (the vocabulary padding may differ) */
+    {
+        mgc_ckpt_model pm;
+        if (mgc_ckpt_model_of(plan, &pm, err, errsz)) goto out;
+        const char *bad = NULL;
+        for (int64_t i = 0; i < pm.n && !bad; i++) {
+            const mgc_ckpt_tensor *t = find(&x, pm.t[i].name);
+            int same = t && t->rank == pm.t[i].rank;
+            for (int d = 0; same && d < t->rank; d++)
+                same = t->dim[d] == pm.t[i].dim[d] || (d == 0 && t->vocab && pm.t[i].vocab);
+            if (!same) bad = pm.t[i].name;
+        }
+        if (bad) {
+            BAD("%s: its parameter '%s' is missing or shaped otherwise than this plan's model's: "
+                "export with the plan of the model it was saved for",
+                ckpt, bad);
+            mgc_ckpt_model_free(&pm);
+            goto out;
+        }
+        mgc_ckpt_model_free(&pm);
+        if (x.info.vocab_size != x.vocab) {
+            BAD("%s was saved for a vocabulary of %" PRId64 " tokens, this plan's model has %" PRId64
+                ": export with the plan of the model it was saved for",
+                ckpt, x.info.vocab_size, x.vocab);
+            goto out;
+        }
+    }
+    if ((fmt == MGC_EXPORT_HF ? plan_hf(&x, &gpt2) : plan_mgc(&x))) goto out;
+    /* where they go: never over a file that exists */
+    if (mkdirs(dir)) {
+        BAD("cannot create the directory %s: %s", dir, strerror(errno));
+        goto out;
+    }
+    snprintf(st_path, sizeof st_path, "%s/model.safetensors", dir);
+    snprintf(cf_path, sizeof cf_path, "%s/config.json", dir);
+    if (access(st_path, F_OK) == 0 || (fmt == MGC_EXPORT_HF && access(cf_path, F_OK) == 0)) {
+        BAD("%s already holds an export (%s): choose another directory, or move it away first",
+            dir, access(st_path, F_OK) == 0 ? "model.safetensors" : "config.json");
+        goto out;
+    }
+    /* the header: every tensor's dtype, shape and byte range */
+    size_t es = mgc_dtype_size((mgc_dtype)dtype), cap = 256 + (size_t)x.n * 320, len = 0;
+    uint64_t off = 0, most = 0;
+    hdr = malloc(cap);
+    if (!hdr) {
+        BAD("out of memory");
+        goto out;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\",\"source\":\"mgc\"}");
+    for (int i = 0; i < x.n; i++) {
+        out_t *o = &x.out[i];
+        o->off = off;
+        uint64_t n = out_numel(o);
+        len += (size_t)snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", o->name,
+                                st_dtype(dtype));
+        for (int d = 0; d < o->rank; d++)
+            len += (size_t)snprintf(hdr + len, cap - len, "%s%" PRId64, d ? "," : "", o->dim[d]);
+        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off,
+                                off + n * es);
+        off += n * es;
+        if (o->src->numel > most) most = o->src->numel;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' '; /* the data 8-aligned */
+    fd = open(ckpt, O_RDONLY);
+    src = malloc((size_t)most * 4 + 4);
+    val = malloc((size_t)most * 4 + 4);
+    buf = malloc((size_t)most * es + 8);
+    if (fd < 0 || !src || !val || !buf) {
+        BAD(fd < 0 ? "cannot open %s" : "out of memory for %s's largest tensor", ckpt);
+        goto out;
+    }
+    snprintf(st_tmp, sizeof st_tmp, "%s.partial", st_path);
+    out_fd = open(st_tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (out_fd < 0) {
+        BAD("cannot create %s: %s", st_tmp, strerror(errno));
+        st_tmp[0] = 0;
+        goto out;
+    }
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++)
+        n8[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    if (put_all(out_fd, n8, 8) || put_all(out_fd, hdr, len)) goto wfail;
+    const mgc_ckpt_tensor *loaded = NULL;
+    for (int i = 0; i < x.n; i++) {
+        const out_t *o = &x.out[i];
+        if (o->src != loaded) {
+            if (read_src(&x, fd, o->src, src)) {
+                BAD("cannot read '%s' from %s", o->src->name, ckpt);
+                goto out;
+            }
+            loaded = o->src;
+        }
+        fill(&x, o, src, val);
+        uint64_t n = out_numel(o);
+        for (uint64_t k = 0; k < n; k++) {
+            uint32_t u;
+            if (dtype == MGC_DT_F32) memcpy(&u, &val[k], 4);
+            else u = dtype == MGC_DT_BF16 ? mgc_f32_to_bf16(val[k]) : mgc_f32_to_f16(val[k]);
+            for (size_t b = 0; b < es; b++)
+                buf[k * es + b] = (unsigned char)(u >> (8 * b));
+        }
+        if (put_all(out_fd, buf, (size_t)n * es)) goto wfail;
+    }
+    if (fsync(out_fd) || close(out_fd)) {
+        out_fd = -1;
+        goto wfail;
+    }
+    out_fd = -1;
+    if (fmt == MGC_EXPORT_HF) {
+        snprintf(cf_tmp, sizeof cf_tmp, "%s.partial", cf_path);
+        if (write_config(&x, gpt2, dtype, cf_tmp, err, errsz)) {
+            cf_tmp[0] = 0;
+            goto out;
+        }
+    }
+    /* both complete: the weights, then the config, under their names (a config.json only ever
+     * stands beside its weights; neither existed before, checked above) */
+    if (rename(st_tmp, st_path)) goto wfail;
+    st_tmp[0] = 0;
+    if (cf_tmp[0] && rename(cf_tmp, cf_path)) {
+        BAD("cannot rename %s: %s", cf_tmp, strerror(errno));
+        unlink(st_path);
+        goto out;
+    }
+    cf_tmp[0] = 0;
+    rc = 0;
+    goto out;
+wfail:
+    BAD("cannot write %s: %s", st_tmp[0] ? st_tmp : dir, strerror(errno));
+out:
+    if (out_fd >= 0) close(out_fd);
+    if (fd >= 0) close(fd);
+    if (st_tmp[0]) unlink(st_tmp);
+    if (cf_tmp[0]) unlink(cf_tmp);
+    free(src), free(val), free(buf), free(hdr), free(x.out);
+    mgc_ckpt_info_free(&x.info);
+    return rc;
+}

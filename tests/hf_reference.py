@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""hf_reference.py DIR TOKENS - the mean next-token cross-entropy of the model mgc-export
+wrote to DIR (model.safetensors and config.json, Hugging Face's layout) over the samples in
+TOKENS (int32 little-endian: count, length, then count x length token ids; each sample's
+first length - 1 tokens are the inputs and its last length - 1 the labels).
+
+A reference written from the architectures' published definitions (Hugging Face's
+GPT2LMHeadModel and LlamaForCausalLM), in float64 NumPy, sharing no code with mgc: it
+reads the safetensors file itself and runs the forward pass of every sample.  Prints the
+loss on one line.  Exit 77 when NumPy is missing."""
+import json
+import struct
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    print("hf_reference: NumPy is missing: skipped")
+    sys.exit(77)
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        buf = raw[base + a:base + b]
+        if t["dtype"] == "F32":
+            v = np.frombuffer(buf, dtype="<f4")
+        elif t["dtype"] == "F16":
+            v = np.frombuffer(buf, dtype="<f2")
+        elif t["dtype"] == "BF16":  # the high half of a float32
+            v = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError("dtype %s" % t["dtype"])
+        out[name] = v.astype(np.float64).reshape(t["shape"])
+    return out
+
+
+def softmax_causal(scores):
+    # scores (heads, s, s); row i sees columns 0..i
+    s = scores.shape[-1]
+    mask = np.triu(np.ones((s, s), dtype=bool), k=1)
+    scores = np.where(mask, -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def layer_norm(x, w, b, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gpt2_logits(W, cfg, tok):
+    s, h, a = len(tok), cfg["n_embd"], cfg["n_head"]
+    d, eps = h // a, cfg["layer_norm_epsilon"]
+    x = W["transformer.wte.weight"][tok] + W["transformer.wpe.weight"][np.arange(s)]
+    for l in range(cfg["n_layer"]):
+        p = "transformer.h.%d." % l
+        y = layer_norm(x, W[p + "ln_1.weight"], W[p + "ln_1.bias"], eps)
+        qkv = y @ W[p + "attn.c_attn.weight"] + W[p + "attn.c_attn.bias"]  # Conv1D: x W + b
+        q, k, v = np.split(qkv, 3, axis=-1)
+        q, k, v = (t.reshape(s, a, d).transpose(1, 0, 2) for t in (q, k, v))
+        att = softmax_causal(q @ k.transpose(0, 2, 1) / np.sqrt(d))
+        o = (att @ v).transpose(1, 0, 2).reshape(s, h)
+        x = x + o @ W[p + "attn.c_proj.weight"] + W[p + "attn.c_proj.bias"]
+        y = layer_norm(x, W[p + "ln_2.weight"], W[p + "ln_2.bias"], eps)
+        m = gelu_new(y @ W[p + "mlp.c_fc.weight"] + W[p + "mlp.c_fc.bias"])
+        x = x + m @ W[p + "mlp.c_proj.weight"] + W[p + "mlp.c_proj.bias"]
+    x = layer_norm(x, W["transformer.ln_f.weight"], W["transformer.ln_f.bias"], eps)
+    head = W["lm_head.weight"] if "lm_head.weight" in W else W["transformer.wte.weight"]
+    return x @ head.T
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def llama_logits(W, cfg, tok):
+    s, h = len(tok), cfg["hidden_size"]
+    a, g = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim", h // a)
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.outer(np.arange(s, dtype=np.float64), inv)  # (s, d/2)
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)
+    x = W["model.embed_tokens.weight"][tok]
+    for l in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        y = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = (y @ W[p + "self_attn.q_proj.weight"].T).reshape(s, a, d).transpose(1, 0, 2)
+        k = (y @ W[p + "self_attn.k_proj.weight"].T).reshape(s, g, d).transpose(1, 0, 2)
+        v = (y @ W[p + "self_attn.v_proj.weight"].T).reshape(s, g, d).transpose(1, 0, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = np.repeat(k, a // g, axis=0)  # query head i reads key/value head i // (a / g)
+        v = np.repeat(v, a // g, axis=0)
+        att = softmax_causal(q @ k.transpose(0, 2, 1) / np.sqrt(d))
+        o = (att @ v).transpose(1, 0, 2).reshape(s, a * d)
+        x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        y = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        gate = y @ W[p + "mlp.gate_proj.weight"].T
+        up = y @ W[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["lm_head.weight"] if "lm_head.weight" in W else W["model.embed_tokens.weight"]
+    return x @ head.T
+
+
+def main():
+    d, path = sys.argv[1], sys.argv[2]
+    cfg = json.load(open(d + "/config.json"))
+    W = load_safetensors(d + "/model.safetensors")
+    raw = open(path, "rb").read()
+    count, length = struct.unpack("<ii", raw[:8])
+    toks = np.frombuffer(raw[8:], dtype="<i4").reshape(count, length)
+    forward = gpt2_logits if cfg["model_type"] == "gpt2" else llama_logits
+    total, n = 0.0, 0
+    for row in toks:
+        logits = forward(W, cfg, row[:-1])
+        m = logits.max(axis=-1, keepdims=True)
+        lse = (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))[:, 0]
+        total += float((lse - logits[np.arange(len(row) - 1), row[1:]]).sum())
+        n += len(row) - 1
+    print("%.10f" % (total / n))
+
+
+if __name__ == "__main__":
+    main()
