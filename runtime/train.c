@@ -65,6 +65,21 @@ static int find_resume(mgc_comm *world, const char *dir, char *path, size_t n, c
     return 0;
 }
 
+/* The mean loss of `iters` global batches of `data` from its first sample, and the time it took:
+ * 0, or -1 (mgc_exec_error says why). */
+static int evaluate(mgc_exec *x, mgc_train_data *data, int64_t iters, double *loss, double *ms) {
+    double t0 = now_s(), sum = 0;
+    int64_t gbs = mgc_exec_global_batch(x);
+    for (int64_t j = 0; j < iters; j++) {
+        mgc_step_stats es;
+        if (mgc_exec_eval(x, j * gbs, mgc_train_data_sample, data, &es)) return -1;
+        sum += es.loss;
+    }
+    *loss = sum / (double)iters;
+    *ms = (now_s() - t0) * 1e3;
+    return 0;
+}
+
 int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
                    const mgc_train_opts *o, char *err, size_t errsz) {
     mgc_backend *be = NULL;
@@ -203,40 +218,23 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
             stop = any > 0;
             if (stop && o->stopped_after && own_out) *o->stopped_after = it + 1;
         }
-        /* the validation loss: eval_iters global batches, the same every time */
-        double eval_loss = NAN, eval_ms = 0;
+        /* the validation loss: eval_iters global batches, the same every time; and after the
+         * run's last step (not a stop request's), the test split's, as many batches */
+        double eval_loss = NAN, eval_ms = 0, test_loss = NAN, test_ms = 0;
         if (e_every > 0 && ((it + 1) % e_every == 0 || it + 1 == iters || stop)) {
-            double e0 = now_s(), sum = 0;
-            int64_t gbs = mgc_exec_global_batch(x);
-            for (int64_t j = 0; j < e_iters; j++) {
-                mgc_step_stats es;
-                if (mgc_exec_eval(x, j * gbs, mgc_train_data_sample, valid, &es)) {
-                    snprintf(err, errsz, "evaluation after step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
-                    goto done;
-                }
-                sum += es.loss;
+            if (evaluate(x, valid, e_iters, &eval_loss, &eval_ms)) {
+                snprintf(err, errsz, "evaluation after step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
+                goto done;
             }
-            eval_loss = sum / (double)e_iters;
-            eval_ms = (now_s() - e0) * 1e3;
-            t_log += now_s() - e0; /* not in the next line's tokens/s */
+            t_log += eval_ms / 1e3; /* not in the next line's tokens/s */
             if (o->eval_losses && own_out) o->eval_losses[it] = eval_loss;
         }
-        /* after the run's last step (not a stop request's), the test split, as many batches */
-        double test_loss = NAN, test_ms = 0;
         if (test && it + 1 == iters && !stop) {
-            double e0 = now_s(), sum = 0;
-            int64_t gbs = mgc_exec_global_batch(x);
-            for (int64_t j = 0; j < e_iters; j++) {
-                mgc_step_stats es;
-                if (mgc_exec_eval(x, j * gbs, mgc_train_data_sample, test, &es)) {
-                    snprintf(err, errsz, "test evaluation after step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
-                    goto done;
-                }
-                sum += es.loss;
+            if (evaluate(x, test, e_iters, &test_loss, &test_ms)) {
+                snprintf(err, errsz, "test evaluation after step %" PRId64 ": %s", it + 1, mgc_exec_error(x));
+                goto done;
             }
-            test_loss = sum / (double)e_iters;
-            test_ms = (now_s() - e0) * 1e3;
-            t_log += now_s() - e0;
+            t_log += test_ms / 1e3;
             if (o->test_loss && own_out) *o->test_loss = test_loss;
         }
         if (lead && o->metrics) {

@@ -83,19 +83,6 @@ static void make_dir(char *dir) {
     T_CHECK(mkdtemp(dir) != NULL);
 }
 
-static void remove_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char p[512];
-    for (struct dirent *e; (e = readdir(d));)
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
-
 static char *ckpt_path(char *buf, const char *dir, int64_t step) {
     snprintf(buf, 512, "%s/step-%09lld.mgck", dir, (long long)step);
     return buf;
@@ -175,7 +162,7 @@ static void check_resume(const char *path, const char *name, const char *const *
            name, (long long)p->grid.world, STOP, STOP + 1, STEPS, same ? "bit-identical" : "DIFFER",
            STEPS, files ? "byte-identical" : "DIFFER",
            evals ? ", validation losses bit-identical" : "");
-    remove_dir(a), remove_dir(b);
+    t_remove_dir(a), t_remove_dir(b);
     mgc_plan_free(p);
 }
 
@@ -236,7 +223,7 @@ static void check_across(const char *path, const char *const *from, const char *
     T_CHECK(worst <= 1e-3);
     /* resumed under `to` from `from`'s checkpoint, against `to` unbroken */
     T_EQ_I64(run(pt, dt, STEPS, lt, nt, &r, err, sizeof err), 0);
-    remove_dir(dt);
+    t_remove_dir(dt);
     make_dir(dt);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "cp %s %s/", pfp, dt);
@@ -254,7 +241,7 @@ static void check_across(const char *path, const char *const *from, const char *
     printf("%s %s: step-%d checkpoints within %.2e of one rank's; resumed across layouts, "
            "losses within %.2e of the unbroken run\n",
            path, name, STOP, worst, wl);
-    remove_dir(d1), remove_dir(df), remove_dir(dt);
+    t_remove_dir(d1), t_remove_dir(df), t_remove_dir(dt);
 out:
     mgc_plan_free(one), mgc_plan_free(pf), mgc_plan_free(pt);
 }
@@ -287,7 +274,7 @@ static void check_retention(void) {
     T_CHECK(isnan(l[4]));
     T_EQ_I64(count_files(d), 3);
     printf("retention: keep 2 of 5, a crashed save's file removed, the user's file kept\n");
-    remove_dir(d);
+    t_remove_dir(d);
     mgc_plan_free(p);
 }
 
@@ -357,7 +344,7 @@ static void check_refusals(void) {
     if (v) expect_refused(v, d, "vocabulary of 257 tokens", "another vocabulary");
     mgc_plan_free(v);
     free(orig);
-    remove_dir(d), remove_dir(e);
+    t_remove_dir(d), t_remove_dir(e);
 out:
     mgc_plan_free(p), mgc_plan_free(q);
 }
@@ -408,7 +395,7 @@ static void check_every_flip(void) {
            tried, head, accepted + cut_ok);
 out:
     free(orig);
-    remove_dir(d);
+    t_remove_dir(d);
     mgc_plan_free(p);
 }
 
@@ -481,7 +468,7 @@ static void check_init_from(void) {
         printf("--init-from (world %lld): step 1 loss %.4f (a fresh model: %.4f), parameters kept bit "
                "for bit at learning rate 0, fresh moments; run again: resumed its own step 2\n",
                (long long)f[k]->grid.world, first, l0[0]);
-        remove_dir(b);
+        t_remove_dir(b);
     }
     /* a damaged --init-from is refused before any step */
     init_from = "/nonexistent/step-000000001.mgck";
@@ -489,8 +476,8 @@ static void check_init_from(void) {
     make_dir(c);
     T_CHECK(run(f[0], c, 2, l, n, &r, err, sizeof err) != 0 && strstr(err, "/nonexistent/") != NULL);
     init_from = NULL;
-    remove_dir(c);
-    remove_dir(a);
+    t_remove_dir(c);
+    t_remove_dir(a);
 out:
     mgc_plan_free(p), mgc_plan_free(f[0]), mgc_plan_free(f[1]);
 }

@@ -43,19 +43,6 @@ static mgc_plan *compile(const char *path, const char *const *sets) {
     return t_compile(path, (const char *const *const[]){common, sets}, 2);
 }
 
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char p[512];
-    for (struct dirent *e; (e = readdir(d));)
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
-
 static uint64_t rng_state;
 static uint32_t rnd(void) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -212,7 +199,7 @@ static void check_hf(const char *path, const char *const *train_sets, const char
                name, k.count, mine, ref, fabs(mine - ref) / ref, ref16);
     }
     free(k.t);
-    remove_tree(out), remove_tree(out16), remove_tree(ck);
+    t_remove_dir(out), t_remove_dir(out16), t_remove_dir(ck);
     mgc_plan_free(p1), mgc_plan_free(pt);
 }
 
@@ -277,7 +264,7 @@ static void check_mgc_format_and_refusals(void) {
     T_CHECK(strstr(err, "export with the plan of the model it was saved for") != NULL);
     T_CHECK(count_files(out2) <= 0);
     printf("refused: %s\n", err);
-    remove_tree(out), remove_tree(out2), remove_tree(ck);
+    t_remove_dir(out), t_remove_dir(out2), t_remove_dir(ck);
 out:
     mgc_plan_free(moe), mgc_plan_free(gpt);
 }

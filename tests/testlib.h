@@ -10,10 +10,12 @@
 #ifndef MGC_TESTLIB_H
 #define MGC_TESTLIB_H
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static int t_checks, t_failed;
 
@@ -70,6 +72,20 @@ static int t_checks, t_failed;
                     #b, t_a ? t_a : "(null)", t_b ? t_b : "(null)");                                \
         }                                                                                           \
     } while (0)
+
+/* Removes a test's scratch directory and the files in it (one level). */
+static inline void t_remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char p[1024];
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
 
 static inline int t_summary(const char *name) {
     printf("%s: %d checks, %d failed\n", name, t_checks, t_failed);
