@@ -329,7 +329,7 @@ static uint64_t data_offset_for(size_t tbytes) {
     return ((uint64_t)MGC_CKPT_HEADER_BYTES + tbytes + 4095) & ~(uint64_t)4095;
 }
 
-static void encode_header(uint8_t *h, const mgc_exec_resume *r, const mgc_exec *x, const mgc_plan *plan,
+static void encode_header(uint8_t *h, const mgc_exec_resume *r, int64_t gbs, const mgc_plan *plan,
                           const mgc_ckpt_model *m, size_t tbytes, uint32_t tcrc) {
     int64_t seed = 0, vocab = 0;
     mgc_plan_config_int(plan, "training.seed", &seed);
@@ -338,7 +338,7 @@ static void encode_header(uint8_t *h, const mgc_exec_resume *r, const mgc_exec *
     memcpy(h, MAGIC, 8);
     put32(h + 8, MGC_CKPT_VERSION), put32(h + 12, MGC_CKPT_HEADER_BYTES);
     put64(h + 16, (uint64_t)r->iteration), put64(h + 24, (uint64_t)r->consumed_samples);
-    put64(h + 32, (uint64_t)mgc_exec_global_batch(x)), put64(h + 40, (uint64_t)plan->seq_length);
+    put64(h + 32, (uint64_t)gbs), put64(h + 40, (uint64_t)plan->seq_length);
     put64(h + 48, (uint64_t)seed), put64(h + 56, (uint64_t)vocab);
     memcpy(h + 64, &r->loss_scale, 8);
     put64(h + 72, (uint64_t)r->ls_clean), put64(h + 80, (uint64_t)r->ls_left);
@@ -596,14 +596,14 @@ static int io_get(void *ctx, const char *name, int array, uint64_t gi, float *v,
 
 /* rank 0: DIR/step-N.mgck.partial with its header and table (no checksums yet), full size */
 static int create_partial(const char *dir, const char *partial, const mgc_ckpt_model *m,
-                          const mgc_exec_resume *r, const mgc_exec *x, const mgc_plan *plan,
+                          const mgc_exec_resume *r, int64_t gbs, const mgc_plan *plan,
                           char *err, size_t errsz) {
     if (mgc_ckpt_prepare_dir(dir, err, errsz)) return -1;
     size_t tb = table_bytes(m);
     uint8_t *tab = malloc(tb ? tb : 1), h[MGC_CKPT_HEADER_BYTES];
     if (!tab) return BAD("out of memory");
     encode_table(m, tab);
-    encode_header(h, r, x, plan, m, tb, mgc_crc32c(0, tab, tb));
+    encode_header(h, r, gbs, plan, m, tb, mgc_crc32c(0, tab, tb));
     uint64_t total = data_offset_for(tb);
     for (int64_t i = 0; i < m->n; i++)
         total += 12 * m->t[i].numel;
@@ -619,7 +619,7 @@ static int create_partial(const char *dir, const char *partial, const mgc_ckpt_m
 
 /* rank 0, once every rank has written: the checksums into the table, then sync and rename */
 static int finish(const char *dir, const char *partial, const char *final, mgc_ckpt_model *m,
-                  const mgc_exec_resume *r, const mgc_exec *x, const mgc_plan *plan, char *err,
+                  const mgc_exec_resume *r, int64_t gbs, const mgc_plan *plan, char *err,
                   size_t errsz) {
     int fd = open(partial, O_RDWR);
     if (fd < 0) return BAD("cannot reopen the checkpoint %s: %s", partial, strerror(errno));
@@ -634,7 +634,7 @@ static int finish(const char *dir, const char *partial, const char *final, mgc_c
                 rc = BAD("reading back the checkpoint %s: %s", partial, strerror(errno));
     if (!rc) {
         encode_table(m, buf);
-        encode_header(h, r, x, plan, m, tb, mgc_crc32c(0, buf, tb));
+        encode_header(h, r, gbs, plan, m, tb, mgc_crc32c(0, buf, tb));
         if (pwrite_all(fd, buf, tb, sizeof h) || pwrite_all(fd, h, sizeof h, 0) || fsync(fd))
             rc = BAD("cannot write the checkpoint %s: %s", partial, strerror(errno));
     }
@@ -656,7 +656,8 @@ int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
     mgc_exec_resume r;
     mgc_exec_get_resume(x, completed, &r);
     int rc = mgc_ckpt_model_of(plan, &m, err, errsz);
-    if (!rc && me == 0) rc = create_partial(dir, partial, &m, &r, x, plan, err, errsz);
+    int64_t gbs = mgc_exec_global_batch(x);
+    if (!rc && me == 0) rc = create_partial(dir, partial, &m, &r, gbs, plan, err, errsz);
     if (agree(world, rc, err, errsz)) goto fail;
     /* every rank: the elements it owns */
     io_ctx c = {open(partial, O_WRONLY), &m, data_offset_for(table_bytes(&m)), partial, ""};
@@ -671,7 +672,7 @@ int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
     }
     if (agree(world, rc, err, errsz)) goto fail;
     if (me == 0) {
-        rc = finish(dir, partial, final, &m, &r, x, plan, err, errsz);
+        rc = finish(dir, partial, final, &m, &r, gbs, plan, err, errsz);
         if (!rc) prune(dir, keep, completed);
     }
     if (agree(world, rc, err, errsz)) goto fail;
@@ -681,6 +682,44 @@ fail:
     if (me == 0) unlink(partial);
     mgc_ckpt_model_free(&m);
     return -1;
+}
+
+/* A checkpoint of the plan's model from whole tensors (a converter's: mgc-import). */
+int mgc_ckpt_write_model(const mgc_plan *plan, const char *path, mgc_ckpt_fill_fn fill, void *ctx,
+                         char *err, size_t errsz) {
+    char partial[4300], dir[4200];
+    if ((size_t)snprintf(partial, sizeof partial, "%s.partial", path) >= sizeof partial)
+        return BAD("the checkpoint path %s is too long", path);
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) *slash = 0;
+    else snprintf(dir, sizeof dir, "%s", slash ? "/" : ".");
+    if (access(path, F_OK) == 0) return BAD("%s exists: choose another name, or move it away first", path);
+    mgc_ckpt_model m;
+    mgc_exec_resume r;
+    memset(&r, 0, sizeof r); /* step 0; loss scaling as the plan starts it */
+    int64_t gbs = plan->micro_batch_size * plan->num_microbatches * plan->grid.dp;
+    if (mgc_ckpt_model_of(plan, &m, err, errsz)) return -1;
+    int rc = create_partial(dir, partial, &m, &r, gbs, plan, err, errsz);
+    uint64_t most = 0;
+    for (int64_t i = 0; i < m.n; i++)
+        if (m.t[i].numel > most) most = m.t[i].numel;
+    float *v = rc ? NULL : malloc((size_t)most * 4 + 4);
+    int fd = rc ? -1 : open(partial, O_WRONLY);
+    if (!rc && (!v || fd < 0)) rc = BAD(v ? "cannot open %s: %s" : "out of memory for %s", partial, strerror(errno));
+    uint64_t doff = data_offset_for(table_bytes(&m));
+    /* the parameters; Adam's moments stay the zeros the file was sized with */
+    for (int64_t i = 0; i < m.n && !rc; i++) {
+        if (fill(ctx, &m.t[i], v, err, errsz)) rc = -1;
+        else if (pwrite_all(fd, v, (size_t)m.t[i].numel * 4, doff + m.t[i].offset))
+            rc = BAD("cannot write the checkpoint %s: %s", partial, strerror(errno));
+    }
+    if (fd >= 0 && (fsync(fd) || close(fd)) && !rc) rc = BAD("cannot write the checkpoint %s: %s", partial, strerror(errno));
+    if (!rc) rc = finish(dir, partial, path, &m, &r, gbs, plan, err, errsz);
+    if (rc) unlink(partial);
+    free(v);
+    mgc_ckpt_model_free(&m);
+    return rc;
 }
 
 /* ---- load ------------------------------------------------------------------------------------ */

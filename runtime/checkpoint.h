@@ -73,6 +73,14 @@ int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
 int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char *path,
                   int params_only, mgc_exec_resume *r, char *err, size_t errsz);
 
+/* Writes a checkpoint of the plan's model to path (never over an existing file) from whole
+ * tensors: fill(ctx, t, v, err, errsz) puts tensor t's values (t->numel floats, its global
+ * shape) into v, or returns -1 with err.  Step 0, Adam's moments zero: a starting point for
+ * mgc-run --init-from (mgc-import writes one).  0, or -1 with err. */
+typedef int (*mgc_ckpt_fill_fn)(void *ctx, const mgc_ckpt_tensor *t, float *v, char *err, size_t errsz);
+int mgc_ckpt_write_model(const mgc_plan *plan, const char *path, mgc_ckpt_fill_fn fill, void *ctx,
+                         char *err, size_t errsz);
+
 /* A checkpoint's header and table, checked (no data checksums: mgc_ckpt_verify).  For
  * tools and tests.  0, or -1 with err. */
 typedef struct mgc_ckpt_info {

@@ -45,6 +45,7 @@ typedef struct out_t {
 typedef struct ctx {
     const mgc_plan *plan;
     mgc_ckpt_info info;
+    const mgc_ckpt_model *model; /* the tensors mapped: the checkpoint's (export), the plan's (import) */
     out_t *out;
     int n, cap;
     int64_t vocab, heads, groups, head_dim, hidden, ffn, layers, seq;
@@ -62,8 +63,8 @@ static double cfg_f(const mgc_plan *p, const char *k, double d) {
 }
 
 static const mgc_ckpt_tensor *find(const ctx *x, const char *name) {
-    for (int64_t i = 0; i < x->info.model.n; i++)
-        if (!strcmp(x->info.model.t[i].name, name)) return &x->info.model.t[i];
+    for (int64_t i = 0; i < x->model->n; i++)
+        if (!strcmp(x->model->t[i].name, name)) return &x->model->t[i];
     return NULL;
 }
 
@@ -136,6 +137,25 @@ static out_t *gpt2_qkv(ctx *x, const char *name, const char *src) {
         o->dim[0] = o->dim[1], o->dim[1] = t;
     }
     return o;
+}
+
+/* The plan's model's sizes into x: 0, or -1 with x->err. */
+static int model_sizes(ctx *x) {
+    const mgc_plan *plan = x->plan;
+    x->vocab = cfg_i(plan, "model.vocab_size", 0);
+    x->heads = cfg_i(plan, "model.num_attention_heads", 1);
+    x->groups = cfg_i(plan, "model.num_query_groups", x->heads);
+    x->hidden = cfg_i(plan, "model.hidden_size", 0);
+    x->head_dim = cfg_i(plan, "model.head_dim", x->heads > 0 ? x->hidden / x->heads : 0);
+    x->ffn = cfg_i(plan, "model.ffn_hidden_size", 0);
+    x->layers = cfg_i(plan, "model.num_layers", 0);
+    x->seq = plan->seq_length;
+    if (x->heads > 0 && x->groups > 0 && x->heads % x->groups == 0 && x->head_dim > 0) return 0;
+    snprintf(x->err, x->errsz,
+             "the plan's model has %" PRId64 " heads in %" PRId64 " groups of %" PRId64
+             " channels: a plan from another mgc?",
+             x->heads, x->groups, x->head_dim);
+    return -1;
 }
 
 /* ---- the model's families ----------------------------------------------------------- */
@@ -219,8 +239,8 @@ static int plan_hf(ctx *x, int *gpt2) {
 }
 
 static int plan_mgc(ctx *x) {
-    for (int64_t i = 0; i < x->info.model.n; i++)
-        if (!add(x, x->info.model.t[i].name, x->info.model.t[i].name)) return -1;
+    for (int64_t i = 0; i < x->model->n; i++)
+        if (!add(x, x->model->t[i].name, x->model->t[i].name)) return -1;
     return 0;
 }
 
@@ -321,6 +341,10 @@ static const char *st_dtype(int dt) {
 
 /* The shortest JSON number that reads back as the same double (1e-05, not 1.0000000000000001e-05). */
 static void num(char *b, size_t n, double v) {
+    if (v == floor(v) && fabs(v) < 1e15) { /* 10000, not 1e+04 */
+        snprintf(b, n, "%.0f", v);
+        return;
+    }
     for (int p = 1; p <= 17; p++) {
         snprintf(b, n, "%.*g", p, v);
         if (strtod(b, NULL) == v) return;
@@ -385,20 +409,10 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
     st_tmp[0] = cf_tmp[0] = 0;
     if (dtype != MGC_DT_F32 && dtype != MGC_DT_BF16 && dtype != MGC_DT_F16)
         return BAD("export: dtype %s is not fp32, bf16 or fp16", mgc_dtype_name((mgc_dtype)dtype));
-    x.vocab = cfg_i(plan, "model.vocab_size", 0);
-    x.heads = cfg_i(plan, "model.num_attention_heads", 1);
-    x.groups = cfg_i(plan, "model.num_query_groups", x.heads);
-    x.hidden = cfg_i(plan, "model.hidden_size", 0);
-    x.head_dim = cfg_i(plan, "model.head_dim", x.heads > 0 ? x.hidden / x.heads : 0);
-    x.ffn = cfg_i(plan, "model.ffn_hidden_size", 0);
-    x.layers = cfg_i(plan, "model.num_layers", 0);
-    x.seq = plan->seq_length;
-    if (x.heads <= 0 || x.groups <= 0 || x.heads % x.groups || x.head_dim <= 0)
-        return BAD("export: the plan's model has %" PRId64 " heads in %" PRId64 " groups of %" PRId64
-                   " channels: a plan from another mgc?",
-                   x.heads, x.groups, x.head_dim);
+    if (model_sizes(&x)) return -1;
     if (mgc_ckpt_read_info(ckpt, &x.info, err, errsz) || mgc_ckpt_verify(ckpt, &x.info, err, errsz))
         goto out;
+    x.model = &x.info.model;
     /* the plan's model, tensor by tensor (the vocabulary padding may differ) */
     {
         mgc_ckpt_model pm;
@@ -536,5 +550,437 @@ out:
     if (cf_tmp[0]) unlink(cf_tmp);
     free(src), free(val), free(buf), free(hdr), free(x.out);
     mgc_ckpt_info_free(&x.info);
+    return rc;
+}
+
+/* ---- import: Hugging Face's layout back into a checkpoint ------------------------------------ */
+
+typedef struct st_tensor { /* one entry of a safetensors header */
+    char name[256];
+    int dtype; /* MGC_DT_F32, MGC_DT_F16, MGC_DT_BF16; -1 another */
+    int rank;
+    int64_t dim[8];
+    uint64_t a, b; /* data offsets */
+    int used;
+} st_tensor;
+
+typedef struct st_file {
+    unsigned char *raw; /* the whole file */
+    size_t len, data;   /* bytes; where the data starts */
+    st_tensor *t;
+    int n;
+} st_file;
+
+/* A small JSON reader for the header: {"name": {"dtype": "F32", "shape": [...],
+ * "data_offsets": [a, b]}, ..., "__metadata__": {...}}.  Every value it does not need is
+ * skipped whole; anything malformed is an error (never a crash). */
+typedef struct jr {
+    const char *p, *end;
+    int bad;
+} jr;
+
+static void j_ws(jr *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+}
+static int j_lit(jr *j, char c) {
+    j_ws(j);
+    if (j->p < j->end && *j->p == c) {
+        j->p++;
+        return 1;
+    }
+    return 0;
+}
+static int j_str(jr *j, char *out, size_t n) { /* ASCII and simple escapes */
+    j_ws(j);
+    if (j->p >= j->end || *j->p != '"') return j->bad = 1, 0;
+    j->p++;
+    size_t k = 0;
+    while (j->p < j->end && *j->p != '"') {
+        char c = *j->p++;
+        if (c == '\\') {
+            if (j->p >= j->end) return j->bad = 1, 0;
+            c = *j->p++;
+            if (c == 'u') { /* kept as '?': names here are ASCII */
+                if (j->end - j->p < 4) return j->bad = 1, 0;
+                j->p += 4;
+                c = '?';
+            } else if (c == 'n') c = '\n';
+            else if (c == 't') c = '\t';
+        }
+        if (k + 1 < n) out[k++] = c;
+    }
+    if (j->p >= j->end) return j->bad = 1, 0;
+    j->p++;
+    if (n) out[k] = 0;
+    return 1;
+}
+static int j_int(jr *j, int64_t *v) {
+    j_ws(j);
+    char *e = NULL;
+    if (j->p >= j->end || !(*j->p == '-' || (*j->p >= '0' && *j->p <= '9'))) return j->bad = 1, 0;
+    char buf[32];
+    size_t k = 0;
+    while (j->p + k < j->end && k < sizeof buf - 1 && (j->p[k] == '-' || (j->p[k] >= '0' && j->p[k] <= '9'))) {
+        buf[k] = j->p[k];
+        k++;
+    }
+    buf[k] = 0;
+    long long x = strtoll(buf, &e, 10);
+    if (!e || *e) return j->bad = 1, 0;
+    j->p += k;
+    *v = x;
+    return 1;
+}
+static void j_skip(jr *j, int depth) { /* any value */
+    j_ws(j);
+    if (j->bad || j->p >= j->end || depth > 32) {
+        j->bad = 1;
+        return;
+    }
+    char c = *j->p;
+    if (c == '"') {
+        char tmp[2];
+        j_str(j, tmp, sizeof tmp);
+    } else if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        j->p++;
+        if (j_lit(j, close)) return;
+        do {
+            if (c == '{') {
+                char tmp[2];
+                if (!j_str(j, tmp, sizeof tmp) || !j_lit(j, ':')) {
+                    j->bad = 1;
+                    return;
+                }
+            }
+            j_skip(j, depth + 1);
+        } while (!j->bad && j_lit(j, ','));
+        if (!j_lit(j, close)) j->bad = 1;
+    } else {
+        while (j->p < j->end && *j->p != ',' && *j->p != '}' && *j->p != ']') j->p++;
+    }
+}
+
+static int st_open(const char *path, st_file *f, char *err, size_t errsz) {
+    memset(f, 0, sizeof *f);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return BAD("cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) || sb.st_size < 8) {
+        fclose(fp);
+        return BAD("%s: not a safetensors file (shorter than its 8-byte header length)", path);
+    }
+    f->len = (size_t)sb.st_size;
+    f->raw = malloc(f->len);
+    if (!f->raw || fread(f->raw, 1, f->len, fp) != f->len) {
+        fclose(fp);
+        return BAD("cannot read %s", path);
+    }
+    fclose(fp);
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++)
+        hl |= (uint64_t)f->raw[i] << (8 * i);
+    if (hl > f->len - 8) return BAD("%s: not a safetensors file (a header of %" PRIu64 " bytes in %zu)", path, hl, f->len);
+    f->data = 8 + (size_t)hl;
+    jr j = {(const char *)f->raw + 8, (const char *)f->raw + 8 + hl, 0};
+    int cap = 0;
+    if (!j_lit(&j, '{')) return BAD("%s: the header is not a JSON object", path);
+    if (!j_lit(&j, '}'))
+        do {
+            char key[256];
+            if (!j_str(&j, key, sizeof key) || !j_lit(&j, ':')) break;
+            if (!strcmp(key, "__metadata__")) {
+                j_skip(&j, 0);
+                continue;
+            }
+            if (f->n == cap) {
+                cap = cap ? 2 * cap : 64;
+                st_tensor *t = realloc(f->t, (size_t)cap * sizeof *t);
+                if (!t) return BAD("out of memory");
+                f->t = t;
+            }
+            st_tensor *t = &f->t[f->n++];
+            memset(t, 0, sizeof *t);
+            snprintf(t->name, sizeof t->name, "%s", key);
+            t->dtype = -1;
+            int got = 0;
+            if (!j_lit(&j, '{')) {
+                j.bad = 1;
+                break;
+            }
+            if (!j_lit(&j, '}'))
+                do {
+                    char k2[64], dt[16];
+                    if (!j_str(&j, k2, sizeof k2) || !j_lit(&j, ':')) break;
+                    if (!strcmp(k2, "dtype")) {
+                        if (!j_str(&j, dt, sizeof dt)) break;
+                        t->dtype = !strcmp(dt, "F32") ? MGC_DT_F32 : !strcmp(dt, "F16") ? MGC_DT_F16
+                                 : !strcmp(dt, "BF16") ? MGC_DT_BF16 : -1;
+                        got |= 1;
+                    } else if (!strcmp(k2, "shape") || !strcmp(k2, "data_offsets")) {
+                        int shape = k2[0] == 's', k = 0;
+                        int64_t v[8];
+                        if (!j_lit(&j, '[')) {
+                            j.bad = 1;
+                            break;
+                        }
+                        if (!j_lit(&j, ']')) {
+                            do {
+                                if (k == 8 || !j_int(&j, &v[k]) || v[k] < 0) {
+                                    j.bad = 1;
+                                    break;
+                                }
+                                k++;
+                            } while (j_lit(&j, ','));
+                            if (!j.bad && !j_lit(&j, ']')) j.bad = 1;
+                        }
+                        if (shape) {
+                            t->rank = k;
+                            memcpy(t->dim, v, (size_t)k * sizeof *v);
+                            got |= 2;
+                        } else if (k == 2) {
+                            t->a = (uint64_t)v[0], t->b = (uint64_t)v[1];
+                            got |= 4;
+                        } else {
+                            j.bad = 1;
+                        }
+                    } else {
+                        j_skip(&j, 1);
+                    }
+                } while (!j.bad && j_lit(&j, ','));
+            if (!j.bad && !j_lit(&j, '}')) j.bad = 1;
+            if (j.bad) break;
+            if (got != 7) return BAD("%s: tensor '%s' lacks its dtype, shape or data_offsets", path, t->name);
+            uint64_t n = 1;
+            for (int d = 0; d < t->rank; d++)
+                n = t->dim[d] && n > UINT64_MAX / (uint64_t)t->dim[d] ? UINT64_MAX : n * (uint64_t)t->dim[d];
+            size_t es = t->dtype < 0 ? 0 : mgc_dtype_size((mgc_dtype)t->dtype);
+            if (t->a > t->b || t->b > f->len - f->data || (es && n != UINT64_MAX && t->b - t->a != n * es))
+                return BAD("%s: tensor '%s' has data_offsets [%" PRIu64 ", %" PRIu64 ") that do not fit its "
+                           "shape or the file",
+                           path, t->name, t->a, t->b);
+        } while (!j.bad && j_lit(&j, ','));
+    if (j.bad || !j_lit(&j, '}')) return BAD("%s: its JSON header is malformed near byte %zu", path,
+                                             (size_t)(j.p - (const char *)f->raw));
+    return 0;
+}
+
+static void st_close(st_file *f) {
+    free(f->raw), free(f->t);
+    memset(f, 0, sizeof *f);
+}
+
+/* The value of "key" in a flat JSON object (config.json), as text; 0 when absent. */
+static int cfg_json(const char *json, const char *key, char *out, size_t n) {
+    char pat[80];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = strstr(json, pat);
+    if (!p) return 0;
+    p += strlen(pat);
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    if (*p++ != ':') return 0;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    size_t k = 0;
+    if (*p == '"') {
+        p++;
+        while (*p && *p != '"' && k + 1 < n) out[k++] = *p++;
+    } else {
+        while (*p && *p != ',' && *p != '}' && *p != '\n' && *p != ' ' && k + 1 < n) out[k++] = *p++;
+    }
+    out[k] = 0;
+    return 1;
+}
+
+static int ends(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+typedef struct imp {
+    ctx *x;
+    st_file *f;
+    const char *path;
+} imp;
+
+/* The inverse of fill(): an HF tensor's values v back into the source tensor's s. */
+static void unfill(const ctx *x, const out_t *o, const float *v, float *s) {
+    const mgc_ckpt_tensor *t = o->src;
+    int64_t inner = (int64_t)(t->numel / (uint64_t)t->dim[0]), d = x->head_dim;
+    switch (o->kind) {
+    case X_ROWS:
+        memcpy(s + o->r0 * inner, v, (size_t)((o->r1 - o->r0) * inner) * sizeof *v);
+        return;
+    case X_TRANSPOSE: {
+        int64_t N = t->dim[0], K = inner;
+        for (int64_t a = 0; a < N; a++)
+            for (int64_t b = 0; b < K; b++)
+                s[a * K + b] = v[b * N + a];
+        return;
+    }
+    case X_QKV: {
+        int64_t per = x->heads / x->groups, at = 0;
+        for (int64_t j = 0; j < x->groups; j++) {
+            int64_t base = j * (per + 2) * d;
+            int64_t r0 = o->part == 0 ? base : o->part == 1 ? base + per * d : base + (per + 1) * d;
+            int64_t nr = o->part == 0 ? per * d : d;
+            memcpy(s + r0 * inner, v + at * inner, (size_t)(nr * inner) * sizeof *v);
+            at += nr;
+        }
+        return;
+    }
+    case X_GPT2_QKV: {
+        int64_t a = x->heads, cols = 3 * a * d, K = inner;
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t p = c / (a * d), h = (c / d) % a, e = c % d, r = h * 3 * d + p * d + e;
+            if (t->rank == 1) s[r] = v[c];
+            else
+                for (int64_t b = 0; b < K; b++)
+                    s[r * K + b] = v[b * cols + c];
+        }
+        return;
+    }
+    }
+}
+
+/* mgc_ckpt_fill_fn: tensor t from every HF tensor that maps into it */
+static int imp_fill(void *c, const mgc_ckpt_tensor *t, float *s, char *err, size_t errsz) {
+    imp *im = c;
+    ctx *x = im->x;
+    memset(s, 0, (size_t)t->numel * sizeof *s); /* vocabulary padding rows: zero */
+    int any = 0;
+    for (int i = 0; i < x->n; i++) {
+        const out_t *o = &x->out[i];
+        if (strcmp(o->src->name, t->name)) continue;
+        st_tensor *h = NULL;
+        for (int k = 0; k < im->f->n && !h; k++)
+            if (!strcmp(im->f->t[k].name, o->name)) h = &im->f->t[k];
+        if (!h) return BAD("%s has no tensor '%s', which this plan's model needs: import a model of the "
+                           "plan's architecture and sizes",
+                           im->path, o->name);
+        int same = h->rank == o->rank;
+        for (int d = 0; same && d < o->rank; d++)
+            same = h->dim[d] == o->dim[d];
+        if (!same || h->dtype < 0) {
+            char want[80] = "", got[80] = "";
+            for (int d = 0, k = 0; d < o->rank; d++)
+                k += snprintf(want + k, sizeof want - (size_t)k, "%s%" PRId64, d ? "x" : "", o->dim[d]);
+            for (int d = 0, k = 0; d < h->rank && d < 8; d++)
+                k += snprintf(got + k, sizeof got - (size_t)k, "%s%" PRId64, d ? "x" : "", h->dim[d]);
+            return BAD("%s: tensor '%s' is %s%s, this plan's model needs %s: import a model of the "
+                       "plan's sizes",
+                       im->path, o->name, h->dtype < 0 ? "of an unsupported dtype, " : "", got, want);
+        }
+        uint64_t n = out_numel(o);
+        float *v = malloc((size_t)n * sizeof *v + 4);
+        if (!v) return BAD("out of memory");
+        const unsigned char *b = im->f->raw + im->f->data + h->a;
+        for (uint64_t k = 0; k < n; k++) {
+            if (h->dtype == MGC_DT_F32) {
+                uint32_t u = (uint32_t)b[4 * k] | (uint32_t)b[4 * k + 1] << 8 | (uint32_t)b[4 * k + 2] << 16 |
+                             (uint32_t)b[4 * k + 3] << 24;
+                memcpy(&v[k], &u, 4);
+            } else {
+                uint16_t u = (uint16_t)(b[2 * k] | b[2 * k + 1] << 8);
+                v[k] = h->dtype == MGC_DT_BF16 ? mgc_bf16_to_f32(u) : mgc_f16_to_f32(u);
+            }
+        }
+        unfill(x, o, v, s);
+        free(v);
+        h->used = 1;
+        any = 1;
+    }
+    if (!any) return BAD("this plan's model's parameter '%s' has no counterpart in the hf layout", t->name);
+    return 0;
+}
+
+int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *err, size_t errsz) {
+    ctx x;
+    memset(&x, 0, sizeof x);
+    x.plan = plan, x.err = err, x.errsz = errsz;
+    mgc_ckpt_model pm;
+    memset(&pm, 0, sizeof pm);
+    st_file f;
+    memset(&f, 0, sizeof f);
+    char path[4200], cpath[4200], *json = NULL;
+    int rc = -1, gpt2 = 0;
+    if (model_sizes(&x) || mgc_ckpt_model_of(plan, &pm, err, errsz)) goto out;
+    x.model = &pm;
+    if (plan_hf(&x, &gpt2)) goto out;
+    /* config.json: the architecture and what the tensors' shapes cannot show */
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    FILE *cf = fopen(cpath, "rb");
+    if (!cf) {
+        BAD("cannot open %s: %s (mgc-import reads a Hugging Face model directory: config.json and "
+            "model.safetensors)",
+            cpath, strerror(errno));
+        goto out;
+    }
+    json = calloc(1, 1 << 20);
+    size_t jl = json ? fread(json, 1, (1 << 20) - 1, cf) : 0;
+    fclose(cf);
+    if (!json || !jl) {
+        BAD("cannot read %s", cpath);
+        goto out;
+    }
+    char v[64];
+    const char *want_type = gpt2 ? "gpt2" : "llama";
+    if (!cfg_json(json, "model_type", v, sizeof v) || strcmp(v, want_type)) {
+        BAD("%s: model_type is \"%s\" but this plan's model is %s-style: import a %s model, or "
+            "compile a plan of this one's architecture",
+            cpath, cfg_json(json, "model_type", v, sizeof v) ? v : "(none)", want_type, want_type);
+        goto out;
+    }
+    struct {
+        const char *key;
+        double want;
+        int is_int;
+    } checks[] = {
+        {gpt2 ? "n_head" : "num_attention_heads", (double)x.heads, 1},
+        {gpt2 ? "n_head" : "num_key_value_heads", (double)x.groups, 1},
+        {gpt2 ? "layer_norm_epsilon" : "rms_norm_eps", cfg_f(plan, "model.norm_eps", 1e-5), 0},
+        {gpt2 ? "n_layer" : "rope_theta", gpt2 ? (double)x.layers : cfg_f(plan, "model.rotary_base", 10000), 0},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
+        if (!cfg_json(json, checks[i].key, v, sizeof v)) {
+            if (!gpt2 && !strcmp(checks[i].key, "num_key_value_heads") && x.groups == x.heads) continue;
+            BAD("%s: no %s: is it a transformers config.json?", cpath, checks[i].key);
+            goto out;
+        }
+        double got = strtod(v, NULL);
+        if (checks[i].is_int ? got != checks[i].want : fabs(got - checks[i].want) > 1e-6 * fabs(checks[i].want)) {
+            BAD("%s: %s is %s but this plan's model has %.9g: compile the plan with the model's own "
+                "settings",
+                cpath, checks[i].key, v, checks[i].want);
+            goto out;
+        }
+    }
+    if (cfg_json(json, "tie_word_embeddings", v, sizeof v) &&
+        (strcmp(v, "true") == 0) != (cfg_i(plan, "model.tie_embeddings", 0) != 0)) {
+        BAD("%s: tie_word_embeddings is %s but this plan's model has tie_embeddings %s: compile the "
+            "plan with --set model.tie_embeddings=%s",
+            cpath, v, cfg_i(plan, "model.tie_embeddings", 0) ? "true" : "false", v);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_open(path, &f, err, errsz)) goto out;
+    imp im = {&x, &f, path};
+    if (mgc_ckpt_write_model(plan, ckpt, imp_fill, &im, err, errsz)) goto out;
+    /* everything read belongs to the model (but GPT-2's causal-mask buffers) */
+    for (int k = 0; k < f.n; k++) {
+        const char *nm = f.t[k].name;
+        int buffer = ends(nm, ".attn.bias") || ends(nm, ".attn.masked_bias") || ends(nm, "rotary_emb.inv_freq");
+        if (!f.t[k].used && !buffer) {
+            BAD("%s: tensor '%s' has no place in this plan's model: import a model of the plan's "
+                "architecture (the checkpoint was not kept)",
+                path, f.t[k].name);
+            unlink(ckpt);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    st_close(&f);
+    free(json), free(x.out);
+    mgc_ckpt_model_free(&pm);
     return rc;
 }

@@ -29,6 +29,14 @@ typedef enum mgc_export_format { MGC_EXPORT_HF = 0, MGC_EXPORT_MGC = 1 } mgc_exp
 int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_export_format fmt,
                int dtype, char *err, size_t errsz);
 
+/* The inverse: a Hugging Face model directory (config.json and model.safetensors, fp32, fp16 or
+ * bf16) of the plan's architecture and sizes as a new checkpoint at ckpt (step 0, Adam's moments
+ * zero; never over an existing file), for mgc-run --init-from.  config.json must agree with the
+ * plan (model type, heads, key/value heads, norm epsilon, rotary base or layers, tying), every
+ * tensor's shape with the plan's model, and every tensor must have a place in it.  0, or -1
+ * with err. */
+int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *err, size_t errsz);
+
 #ifdef __cplusplus
 }
 #endif

@@ -189,5 +189,16 @@ if [ -x "$exp" ]; then
         bad "export"; cat "$tmp/out" "$tmp/err"
     fi
     expect "export: never over an export" 1 "already holds an export" -- "$exp" "$tmp/one.plan" "$tmp/exck/step-000000002.mgck" -o "$tmp/ex"
+    imp=$(dirname "$run")/mgc-import
+    expect "import: usage" 2 "give a plan, a model directory and -o CKPT" -- "$imp" "$tmp/one.plan" "$tmp/ex"
+    expect "import: no model" 1 "config.json" -- "$imp" "$tmp/one.plan" "$tmp/exck" -o "$tmp/imp.mgck"
+    # the bf16 export back into a checkpoint, and a run that starts from it
+    if "$imp" "$tmp/one.plan" "$tmp/ex" -o "$tmp/imp.mgck" >"$tmp/out" 2>"$tmp/err" &&
+        "$run" "$tmp/one.plan" -q --init-from "$tmp/imp.mgck" --iterations 1 --metrics "$tmp/imp.jsonl" 2>>"$tmp/err" &&
+        grep -q '"step": 1' "$tmp/imp.jsonl"; then
+        ok "import: the export back, and a run from it"
+    else
+        bad "import"; cat "$tmp/out" "$tmp/err"
+    fi
 fi
 exit $fail
