@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -565,10 +566,11 @@ typedef struct st_tensor { /* one entry of a safetensors header */
 } st_tensor;
 
 typedef struct st_file {
-    unsigned char *raw; /* the whole file */
+    unsigned char *raw; /* the whole file, mapped read-only */
     size_t len, data;   /* bytes; where the data starts */
     st_tensor *t;
     int n;
+    char path[4200];
 } st_file;
 
 /* A small JSON reader for the header: {"name": {"dtype": "F32", "shape": [...],
@@ -663,20 +665,20 @@ static void j_skip(jr *j, int depth) { /* any value */
 
 static int st_open(const char *path, st_file *f, char *err, size_t errsz) {
     memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return BAD("cannot open %s: %s", path, strerror(errno));
+    snprintf(f->path, sizeof f->path, "%s", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return BAD("cannot open %s: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fileno(fp), &sb) || sb.st_size < 8) {
-        fclose(fp);
+    if (fstat(fd, &sb) || sb.st_size < 8) {
+        close(fd);
         return BAD("%s: not a safetensors file (shorter than its 8-byte header length)", path);
     }
     f->len = (size_t)sb.st_size;
-    f->raw = malloc(f->len);
-    if (!f->raw || fread(f->raw, 1, f->len, fp) != f->len) {
-        fclose(fp);
-        return BAD("cannot read %s", path);
-    }
-    fclose(fp);
+    /* mapped, not read: a published model's shard is gigabytes */
+    void *m = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return BAD("cannot map %s: %s", path, strerror(errno));
+    f->raw = m;
     uint64_t hl = 0;
     for (int i = 0; i < 8; i++)
         hl |= (uint64_t)f->raw[i] << (8 * i);
@@ -766,8 +768,70 @@ static int st_open(const char *path, st_file *f, char *err, size_t errsz) {
 }
 
 static void st_close(st_file *f) {
-    free(f->raw), free(f->t);
+    if (f->raw) munmap(f->raw, f->len);
+    free(f->t);
     memset(f, 0, sizeof *f);
+}
+
+/* The safetensors files of a model directory: model.safetensors, or the shards that
+ * model.safetensors.index.json's weight_map names (each once).  0, or -1 with err. */
+static int st_open_dir(const char *dir, st_file **files, int *n, char *err, size_t errsz) {
+    char path[4200];
+    *files = NULL, *n = 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (access(path, F_OK) == 0) {
+        if (!(*files = calloc(1, sizeof **files))) return BAD("out of memory");
+        *n = 1;
+        return st_open(path, &(*files)[0], err, errsz);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return BAD("%s has neither model.safetensors nor model.safetensors.index.json", dir);
+    char *json = calloc(1, 16 << 20);
+    size_t jl = json ? fread(json, 1, (16 << 20) - 1, fp) : 0;
+    fclose(fp);
+    jr j = {json, json + jl, 0};
+    char names[64][256];
+    int nn = 0, found = 0;
+    if (json && j_lit(&j, '{') && !j_lit(&j, '}'))
+        do {
+            char key[64];
+            if (!j_str(&j, key, sizeof key) || !j_lit(&j, ':')) break;
+            if (strcmp(key, "weight_map")) {
+                j_skip(&j, 0);
+                continue;
+            }
+            found = 1;
+            if (!j_lit(&j, '{')) {
+                j.bad = 1;
+                break;
+            }
+            if (!j_lit(&j, '}'))
+                do {
+                    char tn[256], fn[256];
+                    if (!j_str(&j, tn, sizeof tn) || !j_lit(&j, ':') || !j_str(&j, fn, sizeof fn)) break;
+                    int seen = 0;
+                    for (int i = 0; i < nn && !seen; i++)
+                        seen = !strcmp(names[i], fn);
+                    if (seen) continue;
+                    if (nn == 64 || strchr(fn, '/')) {
+                        j.bad = 1;
+                        break;
+                    }
+                    snprintf(names[nn++], sizeof names[0], "%s", fn);
+                } while (!j.bad && j_lit(&j, ','));
+            if (!j.bad && !j_lit(&j, '}')) j.bad = 1;
+        } while (!j.bad && j_lit(&j, ','));
+    free(json);
+    if (j.bad || !found || nn == 0)
+        return BAD("%s: no weight_map of shard files (at most 64, in the same directory)", path);
+    if (!(*files = calloc((size_t)nn, sizeof **files))) return BAD("out of memory");
+    *n = nn;
+    for (int i = 0; i < nn; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (st_open(path, &(*files)[i], err, errsz)) return -1;
+    }
+    return 0;
 }
 
 /* The value of "key" in a flat JSON object (config.json), as text; 0 when absent. */
@@ -798,8 +862,9 @@ static int ends(const char *s, const char *suffix) {
 
 typedef struct imp {
     ctx *x;
-    st_file *f;
-    const char *path;
+    st_file *f; /* the model's files (shards) */
+    int nf;
+    const char *dir;
 } imp;
 
 /* The inverse of fill(): an HF tensor's values v back into the source tensor's s. */
@@ -852,11 +917,13 @@ static int imp_fill(void *c, const mgc_ckpt_tensor *t, float *s, char *err, size
         const out_t *o = &x->out[i];
         if (strcmp(o->src->name, t->name)) continue;
         st_tensor *h = NULL;
-        for (int k = 0; k < im->f->n && !h; k++)
-            if (!strcmp(im->f->t[k].name, o->name)) h = &im->f->t[k];
+        const st_file *hf = NULL;
+        for (int q = 0; q < im->nf && !h; q++)
+            for (int k = 0; k < im->f[q].n && !h; k++)
+                if (!strcmp(im->f[q].t[k].name, o->name)) h = &im->f[q].t[k], hf = &im->f[q];
         if (!h) return BAD("%s has no tensor '%s', which this plan's model needs: import a model of the "
                            "plan's architecture and sizes",
-                           im->path, o->name);
+                           im->dir, o->name);
         int same = h->rank == o->rank;
         for (int d = 0; same && d < o->rank; d++)
             same = h->dim[d] == o->dim[d];
@@ -868,12 +935,12 @@ static int imp_fill(void *c, const mgc_ckpt_tensor *t, float *s, char *err, size
                 k += snprintf(got + k, sizeof got - (size_t)k, "%s%" PRId64, d ? "x" : "", h->dim[d]);
             return BAD("%s: tensor '%s' is %s%s, this plan's model needs %s: import a model of the "
                        "plan's sizes",
-                       im->path, o->name, h->dtype < 0 ? "of an unsupported dtype, " : "", got, want);
+                       hf->path, o->name, h->dtype < 0 ? "of an unsupported dtype, " : "", got, want);
         }
         uint64_t n = out_numel(o);
         float *v = malloc((size_t)n * sizeof *v + 4);
         if (!v) return BAD("out of memory");
-        const unsigned char *b = im->f->raw + im->f->data + h->a;
+        const unsigned char *b = hf->raw + hf->data + h->a;
         for (uint64_t k = 0; k < n; k++) {
             if (h->dtype == MGC_DT_F32) {
                 uint32_t u = (uint32_t)b[4 * k] | (uint32_t)b[4 * k + 1] << 8 | (uint32_t)b[4 * k + 2] << 16 |
@@ -899,9 +966,9 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
     x.plan = plan, x.err = err, x.errsz = errsz;
     mgc_ckpt_model pm;
     memset(&pm, 0, sizeof pm);
-    st_file f;
-    memset(&f, 0, sizeof f);
-    char path[4200], cpath[4200], *json = NULL;
+    st_file *f = NULL;
+    int nf = 0;
+    char cpath[4200], *json = NULL;
     int rc = -1, gpt2 = 0;
     if (model_sizes(&x) || mgc_ckpt_model_of(plan, &pm, err, errsz)) goto out;
     x.model = &pm;
@@ -961,25 +1028,27 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
             cpath, v, cfg_i(plan, "model.tie_embeddings", 0) ? "true" : "false", v);
         goto out;
     }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (st_open(path, &f, err, errsz)) goto out;
-    imp im = {&x, &f, path};
+    if (st_open_dir(dir, &f, &nf, err, errsz)) goto out;
+    imp im = {&x, f, nf, dir};
     if (mgc_ckpt_write_model(plan, ckpt, imp_fill, &im, err, errsz)) goto out;
     /* everything read belongs to the model (but GPT-2's causal-mask buffers) */
-    for (int k = 0; k < f.n; k++) {
-        const char *nm = f.t[k].name;
-        int buffer = ends(nm, ".attn.bias") || ends(nm, ".attn.masked_bias") || ends(nm, "rotary_emb.inv_freq");
-        if (!f.t[k].used && !buffer) {
-            BAD("%s: tensor '%s' has no place in this plan's model: import a model of the plan's "
-                "architecture (the checkpoint was not kept)",
-                path, f.t[k].name);
-            unlink(ckpt);
-            goto out;
+    for (int q = 0; q < nf; q++)
+        for (int k = 0; k < f[q].n; k++) {
+            const char *nm = f[q].t[k].name;
+            int buffer = ends(nm, ".attn.bias") || ends(nm, ".attn.masked_bias") || ends(nm, "rotary_emb.inv_freq");
+            if (!f[q].t[k].used && !buffer) {
+                BAD("%s: tensor '%s' has no place in this plan's model: import a model of the plan's "
+                    "architecture (the checkpoint was not kept)",
+                    f[q].path, nm);
+                unlink(ckpt);
+                goto out;
+            }
         }
-    }
     rc = 0;
 out:
-    st_close(&f);
+    for (int q = 0; q < nf; q++)
+        st_close(&f[q]);
+    free(f);
     free(json), free(x.out);
     mgc_ckpt_model_free(&pm);
     return rc;

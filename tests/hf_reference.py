@@ -7,7 +7,9 @@ first length - 1 tokens are the inputs and its last length - 1 the labels).
 A reference written from the architectures' published definitions (Hugging Face's
 GPT2LMHeadModel and LlamaForCausalLM), in float64 NumPy, sharing no code with mgc: it
 reads the safetensors file itself and runs the forward pass of every sample.  Prints the
-loss on one line.  Exit 77 when NumPy is missing."""
+loss on one line.  Exit 77 when NumPy is missing.
+
+hf_reference.py --shard SRC DST N - SRC's export as N shards with their index in DST."""
 import json
 import struct
 import sys
@@ -125,7 +127,40 @@ def llama_logits(W, cfg, tok):
     return x @ head.T
 
 
+def shard(src, dst, n):
+    """src's model.safetensors as n shard files and model.safetensors.index.json in dst, as
+    transformers' save_pretrained writes a large model (the bytes of each tensor kept)."""
+    import os
+    import shutil
+    raw = open(src + "/model.safetensors", "rb").read()
+    (hl,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + hl].decode("utf-8"))
+    names = [k for k in header if k != "__metadata__"]
+    os.makedirs(dst, exist_ok=True)
+    shutil.copy(src + "/config.json", dst + "/config.json")
+    weight_map = {}
+    for i in range(n):
+        part = names[i::n]
+        fn = "model-%05d-of-%05d.safetensors" % (i + 1, n)
+        h, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+        for k in part:
+            a, b = header[k]["data_offsets"]
+            h[k] = {"dtype": header[k]["dtype"], "shape": header[k]["shape"], "data_offsets": [off, off + b - a]}
+            blobs.append(raw[8 + hl + a:8 + hl + b])
+            off += b - a
+            weight_map[k] = fn
+        hb = json.dumps(h).encode("utf-8")
+        hb += b" " * (-len(hb) % 8)
+        with open(dst + "/" + fn, "wb") as f:
+            f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+    with open(dst + "/model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {"total_size": len(raw) - 8 - hl}, "weight_map": weight_map}, f)
+
+
 def main():
+    if sys.argv[1] == "--shard":
+        shard(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     d, path = sys.argv[1], sys.argv[2]
     cfg = json.load(open(d + "/config.json"))
     W = load_safetensors(d + "/model.safetensors")
