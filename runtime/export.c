@@ -30,7 +30,7 @@ static int fail_with(char *err, size_t errsz, const char *fmt, ...) {
 }
 #define BAD(...) fail_with(err, errsz, __VA_ARGS__)
 
-typedef enum { X_ROWS, X_TRANSPOSE, X_QKV, X_GPT2_QKV } xkind;
+typedef enum { X_ROWS, X_TRANSPOSE, X_QKV, X_GPT2_QKV, X_EXPERT } xkind;
 
 typedef struct out_t {
     char name[200];
@@ -39,7 +39,7 @@ typedef struct out_t {
     const mgc_ckpt_tensor *src;
     xkind kind;
     int64_t r0, r1; /* X_ROWS: the source's rows [r0, r1) */
-    int part;       /* X_QKV, X_GPT2_QKV: 0 q, 1 k, 2 v */
+    int part;       /* X_QKV, X_GPT2_QKV: 0 q, 1 k, 2 v; X_EXPERT: the expert */
     uint64_t off;   /* bytes from the data's start */
 } out_t;
 
@@ -159,9 +159,20 @@ static int model_sizes(ctx *x) {
     return -1;
 }
 
+/* one expert's matrix out of an (E, N, K) expert weight: its rows [r0, r1) */
+static out_t *expert(ctx *x, const char *name, const char *src, int e, int64_t r0, int64_t r1) {
+    out_t *o = add_kind(x, name, src, X_EXPERT);
+    if (o && o->rank == 3) {
+        o->part = e, o->r0 = r0, o->r1 = r1;
+        o->rank = 2;
+        o->dim[0] = r1 - r0, o->dim[1] = o->src->dim[2], o->dim[2] = 0;
+    }
+    return o;
+}
+
 /* ---- the model's families ----------------------------------------------------------- */
 
-static int plan_hf(ctx *x, int *gpt2) {
+static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
     const mgc_plan *p = x->plan;
     int64_t norm = cfg_i(p, "model.normalization", 0), act = cfg_i(p, "model.activation", 0);
     int64_t pos = cfg_i(p, "model.position_embedding", 0), bias = cfg_i(p, "model.add_bias_linear", 1);
@@ -170,9 +181,17 @@ static int plan_hf(ctx *x, int *gpt2) {
     char *err = x->err;
     size_t errsz = x->errsz;
     const char *why = NULL;
-    if (experts > 0) why = "mixture of experts";
     *gpt2 = norm == 0 && act == 0 && pos == 0;
     int llama = norm == 1 && act == 1 && pos == 1;
+    /* Mixtral: LLaMA's attention, every layer's MLP a mixture of SwiGLU experts, top-k routing
+     * with softmax over the chosen logits (mgc's softmax router) */
+    int64_t shared = cfg_i(p, "moe.shared_experts", 0), first_dense = cfg_i(p, "moe.first_dense_layers", 0);
+    int64_t freq = cfg_i(p, "moe.layer_freq", 1), score = cfg_i(p, "moe.router_score", 0);
+    int listed = cfg_i(p, "moe.layers[0]", -1) >= 0;
+    *mixtral = experts > 0;
+    if (experts > 0 && (!llama || shared || first_dense || freq != 1 || listed || score != 0))
+        why = "a mixture of experts other than Mixtral's (which needs LLaMA's layers, every layer's MLP "
+              "routed, no shared experts and the softmax router)";
     if (!why && !*gpt2 && !llama)
         why = "a mix the hf format has no architecture for (GPT-2: layernorm, gelu, learned positions; "
               "LLaMA: rmsnorm, swiglu, rotary)";
@@ -182,8 +201,8 @@ static int plan_hf(ctx *x, int *gpt2) {
     if (!why && llama && (bias || qkvb)) why = "linear biases, which LlamaForCausalLM's q/k/v/o do not all take";
     if (!why && llama && rp != 1.0) why = "partial rotary embeddings (rotary_percent < 1)";
     if (why)
-        return BAD("the hf format covers GPT-2- and LLaMA-style models; this one has %s: export "
-                   "with --format mgc (every parameter under mgc's names)",
+        return BAD("the hf format covers GPT-2-, LLaMA- and Mixtral-style models; this one has %s: "
+                   "export with --format mgc (every parameter under mgc's names)",
                    why);
     char n[200], s[200];
     int tied = cfg_i(p, "model.tie_embeddings", 0) != 0;
@@ -214,15 +233,30 @@ static int plan_hf(ctx *x, int *gpt2) {
                 return -1;
         } else {
             const char *h = "model.layers";
+            if (*mixtral) { /* the MLP: router and experts; attention and norms as LLaMA's */
+                int64_t E = cfg_i(p, "moe.num_experts", 0), fe = cfg_i(p, "moe.ffn_hidden_size", 0);
+                if (!add(x, N("%s.%" PRId64 ".block_sparse_moe.gate.weight", h, l), S("mlp.router.weight")))
+                    return -1;
+                for (int e = 0; e < (int)E; e++)
+                    if (!expert(x, N("%s.%" PRId64 ".block_sparse_moe.experts.%d.w1.weight", h, l, e),
+                                S("mlp.experts.linear_fc1.weight"), e, 0, fe) ||
+                        !expert(x, N("%s.%" PRId64 ".block_sparse_moe.experts.%d.w3.weight", h, l, e),
+                                S("mlp.experts.linear_fc1.weight"), e, fe, 2 * fe) ||
+                        !expert(x, N("%s.%" PRId64 ".block_sparse_moe.experts.%d.w2.weight", h, l, e),
+                                S("mlp.experts.linear_fc2.weight"), e, 0, x->hidden))
+                        return -1;
+            }
             if (!add(x, N("%s.%" PRId64 ".input_layernorm.weight", h, l), S("input_layernorm.weight")) ||
                 !qkv_part(x, N("%s.%" PRId64 ".self_attn.q_proj.weight", h, l), S("self_attention.linear_qkv.weight"), 0) ||
                 !qkv_part(x, N("%s.%" PRId64 ".self_attn.k_proj.weight", h, l), S("self_attention.linear_qkv.weight"), 1) ||
                 !qkv_part(x, N("%s.%" PRId64 ".self_attn.v_proj.weight", h, l), S("self_attention.linear_qkv.weight"), 2) ||
                 !add(x, N("%s.%" PRId64 ".self_attn.o_proj.weight", h, l), S("self_attention.linear_proj.weight")) ||
-                !add(x, N("%s.%" PRId64 ".post_attention_layernorm.weight", h, l), S("pre_mlp_layernorm.weight")) ||
-                !rows(x, N("%s.%" PRId64 ".mlp.gate_proj.weight", h, l), S("mlp.linear_fc1.weight"), 0, x->ffn) ||
-                !rows(x, N("%s.%" PRId64 ".mlp.up_proj.weight", h, l), S("mlp.linear_fc1.weight"), x->ffn, 2 * x->ffn) ||
-                !add(x, N("%s.%" PRId64 ".mlp.down_proj.weight", h, l), S("mlp.linear_fc2.weight")))
+                !add(x, N("%s.%" PRId64 ".post_attention_layernorm.weight", h, l), S("pre_mlp_layernorm.weight")))
+                return -1;
+            if (!*mixtral &&
+                (!rows(x, N("%s.%" PRId64 ".mlp.gate_proj.weight", h, l), S("mlp.linear_fc1.weight"), 0, x->ffn) ||
+                 !rows(x, N("%s.%" PRId64 ".mlp.up_proj.weight", h, l), S("mlp.linear_fc1.weight"), x->ffn, 2 * x->ffn) ||
+                 !add(x, N("%s.%" PRId64 ".mlp.down_proj.weight", h, l), S("mlp.linear_fc2.weight"))))
                 return -1;
         }
 #undef N
@@ -297,6 +331,11 @@ static void fill(const ctx *x, const out_t *o, const float *s, float *v) {
         }
         return;
     }
+    case X_EXPERT: { /* expert o->part's rows [r0, r1) of (E, N, K) */
+        int64_t N = t->dim[1], K = t->dim[2];
+        memcpy(v, s + ((int64_t)o->part * N + o->r0) * K, (size_t)((o->r1 - o->r0) * K) * sizeof *v);
+        return;
+    }
     case X_GPT2_QKV: { /* column p*a*d + h*d + e is the source's row h*3d + p*d + e */
         int64_t a = x->heads, cols = 3 * a * d, K = inner;
         for (int64_t c = 0; c < cols; c++) {
@@ -352,7 +391,8 @@ static void num(char *b, size_t n, double v) {
     }
 }
 
-static int write_config(const ctx *x, int gpt2, int dtype, const char *path, char *err, size_t errsz) {
+static int write_config(const ctx *x, int gpt2, int mixtral, int dtype, const char *path, char *err,
+                        size_t errsz) {
     const mgc_plan *p = x->plan;
     char eps[40], theta[40], hd[40], ad[40];
     num(eps, sizeof eps, cfg_f(p, "model.norm_eps", 1e-5));
@@ -376,15 +416,23 @@ static int write_config(const ctx *x, int gpt2, int dtype, const char *path, cha
                 tied ? "true" : "false");
     else
         fprintf(f,
-                "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+                "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
                 "  \"vocab_size\": %" PRId64 ",\n  \"hidden_size\": %" PRId64 ",\n  \"intermediate_size\": %" PRId64
                 ",\n  \"num_hidden_layers\": %" PRId64 ",\n  \"num_attention_heads\": %" PRId64
                 ",\n  \"num_key_value_heads\": %" PRId64 ",\n  \"head_dim\": %" PRId64
                 ",\n  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %" PRId64
                 ",\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"attention_bias\": false,\n"
                 "  \"mlp_bias\": false,\n  \"attention_dropout\": %s,\n  \"tie_word_embeddings\": %s,\n",
-                x->vocab, x->hidden, x->ffn, x->layers, x->heads, x->groups, x->head_dim, pos, eps,
-                theta, ad, tied ? "true" : "false");
+                mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM", mixtral ? "mixtral" : "llama", x->vocab,
+                x->hidden, mixtral ? cfg_i(p, "moe.ffn_hidden_size", x->ffn) : x->ffn, x->layers, x->heads,
+                x->groups, x->head_dim, pos, eps, theta, ad, tied ? "true" : "false");
+    if (mixtral) {
+        char aux[40];
+        num(aux, sizeof aux, cfg_f(p, "moe.aux_loss_coeff", 0));
+        fprintf(f, "  \"num_local_experts\": %" PRId64 ",\n  \"num_experts_per_tok\": %" PRId64
+                   ",\n  \"router_aux_loss_coef\": %s,\n  \"output_router_logits\": false,\n",
+                cfg_i(p, "moe.num_experts", 0), cfg_i(p, "moe.top_k", 2), aux);
+    }
     if (eod >= 0 && eod < x->vocab) fprintf(f, "  \"eos_token_id\": %" PRId64 ",\n", eod);
     fprintf(f, "  \"torch_dtype\": \"%s\"\n}\n", td);
     int bad = ferror(f) != 0;
@@ -402,7 +450,7 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
     ctx x;
     memset(&x, 0, sizeof x);
     x.plan = plan, x.err = err, x.errsz = errsz;
-    int rc = -1, fd = -1, out_fd = -1, gpt2 = 0;
+    int rc = -1, fd = -1, out_fd = -1, gpt2 = 0, mixtral = 0;
     float *src = NULL, *val = NULL;
     unsigned char *buf = NULL;
     char *hdr = NULL;
@@ -441,7 +489,7 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
             goto out;
         }
     }
-    if ((fmt == MGC_EXPORT_HF ? plan_hf(&x, &gpt2) : plan_mgc(&x))) goto out;
+    if ((fmt == MGC_EXPORT_HF ? plan_hf(&x, &gpt2, &mixtral) : plan_mgc(&x))) goto out;
     /* where they go: never over a file that exists */
     if (mkdirs(dir)) {
         BAD("cannot create the directory %s: %s", dir, strerror(errno));
@@ -525,7 +573,7 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
     out_fd = -1;
     if (fmt == MGC_EXPORT_HF) {
         snprintf(cf_tmp, sizeof cf_tmp, "%s.partial", cf_path);
-        if (write_config(&x, gpt2, dtype, cf_tmp, err, errsz)) {
+        if (write_config(&x, gpt2, mixtral, dtype, cf_tmp, err, errsz)) {
             cf_tmp[0] = 0;
             goto out;
         }
@@ -893,6 +941,11 @@ static void unfill(const ctx *x, const out_t *o, const float *v, float *s) {
         }
         return;
     }
+    case X_EXPERT: {
+        int64_t N = t->dim[1], K = t->dim[2];
+        memcpy(s + ((int64_t)o->part * N + o->r0) * K, v, (size_t)((o->r1 - o->r0) * K) * sizeof *v);
+        return;
+    }
     case X_GPT2_QKV: {
         int64_t a = x->heads, cols = 3 * a * d, K = inner;
         for (int64_t c = 0; c < cols; c++) {
@@ -969,10 +1022,10 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
     st_file *f = NULL;
     int nf = 0;
     char cpath[4200], *json = NULL;
-    int rc = -1, gpt2 = 0;
+    int rc = -1, gpt2 = 0, mixtral = 0;
     if (model_sizes(&x) || mgc_ckpt_model_of(plan, &pm, err, errsz)) goto out;
     x.model = &pm;
-    if (plan_hf(&x, &gpt2)) goto out;
+    if (plan_hf(&x, &gpt2, &mixtral)) goto out;
     /* config.json: the architecture and what the tensors' shapes cannot show */
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     FILE *cf = fopen(cpath, "rb");
@@ -990,7 +1043,7 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
         goto out;
     }
     char v[64];
-    const char *want_type = gpt2 ? "gpt2" : "llama";
+    const char *want_type = gpt2 ? "gpt2" : mixtral ? "mixtral" : "llama";
     if (!cfg_json(json, "model_type", v, sizeof v) || strcmp(v, want_type)) {
         BAD("%s: model_type is \"%s\" but this plan's model is %s-style: import a %s model, or "
             "compile a plan of this one's architecture",
@@ -1006,6 +1059,10 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
         {gpt2 ? "n_head" : "num_key_value_heads", (double)x.groups, 1},
         {gpt2 ? "layer_norm_epsilon" : "rms_norm_eps", cfg_f(plan, "model.norm_eps", 1e-5), 0},
         {gpt2 ? "n_layer" : "rope_theta", gpt2 ? (double)x.layers : cfg_f(plan, "model.rotary_base", 10000), 0},
+        {mixtral ? "num_local_experts" : gpt2 ? "n_head" : "num_attention_heads",
+         mixtral ? (double)cfg_i(plan, "moe.num_experts", 0) : (double)x.heads, 1},
+        {mixtral ? "num_experts_per_tok" : gpt2 ? "n_head" : "num_attention_heads",
+         mixtral ? (double)cfg_i(plan, "moe.top_k", 0) : (double)x.heads, 1},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
         if (!cfg_json(json, checks[i].key, v, sizeof v)) {

@@ -5,9 +5,10 @@
  *
  * MGC_EXPORT_HF writes DIR/model.safetensors and DIR/config.json as Hugging Face
  * transformers reads them (GPT2LMHeadModel for GPT-2-style models, LlamaForCausalLM for
- * LLaMA-style ones): the fused QKV split into q, k and v (or reordered into GPT-2's c_attn),
- * fc1's [gate | up] halves split, GPT-2's Conv1D weights transposed, the vocabulary padding
- * left out.  MGC_EXPORT_MGC writes every parameter whole under mgc's own names (any model,
+ * LLaMA-style ones, MixtralForCausalLM for LLaMA-style mixtures of experts without shared
+ * experts): the fused QKV split into q, k and v (or reordered into GPT-2's c_attn), fc1's
+ * [gate | up] halves split (per expert), GPT-2's Conv1D weights transposed, the vocabulary
+ * padding left out.  MGC_EXPORT_MGC writes every parameter whole under mgc's own names (any model,
  * MoE included), with the vocabulary padding left out.  The checkpoint is checked (every
  * checksum) and matched against the plan's model first; the files are written beside their
  * final names and renamed, and existing files are never replaced. */

@@ -5,7 +5,7 @@ TOKENS (int32 little-endian: count, length, then count x length token ids; each 
 first length - 1 tokens are the inputs and its last length - 1 the labels).
 
 A reference written from the architectures' published definitions (Hugging Face's
-GPT2LMHeadModel and LlamaForCausalLM), in float64 NumPy, sharing no code with mgc: it
+GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM), in float64 NumPy, sharing no code with mgc: it
 reads the safetensors file itself and runs the forward pass of every sample.  Prints the
 loss on one line.  Exit 77 when NumPy is missing.
 
@@ -95,6 +95,24 @@ def rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def mixtral_moe(W, cfg, p, y):
+    # each token to its top-k experts by router logit (ties to the lower expert), weighted by
+    # the softmax of the chosen logits (softmax over all, top-k, renormalised: the same)
+    k = cfg["num_experts_per_tok"]
+    logits = y @ W[p + "gate.weight"].T  # (s, E)
+    out = np.zeros_like(y)
+    for t in range(y.shape[0]):
+        order = np.argsort(-logits[t], kind="stable")[:k]
+        w = np.exp(logits[t, order] - logits[t, order].max())
+        w = w / w.sum()
+        for e, we in zip(order, w):
+            q = p + "experts.%d." % e
+            g = y[t] @ W[q + "w1.weight"].T
+            u = y[t] @ W[q + "w3.weight"].T
+            out[t] += we * ((g / (1.0 + np.exp(-g)) * u) @ W[q + "w2.weight"].T)
+    return out
+
+
 def llama_logits(W, cfg, tok):
     s, h = len(tok), cfg["hidden_size"]
     a, g = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -119,9 +137,12 @@ def llama_logits(W, cfg, tok):
         o = (att @ v).transpose(1, 0, 2).reshape(s, a * d)
         x = x + o @ W[p + "self_attn.o_proj.weight"].T
         y = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        gate = y @ W[p + "mlp.gate_proj.weight"].T
-        up = y @ W[p + "mlp.up_proj.weight"].T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T
+        if cfg["model_type"] == "mixtral":
+            x = x + mixtral_moe(W, cfg, p + "block_sparse_moe.", y)
+        else:
+            gate = y @ W[p + "mlp.gate_proj.weight"].T
+            up = y @ W[p + "mlp.up_proj.weight"].T
+            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ W[p + "mlp.down_proj.weight"].T
     x = rms_norm(x, W["model.norm.weight"], eps)
     head = W["lm_head.weight"] if "lm_head.weight" in W else W["model.embed_tokens.weight"]
     return x @ head.T

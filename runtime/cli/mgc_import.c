@@ -15,8 +15,9 @@
 static void usage(FILE *out) {
     fputs("usage: mgc-import PLAN DIR -o CKPT\n"
           "\n"
-          "Writes the Hugging Face model in DIR (config.json and model.safetensors: GPT-2 or\n"
-          "LLaMA layout, fp32, fp16 or bf16) as checkpoint CKPT of PLAN's model, to start from\n"
+          "Writes the Hugging Face model in DIR (config.json and model.safetensors or its shards:\n"
+          "GPT-2, LLaMA or Mixtral layout, fp32, fp16 or bf16) as checkpoint CKPT of PLAN's model,\n"
+          "to start from\n"
           "with mgc-run PLAN --init-from CKPT (docs/checkpoints.md, \"Importing\").  CKPT must not\n"
           "exist.\n",
           out);
