@@ -828,12 +828,34 @@ static void check_training(mgc_check_ctx *k) {
                         mgc_check_kv(a, k, KEY(OPT_DECAY_ITERS), o->decay_iterations),
                         mgc_check_kv(b, k, KEY(OPT_WARMUP), o->warmup_iterations));
     }
+    /* wsd: lr held after warmup, then the last wsd_decay_iterations of decay_iterations anneal */
+    int64_t span = o->decay_iterations - o->warmup_iterations;
+    if (!mgc_check_given(k, KEY(OPT_WSD_ITERS)))
+        o->wsd_decay_iterations = span > 0 ? (span + 9) / 10 : 1;
+    if (o->decay_style == MGC_DECAY_WSD && mgc_check_given(k, KEY(OPT_WSD_ITERS)) &&
+        o->wsd_decay_iterations > span) {
+        snprintf(hint, sizeof hint, "set optimizer.wsd_decay_iterations at most %" PRId64 " (commonly 10%% to 20%% of it)",
+                 span > 0 ? span : 0);
+        mgc_check_error(k, mgc_check_at(k, KEY(OPT_WSD_ITERS)), hint,
+                        "%s is longer than the %" PRId64 " steps between warmup and %s: the anneal "
+                        "would start before warmup ends",
+                        mgc_check_kv(a, k, KEY(OPT_WSD_ITERS), o->wsd_decay_iterations), span,
+                        mgc_keys[KEY(OPT_DECAY_ITERS)].path);
+    }
+    if (o->decay_style != MGC_DECAY_WSD) {
+        static const mgc_key wk[] = {KEY(OPT_WSD_ITERS), KEY(OPT_WSD_STYLE)};
+        for (int i = 0; i < 2; i++)
+            if (mgc_check_given(k, wk[i]))
+                mgc_check_warning(k, mgc_check_at(k, wk[i]), "remove it, or set optimizer.decay_style: wsd",
+                                  "%s has no effect: optimizer.decay_style is not wsd",
+                                  mgc_keys[wk[i]].path);
+    }
     if (o->decay_style == MGC_DECAY_CONSTANT) {
         static const mgc_key dk[] = {KEY(OPT_MIN_LR), KEY(OPT_DECAY_ITERS)};
         for (int i = 0; i < 2; i++)
             if (mgc_check_given(k, dk[i]))
                 mgc_check_warning(k, mgc_check_at(k, dk[i]),
-                                  "remove it, or choose optimizer.decay_style cosine or linear",
+                                  "remove it, or choose optimizer.decay_style cosine, linear or wsd",
                                   "%s has no effect: optimizer.decay_style is constant",
                                   mgc_keys[dk[i]].path);
     }

@@ -24,7 +24,8 @@ const char *const mgc_enum_precision[] = {"fp32", "bf16", "fp16", NULL};
 const char *const mgc_enum_recompute[] = {"none", "selective", "full", NULL};
 const char *const mgc_recompute_module_names[] = {"norm", "activation", "dropout", NULL};
 const char *const mgc_enum_optimizer[] = {"adamw", NULL};
-const char *const mgc_enum_decay[] = {"cosine", "linear", "constant", NULL};
+const char *const mgc_enum_decay[] = {"cosine", "linear", "constant", "wsd", NULL};
+const char *const mgc_enum_wsd[] = {"exponential", "linear", "cosine", "minus_sqrt", NULL};
 const char *const mgc_enum_data_format[] = {"synthetic", "megatron", NULL};
 
 const mgc_keyinfo mgc_keys[MGC_KEY__COUNT] = {

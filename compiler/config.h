@@ -36,7 +36,8 @@ typedef enum { MGC_SCHED_GPIPE, MGC_SCHED_1F1B, MGC_SCHED_INTERLEAVED } mgc_sche
 typedef enum { MGC_PREC_FP32, MGC_PREC_BF16, MGC_PREC_FP16 } mgc_precision;
 typedef enum { MGC_RECOMPUTE_NONE, MGC_RECOMPUTE_SELECTIVE, MGC_RECOMPUTE_FULL } mgc_recompute;
 typedef enum { MGC_OPT_ADAMW } mgc_optimizer;
-typedef enum { MGC_DECAY_COSINE, MGC_DECAY_LINEAR, MGC_DECAY_CONSTANT } mgc_decay;
+typedef enum { MGC_DECAY_COSINE, MGC_DECAY_LINEAR, MGC_DECAY_CONSTANT, MGC_DECAY_WSD } mgc_decay;
+typedef enum { MGC_WSD_EXPONENTIAL, MGC_WSD_LINEAR, MGC_WSD_COSINE, MGC_WSD_MINUS_SQRT } mgc_wsd;
 typedef enum { MGC_DATA_SYNTHETIC, MGC_DATA_MEGATRON } mgc_data_format;
 
 extern const char *const mgc_enum_norm[];
@@ -54,6 +55,7 @@ extern const char *const mgc_recompute_module_names[]; /* "norm", "activation", 
 #define MGC_RECOMPUTE_MOD_DROPOUT 4u
 extern const char *const mgc_enum_optimizer[];
 extern const char *const mgc_enum_decay[];
+extern const char *const mgc_enum_wsd[];
 extern const char *const mgc_enum_data_format[];
 
 /* ---- value types -------------------------------------------------------- */
@@ -267,6 +269,11 @@ typedef struct mgc_blend {
     X(OPT_DECAY_ITERS, "optimizer.decay_iterations", INT, optimizer.decay_iterations, 0, 1,                  \
       1125899906842624.0, NULL, MGC_KF_DERIVED, "training.iterations",                                       \
       "Step at which decay reaches min_lr (counted from step 0, warmup included).")                          \
+    X(OPT_WSD_ITERS, "optimizer.wsd_decay_iterations", INT, optimizer.wsd_decay_iterations, 0, 1,           \
+      1125899906842624.0, NULL, MGC_KF_DERIVED, "10% of decay_iterations - warmup_iterations",              \
+      "wsd: the final steps that decay to min_lr (the rest after warmup stays at lr).")                     \
+    X(OPT_WSD_STYLE, "optimizer.wsd_decay_style", ENUM, optimizer.wsd_decay_style, MGC_WSD_EXPONENTIAL, 0, 0, \
+      mgc_enum_wsd, 0, NULL, "wsd: the shape of that final decay.")                                         \
     /* data */                                                                                               \
     X(DATA_FORMAT, "data.format", ENUM, data.format, MGC_DATA_SYNTHETIC, 0, 0, mgc_enum_data_format, 0, NULL, \
       "synthetic: the corpus mgc generates itself; megatron: indexed .bin/.idx datasets.")                  \
@@ -404,6 +411,8 @@ typedef struct mgc_optimizer_cfg {
     int64_t warmup_iterations;
     int decay_style;                 /* mgc_decay */
     int64_t decay_iterations;
+    int64_t wsd_decay_iterations;    /* wsd: the annealing steps at the end of decay_iterations */
+    int wsd_decay_style;             /* mgc_wsd */
 } mgc_optimizer_cfg;
 
 typedef struct mgc_data_cfg {

@@ -86,6 +86,18 @@ double mgc_cpu_lr(const mgc_lr_sched *s, int64_t step) {
         return s->max_lr * (double)step / (double)s->warmup_steps;
     if (s->decay == MGC_LR_CONSTANT) return s->max_lr;
     if (step >= s->decay_steps) return s->min_lr;
+    if (s->decay == MGC_LR_WSD) { /* stable at max_lr, then the anneal (Megatron's WSD) */
+        int64_t start = s->decay_steps - (s->wsd_steps > 0 ? s->wsd_steps : 1);
+        if (step <= start) return s->max_lr;
+        double r = (double)(step - start) / (double)(s->decay_steps - start), c;
+        switch (s->wsd_shape) {
+        case MGC_LR_WSD_LINEAR: c = 1.0 - r; break;
+        case MGC_LR_WSD_COSINE: c = 0.5 * (cos(3.14159265358979323846 * r) + 1.0); break;
+        case MGC_LR_WSD_MINUS_SQRT: c = 1.0 - sqrt(r); break;
+        default: c = 2.0 * pow(0.5, r) - 1.0; break;
+        }
+        return s->min_lr + c * (s->max_lr - s->min_lr);
+    }
     double ratio = (double)(step - s->warmup_steps) / (double)(s->decay_steps - s->warmup_steps);
     double coeff =
         s->decay == MGC_LR_LINEAR ? 1.0 - ratio : 0.5 * (cos(3.14159265358979323846 * ratio) + 1.0);

@@ -86,13 +86,23 @@ typedef enum mgc_lr_decay {
     MGC_LR_CONSTANT = 0,
     MGC_LR_LINEAR = 1,
     MGC_LR_COSINE = 2,
+    MGC_LR_WSD = 3, /* warmup-stable-decay: max_lr until the last wsd_steps, then wsd_shape */
 } mgc_lr_decay;
+
+typedef enum mgc_lr_wsd_shape {
+    MGC_LR_WSD_EXPONENTIAL = 0, /* 2 * 0.5^r - 1 */
+    MGC_LR_WSD_LINEAR = 1,      /* 1 - r */
+    MGC_LR_WSD_COSINE = 2,      /* (1 + cos(pi r)) / 2 */
+    MGC_LR_WSD_MINUS_SQRT = 3,  /* 1 - sqrt(r) */
+} mgc_lr_wsd_shape;
 
 typedef struct mgc_lr_sched {
     double max_lr, min_lr;
     int64_t warmup_steps; /* lr = max_lr * step / warmup_steps for step < warmup_steps */
     int64_t decay_steps;  /* end of decay (counted from step 0, includes warmup) */
     mgc_lr_decay decay;   /* shape from max_lr at warmup_steps to min_lr at decay_steps */
+    int64_t wsd_steps;    /* MGC_LR_WSD: the anneal's length, ending at decay_steps */
+    mgc_lr_wsd_shape wsd_shape;
 } mgc_lr_sched;
 
 /* Learning rate at optimizer step `step` (0-based: the first step uses step 0). */

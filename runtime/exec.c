@@ -92,6 +92,8 @@ struct mgc_exec {
     double init_std, lr, min_lr, beta1, beta2, eps, wd, clip;
     int64_t warmup, decay_iters, iterations;
     int decay_style;
+    int64_t wsd_iters;         /* optimizer.wsd_decay_iterations (decay_style wsd) */
+    int wsd_style;             /* optimizer.wsd_decay_style */
     int32_t router_score, drop_policy;
     int eod_mask;              /* data.eod_mask_loss: no loss on tokens predicted from eod */
     int64_t eod;               /* data.eod_token */
@@ -1046,6 +1048,8 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->iterations = cfg_i(plan, "training.iterations", 1);
     x->decay_iters = cfg_i(plan, "optimizer.decay_iterations", x->iterations);
     x->decay_style = (int)cfg_i(plan, "optimizer.decay_style", 0);
+    x->wsd_iters = cfg_i(plan, "optimizer.wsd_decay_iterations", 1);
+    x->wsd_style = (int)cfg_i(plan, "optimizer.wsd_decay_style", 0);
     if (cfg_i(plan, "training.precision", 0) == 2)
         mgc_exec_set_loss_scaling(x, cfg_f(plan, "training.initial_loss_scale", 4294967296.0),
                                   cfg_i(plan, "training.loss_scale_window", 1000), cfg_i(plan, "training.hysteresis", 2));
@@ -2445,7 +2449,12 @@ static double lr_at(const mgc_exec *x, int64_t it) {
     s.min_lr = x->min_lr;
     s.warmup_steps = x->warmup;
     s.decay_steps = x->decay_iters;
-    s.decay = x->decay_style == 0 ? MGC_LR_COSINE : x->decay_style == 1 ? MGC_LR_LINEAR : MGC_LR_CONSTANT;
+    s.decay = x->decay_style == 0   ? MGC_LR_COSINE
+              : x->decay_style == 1 ? MGC_LR_LINEAR
+              : x->decay_style == 3 ? MGC_LR_WSD
+                                    : MGC_LR_CONSTANT;
+    s.wsd_steps = x->wsd_iters;
+    s.wsd_shape = (mgc_lr_wsd_shape)x->wsd_style;
     return mgc_cpu_lr(&s, it);
 }
 

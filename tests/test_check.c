@@ -104,6 +104,7 @@ static void test_model_defaults(void) {
     T_EQ_I64(c->model.max_position_embeddings, 8192);
     T_EQ_I64(c->model.add_qkv_bias, 0);
     T_EQ_I64(c->optimizer.decay_iterations, 430000);
+    T_EQ_I64(c->optimizer.wsd_decay_iterations, 42800); /* 10% of 430000 - 2000 */
     done(c, &d);
 
     /* Megatron's SwiGLU default int(8h/3/64)*64 over several widths, and

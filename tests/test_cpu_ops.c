@@ -1230,7 +1230,7 @@ static void test_norm_clip_lr(void) {
     T_NEAR_REL(mgc_cpu_clip_scale(13.0, 1.0), 1.0 / (13.0 + 1e-6), 1e-15);
     T_CHECK(mgc_cpu_clip_scale(0.5, 1.0) == 1.0);
     T_CHECK(mgc_cpu_clip_scale(100.0, 0.0) == 1.0);
-    mgc_lr_sched s = {1e-3, 1e-4, 10, 110, MGC_LR_COSINE};
+    mgc_lr_sched s = {1e-3, 1e-4, 10, 110, MGC_LR_COSINE, 0, MGC_LR_WSD_EXPONENTIAL};
     T_NEAR_REL(mgc_cpu_lr(&s, 0), 0.0, 0);
     T_NEAR_REL(mgc_cpu_lr(&s, 5), 5e-4, 1e-15);
     T_NEAR_REL(mgc_cpu_lr(&s, 10), 1e-3, 1e-15);
@@ -1246,6 +1246,20 @@ static void test_norm_clip_lr(void) {
     s.warmup_steps = 0;
     s.decay = MGC_LR_COSINE;
     T_NEAR_REL(mgc_cpu_lr(&s, 0), 1e-3, 1e-15);
+    /* warmup-stable-decay: warmup 10, held to step 90, the last 20 of 110 anneal */
+    mgc_lr_sched w = {1e-3, 1e-4, 10, 110, MGC_LR_WSD, 20, MGC_LR_WSD_EXPONENTIAL};
+    T_NEAR_REL(mgc_cpu_lr(&w, 5), 5e-4, 1e-15);
+    T_NEAR_REL(mgc_cpu_lr(&w, 50), 1e-3, 0);
+    T_NEAR_REL(mgc_cpu_lr(&w, 90), 1e-3, 0);
+    T_NEAR_REL(mgc_cpu_lr(&w, 100), 1e-4 + 9e-4 * (2 * sqrt(0.5) - 1), 1e-14); /* r = 1/2 */
+    T_NEAR_REL(mgc_cpu_lr(&w, 110), 1e-4, 1e-15);
+    w.wsd_shape = MGC_LR_WSD_LINEAR;
+    T_NEAR_REL(mgc_cpu_lr(&w, 95), 1e-4 + 9e-4 * 0.75, 1e-14);
+    w.wsd_shape = MGC_LR_WSD_COSINE;
+    T_NEAR_REL(mgc_cpu_lr(&w, 95), 1e-4 + 9e-4 * 0.5 * (1 + cos(3.14159265358979323846 / 4)), 1e-14);
+    w.wsd_shape = MGC_LR_WSD_MINUS_SQRT;
+    T_NEAR_REL(mgc_cpu_lr(&w, 95), 1e-4 + 9e-4 * 0.5, 1e-14);
+    T_NEAR_REL(mgc_cpu_lr(&w, 109), 1e-4 + 9e-4 * (1 - sqrt(0.95)), 1e-13);
 }
 
 int main(void) {
