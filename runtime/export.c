@@ -503,7 +503,9 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
         goto out;
     }
     /* the header: every tensor's dtype, shape and byte range */
-    size_t es = mgc_dtype_size((mgc_dtype)dtype), cap = 256 + (size_t)x.n * 320, len = 0;
+    size_t es = mgc_dtype_size((mgc_dtype)dtype), cap = 256, len = 0;
+    for (int i = 0; i < x.n; i++) /* the name, and room for the rest of the entry */
+        cap += strlen(x.out[i].name) + 200;
     uint64_t off = 0, most = 0;
     hdr = malloc(cap);
     if (!hdr) {
@@ -530,8 +532,12 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
     src = malloc((size_t)most * 4 + 4);
     val = malloc((size_t)most * 4 + 4);
     buf = malloc((size_t)most * es + 8);
-    if (fd < 0 || !src || !val || !buf) {
-        BAD(fd < 0 ? "cannot open %s" : "out of memory for %s's largest tensor", ckpt);
+    if (fd < 0) {
+        BAD("cannot open %s: %s", ckpt, strerror(errno));
+        goto out;
+    }
+    if (!src || !val || !buf) {
+        BAD("out of memory for %s's largest tensor", ckpt);
         goto out;
     }
     snprintf(st_tmp, sizeof st_tmp, "%s.partial", st_path);
