@@ -500,6 +500,40 @@ static void test_invalid(void) {
     mgc_comm_free(NULL);
 }
 
+/* ---- one rank per process (MPI, TCP) ---------------------------------------- */
+
+/* Every grid of the world's size through every operation, against the serial reference;
+ * returns how many grids ran. */
+static int grids_of_world(mgc_comm *world) {
+    int n = mgc_comm_size(world), me = mgc_comm_rank(world), ran = 0;
+    mgc_grid grids[] = {mk(n, 1, 1, 1, 1, 1), mk(1, 1, n, 1, 1, n), mk(1, 1, 1, n, 1, 1),
+                        mk(2, 1, 2, 2, 1, 2), mk(2, 2, 1, 2, 1, 4), mk(1, 2, 2, 2, 2, 1),
+                        mk(1, 1, 2, 4, 1, 2), mk(2, 1, 2, 1, 1, 2), mk(3, 1, 2, 1, 1, 2)};
+    for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
+        if (grids[i].world != n || mgc_grid_check(&grids[i]) != 0) continue;
+        grid_case gc = {grids[i], 2};
+        rank_arg a = {.comm = world, .rank = me, .user = &gc, .seed = 1234u + (unsigned)me};
+        grid_rank(&a);
+        ran++;
+    }
+    return ran;
+}
+
+/* Rank 1 gathers where the others reduce: a mismatch every rank reports alike, and the job
+ * poisoned after it (so: last). */
+static void mismatch_of_world(mgc_comm *world, const char *transport) {
+    int n = mgc_comm_size(world), me = mgc_comm_rank(world);
+    if (n < 2) return;
+    float x[8] = {0}, y[64];
+    mgc_comm_status s = me == 1 ? mgc_comm_all_gather(world, x, y, 8, MGC_DT_F32)
+                                : mgc_comm_all_reduce(world, x, y, 8, MGC_DT_F32, MGC_COMM_SUM);
+    T_CHECK(s == MGC_COMM_ERR_MISMATCH);
+    T_CHECK(strstr(mgc_comm_error(world), "group rank 0 (world 0) called all_reduce #") &&
+            strstr(mgc_comm_error(world), "but group rank 1 (world 1) called all_gather #"));
+    if (me == 0) printf("%s mismatch report: %s\n", transport, mgc_comm_error(world));
+    T_CHECK(mgc_comm_barrier(world) == MGC_COMM_ERR_ABORTED);
+}
+
 /* ---- the MPI transport: `mpirun -n N test_comm --mpi` ----------------------- */
 
 static int test_mpi(void) {
@@ -516,25 +550,8 @@ static int test_mpi(void) {
     if (s != MGC_COMM_OK) return t_summary("test_comm --mpi");
     int n = mgc_comm_size(world), me = mgc_comm_rank(world);
     T_CHECK(strcmp(mgc_comm_transport(world), "mpi") == 0);
-    mgc_grid grids[] = {mk(n, 1, 1, 1, 1, 1), mk(1, 1, n, 1, 1, n), mk(1, 1, 1, n, 1, 1),
-                        mk(2, 1, 2, 2, 1, 2), mk(2, 2, 1, 2, 1, 4), mk(1, 2, 2, 2, 2, 1),
-                        mk(1, 1, 2, 4, 1, 2), mk(2, 1, 2, 1, 1, 2), mk(3, 1, 2, 1, 1, 2)};
-    for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
-        if (grids[i].world != n || mgc_grid_check(&grids[i]) != 0) continue;
-        grid_case gc = {grids[i], 2};
-        rank_arg a = {.comm = world, .rank = me, .user = &gc, .seed = 1234u + (unsigned)me};
-        grid_rank(&a);
-    }
-    if (n >= 2) { /* last: it poisons the job */
-        float x[8] = {0}, y[64];
-        s = me == 1 ? mgc_comm_all_gather(world, x, y, 8, MGC_DT_F32)
-                    : mgc_comm_all_reduce(world, x, y, 8, MGC_DT_F32, MGC_COMM_SUM);
-        T_CHECK(s == MGC_COMM_ERR_MISMATCH);
-        T_CHECK(strstr(mgc_comm_error(world), "group rank 0 (world 0) called all_reduce #") &&
-                strstr(mgc_comm_error(world), "but group rank 1 (world 1) called all_gather #"));
-        if (me == 0) printf("mpi mismatch report: %s\n", mgc_comm_error(world));
-        T_CHECK(mgc_comm_barrier(world) == MGC_COMM_ERR_ABORTED);
-    }
+    grids_of_world(world);
+    mismatch_of_world(world, "mpi");
     mgc_comm_free(world);
     char name[64];
     snprintf(name, sizeof name, "test_comm --mpi rank %d/%d", me, n);
@@ -557,19 +574,7 @@ static int test_tcp(const char *mode) {
     T_CHECK(strcmp(mgc_comm_transport(world), "tcp") == 0);
     T_CHECK(mgc_comm_concurrent(world) == 0);
     if (!strcmp(mode, "grids")) {
-        /* every grid of this size through every operation, against the serial reference */
-        mgc_grid grids[] = {mk(n, 1, 1, 1, 1, 1), mk(1, 1, n, 1, 1, n), mk(1, 1, 1, n, 1, 1),
-                            mk(2, 1, 2, 2, 1, 2), mk(2, 2, 1, 2, 1, 4), mk(1, 2, 2, 2, 2, 1),
-                            mk(1, 1, 2, 4, 1, 2), mk(2, 1, 2, 1, 1, 2), mk(3, 1, 2, 1, 1, 2)};
-        int ran = 0;
-        for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
-            if (grids[i].world != n || mgc_grid_check(&grids[i]) != 0) continue;
-            grid_case gc = {grids[i], 2};
-            rank_arg a = {.comm = world, .rank = me, .user = &gc, .seed = 1234u + (unsigned)me};
-            grid_rank(&a);
-            ran++;
-        }
-        T_CHECK(ran > 0);
+        T_CHECK(grids_of_world(world) > 0);
         /* a large all-reduce: megabytes each way, the sockets fill and drain in turn */
         size_t big = (size_t)1 << 20;
         float *x = malloc(big * sizeof *x), *y = malloc(big * sizeof *y);
@@ -586,16 +591,7 @@ static int test_tcp(const char *mode) {
         }
         T_EQ_I64((int64_t)wrong, 0);
         free(x), free(y);
-        if (n >= 2) { /* last: it poisons the job */
-            float a[8] = {0}, b[64];
-            s = me == 1 ? mgc_comm_all_gather(world, a, b, 8, MGC_DT_F32)
-                        : mgc_comm_all_reduce(world, a, b, 8, MGC_DT_F32, MGC_COMM_SUM);
-            T_CHECK(s == MGC_COMM_ERR_MISMATCH);
-            T_CHECK(strstr(mgc_comm_error(world), "group rank 0 (world 0) called all_reduce #") &&
-                    strstr(mgc_comm_error(world), "but group rank 1 (world 1) called all_gather #"));
-            if (me == 0) printf("tcp mismatch report: %s\n", mgc_comm_error(world));
-            T_CHECK(mgc_comm_barrier(world) == MGC_COMM_ERR_ABORTED);
-        }
+        mismatch_of_world(world, "tcp");
     } else if (!strcmp(mode, "abort")) {
         /* rank 1 fails elsewhere and aborts: the others, in an all-reduce with a minute's
          * timeout, are released at once with its reason */
