@@ -11,8 +11,11 @@
  * Math (runtime/cpu_ops_tmpl.h mgc_cpu_attention_fwd/bwd): key j is visible from query i iff
  * !CAUSAL or kpos(j) <= qpos(i); a row with no visible key gets out 0 and lse -inf and no
  * gradient.  Dropout (p > 0) multiplies probability (bi, a, i, j) by keep / (1-p), keep =
- * (Philox word of element elem0 + ((bi*A + a)*sq + i)*sk + j >= thr): the words of
- * runtime/rng.c; p = 0 draws nothing.
+ * (Philox word of element elem0 + ((bi*drop_heads + a)*pos_s + qpos(i))*pos_s + kpos(j) >= thr):
+ * the words of runtime/rng.c, numbered by the model's head (elem0 = the rank's first head x
+ * pos_s^2, drop_heads = the model's heads) and the positions, so that every tensor- and
+ * context-parallel layout draws the one-rank mask (runtime/rng.h mgc_dropout_rng); p = 0 draws
+ * nothing.
  *
  * Positions: when the int32 arrays qpos (sq) / kpos (sk) are not NULL they are used; otherwise
  * they are computed here from (pos_s = seq_length, pos_cp, pos_rank) exactly as
@@ -157,16 +160,21 @@ __device__ __forceinline__ unsigned att_philox_word(unsigned long long seed,
     return e & 2 ? w2 : w;
 }
 
-/* keep / (1-p) of probability (bi, a, i, j), or 1 when p = 0 */
+/* keep / (1-p) of probability (bi, a, qp, kp) (qp, kp: positions), or 1 when p = 0 */
 __device__ __forceinline__ float att_keep(float p, unsigned thr, float dscale,
                                           unsigned long long seed, unsigned long long stream,
-                                          unsigned long long elem0, int bi, int a, int i, int j,
-                                          int A, int sq, int sk) {
+                                          unsigned long long elem0, int bi, int a, int qp, int kp,
+                                          int heads, int s) {
     if (!(p > 0.0f)) return 1.0f;
     unsigned long long e =
-        elem0 + (unsigned long long)((((i64)bi * A + a) * sq + i) * (i64)sk + j);
+        elem0 + (unsigned long long)((((i64)bi * heads + a) * s + qp) * (i64)s + kp);
     return att_philox_word(seed, stream, e) >= thr ? dscale : 0.0f;
 }
+/* the multiplier of query row i_ and key row j_ of head a, batch row bi (every kernel's names) */
+#define ATT_KEEP(i_, j_)                                                                         \
+    att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,                           \
+             att_qpos(qpos, (i_), pos_s, pos_cp, pos_rank),                                      \
+             att_kpos(kpos, (j_), sk, pos_s, pos_cp, pos_rank, k_gathered), drop_heads, pos_s)
 
 /* Loads rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into sh[ROWS][D+1]
  * as fp32; rows past n are 0.  Here and below the block is ATT_NT threads (every kernel's), so
@@ -474,8 +482,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    const mgc_t *__restrict__ k, const mgc_t *__restrict__ v, int sq, int sk, int b,
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
-                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered, int qkv) {
+                   int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
+                   int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, RM = BQ / 8, RN = BK / 16;
     __shared__ float Qs[BQ][ATT_D + 1];
     __shared__ float KVs[BK][ATT_D + 1];
@@ -566,8 +574,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     float p = s[m][n] == att_ninf() ? 0.0f : exp2f(s[m][n] - mnew);
                     sum += p;
                     if (ATT_DROPPING(drop_p) && p != 0.0f)
-                        p *= att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a, i,
-                                      k0 + tx + 16 * n, A, sq, sk);
+                        p *= ATT_KEEP(i, k0 + tx + 16 * n);
                     s[m][n] = p;
                 }
             } else {
@@ -651,8 +658,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    const mgc_t *__restrict__ k, const mgc_t *__restrict__ v, int sq, int sk, int b,
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
-                   const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s,
-                   int pos_cp, int pos_rank, int k_gathered, int qkv) {
+                   int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
+                   int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     constexpr int MT = ATT_FMT;
     __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
@@ -767,8 +774,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                             float p = att_exp2(fmaf(s[mt][nt][2 * h + e], sl2, nm));
                             sum += p;
                             if (ATT_DROPPING(drop_p) && p != 0.0f)
-                                p *= att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi,
-                                              a, r[mt][h], k0 + nt * 8 + 2 * tig + e, A, sq, sk);
+                                p *= ATT_KEEP(r[mt][h], k0 + nt * 8 + 2 * tig + e);
                             s[mt][nt][2 * h + e] = p;
                         }
                 } else {
@@ -824,9 +830,9 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         const mgc_t *__restrict__ dout, const float *__restrict__ lse,                           \
         const float *__restrict__ dsum, int sq, int sk, int b, int A, int G, float scale,        \
         float drop_p, unsigned drop_thr, float drop_scale, unsigned long long seed,              \
-        unsigned long long stream, unsigned long long elem0, const int *__restrict__ qpos,       \
-        const int *__restrict__ kpos, int pos_s, int pos_cp, int pos_rank, int k_gathered,       \
-        int qkv
+        unsigned long long stream, unsigned long long elem0, int drop_heads,                     \
+        const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s, int pos_cp,       \
+        int pos_rank, int k_gathered, int qkv
 
 #if defined(MGC_ENTRY_attention_bwd_dot)
 /* attention_bwd_dot: dsum[i,bi,a] = sum_c dout * out over the head dim (fixed order: lane
@@ -946,8 +952,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     float p = visible ? exp2f(s[m][n] * sl2 - l2) : 0.0f;
                     float z = 1.0f;
                     if (ATT_DROPPING(drop_p) && visible)
-                        z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a, i,
-                                     j, A, sq, sk);
+                        z = ATT_KEEP(i, j);
                     dSTs[ty + 8 * m][ql] = p * (dp[m][n] * z - D) * scale;
                     PTs[ty + 8 * m][ql] = p * z;
                 }
@@ -1081,8 +1086,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 float p = visible ? exp2f(s[m][n] * sl2 - l2[m]) : 0.0f;
                 float z = 1.0f;
                 if (ATT_DROPPING(drop_p) && visible)
-                    z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a, i, j,
-                                 A, sq, sk);
+                    z = ATT_KEEP(i, j);
                 dSs[ty + 8 * m][kl] = p * (dp[m][n] * z - Dm[m]) * scale;
             }
         }
@@ -1236,8 +1240,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     for (int h = 0; h < 2; h++) {
                         float p = att_exp2(fmaf(s[nt][2 * h + e], sl2, nl2)), z = 1.0f;
                         if (ATT_DROPPING(drop_p))
-                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
-                                         q0 + ql, r[h], A, sq, sk);
+                            z = ATT_KEEP(q0 + ql, r[h]);
                         dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv); /* dS^T / scale */
                         s[nt][2 * h + e] = p * z;                             /* P^T Z */
                     }
@@ -1258,8 +1261,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                         float p = visible ? att_exp2(fmaf(s[nt][2 * h + e], sl2, -l2)) : 0.0f;
                         float z = 1.0f;
                         if (ATT_DROPPING(drop_p) && visible)
-                            z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,
-                                         i, r[h], A, sq, sk);
+                            z = ATT_KEEP(i, r[h]);
                         dp[nt][2 * h + e] = p * (dp[nt][2 * h + e] * z - Dv); /* dS^T / scale */
                         s[nt][2 * h + e] = p * z;                             /* P^T Z */
                     }
@@ -1385,8 +1387,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                             float p = att_exp2(fmaf(s[mt][nt][2 * h + e], sl2, nl2[mt][h]));
                             float z = 1.0f;
                             if (ATT_DROPPING(drop_p))
-                                z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi,
-                                             a, r[mt][h], k0 + nt * 8 + 2 * tig + e, A, sq, sk);
+                                z = ATT_KEEP(r[mt][h], k0 + nt * 8 + 2 * tig + e);
                             dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]);
                         }
         } else {
@@ -1408,8 +1409,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                             float p = visible ? att_exp2(x) : 0.0f;
                             float z = 1.0f;
                             if (ATT_DROPPING(drop_p) && visible)
-                                z = att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi,
-                                             a, r[mt][h], j, A, sq, sk);
+                                z = ATT_KEEP(r[mt][h], j);
                             dp[mt][nt][2 * h + e] = p * (dp[mt][nt][2 * h + e] * z - Dm[mt][h]);
                         }
                 }

@@ -32,9 +32,11 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 5u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+#define MGC_PLAN_VERSION 6u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
                               4: row views (tensor view); 5: a second split (tensor split2_*);
+                              6: the attention kernels' dropout numbering (their argument
+                              lists, so the cubins of older plans do not fit);
                               docs/plan-format.md */
 
 typedef enum mgc_plan_status {

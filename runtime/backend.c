@@ -10,19 +10,59 @@ uint64_t mgc_op_dropout_stream(const mgc_op_call *c) {
            ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)c->microbatch << 32);
 }
 
-/* Sequence-parallel shards of the residual stream are contiguous along dim 0; with
- * context parallelism the rows are two chunks, so a CP shard's masks are its own draw
- * (docs/cpu-backend.md). */
-uint64_t mgc_op_shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t) {
-    if (t->split_axis != 0) return 0;
-    int64_t r = 0;
-    if (t->split_group == MGC_GROUP_TP) r = c->co.tp;
-    else if (t->split_group == MGC_GROUP_TPCP) r = c->co.tp + c->co.cp * c->grid_tp;
-    else if (t->split_group == MGC_GROUP_CP) r = c->co.cp;
+/* A position of a context rank's rows: chunks r and 2cp-1-r of the 2cp equal chunks of the
+ * sequence (docs/partitioning.md, "Sequence splits"). */
+static int64_t ctx_pos(int64_t x, int64_t s, int64_t cp, int64_t r) {
+    int64_t half = s / (2 * cp);
+    return x < half ? r * half + x : (2 * cp - 1 - r) * half + (x - half);
+}
+
+/* A tensor sharded along dim 0 holds rows of the sequence: under SP (split group TP) rows
+ * [tp L, tp L + L) of it, L = s / tp; under CP the rank's two chunks; under both (TPCP)
+ * rows [tp L, tp L + L) of the rank's cp-local rows, L = s / (cp tp), which may straddle the
+ * two chunks.  Each position holds E = numel / L elements, so the local elements are at most
+ * two runs of the global (s, ...) tensor. */
+mgc_dropout_rng mgc_op_drop_rng(const mgc_op_call *c, const mgc_plan_tensor *t) {
+    mgc_dropout_rng r;
+    memset(&r, 0, sizeof r);
+    r.seed = c->seed;
+    r.stream = mgc_op_dropout_stream(c);
+    if (t->split_axis != 0) return r;
+    int64_t tp = 1, cp = 1, tpr = 0;
+    if (t->split_group == MGC_GROUP_TP) tp = c->grid_tp, tpr = c->co.tp;
+    else if (t->split_group == MGC_GROUP_TPCP) tp = c->grid_tp, tpr = c->co.tp, cp = c->grid_cp;
+    else if (t->split_group == MGC_GROUP_CP) cp = c->grid_cp;
+    else return r;
     uint64_t n = 1;
     for (int i = 0; i < t->rank; i++)
         n *= (uint64_t)t->dim[i];
-    return (uint64_t)r * n;
+    int64_t s = c->seq_length, L = tp * cp > 0 ? s / (tp * cp) : 0;
+    if (cp <= 1 || L <= 0 || s % (2 * cp) != 0 || n % (uint64_t)L != 0) { /* contiguous shards */
+        r.elem0 = (uint64_t)(tpr + (cp > 1 ? c->co.cp * tp : 0)) * n;
+        return r;
+    }
+    uint64_t E = n / (uint64_t)L;
+    int64_t base = tpr * L, half = s / (2 * cp);
+    int64_t first = base < half ? (half - base < L ? half - base : L) : L;
+    r.elem0 = (uint64_t)ctx_pos(base, s, cp, c->co.cp) * E;
+    if (first < L) {
+        r.n0 = (int64_t)((uint64_t)first * E);
+        r.elem1 = (uint64_t)ctx_pos(base + first, s, cp, c->co.cp) * E;
+    }
+    return r;
+}
+
+/* Attention heads are split over the tensor group in order (partition.c: a_l = a / tp). */
+mgc_dropout_rng mgc_op_attn_drop_rng(const mgc_op_call *c, int64_t A) {
+    mgc_dropout_rng r;
+    memset(&r, 0, sizeof r);
+    r.seed = c->seed;
+    r.stream = mgc_op_dropout_stream(c);
+    int64_t tp = c->grid_tp > 1 ? c->grid_tp : 1;
+    r.heads = A * tp;
+    r.head0 = A * (tp > 1 ? c->co.tp : 0);
+    r.seq = c->seq_length;
+    return r;
 }
 
 void mgc_op_split_add_norm(const mgc_op_call *c, mgc_plan_op *add_op, mgc_op_call *add_call,

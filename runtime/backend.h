@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "plan.h"
+#include "rng.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,11 +55,15 @@ typedef struct mgc_op_call {
 } mgc_op_call;
 
 /* What every backend derives the same way from a call (backend.c), so their dropout masks
- * agree bit for bit: the dropout stream of the op at this (iteration, microbatch) -- the
- * op's name hashed, mixed with both -- and the global index of the first element of a
- * tensor sharded along dim 0 (sequence parallelism; 0 for other tensors). */
+ * agree bit for bit and every parallel layout draws the one-rank masks: the dropout stream
+ * of the op at this (iteration, microbatch) -- the op's name hashed, mixed with both; the
+ * numbering of an element-wise site over tensor t by the global index of its elements (the
+ * rank's shard of the (s, b, ...) tensor is one run of it under sequence parallelism, two
+ * under context parallelism, whose rows are two chunks of the sequence); and the numbering
+ * of an attention site with A local heads by the global head and positions (rng.h). */
 uint64_t mgc_op_dropout_stream(const mgc_op_call *c);
-uint64_t mgc_op_shard_elem0(const mgc_op_call *c, const mgc_plan_tensor *t);
+mgc_dropout_rng mgc_op_drop_rng(const mgc_op_call *c, const mgc_plan_tensor *t);
+mgc_dropout_rng mgc_op_attn_drop_rng(const mgc_op_call *c, int64_t A);
 
 /* A fused add_norm call (compiler/fusion.c) as the two calls it replaces: the
  * dropout_add (same name, so the same dropout stream) and the norm of its

@@ -101,14 +101,6 @@ static void gathered_positions(int32_t *pos, int64_t rows, int64_t s, int64_t cp
         ctx_positions(pos + q * per, per, s, cp, q);
 }
 
-static mgc_dropout_rng drop_rng(const mgc_op_call *c, uint64_t elem0) {
-    mgc_dropout_rng r;
-    r.seed = c->seed;
-    r.stream = mgc_op_dropout_stream(c);
-    r.elem0 = elem0;
-    return r;
-}
-
 /* ---- the ops ---------------------------------------------------------------------- */
 
 #define F(p) ((float *)(p))
@@ -285,7 +277,7 @@ static int op_attention(mgc_backend *be, const mgc_op_call *c) {
     gathered_positions(kpos, sk, c->seq_length, sk == sq ? 1 : cp);
     if (sk == sq && cp > 1) ctx_positions(kpos, sk, c->seq_length, cp, c->co.cp);
     if (cp <= 1) qpos = kpos = NULL; /* rows are positions: the kernels' fast path */
-    mgc_dropout_rng rng = drop_rng(c, 0);
+    mgc_dropout_rng rng = mgc_op_attn_drop_rng(c, A);
     const float *q = CF(c->in[0]), *k = ag.fused ? ks : CF(c->in[1]), *v = ag.fused ? vs : CF(c->in[2]);
     if (ag.fused) {
         mgc_cpu_qkv_split_fwd_f32(qs, ks, vs, CF(c->in[0]), sq * b, G, A / G, d);
@@ -313,14 +305,14 @@ static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
     switch (op->kind) {
     case MGC_POP_DROPOUT: {
         int64_t n = (int64_t)numel(tin(c, 0));
-        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tin(c, 0)));
+        mgc_dropout_rng r = mgc_op_drop_rng(c, tin(c, 0));
         mgc_cpu_dropout_fwd_f32(F(c->out[0]), op->n_out > 1 ? (uint8_t *)c->out[1] : NULL,
                                 CF(c->in[0]), n, op->fattr[0], &r);
         return 0;
     }
     case MGC_POP_DROPOUT_BWD: {
         int64_t n = (int64_t)numel(tout(c, 0));
-        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
+        mgc_dropout_rng r = mgc_op_drop_rng(c, tout(c, 0));
         mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]),
                                 op->n_in > 1 ? (const uint8_t *)c->in[1] : NULL, n, op->fattr[0],
                                 &r); /* no mask: drawn again */
@@ -328,14 +320,14 @@ static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
     }
     case MGC_POP_DROPOUT_ADD: {
         int64_t n = (int64_t)numel(tout(c, 0));
-        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
+        mgc_dropout_rng r = mgc_op_drop_rng(c, tout(c, 0));
         mgc_cpu_dropout_add_fwd_f32(F(c->out[0]), op->n_out > 1 ? (uint8_t *)c->out[1] : NULL,
                                     CF(c->in[0]), CF(c->in[1]), n, op->fattr[0], &r);
         return 0;
     }
     case MGC_POP_DROPOUT_ADD_BWD: {
         int64_t n = (int64_t)numel(tout(c, 0));
-        mgc_dropout_rng r = drop_rng(c, mgc_op_shard_elem0(c, tout(c, 0)));
+        mgc_dropout_rng r = mgc_op_drop_rng(c, tout(c, 0));
         mgc_cpu_dropout_bwd_f32(F(c->out[0]), CF(c->in[0]),
                                 op->n_in > 1 ? (const uint8_t *)c->in[1] : NULL, n, op->fattr[0],
                                 &r); /* no mask: drawn again */

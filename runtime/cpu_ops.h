@@ -40,12 +40,7 @@ typedef enum mgc_drop_policy {
     MGC_DROP_POSITION = 1, /* each expert keeps its first `capacity` assignments in token order */
 } mgc_drop_policy;
 
-/* Dropout randomness of one site: the element index is elem0 + the local element. */
-typedef struct mgc_dropout_rng {
-    uint64_t seed;   /* training seed */
-    uint64_t stream; /* mgc_rng_stream(layer, site, microbatch) */
-    uint64_t elem0;  /* global index of this shard's first element (0 unsharded) */
-} mgc_dropout_rng;
+/* mgc_dropout_rng: rng.h */
 
 #define MGC_REAL     float
 #define MGC_FN(name) name##_f32

@@ -135,7 +135,7 @@ int64_t MGC_FN(mgc_cpu_attention_work)(int64_t sq, int64_t sk, int64_t d);
  * scores = scale q.k; causal: key j is visible to query i iff kpos[j] <= qpos[i]
  * (qpos (sq), kpos (sk), NULL = 0..); probabilities softmax over the visible keys, saved as
  * lse (sq,b,A) = logsumexp of the scores; attention dropout p > 0 drops probabilities with
- * the RNG at element ((bi*A + a)*sq + i)*sk + j (rng->elem0 added). A row with no visible
+ * the RNG at the element mgc_dropout_rng numbers (global head and positions). A row with no visible
  * key gets out = 0 and lse = -inf. */
 void MGC_FN(mgc_cpu_attention_fwd)(MGC_REAL *out /* (sq,b,A,d) */, MGC_REAL *lse /* (sq,b,A) */,
                                    const MGC_REAL *q /* (sq,b,A,d) */,

@@ -249,7 +249,9 @@ void FN(mgc_cpu_add_fwd)(R *y, const R *a, const R *b, int64_t n) {
 /* keep flag of element i: the RNG word against the threshold, in integers so that the
  * float and double variants make identical masks */
 static int FN(keep)(const mgc_dropout_rng *rng, uint32_t thr, uint64_t i) {
-    return mgc_rng_u32(rng->seed, rng->stream, rng->elem0 + i) >= thr;
+    uint64_t e = rng->n0 > 0 && i >= (uint64_t)rng->n0 ? rng->elem1 + (i - (uint64_t)rng->n0)
+                                                        : rng->elem0 + i;
+    return mgc_rng_u32(rng->seed, rng->stream, e) >= thr;
 }
 
 void FN(mgc_cpu_dropout_fwd)(R *y, uint8_t *mask, const R *x, int64_t n, double p,
@@ -359,12 +361,20 @@ static int FN(visible)(int causal, const int32_t *qpos, const int32_t *kpos, int
     return kp <= qp;
 }
 
-/* dropout multiplier of probability (bi, a, i, j): 0 or 1/(1-p) */
+/* dropout multiplier of probability (bi, a, i, j): 0 or 1/(1-p); the element is numbered by
+ * the global head and positions when rng->heads > 0 (cpu_ops.h mgc_dropout_rng) */
 static R FN(attn_keep)(const mgc_dropout_rng *rng, double p, uint32_t thr, int64_t bi, int64_t a,
-                       int64_t i, int64_t j, int64_t A, int64_t sq, int64_t sk) {
+                       int64_t i, int64_t j, int64_t A, int64_t sq, int64_t sk,
+                       const int32_t *qpos, const int32_t *kpos) {
     if (!(p > 0)) return (R)1;
-    uint64_t e = (uint64_t)(((bi * A + a) * sq + i) * sk + j);
-    return FN(keep)(rng, thr, e) ? (R)(1.0 / (1.0 - p)) : (R)0;
+    uint64_t e;
+    if (rng->heads > 0) {
+        int64_t qp = qpos ? qpos[i] : i, kp = kpos ? kpos[j] : j, S = rng->seq;
+        e = rng->elem0 + (uint64_t)(((bi * rng->heads + rng->head0 + a) * S + qp) * S + kp);
+    } else {
+        e = rng->elem0 + (uint64_t)(((bi * A + a) * sq + i) * sk + j);
+    }
+    return mgc_rng_u32(rng->seed, rng->stream, e) >= thr ? (R)(1.0 / (1.0 - p)) : (R)0;
 }
 
 int64_t FN(mgc_cpu_attention_work)(int64_t sq, int64_t sk, int64_t d) {
@@ -435,7 +445,8 @@ void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *
                         row[j] *= inv;
                     if (dropout_p > 0)
                         for (int64_t j = 0; j < sk; j++)
-                            row[j] *= FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
+                            row[j] *= FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk, qpos,
+                                                          kpos);
                 }
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)sq, (int)d, (int)sk, (R)1, S,
                      (int)sk, Vc, (int)d, (R)0, Oc, (int)d);
@@ -487,7 +498,7 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                                 continue;
                             }
                             R pj = FEXP(pr[j] - l);
-                            R z = FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk);
+                            R z = FN(attn_keep)(rng, dropout_p, thr, bi, a, i, j, A, sq, sk, qpos, kpos);
                             dpr[j] = pj * (dpr[j] * z - D) * (R)scale; /* dS */
                             pr[j] = pj * z;                           /* dropped-out P for dV */
                         }

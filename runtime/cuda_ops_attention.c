@@ -11,7 +11,8 @@
  * Positions (context parallelism) are computed inside the kernels from (seq_length, cp,
  * cp rank): queries are the rank's two chunks; keys the same rows when sk == sq, else the
  * all-gathered rows of every rank (cpu_backend.c ctx_positions / gathered_positions).  With
- * cp <= 1 rows are positions.  The dropout stream is cpu_backend.c drop_rng's (elem0 = 0).
+ * cp <= 1 rows are positions.  Dropout numbers its elements as the CPU does (backend.h
+ * mgc_op_attn_drop_rng: the model's heads and the positions).
  *
  * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR, ATT_TBR_Q): keep
  * them equal. */
@@ -44,7 +45,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     int64_t sq = ag.sq, b = ag.b, A = ag.A, d = ag.d, sk = ag.sk, G = ag.G;
     int64_t cp = op->iattr[3] > 0 ? op->iattr[3] : 1;
     if (G <= 0 || A % G != 0 || b > 65535 || A > 65535 || sq >= INT32_MAX || sk >= INT32_MAX ||
-        c->seq_length >= INT32_MAX)
+        c->seq_length >= INT32_MAX || A * (c->grid_tp > 1 ? c->grid_tp : 1) > INT32_MAX)
         return mgc_cuda_fail(be, "attention '%s': unsupported shape sq=%lld sk=%lld b=%lld A=%lld G=%lld",
                              mgc_plan_strat(c->plan, op->name), (long long)sq, (long long)sk,
                              (long long)b, (long long)A, (long long)G);
@@ -68,9 +69,11 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     if (pd > 0 && drop_p <= 0.0f) drop_p = 1e-30f; /* p > 0 must stay > 0 */
     unsigned drop_thr = mgc_rng_drop_threshold(pd);
     float drop_scale = pd > 0 ? (float)(1.0 / (1.0 - pd)) : 1.0f;
-    unsigned long long seed = c->seed;
-    unsigned long long stream = mgc_op_dropout_stream(c);
-    unsigned long long elem0 = 0;
+    mgc_dropout_rng dr = mgc_op_attn_drop_rng(c, A);
+    unsigned long long seed = dr.seed, stream = dr.stream;
+    unsigned long long elem0 = (unsigned long long)dr.head0 * (unsigned long long)dr.seq *
+                               (unsigned long long)dr.seq;
+    int drop_heads = (int)dr.heads;
     const int *qpos = NULL, *kpos = NULL; /* positions are computed on the device */
     int pos_s = (int)c->seq_length, pos_cp = (int)cp, pos_rank = (int)c->co.cp;
     int k_gathered = sk != sq;
@@ -93,8 +96,8 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
         }
         void *args[] = {&out,      &lse,       &q,         &k,        &v,    &isq,   &isk,
                         &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
-                        &drop_scale, &seed,    &stream,    &elem0,    &qpos, &kpos,  &pos_s,
-                        &pos_cp,   &pos_rank,  &k_gathered, &qkv};
+                        &drop_scale, &seed,    &stream,    &elem0,    &drop_heads, &qpos, &kpos,
+                        &pos_s,    &pos_cp,    &pos_rank,  &k_gathered, &qkv};
         int bq = fwd_bq(d, ks[0].dtype != MGC_DT_F32);
         return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
                                (unsigned)A, 128, 0, args);
@@ -115,15 +118,15 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     int br = bwd_br(d, ks[1].dtype != MGC_DT_F32);
     void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
                   &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
-                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &qpos,
-                  &kpos,    &pos_s,    &pos_cp,  &pos_rank, &k_gathered, &qkv};
+                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &drop_heads,
+                  &qpos,    &kpos,     &pos_s,   &pos_cp,   &pos_rank,   &k_gathered, &qkv};
     if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G, 128,
                         0, a1))
         return -1;
     void *a2[] = {&dq,      &q,        &k,       &v,        &dout,       &lse,   &dsum,
                   &isq,     &isk,      &ib,      &iA,       &iG,         &scale, &drop_p,
-                  &drop_thr, &drop_scale, &seed, &stream,   &elem0,      &qpos,  &kpos,
-                  &pos_s,   &pos_cp,   &pos_rank, &k_gathered, &qkv};
+                  &drop_thr, &drop_scale, &seed, &stream,   &elem0,      &drop_heads, &qpos,
+                  &kpos,    &pos_s,    &pos_cp,  &pos_rank, &k_gathered, &qkv};
     int bq = bwd_dq_rows(d, ks[2].dtype != MGC_DT_F32);
     return mgc_cuda_launch(be, &ks[2], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A,
                            128, 0, a2);

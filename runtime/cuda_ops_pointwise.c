@@ -244,8 +244,9 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     }
     CHECK(get_specs(be, c, k, 1));
     if (rows == 0) return 0;
-    /* the dropout_add's stream and shard offset (same name, same output tensor) */
-    unsigned long long seed = c->seed, stream = mgc_op_dropout_stream(c), elem0 = mgc_op_shard_elem0(c, tout(c, 0));
+    /* the dropout_add's numbering (same name, same output tensor): one launch a run of rows */
+    mgc_dropout_rng dr = mgc_op_drop_rng(c, tout(c, 0));
+    unsigned long long seed = dr.seed, stream = dr.stream, elem0 = dr.elem0;
     unsigned thr = mgc_rng_drop_threshold(p);
     float sc = (float)(1.0 / (1.0 - p));
     int drop = p > 0;
@@ -254,10 +255,24 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     CHECK(norm_aligned(be, c, hd, al, 6));
     if (mask && hd % 8 == 0 && ((uintptr_t)mask & 7u))
         return mgc_cuda_fail(be, "add_norm '%s': the mask is not 8-byte aligned", opname(c));
-    int64_t R = kconst(&k[0], "R");
-    void *args[] = {&hp, &yp, &mask, &br, &rs, &w, &bias, &rows, &eps, &seed, &stream, &elem0, &thr, &sc, &drop};
-    return mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1,
-                           (unsigned)(kconst(&k[0], "T") * R), 0, args);
+    int64_t R = kconst(&k[0], "R"), all = rows;
+    int64_t first = dr.n0 > 0 && drop ? dr.n0 / hd : rows; /* mgc_op_drop_rng: whole positions */
+    size_t es = dt == MGC_DT_F32 ? 4 : 2;
+    for (int run = 0; run < 2; run++) {
+        int64_t r0 = run ? first : 0;
+        rows = run ? all - first : first;
+        if (rows <= 0) continue;
+        if (run) {
+            size_t off = (size_t)(r0 * hd) * es;
+            hp = (char *)hp + off, yp = (char *)yp + off, br = (char *)br + off, rs = (char *)rs + off;
+            if (mask) mask = (char *)mask + r0 * hd;
+            elem0 = dr.elem1;
+        }
+        void *args[] = {&hp, &yp, &mask, &br, &rs, &w, &bias, &rows, &eps, &seed, &stream, &elem0, &thr, &sc, &drop};
+        CHECK(mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1, (unsigned)(kconst(&k[0], "T") * R),
+                              0, args));
+    }
+    return 0;
 }
 
 static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
@@ -268,7 +283,8 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_tensor *ref = op->kind == MGC_POP_DROPOUT ? tin(c, 0) : tout(c, 0);
     int64_t n = numel(ref);
     double p = op->fattr[0];
-    uint64_t seed = c->seed, stream = mgc_op_dropout_stream(c), elem0 = mgc_op_shard_elem0(c, ref);
+    mgc_dropout_rng dr = mgc_op_drop_rng(c, ref);
+    uint64_t seed = dr.seed, stream = dr.stream, elem0 = dr.elem0;
     uint32_t thr = mgc_rng_drop_threshold(p);
     float sc = (float)(1.0 / (1.0 - p));
     int drop = p > 0;
@@ -289,17 +305,32 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     if (add) CHECK(want(be, c, tin(c, 1), dt, "the residual"));
     CHECK(get_specs(be, c, k, 1));
     if (n == 0) return 0;
-    /* 8-element items (pointwise.cuh), or Philox blocks of 4 when the shard is not aligned */
-    int64_t units = (int64_t)(((elem0 + (uint64_t)n - 1) >> 2) - (elem0 >> 2) + 1);
-    unsigned grid = ew_grid(be, (elem0 & 3) == 0 ? (n + 7) / 8 : units);
-    void *y = c->out[0], *x = c->in[0];
-    if (fwd) {
-        void *res = add ? c->in[1] : NULL;
-        void *args[] = {&y, &mask, &x, &res, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
-        return mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args);
+    void *y = c->out[0], *x = c->in[0], *res = add ? c->in[1] : NULL;
+    /* one launch a run of the stream (mgc_op_drop_rng: two under context parallelism) */
+    int64_t all = n, first = dr.n0 > 0 && drop ? dr.n0 : n;
+    size_t es = dt == MGC_DT_F32 ? 4 : 2;
+    for (int run = 0; run < 2; run++) {
+        n = run ? all - first : first;
+        if (n <= 0) continue;
+        if (run) {
+            size_t off = (size_t)first * es;
+            y = (char *)y + off, x = (char *)x + off;
+            if (res) res = (char *)res + off;
+            if (mask) mask = (char *)mask + first;
+            elem0 = dr.elem1;
+        }
+        /* 8-element items (pointwise.cuh), or Philox blocks of 4 when the run is not aligned */
+        int64_t units = (int64_t)(((elem0 + (uint64_t)n - 1) >> 2) - (elem0 >> 2) + 1);
+        unsigned grid = ew_grid(be, (elem0 & 3) == 0 ? (n + 7) / 8 : units);
+        if (fwd) {
+            void *args[] = {&y, &mask, &x, &res, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
+            CHECK(mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args));
+        } else {
+            void *args[] = {&y, &x, &mask, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
+            CHECK(mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args));
+        }
     }
-    void *args[] = {&y, &x, &mask, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
-    return mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args);
+    return 0;
 }
 
 static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {

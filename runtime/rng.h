@@ -41,6 +41,23 @@ void mgc_rng_fill_u32(uint32_t *out, int64_t n, uint64_t seed, uint64_t stream, 
  * i.e. with probability 1 - p (exact to 2^-32). p in [0, 1). */
 uint32_t mgc_rng_drop_threshold(double p);
 
+/* Dropout randomness of one site.  Element-wise dropout: local element i is element
+ * elem0 + i of the stream, or elem1 + (i - n0) when n0 > 0 and i >= n0 (a context-parallel
+ * shard holds two runs of the sequence: backend.h mgc_op_drop_rng).  Attention dropout:
+ * probability (bi, a, i, j) is element elem0 + ((bi*heads + head0 + a)*seq + qpos(i))*seq +
+ * kpos(j), the global head and positions, so every layout draws the same mask; heads = 0
+ * numbers locally, ((bi*A + a)*sq + i)*sk + j.  All-zero past `elem0` is the unsharded site. */
+typedef struct mgc_dropout_rng {
+    uint64_t seed;   /* training seed */
+    uint64_t stream; /* mgc_op_dropout_stream */
+    uint64_t elem0;  /* global index of this shard's first element (0 unsharded) */
+    int64_t n0;      /* elements of the first run (0: one run) */
+    uint64_t elem1;  /* global index of the second run's first element */
+    int64_t heads;   /* attention: the model's query heads (0: local numbering) */
+    int64_t head0;   /* attention: global index of local head 0 */
+    int64_t seq;     /* attention: the whole sequence length */
+} mgc_dropout_rng;
+
 /* The word as a uniform float in [0, 1) with 24 random bits. */
 static inline float mgc_rng_uniform_f32(uint32_t w) {
     return (float)(w >> 8) * (1.0f / 16777216.0f);

@@ -926,6 +926,15 @@ static const char *const moe_bias[] = {"model.add_bias_linear=true", NULL};
 static const char *const mqa_tp2[] = {"parallel.world_size=2", "parallel.tensor=2",
                                       "model.num_query_groups=1", NULL};
 
+/* dropout in a tensor x context layout (runtime/rng.h): the attention kernels number the
+ * probabilities by the model's head and the positions, and the hidden dropout runs in two
+ * launches where a shard straddles the context rank's two chunks (tp3: the middle shard);
+ * fp32, so that a mask differing from the CPU's (about 1e-3 in the loss) cannot hide */
+static const char *const drop_tp3cp2[] = {"parallel.world_size=6", "parallel.tensor=3",
+                                          "parallel.sequence_parallel=true", "parallel.context=2",
+                                          "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+                                          NULL};
+
 static void check_layouts(void) {
     static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
                                         "parallel.sequence_parallel=true", NULL};
@@ -951,6 +960,7 @@ static void check_layouts(void) {
     check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
     check_layout("examples/tiny-gpt.yaml", "bf16", mqa_tp2, 3e-2, 0);
     check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
+    check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
 }
 
 /* ---- 3. CUDA graphs ------------------------------------------------------------------ */
@@ -1095,6 +1105,8 @@ int main(int argc, char **argv) {
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe")))
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
+    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "dropout")))
+        check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "kv")))
         check_layout("examples/tiny-gpt.yaml", "bf16", mqa_tp2, 3e-2, 0);
     if (only && !strcmp(only, "moe")) check_ops("models/tiny-moe.yaml", moe_bias);

@@ -1221,6 +1221,39 @@ static const layout moe_bias[] = {
                   "parallel.expert=2"}},
 };
 
+/* Dropout in every layout (docs/runtime.md, "Dropout"): hidden and attention dropout 0.1
+ * draw their masks by global element, head and position (backend.h mgc_op_drop_rng), so tensor
+ * parallelism (local heads), sequence parallelism (row shards) and context parallelism (two
+ * chunks of the sequence a rank; with SP on top a shard that straddles them, tp3 cp2) train
+ * the one-rank function. */
+static const char *const dropped[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+static const layout drop_gpt[] = {
+    {"tp2", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=false"}},
+    {"tp2+sp", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true"}},
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"tp2+sp cp2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.context=2"}},
+    {"tp2 cp2 pp2 dp2", {W(16), "parallel.tensor=2", "parallel.context=2", "parallel.pipeline=2",
+                         "parallel.data=2"}},
+    {"recompute full cp2", {W(2), "parallel.context=2", "training.recompute=full"}},
+};
+/* seq 48: tp3 cp2 shards the 24 rows of a context rank's two chunks of 12 by 8, the middle
+ * shard 4 of each */
+static const char *const dropped48[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+                                        "model.seq_length=48", NULL};
+static const layout drop_gpt48[] = {
+    {"tp3+sp cp2", {W(6), "parallel.tensor=3", "parallel.sequence_parallel=true", "parallel.context=2"}},
+};
+static const layout drop_llama[] = {
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"tp2+sp cp2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.context=2"}},
+    {"tp6 (kv replicated)", {W(6), "parallel.tensor=6"}},
+};
+static const layout drop_moe[] = {
+    {"etp2 ep2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+                  "parallel.expert=2"}},
+    {"tp2+sp cp2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.context=2"}},
+};
+
 /* Two layouts that must train alike (where neither matches one rank exactly): every step's
  * loss and gradient norm within 1e-5 relative. */
 static void check_pair(const char *path, const char *const *extra, const layout *a, const layout *b) {
@@ -1343,6 +1376,10 @@ int main(int argc, char **argv) {
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", NULL, moe, 17);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", biased, moe_bias, 3);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", capacity, moe_capacity, 2);
+    if (!only || strstr("dropout", only)) check_model("examples/tiny-gpt.yaml", dropped, drop_gpt, 6);
+    if (!only || strstr("dropout", only)) check_model("examples/tiny-gpt.yaml", dropped48, drop_gpt48, 1);
+    if (!only || strstr("dropout", only)) check_model("models/tiny-llama.yaml", dropped, drop_llama, 3);
+    if (!only || strstr("dropout", only)) check_model("models/tiny-moe.yaml", dropped, drop_moe, 2);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
