@@ -356,7 +356,7 @@ static void redo_op(mgc_cb *b, int32_t f) {
     mgc_cb_fop fx = b->fx[f];
     for (int k = 0; k < op.n_in; k++)
         op.in[k] = fetch(b, op.in[k]);
-    op.flags = MGC_POF_RECOMPUTE;
+    op.flags = MGC_POF_RECOMPUTE | (op.flags & MGC_POF_DOCS); /* what its inputs mean stays */
     op.n_out = (uint16_t)fx.n_all_out;
     for (int k = 0; k < fx.n_all_out; k++) {
         int32_t o = fx.all_out[k];
@@ -566,10 +566,13 @@ static void backward_op(mgc_cb *b, int32_t f) {
         /* flash-attention backward: q, k, v, out and the logsumexp; the
          * scores are recomputed tile by tile, dropout from the RNG state */
         int32_t lse = fx.n_all_out > 1 ? fx.all_out[1] : -1;
-        int32_t in[6] = {fetch(b, op.in[0]),  fetch(b, op.in[1]), fetch(b, op.in[2]),
-                         fetch(b, op.out[0]), fetch(b, lse),      gy[0]};
+        int docs = (op.flags & MGC_POF_DOCS) != 0; /* the document starts: the last input */
+        int32_t in[7] = {fetch(b, op.in[0]),  fetch(b, op.in[1]), fetch(b, op.in[2]),
+                         fetch(b, op.out[0]), fetch(b, lse),      gy[0],
+                         docs ? fetch(b, op.in[3]) : -1};
         int32_t out[3] = {grad_like(b, op.in[0]), grad_like(b, op.in[1]), grad_like(b, op.in[2])};
-        int32_t id = bop(b, MGC_POP_ATTENTION_BWD, &op, 6, in, 3, out, 0);
+        int32_t id = bop(b, MGC_POP_ATTENTION_BWD, &op, docs ? 7 : 6, in, 3, out,
+                         docs ? MGC_POF_DOCS : 0);
         if (id >= 0) b->b[id].flops = op.flops / 2 * 5; /* 5 GEMMs per tile against 2 */
         for (int k = 0; k < 3; k++)
             acc(b, op.in[k], out[k], &op);

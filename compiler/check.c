@@ -957,20 +957,22 @@ static void check_data(mgc_check_ctx *k) {
     check_split(k);
     /* the end-of-document mask */
     const mgc_data_cfg *dc = &c->data;
-    if (dc->eod_mask_loss && dc->eod_token >= c->model.vocab_size) {
+    if ((dc->eod_mask_loss || dc->reset_attention_mask) && dc->eod_token >= c->model.vocab_size) {
         char a[KV_N], b[KV_N], hint[HINT_N];
         snprintf(hint, sizeof hint,
                  "set data.eod_token to your tokenizer's end-of-document id, below %" PRId64
                  " (256 for mgc's byte tokenizer)",
                  c->model.vocab_size);
         mgc_check_error(k, mgc_check_at(k, KEY(DATA_EOD)), hint,
-                        "%s is not a token of the vocabulary (%s): no loss would be masked",
+                        "%s is not a token of the vocabulary (%s): no document would end",
                         mgc_check_kv(a, k, KEY(DATA_EOD), dc->eod_token),
                         mgc_check_kv(b, k, KEY(MODEL_VOCAB_SIZE), c->model.vocab_size));
     }
-    if (!dc->eod_mask_loss && mgc_check_given(k, KEY(DATA_EOD)))
-        mgc_check_warning(k, mgc_check_at(k, KEY(DATA_EOD)), "set data.eod_mask_loss: true to use it",
-                          "data.eod_token has no effect unless data.eod_mask_loss is true");
+    if (!dc->eod_mask_loss && !dc->reset_attention_mask && mgc_check_given(k, KEY(DATA_EOD)))
+        mgc_check_warning(k, mgc_check_at(k, KEY(DATA_EOD)),
+                          "set data.eod_mask_loss or data.reset_attention_mask: true to use it",
+                          "data.eod_token has no effect unless data.eod_mask_loss or "
+                          "data.reset_attention_mask is true");
     /* checkpoint */
     const mgc_checkpoint_cfg *cp = &c->checkpoint;
     if (cp->directory && cp->directory[0] && cp->interval > c->training.iterations) {

@@ -285,6 +285,8 @@ typedef struct mgc_blend {
       "Leave out of the loss the tokens predicted from an end-of-document token.")                          \
     X(DATA_EOD, "data.eod_token", INT, data.eod_token, 256, 0, 2147483647.0, NULL, 0, NULL,                  \
       "The end-of-document token id (256: the byte tokenizer's).")                                          \
+    X(DATA_RESET_ATTN, "data.reset_attention_mask", BOOL, data.reset_attention_mask, 0, 0, 0, NULL, 0, NULL, \
+      "Attention stays within a document: a token sees no token before its document's start.")             \
     /* checkpoint */                                                                                         \
     X(CKPT_DIR, "checkpoint.directory", STRING, checkpoint.directory, 0, 0, 0, NULL, 0, "\"\"",               \
       "Where checkpoints are written and resumed from; empty turns checkpointing off.")                     \
@@ -421,6 +423,7 @@ typedef struct mgc_data_cfg {
     char *split;
     int eod_mask_loss;
     int64_t eod_token;
+    int reset_attention_mask;        /* attention within documents (Megatron's --reset-attention-mask) */
 } mgc_data_cfg;
 
 typedef struct mgc_checkpoint_cfg {

@@ -218,8 +218,10 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
     uint8_t *gone_b = calloc((size_t)(ch->n_bwd > 0 ? ch->n_bwd : 1), 1);
     for (int64_t i = 0; gone_f && gone_b && i + 1 < ch->n_fwd; i++) {
         mgc_plan_op *sp = &ch->fwd[i], *at = &ch->fwd[i + 1];
+        /* with the document flag the attention's last input is doc_start, which stays last */
+        int docs = (at->flags & MGC_POF_DOCS) != 0;
         if (sp->kind != MGC_POP_QKV_SPLIT || sp->n_in != 1 || sp->n_out != 3 ||
-            at->kind != MGC_POP_ATTENTION || at->n_in != 3 || at->n_out < 1 ||
+            at->kind != MGC_POP_ATTENTION || at->n_in != 3 + docs || at->n_out < 1 ||
             ((sp->flags | at->flags) & (MGC_POF_RECOMPUTE | MGC_POF_QKV | MGC_POF_ROPE)))
             continue;
         int32_t qkv = sp->in[0], q = sp->out[0], k = sp->out[1], v = sp->out[2];
@@ -231,14 +233,14 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         int re = 0;
         for (int64_t j = 0; j < ch->n_bwd; j++) {
             const mgc_plan_op *o = &ch->bwd[j];
-            re += o->kind == MGC_POP_ATTENTION && (o->flags & MGC_POF_RECOMPUTE) && o->n_in == 3 &&
-                  o->in[0] == q && o->in[1] == k && o->in[2] == v;
+            re += o->kind == MGC_POP_ATTENTION && (o->flags & MGC_POF_RECOMPUTE) &&
+                  o->n_in == 3 + docs && o->in[0] == q && o->in[1] == k && o->in[2] == v;
         }
         if (uses[q] != 3 + re || uses[k] != 3 + re || uses[v] != 3 + re) continue;
         int64_t bi = -1, si = -1;
         for (int64_t j = 0; j < ch->n_bwd && bi < 0; j++) {
             const mgc_plan_op *o = &ch->bwd[j];
-            if (o->kind == MGC_POP_ATTENTION_BWD && o->n_in == 6 && o->n_out == 3 &&
+            if (o->kind == MGC_POP_ATTENTION_BWD && o->n_in == 6 + docs && o->n_out == 3 &&
                 o->in[0] == q && o->in[1] == k && o->in[2] == v &&
                 !(o->flags & (MGC_POF_RECOMPUTE | MGC_POF_QKV)))
                 bi = j;
@@ -295,21 +297,21 @@ static int64_t fuse_qkv_attention(mgc_plan_chunk *ch) {
         }
         Q->buffer = K->buffer = V->buffer = -1, Q->offset = K->offset = V->offset = 0;
         at->flags |= MGC_POF_QKV;
-        at->n_in = 1;
-        at->in[0] = qkv, at->in[1] = at->in[2] = 0;
+        at->n_in = (uint16_t)(1 + docs);
+        at->in[0] = qkv, at->in[1] = docs ? at->in[3] : 0, at->in[2] = at->in[3] = 0;
         for (int64_t j = 0; j < ch->n_bwd; j++) {
             mgc_plan_op *o = &ch->bwd[j];
-            if (o->kind == MGC_POP_ATTENTION && (o->flags & MGC_POF_RECOMPUTE) && o->n_in == 3 &&
-                o->in[0] == q && o->in[1] == k && o->in[2] == v) {
+            if (o->kind == MGC_POP_ATTENTION && (o->flags & MGC_POF_RECOMPUTE) &&
+                o->n_in == 3 + docs && o->in[0] == q && o->in[1] == k && o->in[2] == v) {
                 o->flags |= MGC_POF_QKV;
-                o->n_in = 1;
-                o->in[0] = qkv, o->in[1] = o->in[2] = 0;
+                o->n_in = (uint16_t)(1 + docs);
+                o->in[0] = qkv, o->in[1] = docs ? o->in[3] : 0, o->in[2] = o->in[3] = 0;
             }
         }
         ab->flags |= MGC_POF_QKV;
         ab->in[0] = qkv, ab->in[1] = ab->in[3], ab->in[2] = ab->in[4], ab->in[3] = ab->in[5];
-        ab->in[4] = ab->in[5] = 0;
-        ab->n_in = 4;
+        ab->in[4] = docs ? ab->in[6] : 0, ab->in[5] = ab->in[6] = 0;
+        ab->n_in = (uint16_t)(4 + docs);
         ab->out[0] = dqkv, ab->out[1] = ab->out[2] = 0;
         ab->n_out = 1;
         gone_f[i] = 1;

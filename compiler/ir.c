@@ -18,7 +18,8 @@ static const char *const axis_names[] = {
 static const char *const axis_symbols[] = {"s", "b", "T",  "h", "a", "g", "d", "qkv",
                                            "q", "f", "2f", "V", "P", "E", "k", "R"};
 static const char *const role_names[] = {"param",      "tokens", "labels",   "loss_mask",
-                                         "activation", "loss",   "aux_loss", "grad"};
+                                         "activation", "loss",   "aux_loss", "grad",
+                                         "doc_start"};
 static const char *const pclass_names[] = {
     "none",   "word_embedding", "position_embedding", "norm",        "attention", "mlp",
     "router", "expert",         "shared_expert",      "output_layer"};
@@ -72,7 +73,7 @@ const char *mgc_ir_op_kind_name(mgc_ir_op_kind k) {
 
 int mgc_ir_role_is_input(mgc_ir_role r) {
     return r == MGC_IR_ROLE_PARAM || r == MGC_IR_ROLE_TOKENS || r == MGC_IR_ROLE_LABELS ||
-           r == MGC_IR_ROLE_LOSS_MASK;
+           r == MGC_IR_ROLE_LOSS_MASK || r == MGC_IR_ROLE_DOC_START;
 }
 
 /* ---- graph storage ------------------------------------------------------- */
@@ -80,7 +81,7 @@ int mgc_ir_role_is_input(mgc_ir_role r) {
 mgc_graph *mgc_ir_new(void) {
     mgc_graph *g = calloc(1, sizeof *g);
     if (!g) return NULL;
-    g->tokens = g->labels = g->loss_mask = g->loss = -1;
+    g->tokens = g->labels = g->loss_mask = g->loss = g->doc_start = -1;
     g->word_embedding = g->output_weight = -1;
     return g;
 }
@@ -660,7 +661,8 @@ static int32_t decoder_layer(bld *b, int32_t l, int32_t x, int is_moe) {
     at.attention.head_dim = (int32_t)dm->d;
     at.attention.scale = 1.0 / sqrt((double)dm->d);
     at.attention.dropout = m->attention_dropout;
-    emit(b, MGC_IR_OP_ATTENTION, mod, qkv3, 3, &ctx, 1, &at);
+    int32_t ain[4] = {qkv3[0], qkv3[1], qkv3[2], b->g->doc_start};
+    emit(b, MGC_IR_OP_ATTENTION, mod, ain, b->g->doc_start >= 0 ? 4 : 3, &ctx, 1, &at);
     int32_t o =
         linear(b, fmt(mod, sizeof mod, "%s.self_attention.linear_proj", P), ctx, 2,
                MGC_IR_PCLASS_ATTENTION, MGC_IR_INIT_SCALED_NORMAL, (mgc_ir_dim)D(HIDDEN, dm->h),
@@ -788,6 +790,11 @@ mgc_graph *mgc_ir_build(const mgc_config *c, mgc_diags *d) {
                        DIMS(D(SEQ, dm->s), D(BATCH, dm->b)), "labels");
     g->loss_mask = tensor(&b, MGC_IR_ROLE_LOSS_MASK, MGC_IR_DTYPE_FP32, MGC_IR_TF_NODIFF,
                           DIMS(D(SEQ, dm->s), D(BATCH, dm->b)), "loss_mask");
+    if (c->data.reset_attention_mask) { /* read by every attention */
+        b.part = MGC_IR_PART_ATTENTION;
+        g->doc_start = tensor(&b, MGC_IR_ROLE_DOC_START, MGC_IR_DTYPE_INT32, MGC_IR_TF_NODIFF,
+                              DIMS(D(SEQ, dm->s), D(BATCH, dm->b)), "doc_start");
+    }
 
     /* embedding */
     b.part = MGC_IR_PART_EMBEDDING;

@@ -90,6 +90,8 @@ typedef enum mgc_ir_role {
     MGC_IR_ROLE_LOSS,       /* the training loss (scalar, fp32) */
     MGC_IR_ROLE_AUX_LOSS,   /* an extra loss term (MoE load balancing, z-loss) */
     MGC_IR_ROLE_GRAD,       /* reserved for autodiff: a gradient */
+    MGC_IR_ROLE_DOC_START,  /* per token, the position its document starts at (int32 [s,b]):
+                               a graph input (data.reset_attention_mask) */
     MGC_IR_ROLE__COUNT
 } mgc_ir_role;
 
@@ -141,7 +143,8 @@ typedef enum mgc_ir_op_kind {
     MGC_IR_OP_LINEAR,         /* (x, w [n,k][, bias [n]]) -> y: y = x w^T + bias */
     MGC_IR_OP_QKV_SPLIT,      /* (qkv [s,b,(a+2g)d]) -> q [s,b,a,d], k [s,b,g,d], v [s,b,g,d] */
     MGC_IR_OP_ROPE,           /* (x [s,b,heads,d]) -> y: rotary embedding */
-    MGC_IR_OP_ATTENTION,      /* (q, k, v) -> ctx [s,b,a,d]: softmax(q k^T / sqrt d) v, GQA */
+    MGC_IR_OP_ATTENTION,      /* (q, k, v [, doc_start]) -> ctx [s,b,a,d]: softmax(q k^T / sqrt d) v,
+                                 GQA; with doc_start a query sees no key before its document */
     MGC_IR_OP_DROPOUT_ADD,    /* (x, residual) -> dropout(x) + residual */
     MGC_IR_OP_GELU,           /* (x) -> gelu(x), tanh approximation */
     MGC_IR_OP_SWIGLU,         /* (x [.., 2f]) -> silu(gate) * up [.., f] */
@@ -268,6 +271,7 @@ typedef struct mgc_graph {
     int32_t tokens;         /* tensor id of the input tokens [s,b] */
     int32_t labels;         /* tensor id of the labels [s,b] */
     int32_t loss_mask;      /* tensor id of the loss mask [s,b] */
+    int32_t doc_start;      /* tensor id of the documents' start positions [s,b], or -1 */
     int32_t loss;           /* tensor id of the loss (scalar) */
     int32_t word_embedding; /* tensor id of the word embedding */
     int32_t

@@ -280,7 +280,8 @@ static int32_t tin(pctx *p, int32_t ir) {
         return param(p, ir);
     case MGC_IR_ROLE_TOKENS:
     case MGC_IR_ROLE_LABELS:
-    case MGC_IR_ROLE_LOSS_MASK: {
+    case MGC_IR_ROLE_LOSS_MASK:
+    case MGC_IR_ROLE_DOC_START: {
         int64_t dims[2] = {z->s_c, z->b};
         int32_t t = mgc_cb_tensor(b, it->name, MGC_TR_INPUT, plan_dtype(it->dtype), 2, dims,
                                   p->ctx_group == NOG ? NOS : 0, p->ctx_group);
@@ -579,9 +580,13 @@ static void op_attention(pctx *p, const mgc_ir_op *o) {
         tmp(p, o->name, ".lse", MGC_DT_F32, 3, ld, b->tp > 1 ? 2 : (p->ctx_group == NOG ? NOS : 0),
             b->tp > 1 ? MGC_GROUP_TP : p->ctx_group, 1);
     if (b->tp > 1) set_split2(p, lse, 0, p->ctx_group);
+    /* data.reset_attention_mask: the queries' document starts, the last input (MGC_POF_DOCS) */
+    int32_t doc = o->n_in > 3 ? tin(p, o->in[3]) : -1;
+    if (o->n_in > 3 && doc < 0) return;
     mgc_plan_op op = mkop(p, MGC_POP_ATTENTION, o->name, NULL);
-    int32_t in[3] = {q, k, v}, out[2] = {ctx, lse};
-    io(&op, 3, in, 1, out);
+    int32_t in[4] = {q, k, v, doc}, out[2] = {ctx, lse};
+    io(&op, doc >= 0 ? 4 : 3, in, 1, out);
+    if (doc >= 0) op.flags |= MGC_POF_DOCS;
     op.fattr[0] = o->attr.attention.scale;
     op.fattr[1] = o->attr.attention.dropout;
     op.iattr[0] = o->attr.attention.causal;

@@ -60,6 +60,8 @@ extern "C" {
 /* LOAD_BATCH's `arg`: what the rank reads for the microbatch. */
 #define MGC_SCHED_LOAD_TOKENS 1u /* first virtual stage: tokens (and positions) */
 #define MGC_SCHED_LOAD_LABELS 2u /* last virtual stage: labels and loss mask */
+#define MGC_SCHED_LOAD_DOCS   4u /* every virtual stage with data.reset_attention_mask: the
+                                    documents' start positions its attention reads */
 
 typedef struct mgc_schedule_params {
     int schedule;                /* mgc_sched (config.h): GPIPE, 1F1B or INTERLEAVED */
@@ -73,6 +75,7 @@ typedef struct mgc_schedule_params {
     int distributed_optimizer;   /* REDUCE_GRADS is a reduce-scatter; GATHER_PARAMS per bucket
                                     follows OPTIMIZER */
     int tied_embeddings;         /* EMBED_GRADS on ranks 0 and pp-1 when pp > 1 */
+    int load_docs;               /* every forward loads the document starts (MGC_SCHED_LOAD_DOCS) */
     mgc_loc loc;                 /* where diagnostics point (the config's schedule key) */
 } mgc_schedule_params;
 
@@ -113,6 +116,7 @@ typedef struct mgc_schedule {
     int64_t n_stages;         /* pp * vp */
     int distributed_optimizer;
     int tied_embeddings;
+    int load_docs;
     mgc_loc loc;                /* from the parameters */
     mgc_schedule_stream *ranks; /* (pp) */
 } mgc_schedule;

@@ -174,7 +174,8 @@ static int check_fields(sim *x, int64_t r, int64_t i) {
         want = s > 0 ? (s - 1) % pp : -2;
         break;
     case MGC_I_LOAD_BATCH:
-        if (in->arg == 0 || (in->arg & ~(MGC_SCHED_LOAD_TOKENS | MGC_SCHED_LOAD_LABELS)) ||
+        if (in->arg == 0 ||
+            (in->arg & ~(MGC_SCHED_LOAD_TOKENS | MGC_SCHED_LOAD_LABELS | MGC_SCHED_LOAD_DOCS)) ||
             ((in->arg & MGC_SCHED_LOAD_TOKENS) && s != 0) ||
             ((in->arg & MGC_SCHED_LOAD_LABELS) && s != S - 1)) {
             desc(in, b, sizeof b);

@@ -64,6 +64,9 @@
 #ifndef MGC_ROWPOS
 #define MGC_ROWPOS 0
 #endif
+#ifndef MGC_DOCS
+#define MGC_DOCS 0
+#endif
 /* dropout draws happen only in kernels built with MGC_DROP (codegen/kspec_attention.c) */
 #define ATT_DROPPING(p) (MGC_DROP && (p) > 0.0f)
 
@@ -123,6 +126,13 @@ __device__ __forceinline__ int att_kpos(const int *kpos, int j, int sk, int s, i
     int per = sk / cp, q = j / per;
     return att_ctx_pos(j - q * per, s, cp, q);
 }
+
+/* Documents (MGC_DOCS, data.reset_attention_mask): docs (sq, b) holds the position each query
+ * row's document starts at, and a key before it is invisible to the row. */
+__device__ __forceinline__ int att_doc(const int *docs, int i, int b, int bi) {
+    return MGC_DOCS ? docs[(i64)i * b + bi] : 0;
+}
+#define ATT_DOC_OK(kp_, ds_) (!MGC_DOCS || (kp_) >= (ds_))
 
 /* 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp, as exp2f's, with subnormal results flushed to 0;
  * exp2f adds a range test and two multiplies for them, on every element); 2^-inf = 0 */
@@ -483,7 +493,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
-                   int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv) {
+                   const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank,
+                   int k_gathered, int qkv) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, RM = BQ / 8, RN = BK / 16;
     __shared__ float Qs[BQ][ATT_D + 1];
     __shared__ float KVs[BK][ATT_D + 1];
@@ -495,11 +506,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const float sl2 = scale * ATT_LOG2E;
 
     att_load_tile<BQ>(Qs, q, q0, sq, b, qH, bi, qh);
-    int qp[RM];
+    int qp[RM], ds[RM];
 #pragma unroll
     for (int m = 0; m < RM; m++) {
         int i = q0 + ty + 8 * m;
         qp[m] = i < sq ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
+        ds[m] = i < sq ? att_doc(docs, i, b, bi) : 0;
     }
     int qmax = 0;
     if (MGC_CAUSAL) {
@@ -547,9 +559,9 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
         for (int n = 0; n < RN; n++) {
             int j = k0 + tx + 16 * n;
-            kp[n] = j < sk ? (MGC_CAUSAL ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank,
-                                                    k_gathered)
-                                         : 0)
+            kp[n] = j < sk ? (MGC_CAUSAL || MGC_DOCS
+                                  ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered)
+                                  : 0)
                            : 2147483647;
         }
 #pragma unroll
@@ -558,7 +570,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
             for (int n = 0; n < RN; n++) {
                 int j = k0 + tx + 16 * n;
-                bool visible = j < sk && (!MGC_CAUSAL || kp[n] <= qp[m]);
+                bool visible =
+                    j < sk && (!MGC_CAUSAL || kp[n] <= qp[m]) && ATT_DOC_OK(kp[n], ds[m]);
                 s[m][n] = visible ? s[m][n] * sl2 : att_ninf();
                 mx = fmaxf(mx, s[m][n]);
             }
@@ -659,7 +672,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
-                   int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv) {
+                   const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank,
+                   int k_gathered, int qkv) {
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     constexpr int MT = ATT_FMT;
     __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
@@ -680,14 +694,16 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
     unsigned qf[MT][KS][4];
-    int qp[MT][2];
+    int qp[MT][2], ds[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         att_load_afrag(qf[mt], q, r[mt], sq, b, qH, bi, qh, tig);
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 2; h++) {
             qp[mt][h] = r[mt][h] < sq ? att_qpos(qpos, r[mt][h], pos_s, pos_cp, pos_rank)
                                       : -2147483647 - 1;
+            ds[mt][h] = r[mt][h] < sq ? att_doc(docs, r[mt][h], b, bi) : 0;
+        }
     }
     int qmax = 0;
     if (MGC_CAUSAL) { /* BQ <= the block's 128 threads */
@@ -727,7 +743,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         __syncthreads();
         float s[MT][NT][4];
         att_mma_rows_mt<BK, MT>(s, qf, Ks[buf], lane);
-        const bool whole = rows_are_pos && k0 + BK <= sk && (!MGC_CAUSAL || k0 + BK - 1 <= q0);
+        const bool whole =
+            !MGC_DOCS && rows_are_pos && k0 + BK <= sk && (!MGC_CAUSAL || k0 + BK - 1 <= q0);
         /* S stays unscaled: the row max is taken on it (scale > 0, and rounding is monotonic, so
          * max(S) sl2 is max(S sl2) exactly) and p = 2^(S sl2 - m) is one FFMA and one MUFU.
          * Invisible entries are -inf: 2^-inf = 0 while m is finite. */
@@ -746,11 +763,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     for (int e = 0; e < 2; e++) {
                         int j = k0 + nt * 8 + 2 * tig + e;
                         int kpj = 0;
-                        if (MGC_CAUSAL && j < sk)
+                        if ((MGC_CAUSAL || MGC_DOCS) && j < sk)
                             kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
-                            bool visible = j < sk && (!MGC_CAUSAL || kpj <= qp[mt][h]);
+                            bool visible = j < sk && (!MGC_CAUSAL || kpj <= qp[mt][h]) &&
+                                           ATT_DOC_OK(kpj, ds[mt][h]);
                             float x = visible ? s[mt][nt][2 * h + e] : att_ninf();
                             s[mt][nt][2 * h + e] = x;
                             mx[h] = fmaxf(mx[h], x);
@@ -831,8 +849,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         const float *__restrict__ dsum, int sq, int sk, int b, int A, int G, float scale,        \
         float drop_p, unsigned drop_thr, float drop_scale, unsigned long long seed,              \
         unsigned long long stream, unsigned long long elem0, int drop_heads,                     \
-        const int *__restrict__ qpos, const int *__restrict__ kpos, int pos_s, int pos_cp,       \
-        int pos_rank, int k_gathered, int qkv
+        const int *__restrict__ qpos, const int *__restrict__ kpos,                              \
+        const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv
 
 #if defined(MGC_ENTRY_attention_bwd_dot)
 /* attention_bwd_dot: dsum[i,bi,a] = sum_c dout * out over the head dim (fixed order: lane
@@ -942,13 +960,14 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             for (int n = 0; n < RN; n++) {
                 int ql = tx + 16 * n, i = q0 + ql;
                 float l2 = lses[ql], D = dsums[ql];
-                int qpi = 0;
+                int qpi = 0, dsi = 0;
                 if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
+                if (MGC_DOCS && i < sq) dsi = att_doc(docs, i, b, bi);
 #pragma unroll
                 for (int m = 0; m < RM; m++) {
                     int j = k0 + ty + 8 * m;
                     bool visible = i < sq && j < sk && l2 != att_ninf() &&
-                                   (!MGC_CAUSAL || kp[m] <= qpi);
+                                   (!MGC_CAUSAL || kp[m] <= qpi) && ATT_DOC_OK(kp[m], dsi);
                     float p = visible ? exp2f(s[m][n] * sl2 - l2) : 0.0f;
                     float z = 1.0f;
                     if (ATT_DROPPING(drop_p) && visible)
@@ -1014,13 +1033,14 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
     att_load_tile<BR>(Qs, q, q0, sq, b, qH, bi, qh);
     att_load_tile<BR>(dOs, dout, q0, sq, b, A, bi, a);
-    int qp[RM];
+    int qp[RM], ds[RM];
     float l2[RM], Dm[RM];
 #pragma unroll
     for (int m = 0; m < RM; m++) {
         int i = q0 + ty + 8 * m;
         i64 r = ((i64)i * b + bi) * A + a;
         qp[m] = i < sq ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
+        ds[m] = i < sq ? att_doc(docs, i, b, bi) : 0;
         l2[m] = i < sq ? lse[r] * ATT_LOG2E : att_ninf();
         Dm[m] = i < sq ? dsum[r] : 0.0f;
     }
@@ -1077,12 +1097,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         for (int n = 0; n < RN; n++) {
             int kl = tx + 16 * n, j = k0 + kl;
             int kpj = 0;
-            if (MGC_CAUSAL && j < sk) kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
+            if ((MGC_CAUSAL || MGC_DOCS) && j < sk)
+                kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
             for (int m = 0; m < RM; m++) {
                 int i = q0 + ty + 8 * m;
                 bool visible = i < sq && j < sk && l2[m] != att_ninf() &&
-                               (!MGC_CAUSAL || kpj <= qp[m]);
+                               (!MGC_CAUSAL || kpj <= qp[m]) && ATT_DOC_OK(kpj, ds[m]);
                 float p = visible ? exp2f(s[m][n] * sl2 - l2[m]) : 0.0f;
                 float z = 1.0f;
                 if (ATT_DROPPING(drop_p) && visible)
@@ -1226,7 +1247,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_mma_rows<BC>(dp, vf, dOs[buf], lane);
 #endif
         /* every query of the tile sees every key of the block (and has a finite lse) */
-        const bool whole = rows_are_pos && q0 + BC <= sq && (!MGC_CAUSAL || k0 + BR - 1 <= q0);
+        const bool whole =
+            !MGC_DOCS && rows_are_pos && q0 + BC <= sq && (!MGC_CAUSAL || k0 + BR - 1 <= q0);
         /* P^T = 2^(S^T sl2 - lse log2 e): one FFMA and one MUFU.  dS^T leaves out the softmax
          * scale: dK is scaled once, at the end.  Rows past sk compute values never stored. */
         if (whole) {
@@ -1252,12 +1274,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 for (int e = 0; e < 2; e++) {
                     int ql = nt * 8 + 2 * tig + e, i = q0 + ql;
                     float l2 = i < sq ? lses[buf][ql] * ATT_LOG2E : att_ninf(), Dv = dsums[buf][ql];
-                    int qpi = 0;
+                    int qpi = 0, dsi = 0;
                     if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
+                    if (MGC_DOCS && i < sq) dsi = att_doc(docs, i, b, bi);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         bool visible = i < sq && r[h] < sk && l2 != att_ninf() &&
-                                       (!MGC_CAUSAL || kp[h] <= qpi);
+                                       (!MGC_CAUSAL || kp[h] <= qpi) && ATT_DOC_OK(kp[h], dsi);
                         float p = visible ? att_exp2(fmaf(s[nt][2 * h + e], sl2, -l2)) : 0.0f;
                         float z = 1.0f;
                         if (ATT_DROPPING(drop_p) && visible)
@@ -1319,7 +1342,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
     unsigned qf[MT][KS][4], of[MT][KS][4];
-    int qp[MT][2];
+    int qp[MT][2], ds[MT][2];
     float nl2[MT][2], Dm[MT][2]; /* -lse log2 e (+inf past sq or without a visible key) */
     bool rowok[MT][2];
 #pragma unroll
@@ -1331,6 +1354,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             const int rr = r[mt][h];
             i64 rw = ((i64)rr * b + bi) * A + a;
             qp[mt][h] = rr < sq ? att_qpos(qpos, rr, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
+            ds[mt][h] = rr < sq ? att_doc(docs, rr, b, bi) : 0;
             nl2[mt][h] = rr < sq ? -lse[rw] * ATT_LOG2E : -att_ninf();
             Dm[mt][h] = rr < sq ? dsum[rw] : 0.0f;
             rowok[mt][h] = rr < sq && nl2[mt][h] != -att_ninf();
@@ -1372,7 +1396,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         float s[MT][NT][4], dp[MT][NT][4];
         att_mma_rows_mt<BC, MT>(s, qf, Ks[buf], lane);
         att_mma_rows_mt<BC, MT>(dp, of, Vs[buf], lane);
-        const bool whole = rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
+        const bool whole =
+            !MGC_DOCS && rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
         /* P = 2^(S sl2 - lse log2 e) (one FFMA, one MUFU); dS leaves out the softmax scale: dQ
          * is scaled once, at the end.  Rows past sq compute values never stored. */
         if (whole) {
@@ -1397,14 +1422,15 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 for (int e = 0; e < 2; e++) {
                     int j = k0 + nt * 8 + 2 * tig + e;
                     int kpj = 0;
-                    if (MGC_CAUSAL && j < sk)
+                    if ((MGC_CAUSAL || MGC_DOCS) && j < sk)
                         kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
-                            bool visible =
-                                rowok[mt][h] && j < sk && (!MGC_CAUSAL || kpj <= qp[mt][h]);
+                            bool visible = rowok[mt][h] && j < sk &&
+                                           (!MGC_CAUSAL || kpj <= qp[mt][h]) &&
+                                           ATT_DOC_OK(kpj, ds[mt][h]);
                             float x = fmaf(s[mt][nt][2 * h + e], sl2, nl2[mt][h]);
                             float p = visible ? att_exp2(x) : 0.0f;
                             float z = 1.0f;

@@ -36,7 +36,9 @@ extern "C" {
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
                               4: row views (tensor view); 5: a second split (tensor split2_*);
                               6: the attention kernels' dropout numbering (their argument
-                              lists, so the cubins of older plans do not fit);
+                              lists, so the cubins of older plans do not fit), 8 inputs and
+                              outputs an op (160-byte op records), the document flag
+                              (MGC_POF_DOCS);
                               docs/plan-format.md */
 
 typedef enum mgc_plan_status {
@@ -137,7 +139,7 @@ int64_t mgc_grid_group_count(const mgc_grid *g, mgc_group_kind k);
 /* ---- tensors and ops of a model chunk ----------------------------------- */
 
 #define MGC_PLAN_MAX_RANK 4
-#define MGC_PLAN_MAX_IO 6
+#define MGC_PLAN_MAX_IO 8
 
 typedef struct mgc_plan_tensor {
     uint32_t name;        /* string table offset */
@@ -244,6 +246,10 @@ typedef enum mgc_plan_op_kind {
                                 back as they join.  iattr[3] the rotary dim (even, <= head dim),
                                 fattr[0] the base (theta), fattr[1] the context-parallel degree
                                 of the positions, as the rope ops' iattr[0], fattr[0], iattr[1] */
+#define MGC_POF_DOCS 32u     /* attention, attention_bwd: the last input is doc_start (s_c, b)
+                                int32, the position each query's document starts at
+                                (data.reset_attention_mask); key j is visible from query i iff
+                                doc_start(i) <= kpos(j) (and kpos(j) <= qpos(i) when causal) */
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);

@@ -131,8 +131,8 @@ static const struct {
     [S_GRID] = {"GRID", 144}, [S_CONF] = {"CONF", 32}, [S_STRS] = {"STRS", 1},
     [S_STAG] = {"STAG", 128}, [S_INST] = {"INST", 24}, [S_BUFS] = {"BUFS", 48},
     [S_BCKT] = {"BCKT", 72},
-    [S_CHNK] = {"CHNK", 32},  [S_TENS] = {"TENS", 80}, [S_FWDO] = {"FWDO", 144},
-    [S_BWDO] = {"BWDO", 144},
+    [S_CHNK] = {"CHNK", 32},  [S_TENS] = {"TENS", 80}, [S_FWDO] = {"FWDO", 160},
+    [S_BWDO] = {"BWDO", 160},
 };
 
 static uint32_t fourcc(const char id[4]) {
@@ -391,16 +391,16 @@ static void put_op(uint8_t *r, const mgc_plan_op *o) {
     st16(r + 14, o->n_out);
     for (int i = 0; i < MGC_PLAN_MAX_IO; i++) {
         sti32(r + 16 + 4 * i, o->in[i]);
-        sti32(r + 40 + 4 * i, o->out[i]);
+        sti32(r + 48 + 4 * i, o->out[i]);
     }
-    st16(r + 64, o->group);
-    /* 66: u16 reserved */
-    st32(r + 68, o->seq);
+    st16(r + 80, o->group);
+    /* 82: u16 reserved */
+    st32(r + 84, o->seq);
     for (int i = 0; i < 4; i++) {
-        stf64(r + 72 + 8 * i, o->fattr[i]);
-        sti64(r + 104 + 8 * i, o->iattr[i]);
+        stf64(r + 88 + 8 * i, o->fattr[i]);
+        sti64(r + 120 + 8 * i, o->iattr[i]);
     }
-    st64(r + 136, o->flops);
+    st64(r + 152, o->flops);
 }
 static void get_op(const uint8_t *r, mgc_plan_op *o) {
     o->kind = ld16(r + 0);
@@ -411,17 +411,17 @@ static void get_op(const uint8_t *r, mgc_plan_op *o) {
     o->n_out = ld16(r + 14);
     for (int i = 0; i < MGC_PLAN_MAX_IO; i++) {
         o->in[i] = ldi32(r + 16 + 4 * i);
-        o->out[i] = ldi32(r + 40 + 4 * i);
+        o->out[i] = ldi32(r + 48 + 4 * i);
     }
-    o->group = ld16(r + 64);
-    o->seq = ld32(r + 68);
+    o->group = ld16(r + 80);
+    o->seq = ld32(r + 84);
     for (int i = 0; i < 4; i++) {
-        o->fattr[i] = ldf64(r + 72 + 8 * i);
-        o->iattr[i] = ldi64(r + 104 + 8 * i);
+        o->fattr[i] = ldf64(r + 88 + 8 * i);
+        o->iattr[i] = ldi64(r + 120 + 8 * i);
     }
-    o->flops = ld64(r + 136);
+    o->flops = ld64(r + 152);
 }
-_Static_assert(MGC_PLAN_MAX_IO == 6, "op record holds 6 inputs and 6 outputs");
+_Static_assert(MGC_PLAN_MAX_IO == 8, "op record holds 8 inputs and 8 outputs");
 
 /* ---- validation ----------------------------------------------------------- */
 
@@ -559,7 +559,8 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     if (!op_kind_ok(o->kind)) INVALID("%s: op kind %u unknown", WH, o->kind);
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
     if (o->flags &
-        ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE | MGC_POF_ROPE))
+        ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE | MGC_POF_ROPE |
+          MGC_POF_DOCS))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
     if (o->flags & MGC_POF_ROPE) {
         if (o->kind != MGC_POP_QKV_SPLIT && o->kind != MGC_POP_QKV_SPLIT_BWD)
@@ -574,6 +575,17 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     }
     if ((o->flags & MGC_POF_QKV) && o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
         INVALID("%s (%s): the fused-qkv flag on an op that is not attention", WH, kn);
+    if (o->flags & MGC_POF_DOCS) {
+        int need = (o->flags & MGC_POF_QKV ? 1 : 3) + (o->kind == MGC_POP_ATTENTION_BWD ? 3 : 0);
+        if (o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
+            INVALID("%s (%s): the document flag on an op that is not attention", WH, kn);
+        if (o->n_in != need + 1 || o->n_in > MGC_PLAN_MAX_IO || o->in[o->n_in - 1] < 0 ||
+            o->in[o->n_in - 1] >= c->n_tensors)
+            INVALID("%s (%s): the document flag without the document starts as input %d", WH, kn, need);
+        const mgc_plan_tensor *d = &c->tensors[o->in[o->n_in - 1]];
+        if (d->dtype != MGC_DT_I32 || d->rank != 2)
+            INVALID("%s (%s): the document starts are not an int32 (s, b) tensor", WH, kn);
+    }
     int fwd_kind = o->kind <= MGC_POP_LAST_FWD,
         bwd_kind = o->kind >= MGC_POP_EMBEDDING_BWD && o->kind < MGC_POP_ALL_REDUCE;
     if (!bwd && bwd_kind) INVALID("%s: backward op %s in a forward program", WH, kn);

@@ -278,6 +278,8 @@ static int op_attention(mgc_backend *be, const mgc_op_call *c) {
     if (sk == sq && cp > 1) ctx_positions(kpos, sk, c->seq_length, cp, c->co.cp);
     if (cp <= 1) qpos = kpos = NULL; /* rows are positions: the kernels' fast path */
     mgc_dropout_rng rng = mgc_op_attn_drop_rng(c, A);
+    /* data.reset_attention_mask: the queries' document starts, the last input */
+    const int32_t *docs = op->flags & MGC_POF_DOCS ? (const int32_t *)c->in[op->n_in - 1] : NULL;
     const float *q = CF(c->in[0]), *k = ag.fused ? ks : CF(c->in[1]), *v = ag.fused ? vs : CF(c->in[2]);
     if (ag.fused) {
         mgc_cpu_qkv_split_fwd_f32(qs, ks, vs, CF(c->in[0]), sq * b, G, A / G, d);
@@ -286,14 +288,14 @@ static int op_attention(mgc_backend *be, const mgc_op_call *c) {
     if (!bwd) {
         float *lse = op->n_out > 1 ? F(c->out[1]) : lse_tmp;
         mgc_cpu_attention_fwd_f32(F(c->out[0]), lse, q, k, v, sq, sk, b, A, G, d, op->fattr[0],
-                                  (int)op->iattr[0], qpos, kpos, op->fattr[1], &rng, work);
+                                  (int)op->iattr[0], qpos, kpos, docs, op->fattr[1], &rng, work);
     } else { /* in: q, k, v (or qkv), out, lse, dout; out: dq, dk, dv (or dqkv) */
         int o = ag.in_out;
         float *dq = ag.fused ? dqs : F(c->out[0]), *dk = ag.fused ? dks : F(c->out[1]),
               *dv = ag.fused ? dvs : F(c->out[2]);
         mgc_cpu_attention_bwd_f32(dq, dk, dv, CF(c->in[o + 2]), q, k, v, CF(c->in[o]),
                                   CF(c->in[o + 1]), sq, sk, b, A, G, d, op->fattr[0],
-                                  (int)op->iattr[0], qpos, kpos, op->fattr[1], &rng, work);
+                                  (int)op->iattr[0], qpos, kpos, docs, op->fattr[1], &rng, work);
         if (ag.fused) mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), dqs, dks, dvs, sq * b, G, A / G, d);
     }
     return 0;

@@ -355,10 +355,18 @@ void FN(mgc_cpu_rope_bwd)(R *dx, const R *dy, const int32_t *pos, int64_t s, int
 
 /* ---- attention ------------------------------------------------------------------------ */
 
-static int FN(visible)(int causal, const int32_t *qpos, const int32_t *kpos, int64_t i, int64_t j) {
-    if (!causal) return 1;
+/* key j visible from query i: causal, kpos(j) <= qpos(i); with documents, kpos(j) >= ds (the
+ * position query i's document starts at) */
+static int FN(visible)(int causal, const int32_t *qpos, const int32_t *kpos, int64_t i, int64_t j,
+                       int64_t ds) {
     int64_t qp = qpos ? qpos[i] : i, kp = kpos ? kpos[j] : j;
-    return kp <= qp;
+    return (!causal || kp <= qp) && kp >= ds;
+}
+
+/* Documents (docs != NULL): the keys before query i's document start masked to -inf in row. */
+static void FN(mask_docs)(R *row, const int32_t *kpos, int64_t sk, int64_t ds) {
+    for (int64_t j = 0; j < sk; j++)
+        if ((kpos ? kpos[j] : j) < ds) row[j] = -INFINITY;
 }
 
 /* dropout multiplier of probability (bi, a, i, j): 0 or 1/(1-p); the element is numbered by
@@ -399,7 +407,8 @@ static void FN(unpack_head)(R *x, const R *src, int64_t s, int64_t b, int64_t H,
 void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *v, int64_t sq,
                                int64_t sk, int64_t b, int64_t A, int64_t G, int64_t d, double scale,
                                int causal, const int32_t *qpos, const int32_t *kpos,
-                               double dropout_p, const mgc_dropout_rng *rng, R *work) {
+                               const int32_t *docs, double dropout_p, const mgc_dropout_rng *rng,
+                               R *work) {
     uint32_t thr = mgc_rng_drop_threshold(dropout_p);
     int64_t per = A / G;
     R *S = work, *Qc = S + 2 * sq * sk, *Oc = Qc + sq * d, *Kc = Oc + 3 * sq * d, *Vc = Kc + sk * d;
@@ -421,6 +430,7 @@ void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *
                     if (kpos && causal)
                         for (int64_t j = 0; j < sk; j++)
                             row[j] = kpos[j] <= qp ? row[j] : -INFINITY;
+                    if (docs) FN(mask_docs)(row, kpos, lim, docs[i * b + bi]);
                     for (int64_t j = 0; j < lim; j++)
                         mx = row[j] > mx ? row[j] : mx;
                     R *l = lse + (i * b + bi) * A + a;
@@ -461,8 +471,8 @@ void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *
 void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, const R *k,
                                const R *v, const R *out, const R *lse, int64_t sq, int64_t sk,
                                int64_t b, int64_t A, int64_t G, int64_t d, double scale, int causal,
-                               const int32_t *qpos, const int32_t *kpos, double dropout_p,
-                               const mgc_dropout_rng *rng, R *work) {
+                               const int32_t *qpos, const int32_t *kpos, const int32_t *docs,
+                               double dropout_p, const mgc_dropout_rng *rng, R *work) {
     uint32_t thr = mgc_rng_drop_threshold(dropout_p);
     int64_t per = A / G;
     R *P = work, *dP = P + sq * sk, *Qc = dP + sq * sk, *dOc = Qc + sq * d, *Oc = dOc + sq * d,
@@ -483,7 +493,7 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                      (int)d, Vc, (int)d, (R)0, dP, (int)sk);
                 for (int64_t i = 0; i < sq; i++) {
                     R l = lse[(i * b + bi) * A + a], D = 0, *pr = P + i * sk, *dpr = dP + i * sk;
-                    int64_t qp = qpos ? qpos[i] : i;
+                    int64_t qp = qpos ? qpos[i] : i, ds = docs ? docs[i * b + bi] : INT64_MIN;
                     for (int64_t c = 0; c < d; c++)
                         D += dOc[i * d + c] * Oc[i * d + c];
                     if (l == -INFINITY) { /* no visible key: no gradient */
@@ -493,7 +503,7 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                     }
                     if (dropout_p > 0) {
                         for (int64_t j = 0; j < sk; j++) {
-                            if (!FN(visible)(causal, qpos, kpos, i, j)) {
+                            if (!FN(visible)(causal, qpos, kpos, i, j, ds)) {
                                 pr[j] = dpr[j] = 0;
                                 continue;
                             }
@@ -509,6 +519,7 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                     if (kpos && causal)
                         for (int64_t j = 0; j < sk; j++)
                             pr[j] = kpos[j] <= qp ? pr[j] : -INFINITY;
+                    if (docs) FN(mask_docs)(pr, kpos, lim, ds);
                     for (int64_t j = 0; j < lim; j++) {
                         R pj = FEXP(pr[j] - l);
                         pj = pr[j] == -INFINITY ? (R)0 : pj;

@@ -6,6 +6,7 @@
  *   ATTENTION_BWD  in: q, k, v, out, lse, dout          out: dq, dk, dv
  *   fused (MGC_POF_QKV): q, k, v are the projection qkv (s,b,G(A/G+2)d), read in place, and
  *   the backward's one output is dqkv (plan.h mgc_plan_attn_geom)
+ *   documents (MGC_POF_DOCS): one more input, last, doc_start (sq,b) int32
  *   fattr[0] scale, fattr[1] dropout p; iattr[0] causal, iattr[3] cp (layout of the rows)
  *
  * Positions (context parallelism) are computed inside the kernels from (seq_length, cp,
@@ -75,6 +76,8 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                                (unsigned long long)dr.seq;
     int drop_heads = (int)dr.heads;
     const int *qpos = NULL, *kpos = NULL; /* positions are computed on the device */
+    /* data.reset_attention_mask: the queries' document starts (s_c, b) int32, the last input */
+    const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
     int pos_s = (int)c->seq_length, pos_cp = (int)cp, pos_rank = (int)c->co.cp;
     int k_gathered = sk != sq;
     if (cp > 1 && (c->seq_length % (2 * cp) != 0 || (k_gathered && sk % cp != 0)))
@@ -97,7 +100,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
         void *args[] = {&out,      &lse,       &q,         &k,        &v,    &isq,   &isk,
                         &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
                         &drop_scale, &seed,    &stream,    &elem0,    &drop_heads, &qpos, &kpos,
-                        &pos_s,    &pos_cp,    &pos_rank,  &k_gathered, &qkv};
+                        &docs,     &pos_s,     &pos_cp,    &pos_rank,  &k_gathered, &qkv};
         int bq = fwd_bq(d, ks[0].dtype != MGC_DT_F32);
         return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
                                (unsigned)A, 128, 0, args);
@@ -119,14 +122,15 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
                   &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &drop_heads,
-                  &qpos,    &kpos,     &pos_s,   &pos_cp,   &pos_rank,   &k_gathered, &qkv};
+                  &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
+                  &qkv};
     if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G, 128,
                         0, a1))
         return -1;
     void *a2[] = {&dq,      &q,        &k,       &v,        &dout,       &lse,   &dsum,
                   &isq,     &isk,      &ib,      &iA,       &iG,         &scale, &drop_p,
                   &drop_thr, &drop_scale, &seed, &stream,   &elem0,      &drop_heads, &qpos,
-                  &kpos,    &pos_s,    &pos_cp,  &pos_rank, &k_gathered, &qkv};
+                  &kpos,    &docs,     &pos_s,   &pos_cp,   &pos_rank,   &k_gathered, &qkv};
     int bq = bwd_dq_rows(d, ks[2].dtype != MGC_DT_F32);
     return mgc_cuda_launch(be, &ks[2], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A,
                            128, 0, a2);

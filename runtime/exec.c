@@ -70,6 +70,7 @@ struct mgc_exec {
     chunk_rt *chunks;
     int32_t *input_buf;        /* (mb) INPUT buffer index */
     int64_t slot_tokens, slot_labels, slot_mask; /* byte offsets in an input buffer, -1 none */
+    int64_t slot_docs;         /* doc_start (data.reset_attention_mask), -1 none */
     int32_t grad_buf, weight_buf, master_buf, m_buf, v_buf;
     int w16;                   /* weights are 16-bit (fp32 master copy in master_buf) */
     int wdt;                   /* the weights' dtype: MGC_DT_F32, MGC_DT_BF16 or MGC_DT_F16 */
@@ -742,7 +743,7 @@ static int setup_buffers(mgc_exec *x) {
         }
     }
     /* input slots: one per distinct (name, bytes) in order of first appearance */
-    x->slot_tokens = x->slot_labels = x->slot_mask = -1;
+    x->slot_tokens = x->slot_labels = x->slot_mask = x->slot_docs = -1;
     for (int64_t c = 0; c < sp->n_chunks; c++) {
         const mgc_plan_chunk *ch = &sp->chunks[c];
         for (int64_t t = 0; t < ch->n_tensors; t++) {
@@ -758,6 +759,7 @@ static int setup_buffers(mgc_exec *x) {
             if (!strcmp(n, "tokens")) x->slot_tokens = off;
             else if (!strcmp(n, "labels")) x->slot_labels = off;
             else if (!strcmp(n, "loss_mask")) x->slot_mask = off;
+            else if (!strcmp(n, "doc_start")) x->slot_docs = off;
         }
     }
     return 0;
@@ -1451,12 +1453,15 @@ static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, 
     int64_t s = x->seq_length, cp = x->grid.cp, sc = s / cp, half = s / (2 * cp), B = x->mbs;
     int64_t *tok = NULL, *lab = NULL;
     float *mask = NULL;
+    int32_t *docs = NULL, *ds = NULL;
     size_t n = (size_t)(sc * B);
-    unsigned char *host = malloc(n * 20 + 64);
+    unsigned char *host = malloc(n * 24 + (size_t)s * 4 + 64);
     if (!host) return xfail(x, "out of memory");
     tok = (int64_t *)host;
     lab = tok + n;
     mask = (float *)(lab + n);
+    docs = (int32_t *)(mask + n);
+    ds = docs + n;
     int64_t gbs = B * x->mb_count * x->dp;
     for (int64_t bi = 0; bi < B; bi++) {
         int64_t sample = x->sample_base + (x->iteration - x->iter_base) * gbs +
@@ -1466,8 +1471,13 @@ static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, 
             free(host);
             return xfail(x, "rank %" PRId64 ": reading sample %" PRId64 ": %s", x->rank, sample, e);
         }
+        /* data.reset_attention_mask: position p's document starts after the last end-of-document
+         * token before it (Megatron's --reset-attention-mask; the token itself ends its own) */
+        for (int64_t p = 0; p < s; p++)
+            ds[p] = p == 0 ? 0 : x->tok[p - 1] == x->eod ? (int32_t)p : ds[p - 1];
         for (int64_t i = 0; i < sc; i++) {
             int64_t p = cp <= 1 ? i : i < half ? x->co.cp * half + i : (2 * cp - 1 - x->co.cp) * half + (i - half);
+            docs[i * B + bi] = ds[p];
             tok[i * B + bi] = x->tok[p];
             lab[i * B + bi] = x->tok[p + 1];
             /* Megatron's eod_mask_loss: the prediction made from an end-of-document token (the
@@ -1483,6 +1493,8 @@ static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, 
         rc |= x->be->iface->upload(x->be, base + x->slot_labels, lab, n * 8);
     if ((what & 2) && x->slot_mask >= 0)
         rc |= x->be->iface->upload(x->be, base + x->slot_mask, mask, n * 4);
+    if ((what & 4) && x->slot_docs >= 0)
+        rc |= x->be->iface->upload(x->be, base + x->slot_docs, docs, n * 4);
     free(host);
     return rc ? be_fail(x, "loading a microbatch") : 0;
 }

@@ -744,12 +744,13 @@ typedef struct attn_ctx {
     int causal;
     double p;
     const mgc_dropout_rng *rng;
+    int32_t *docs; /* (sq, b) document starts, or NULL */
 } attn_ctx;
 static void attn_fwd(void *p) {
     attn_ctx *c = p;
     mgc_cpu_attention_fwd_f64(c->out, c->lse, c->q, c->k, c->v, c->sq, c->sk, c->b, c->A, c->G,
-                              c->d, 1 / sqrt((double)c->d), c->causal, c->qpos, c->kpos, c->p,
-                              c->rng, c->work);
+                              c->d, 1 / sqrt((double)c->d), c->causal, c->qpos, c->kpos, c->docs,
+                              c->p, c->rng, c->work);
 }
 
 /* The naive reference: for each (batch, head) the full score matrix, masked softmax, P V.
@@ -764,8 +765,9 @@ static void attn_naive(double *out, double *lse, const attn_ctx *c) {
             for (int64_t i = 0; i < sq; i++) {
                 double mx = -INFINITY, sum = 0;
                 for (int64_t j = 0; j < sk; j++) {
-                    int vis =
-                        !c->causal || (c->kpos ? c->kpos[j] : j) <= (c->qpos ? c->qpos[i] : i);
+                    int64_t kp = c->kpos ? c->kpos[j] : j;
+                    int vis = (!c->causal || kp <= (c->qpos ? c->qpos[i] : i)) &&
+                              (!c->docs || kp >= c->docs[i * b + bi]);
                     double s = 0;
                     for (int64_t e = 0; e < d; e++)
                         s += c->q[((i * b + bi) * A + a) * d + e] *
@@ -795,7 +797,7 @@ static void attn_naive(double *out, double *lse, const attn_ctx *c) {
 }
 
 static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t A, int64_t G,
-                                int causal, int cp_pos, double p, uint64_t seed) {
+                                int causal, int cp_pos, double p, int with_docs, uint64_t seed) {
     int64_t b = 3, d = 5;
     int64_t nq = sq * b * A * d, nk = sk * b * G * d, nl = sq * b * A;
     char buf[96];
@@ -809,10 +811,26 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
         for (int64_t i = 0; i < sq; i++)
             qpos[i] = (int32_t)((i / 2) * 4 + 1 + i % 2);
     }
+    int32_t *docs = NULL;
+    if (with_docs) { /* per batch row, documents of random lengths (1..4) over the positions */
+        docs = I(sq * b);
+        int64_t npos = sk + 8;
+        int32_t *start = I(npos);
+        for (int64_t bi = 0; bi < b; bi++) {
+            for (int64_t q0 = 0; q0 < npos;) {
+                int64_t len = 1 + (int64_t)(mgc_rng_u32(seed, 77, (uint64_t)(bi * npos + q0)) % 4);
+                for (int64_t t = q0; t < q0 + len && t < npos; t++)
+                    start[t] = (int32_t)q0;
+                q0 += len;
+            }
+            for (int64_t i = 0; i < sq; i++)
+                docs[i * b + bi] = start[qpos ? qpos[i] : i];
+        }
+    }
     double *q = Drand(nq), *k = Drand(nk), *v = Drand(nk), *out = D(nq), *lse = D(nl);
     for (int64_t i = 0; i < nq; i++)
         q[i] = (double)(float)(q[i] * 2); /* peaky softmax */
-    attn_ctx c = {out, lse, q, k, v, D(mgc_cpu_attention_work_f64(sq, sk, d)), qpos, kpos, sq, sk, b, A, G, d, causal, p, &rng};
+    attn_ctx c = {out, lse, q, k, v, D(mgc_cpu_attention_work_f64(sq, sk, d)), qpos, kpos, sq, sk, b, A, G, d, causal, p, &rng, docs};
     double *r = Drand(nq);
     fd_case fc = {attn_fwd, &c, {{out, r, nq}}, 1};
     fd_loss(&fc);
@@ -830,7 +848,7 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
     pd(dk, nk);
     pd(dv, nk);
     mgc_cpu_attention_bwd_f64(dq, dk, dv, r, q, k, v, out, lse, sq, sk, b, A, G, d,
-                              1 / sqrt((double)d), causal, qpos, kpos, p, &rng, c.work);
+                              1 / sqrt((double)d), causal, qpos, kpos, docs, p, &rng, c.work);
     snprintf(buf, sizeof buf, "attention %s dq", nm);
     fd_check(buf, &fc, q, nq, dq);
     snprintf(buf, sizeof buf, "attention %s dk", nm);
@@ -844,10 +862,10 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
         of[rep] = Fn(nq), lf[rep] = Fn(nl), dqf[rep] = Fn(nq), dkf[rep] = Fn(nk), dvf[rep] = Fn(nk);
         pf(of[rep], nq), pf(lf[rep], nl), pf(dqf[rep], nq), pf(dkf[rep], nk), pf(dvf[rep], nk);
         mgc_cpu_attention_fwd_f32(of[rep], lf[rep], qf, kf, vf, sq, sk, b, A, G, d,
-                                  1 / sqrt((double)d), causal, qpos, kpos, p, &rng, wf);
+                                  1 / sqrt((double)d), causal, qpos, kpos, docs, p, &rng, wf);
         mgc_cpu_attention_bwd_f32(dqf[rep], dkf[rep], dvf[rep], rf, qf, kf, vf, of[rep], lf[rep],
-                                  sq, sk, b, A, G, d, 1 / sqrt((double)d), causal, qpos, kpos, p,
-                                  &rng, wf);
+                                  sq, sk, b, A, G, d, 1 / sqrt((double)d), causal, qpos, kpos, docs,
+                                  p, &rng, wf);
     }
     snprintf(buf, sizeof buf, "attention %s f32", nm);
     near_fd(buf, of[0], out, nq, F32_TOL);
@@ -863,20 +881,24 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
 }
 
 static void test_attention(uint64_t seed) {
-    test_attention_case("mha causal", 7, 7, 3, 3, 1, 0, 0.0, seed);
-    test_attention_case("gqa 6/2 causal", 7, 7, 6, 2, 1, 0, 0.0, seed);
-    test_attention_case("mqa 5/1 full", 5, 9, 5, 1, 0, 0, 0.0, seed);
-    test_attention_case("gqa cp positions", 6, 11, 4, 2, 1, 1, 0.0, seed);
-    test_attention_case("gqa causal dropout", 7, 7, 6, 3, 1, 0, 0.25, seed);
+    test_attention_case("mha causal", 7, 7, 3, 3, 1, 0, 0.0, 0, seed);
+    test_attention_case("gqa 6/2 causal", 7, 7, 6, 2, 1, 0, 0.0, 0, seed);
+    test_attention_case("mqa 5/1 full", 5, 9, 5, 1, 0, 0, 0.0, 0, seed);
+    test_attention_case("gqa cp positions", 6, 11, 4, 2, 1, 1, 0.0, 0, seed);
+    test_attention_case("gqa causal dropout", 7, 7, 6, 3, 1, 0, 0.25, 0, seed);
+    /* documents (data.reset_attention_mask): no key before the query's document start */
+    test_attention_case("mha causal documents", 9, 9, 3, 3, 1, 0, 0.0, 1, seed);
+    test_attention_case("gqa cp positions documents", 6, 11, 4, 2, 1, 1, 0.0, 1, seed);
+    test_attention_case("gqa causal documents dropout", 9, 9, 6, 3, 1, 0, 0.25, 1, seed);
     /* a query row with no visible key: out 0, lse -inf, gradients 0 */
     int64_t d = 3;
     double q[3] = {1, 2, 3}, k[6] = {1, 0, 1, 0, 1, 0}, v[6] = {1, 2, 3, 4, 5, 6}, out[3], lse[1],
            w[64], dq[3], dk[6], dv[6], dout[3] = {1, 1, 1}; /* w: 2*1*2 + 4*1*3 + 4*2*3 = 40 */
     int32_t qp[1] = {0}, kp[2] = {1, 2};
-    mgc_cpu_attention_fwd_f64(out, lse, q, k, v, 1, 2, 1, 1, 1, d, 1.0, 1, qp, kp, 0, NULL, w);
+    mgc_cpu_attention_fwd_f64(out, lse, q, k, v, 1, 2, 1, 1, 1, d, 1.0, 1, qp, kp, NULL, 0, NULL, w);
     T_CHECK(out[0] == 0 && out[1] == 0 && out[2] == 0 && isinf(lse[0]) && lse[0] < 0);
     mgc_cpu_attention_bwd_f64(dq, dk, dv, dout, q, k, v, out, lse, 1, 2, 1, 1, 1, d, 1.0, 1, qp, kp,
-                              0, NULL, w);
+                              NULL, 0, NULL, w);
     T_CHECK(dq[0] == 0 && dk[5] == 0 && dv[5] == 0);
 }
 

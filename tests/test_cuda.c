@@ -935,6 +935,11 @@ static const char *const drop_tp3cp2[] = {"parallel.world_size=6", "parallel.ten
                                           "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
                                           NULL};
 
+/* documents (data.reset_attention_mask): the attention kernels mask the keys before each
+ * query's document start (MGC_DOCS), over the context-parallel positions too */
+static const char *const docs_cp2[] = {"parallel.world_size=2", "parallel.context=2",
+                                       "data.reset_attention_mask=true", NULL};
+
 static void check_layouts(void) {
     static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
                                         "parallel.sequence_parallel=true", NULL};
@@ -961,6 +966,7 @@ static void check_layouts(void) {
     check_layout("examples/tiny-gpt.yaml", "bf16", mqa_tp2, 3e-2, 0);
     check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
     check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
+    check_layout("models/tiny-llama.yaml", "fp32", docs_cp2, 1e-5, 0);
 }
 
 /* ---- 3. CUDA graphs ------------------------------------------------------------------ */
@@ -1105,6 +1111,17 @@ int main(int argc, char **argv) {
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe")))
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
+    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
+        /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in
+         * 16 bits), LLaMA's unfused one (its backward's seventh input) at 16; then over cp2 */
+        static const char *const docs_d32[] = {"data.reset_attention_mask=true",
+                                               "model.hidden_size=128",
+                                               "model.num_attention_heads=4", NULL};
+        static const char *const docs[] = {"data.reset_attention_mask=true", NULL};
+        check_ops("examples/tiny-gpt.yaml", docs_d32);
+        check_ops("models/tiny-llama.yaml", docs);
+        check_layout("models/tiny-llama.yaml", "fp32", docs_cp2, 1e-5, 0);
+    }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "dropout")))
         check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "kv")))

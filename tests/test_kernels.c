@@ -24,9 +24,9 @@ static int by_name(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* precision: NULL for the file's, else "bf16" / "fp16"; returns the file's precision
- * (mgc_precision; -1 when it does not load) */
-static int check_file(const char *path, const char *precision) {
+/* precision: NULL for the file's, else "bf16" / "fp16"; extra: NULL or one more setting;
+ * returns the file's precision (mgc_precision; -1 when it does not load) */
+static int check_file(const char *path, const char *precision, const char *extra) {
     mgc_diags d;
     mgc_diags_init(&d);
     mgc_config *c = mgc_config_new();
@@ -36,6 +36,7 @@ static int check_file(const char *path, const char *precision) {
         snprintf(set, sizeof set, "training.precision=%s", precision);
         mgc_config_set(c, set, "--set", &d);
     }
+    if (extra && d.errors == 0) mgc_config_set(c, extra, "--set", &d);
     if (d.errors == 0) mgc_config_finalize(c, &d);
     int own = d.errors == 0 ? c->training.precision : -1;
     mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
@@ -65,9 +66,9 @@ static int check_file(const char *path, const char *precision) {
             T_EQ_I64(q->n_kernels, p->n_kernels);
             T_CHECK(q->kbin_len == p->kbin_len && !memcmp(q->kbin, p->kbin, p->kbin_len));
         }
-        printf("%-28s %-5s %3d kernel specs x 2 archs: %d compiled, %d cached, %.1f s, %.2f MiB, "
+        printf("%-28s %-5s%s%s %3d kernel specs x 2 archs: %d compiled, %d cached, %.1f s, %.2f MiB, "
                "max %ld registers, %ld spill bytes\n",
-               path, precision ? precision : "", st.specs, st.compiled, st.cached, st.seconds, st.cubin_bytes / 1048576.0,
+               path, precision ? precision : "", extra ? " " : "", extra ? extra : "", st.specs, st.compiled, st.cached, st.seconds, st.cubin_bytes / 1048576.0,
                st.max_registers, st.max_spill_bytes);
         mgc_plan_free(q);
         free(buf);
@@ -148,12 +149,19 @@ int main(void) {
         qsort(names, (size_t)n, sizeof *names, by_name);
         for (int i = 0; i < n; i++) {
             if (strstr(names[i], "full.yaml") == NULL) {
-                int own = check_file(names[i], NULL);
-                if (own == MGC_PREC_FP32) check_file(names[i], "bf16");
-                if (own == MGC_PREC_FP32 || own == MGC_PREC_BF16) check_file(names[i], "fp16");
+                int own = check_file(names[i], NULL, NULL);
+                if (own == MGC_PREC_FP32) check_file(names[i], "bf16", NULL);
+                if (own == MGC_PREC_FP32 || own == MGC_PREC_BF16) check_file(names[i], "fp16", NULL);
             }
             free(names[i]);
         }
     }
+    /* the attention kernels with documents (DOCS: data.reset_attention_mask), which no model
+     * file uses: SIMT at head dim 16, tensor cores at 16, 64 and 128 */
+    const char *docs = "data.reset_attention_mask=true";
+    check_file("models/tiny-llama.yaml", NULL, docs);
+    check_file("models/tiny-llama.yaml", "bf16", docs);
+    check_file("models/gpt2-124m.yaml", NULL, docs);
+    check_file("models/llama2-7b.yaml", NULL, docs);
     return t_summary("test_kernels");
 }

@@ -1227,7 +1227,14 @@ static void test_validate(void) {
         BREAK(ch->tensors[1].view, (uint32_t)ch->n_tensors + 1, "outside 0..");
         BREAK(ch->tensors[1].offset, 20, "not a range of its outer rows");  /* 12 B in */
         BREAK(ch->tensors[1].offset, 24, "not a range of its outer rows");  /* past the end */
-        BREAK(ch->tensors[1].dim[1], 4, "not a range of its outer rows");   /* inner dims */
+        { /* other inner dims (its bytes still its own elements) */
+            int64_t d1 = ch->tensors[1].dim[1];
+            uint64_t b1 = ch->tensors[1].bytes;
+            ch->tensors[1].dim[1] = 4, ch->tensors[1].bytes = b1 / 2;
+            T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_ERR_INVALID);
+            T_CHECK(strstr(err, "not a range of its outer rows") != NULL);
+            ch->tensors[1].dim[1] = d1, ch->tensors[1].bytes = b1;
+        }
         BREAK(ch->tensors[1].role, ch->tensors[0].role + 1u, "not a range");
         BREAK(ch->tensors[0].view, 2, "not a range of its outer rows");     /* view of a view */
         BREAK(ch->tensors[0].buffer, MGC_PLAN_BUF_STASH, "not a range"); /* other memory */
@@ -1243,12 +1250,13 @@ static void test_validate(void) {
     T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     ch->bwd[0].kind = MGC_POP_LINEAR_DGRAD;
     ch->bwd[0].flags = 0;
-    BREAK(ch->fwd[0].flags, 32, "unknown flags");
+    BREAK(ch->fwd[0].flags, 64, "unknown flags");
+    BREAK(ch->fwd[0].flags, MGC_POF_DOCS, "document flag on an op that is not attention");
     BREAK(ch->fwd[0].flags, MGC_POF_ROPE, "rotary flag on an op that is not a qkv split");
     BREAK(ch->fwd[0].flags, MGC_POF_INPLACE, "in-place flag on an op that cannot");
     BREAK(ch->fwd[0].flags, MGC_POF_QKV, "fused-qkv flag on an op that is not attention");
     BREAK(ch->fwd[0].layer, -2, "layer -2");
-    BREAK(ch->fwd[0].n_in, 7, "at most 6");
+    BREAK(ch->fwd[0].n_in, 9, "at most 8");
     BREAK(ch->fwd[0].in[0], -1, "input 0 is tensor -1");
     BREAK(ch->fwd[0].in[0], (int32_t)ch->n_tensors, "input 0 is tensor");
     BREAK(ch->bwd[0].out[0], (int32_t)ch->n_tensors, "output 0 is tensor");
