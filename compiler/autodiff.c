@@ -558,7 +558,9 @@ static void backward_op(mgc_cb *b, int32_t f) {
     }
     case MGC_POP_ROPE: {
         int32_t gx = grad_like(b, x);
-        bop(b, MGC_POP_ROPE_BWD, &op, 1, gy, 1, &gx, 0);
+        int docs = (op.flags & MGC_POF_DOCS) != 0; /* reset_position_ids: doc_start, last */
+        int32_t in[2] = {gy[0], docs ? fetch(b, op.in[1]) : -1};
+        bop(b, MGC_POP_ROPE_BWD, &op, docs ? 2 : 1, in, 1, &gx, docs ? MGC_POF_DOCS : 0);
         acc(b, x, gx, &op);
         break;
     }

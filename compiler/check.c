@@ -957,7 +957,8 @@ static void check_data(mgc_check_ctx *k) {
     check_split(k);
     /* the end-of-document mask */
     const mgc_data_cfg *dc = &c->data;
-    if ((dc->eod_mask_loss || dc->reset_attention_mask) && dc->eod_token >= c->model.vocab_size) {
+    int docs = dc->reset_attention_mask || dc->reset_position_ids;
+    if ((dc->eod_mask_loss || docs) && dc->eod_token >= c->model.vocab_size) {
         char a[KV_N], b[KV_N], hint[HINT_N];
         snprintf(hint, sizeof hint,
                  "set data.eod_token to your tokenizer's end-of-document id, below %" PRId64
@@ -968,11 +969,17 @@ static void check_data(mgc_check_ctx *k) {
                         mgc_check_kv(a, k, KEY(DATA_EOD), dc->eod_token),
                         mgc_check_kv(b, k, KEY(MODEL_VOCAB_SIZE), c->model.vocab_size));
     }
-    if (!dc->eod_mask_loss && !dc->reset_attention_mask && mgc_check_given(k, KEY(DATA_EOD)))
+    if (!dc->eod_mask_loss && !docs && mgc_check_given(k, KEY(DATA_EOD)))
         mgc_check_warning(k, mgc_check_at(k, KEY(DATA_EOD)),
-                          "set data.eod_mask_loss or data.reset_attention_mask: true to use it",
-                          "data.eod_token has no effect unless data.eod_mask_loss or "
-                          "data.reset_attention_mask is true");
+                          "set data.eod_mask_loss, data.reset_attention_mask or "
+                          "data.reset_position_ids: true to use it",
+                          "data.eod_token has no effect unless a document option is on");
+    if (dc->reset_position_ids && c->model.position_embedding != MGC_POS_ROTARY)
+        mgc_check_error(k, mgc_check_at(k, KEY(DATA_RESET_POS)),
+                        "use model.position_embedding: rotary, or turn data.reset_position_ids off",
+                        "data.reset_position_ids restarts rotary positions, and "
+                        "model.position_embedding is %s (learned positions are not reset)",
+                        c->model.position_embedding == MGC_POS_LEARNED ? "learned" : "none");
     /* checkpoint */
     const mgc_checkpoint_cfg *cp = &c->checkpoint;
     if (cp->directory && cp->directory[0] && cp->interval > c->training.iterations) {

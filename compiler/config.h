@@ -287,6 +287,8 @@ typedef struct mgc_blend {
       "The end-of-document token id (256: the byte tokenizer's).")                                          \
     X(DATA_RESET_ATTN, "data.reset_attention_mask", BOOL, data.reset_attention_mask, 0, 0, 0, NULL, 0, NULL, \
       "Attention stays within a document: a token sees no token before its document's start.")             \
+    X(DATA_RESET_POS, "data.reset_position_ids", BOOL, data.reset_position_ids, 0, 0, 0, NULL, 0, NULL,     \
+      "Rotary positions restart at 0 at each document's start.")                                            \
     /* checkpoint */                                                                                         \
     X(CKPT_DIR, "checkpoint.directory", STRING, checkpoint.directory, 0, 0, 0, NULL, 0, "\"\"",               \
       "Where checkpoints are written and resumed from; empty turns checkpointing off.")                     \
@@ -424,6 +426,7 @@ typedef struct mgc_data_cfg {
     int eod_mask_loss;
     int64_t eod_token;
     int reset_attention_mask;        /* attention within documents (Megatron's --reset-attention-mask) */
+    int reset_position_ids;          /* rotary positions from each document's start */
 } mgc_data_cfg;
 
 typedef struct mgc_checkpoint_cfg {

@@ -330,7 +330,7 @@ static int64_t rope_of(const mgc_plan_op *ops, int64_t from, int64_t to, int32_t
                        uint16_t recompute) {
     for (int64_t j = from; j < to; j++) {
         const mgc_plan_op *o = &ops[j];
-        if (o->kind != kind || o->n_in != 1 || o->n_out != 1 ||
+        if (o->kind != kind || o->n_in != 1 + ((o->flags & MGC_POF_DOCS) != 0) || o->n_out != 1 ||
             (o->flags & MGC_POF_RECOMPUTE) != recompute)
             continue;
         if (kind == MGC_POP_ROPE ? o->in[0] == t : o->out[0] == t) return j;
@@ -367,8 +367,12 @@ static int split_rope_only(const mgc_plan_chunk *ch, const uint8_t *const gone[2
     return 1;
 }
 
+/* the same rotation: dim, context layout, base, and the same document starts (MGC_POF_DOCS:
+ * the last input, which the fused split or join then takes as its own last input) */
 static int same_rope(const mgc_plan_op *a, const mgc_plan_op *b) {
-    return a->iattr[0] == b->iattr[0] && a->iattr[1] == b->iattr[1] && a->fattr[0] == b->fattr[0];
+    int da = (a->flags & MGC_POF_DOCS) != 0, db = (b->flags & MGC_POF_DOCS) != 0;
+    return a->iattr[0] == b->iattr[0] && a->iattr[1] == b->iattr[1] && a->fattr[0] == b->fattr[0] &&
+           da == db && (!da || a->in[1] == b->in[1]);
 }
 
 /* qkv_split (qkv) -> (q, k, v) ; rope (q) -> q' ; rope (k) -> k'  becomes qkv_split with
@@ -425,6 +429,11 @@ static int64_t fuse_qkv_rope(mgc_plan_chunk *ch) {
             if (clash) continue;
             sp->out[0] = qr, sp->out[1] = kr;
             sp->flags |= MGC_POF_ROPE | ((ops[rq].flags | ops[rk].flags) & MGC_POF_SAVED);
+            if (ops[rq].flags & MGC_POF_DOCS) {
+                sp->flags |= MGC_POF_DOCS;
+                sp->in[1] = ops[rq].in[1];
+                sp->n_in = 2;
+            }
             sp->iattr[3] = ops[rq].iattr[0];
             sp->fattr[0] = ops[rq].fattr[0];
             sp->fattr[1] = (double)(ops[rq].iattr[1] > 0 ? ops[rq].iattr[1] : 1);
@@ -442,8 +451,8 @@ static int64_t fuse_qkv_rope(mgc_plan_chunk *ch) {
         int64_t rq = -1, rk = -1;
         for (int64_t j = i - 1; j >= 0 && (rq < 0 || rk < 0); j--) {
             const mgc_plan_op *o = &ch->bwd[j];
-            if (o->kind != MGC_POP_ROPE_BWD || o->n_in != 1 || o->n_out != 1 ||
-                (o->flags & MGC_POF_RECOMPUTE) || gone_b[j])
+            if (o->kind != MGC_POP_ROPE_BWD || o->n_in != 1 + ((o->flags & MGC_POF_DOCS) != 0) ||
+                o->n_out != 1 || (o->flags & MGC_POF_RECOMPUTE) || gone_b[j])
                 continue;
             if (o->out[0] == dq && rq < 0) rq = j;
             if (o->out[0] == dk && rk < 0) rk = j;
@@ -464,6 +473,11 @@ static int64_t fuse_qkv_rope(mgc_plan_chunk *ch) {
         if (clash) continue;
         jn->in[0] = dqr, jn->in[1] = dkr;
         jn->flags |= MGC_POF_ROPE;
+        if (ch->bwd[rq].flags & MGC_POF_DOCS) {
+            jn->flags |= MGC_POF_DOCS;
+            jn->in[3] = ch->bwd[rq].in[1];
+            jn->n_in = 4;
+        }
         jn->iattr[3] = ch->bwd[rq].iattr[0];
         jn->fattr[0] = ch->bwd[rq].fattr[0];
         jn->fattr[1] = (double)(ch->bwd[rq].iattr[1] > 0 ? ch->bwd[rq].iattr[1] : 1);

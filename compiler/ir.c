@@ -615,7 +615,9 @@ static int32_t rope(bld *b, const char *module, int32_t x) {
     memset(&at, 0, sizeof at);
     at.rope.rotary_dim = (int32_t)b->g->dims.rotary_dim;
     at.rope.base = b->c->model.rotary_base;
-    emit(b, MGC_IR_OP_ROPE, module, &x, 1, &y, 1, &at);
+    /* data.reset_position_ids: positions counted from each token's document start */
+    int32_t in[2] = {x, b->g->doc_start};
+    emit(b, MGC_IR_OP_ROPE, module, in, b->c->data.reset_position_ids ? 2 : 1, &y, 1, &at);
     return y;
 }
 
@@ -662,7 +664,7 @@ static int32_t decoder_layer(bld *b, int32_t l, int32_t x, int is_moe) {
     at.attention.scale = 1.0 / sqrt((double)dm->d);
     at.attention.dropout = m->attention_dropout;
     int32_t ain[4] = {qkv3[0], qkv3[1], qkv3[2], b->g->doc_start};
-    emit(b, MGC_IR_OP_ATTENTION, mod, ain, b->g->doc_start >= 0 ? 4 : 3, &ctx, 1, &at);
+    emit(b, MGC_IR_OP_ATTENTION, mod, ain, b->c->data.reset_attention_mask ? 4 : 3, &ctx, 1, &at);
     int32_t o =
         linear(b, fmt(mod, sizeof mod, "%s.self_attention.linear_proj", P), ctx, 2,
                MGC_IR_PCLASS_ATTENTION, MGC_IR_INIT_SCALED_NORMAL, (mgc_ir_dim)D(HIDDEN, dm->h),
@@ -790,7 +792,7 @@ mgc_graph *mgc_ir_build(const mgc_config *c, mgc_diags *d) {
                        DIMS(D(SEQ, dm->s), D(BATCH, dm->b)), "labels");
     g->loss_mask = tensor(&b, MGC_IR_ROLE_LOSS_MASK, MGC_IR_DTYPE_FP32, MGC_IR_TF_NODIFF,
                           DIMS(D(SEQ, dm->s), D(BATCH, dm->b)), "loss_mask");
-    if (c->data.reset_attention_mask) { /* read by every attention */
+    if (c->data.reset_attention_mask || c->data.reset_position_ids) { /* attention, rope */
         b.part = MGC_IR_PART_ATTENTION;
         g->doc_start = tensor(&b, MGC_IR_ROLE_DOC_START, MGC_IR_DTYPE_INT32, MGC_IR_TF_NODIFF,
                               DIMS(D(SEQ, dm->s), D(BATCH, dm->b)), "doc_start");

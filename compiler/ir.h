@@ -142,7 +142,8 @@ typedef enum mgc_ir_op_kind {
     MGC_IR_OP_NORM,           /* (x, w[, bias]) -> y: LayerNorm or RMSNorm over h */
     MGC_IR_OP_LINEAR,         /* (x, w [n,k][, bias [n]]) -> y: y = x w^T + bias */
     MGC_IR_OP_QKV_SPLIT,      /* (qkv [s,b,(a+2g)d]) -> q [s,b,a,d], k [s,b,g,d], v [s,b,g,d] */
-    MGC_IR_OP_ROPE,           /* (x [s,b,heads,d]) -> y: rotary embedding */
+    MGC_IR_OP_ROPE,           /* (x [s,b,heads,d] [, doc_start]) -> y: rotary embedding; with
+                                 doc_start the positions count from each document's start */
     MGC_IR_OP_ATTENTION,      /* (q, k, v [, doc_start]) -> ctx [s,b,a,d]: softmax(q k^T / sqrt d) v,
                                  GQA; with doc_start a query sees no key before its document */
     MGC_IR_OP_DROPOUT_ADD,    /* (x, residual) -> dropout(x) + residual */

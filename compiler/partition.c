@@ -533,8 +533,10 @@ static void op_same(pctx *p, const mgc_ir_op *o, mgc_plan_op_kind kind) {
         b->ti[y].split2_axis = b->ti[in[0]].split2_axis;
         b->ti[y].split2_group = b->ti[in[0]].split2_group;
     }
+    if (o->n_in > 1 && in[1] < 0) return;
     mgc_plan_op op = mkop(p, kind, o->name, NULL);
     io(&op, o->n_in, in, 1, &y);
+    if (kind == MGC_POP_ROPE && o->n_in > 1) op.flags |= MGC_POF_DOCS; /* reset_position_ids */
     if (kind == MGC_POP_ROPE) {
         op.fattr[0] = o->attr.rope.base;
         op.iattr[0] = o->attr.rope.rotary_dim;

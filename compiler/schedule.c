@@ -82,7 +82,7 @@ void mgc_schedule_params_from_config(const mgc_config *c, int64_t grad_buckets,
     out->grad_buckets = grad_buckets;
     out->distributed_optimizer = c->parallel.distributed_optimizer;
     out->tied_embeddings = c->model.tie_embeddings;
-    out->load_docs = c->data.reset_attention_mask;
+    out->load_docs = c->data.reset_attention_mask || c->data.reset_position_ids;
     out->loc = mgc_config_loc(c, MGC_KEY_PAR_SCHEDULE);
 }
 

@@ -418,24 +418,26 @@ __device__ __forceinline__ void mgc_qr_value(mgc_t *qkv, mgc_t *v, i64 rg, const
  * the forward; rope_bwd (dq'), rope_bwd (dk') then qkv_split_bwd in the backward, with the
  * arithmetic of the `rope` kernel below (so the bits of the ops it replaces).  A row of qkv
  * is G groups of [PER query heads, k, v][D]; q' is (rows, G PER, D), k' and v (rows, G, D).
- * grid (s, ceil(b G / 8)), block 128, smem 8 * ROT bytes (static).  Block (i, y) computes the
- * cos/sin of sequence row i's position (fp64 angle, as the CPU) once, then moves groups
- * [8y, 8y + 8) of the b G groups of row i: one thread a rotation pair (f, f + ROT/2) of a
+ * grid (s nb, ceil(bG / 8)), block 128, smem 8 * ROT bytes (static).  Block (r, y) computes
+ * the cos/sin of row group r's position (fp64 angle, as the CPU) once, then moves groups
+ * [8y, 8y + 8) of the bG groups of row group r: one thread a rotation pair (f, f + ROT/2) of a
  * query or key head, or a column past ROT, or a column of v -- or, in 16-bit storage, eight
  * of them with 16-byte accesses, when ROT/2 and D - ROT are multiples of 8 and the pointers
- * 16-byte aligned.
- * Positions: mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp)). */
+ * 16-byte aligned.  A row group is a sequence row (nb = 1, bG = b G), or with documents
+ * (docs: (s, b) starts, reset_position_ids) one (sequence row, batch row) (nb = b, bG = G).
+ * Positions: mgc_ctx_pos(r / nb, cp, cp_rank, seq / (2 cp)) - docs[r]. */
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
-                   mgc_t *__restrict__ v, i64 bG, i64 cp, i64 cpr, i64 half_len, double theta) {
+                   mgc_t *__restrict__ v, i64 bG, i64 cp, i64 cpr, i64 half_len, double theta,
+                   const int *__restrict__ docs, i64 nb) {
     __shared__ float cs[MGC_QR_HALF > 0 ? MGC_QR_HALF : 1], sn[MGC_QR_HALF > 0 ? MGC_QR_HALF : 1];
 #if defined(MGC_ENTRY_qkv_rope_fwd)
     const double sign = 1.0;
 #else
     const double sign = -1.0;
 #endif
-    i64 i = blockIdx.x;
-    double p = (double)mgc_ctx_pos(i, cp, cpr, half_len);
+    i64 i = blockIdx.x; /* the row group */
+    double p = (double)(mgc_ctx_pos(i / nb, cp, cpr, half_len) - (docs ? docs[i] : 0));
     for (int f = threadIdx.x; f < MGC_QR_HALF; f += blockDim.x) {
         double ang = p * pow(theta, -2.0 * (double)f / (double)MGC_ROT), sd, cd;
         sincospi(ang * 0.31830988618379067154, &sd, &cd); /* as in `rope` */
@@ -514,17 +516,18 @@ extern "C" __global__ void __launch_bounds__(128)
 #if defined(MGC_ENTRY_rope)
 #define MGC_RHALF (MGC_ROT / 2)
 #define MGC_RUNIT (MGC_RHALF + (MGC_D - MGC_ROT)) /* work items of one head row */
-/* grid (s, ceil(bH / 8)), block 128, smem 8 * ROT bytes (static).  Block (i, y) computes
- * the cos/sin of sequence row i's position (fp64 angle and sin/cos, as the CPU) once, then rotates
- * heads [8y, 8y+8) of the bH = b*H head rows of row i.  One thread owns a pair
- * (f, f + ROT/2), so y may equal x (in place).  sign = +1 forward, -1 backward.
- * Positions: mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp)). */
+/* grid (s nb, ceil(bH / 8)), block 128, smem 8 * ROT bytes (static).  Block (r, y) computes
+ * the cos/sin of row group r's position (fp64 angle and sin/cos, as the CPU) once, then rotates
+ * heads [8y, 8y+8) of the bH head rows of row group r: a sequence row (nb = 1, bH = b H), or
+ * with documents (docs, reset_position_ids) one (sequence row, batch row) (nb = b, bH = H).
+ * One thread owns a pair (f, f + ROT/2), so y may equal x (in place).  sign = +1 forward, -1
+ * backward.  Positions: mgc_ctx_pos(r / nb, cp, cp_rank, seq / (2 cp)) - docs[r]. */
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(mgc_t *y, const mgc_t *x, i64 bH, i64 cp, i64 cpr, i64 half_len,
-                   double theta, double sign) {
+                   double theta, double sign, const int *__restrict__ docs, i64 nb) {
     __shared__ float cs[MGC_RHALF > 0 ? MGC_RHALF : 1], sn[MGC_RHALF > 0 ? MGC_RHALF : 1];
-    i64 i = blockIdx.x;
-    double p = (double)mgc_ctx_pos(i, cp, cpr, half_len);
+    i64 i = blockIdx.x; /* the row group */
+    double p = (double)(mgc_ctx_pos(i / nb, cp, cpr, half_len) - (docs ? docs[i] : 0));
     for (int f = threadIdx.x; f < MGC_RHALF; f += blockDim.x) {
         double ang = p * pow(theta, -2.0 * (double)f / (double)MGC_ROT), sd, cd;
         /* sincospi: its argument reduction is exact, so no Payne-Hanek local array (ptxas

@@ -246,10 +246,13 @@ typedef enum mgc_plan_op_kind {
                                 back as they join.  iattr[3] the rotary dim (even, <= head dim),
                                 fattr[0] the base (theta), fattr[1] the context-parallel degree
                                 of the positions, as the rope ops' iattr[0], fattr[0], iattr[1] */
-#define MGC_POF_DOCS 32u     /* attention, attention_bwd: the last input is doc_start (s_c, b)
-                                int32, the position each query's document starts at
-                                (data.reset_attention_mask); key j is visible from query i iff
-                                doc_start(i) <= kpos(j) (and kpos(j) <= qpos(i) when causal) */
+#define MGC_POF_DOCS 32u     /* the last input is doc_start (s_c, b) int32, the position each
+                                row's document starts at.  attention, attention_bwd
+                                (data.reset_attention_mask): key j is visible from query i iff
+                                doc_start(i) <= kpos(j) (and kpos(j) <= qpos(i) when causal);
+                                rope, rope_bwd and the rotating qkv split and join
+                                (data.reset_position_ids): row (i, b)'s position is
+                                pos(i) - doc_start(i, b) */
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);

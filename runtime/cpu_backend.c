@@ -205,6 +205,8 @@ static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
     double theta = op->fattr[0];
     int32_t *pos = NULL;
     float *dq = NULL, *dk = NULL;
+    /* data.reset_position_ids: the rows' document starts, the last input */
+    const int32_t *docs = op->flags & MGC_POF_DOCS ? (const int32_t *)c->in[op->n_in - 1] : NULL;
     if (rope) {
         if (tq->rank != 4 || s * b != n)
             return fail(be, "qkv_split '%s': q is not (s, b, heads, d)",
@@ -221,14 +223,15 @@ static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
         mgc_cpu_qkv_split_fwd_f32(F(c->out[0]), F(c->out[1]), F(c->out[2]), CF(c->in[0]), n, G,
                                   per, d);
         if (rope) {
-            mgc_cpu_rope_fwd_f32(F(c->out[0]), CF(c->out[0]), pos, s, b, G * per, d, rot, theta);
-            mgc_cpu_rope_fwd_f32(F(c->out[1]), CF(c->out[1]), pos, s, b, G, d, rot, theta);
+            mgc_cpu_rope_fwd_f32(F(c->out[0]), CF(c->out[0]), pos, docs, s, b, G * per, d, rot,
+                                 theta);
+            mgc_cpu_rope_fwd_f32(F(c->out[1]), CF(c->out[1]), pos, docs, s, b, G, d, rot, theta);
         }
     } else {
         const float *q = CF(c->in[0]), *k = CF(c->in[1]);
         if (rope) {
-            mgc_cpu_rope_bwd_f32(dq, q, pos, s, b, G * per, d, rot, theta);
-            mgc_cpu_rope_bwd_f32(dk, k, pos, s, b, G, d, rot, theta);
+            mgc_cpu_rope_bwd_f32(dq, q, pos, docs, s, b, G * per, d, rot, theta);
+            mgc_cpu_rope_bwd_f32(dk, k, pos, docs, s, b, G, d, rot, theta);
             q = dq, k = dk;
         }
         mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), q, k, CF(c->in[2]), n, G, per, d);
@@ -243,11 +246,12 @@ static int op_rope(mgc_backend *be, const mgc_op_call *c) {
     int32_t *pos = scratch(be, (size_t)s * 4);
     if (!pos) return fail(be, "out of memory");
     ctx_positions(pos, s, c->seq_length, op->iattr[1] > 0 ? op->iattr[1] : 1, c->co.cp);
+    const int32_t *docs = op->flags & MGC_POF_DOCS ? (const int32_t *)c->in[op->n_in - 1] : NULL;
     if (op->kind == MGC_POP_ROPE)
-        mgc_cpu_rope_fwd_f32(F(c->out[0]), CF(c->in[0]), pos, s, b, H, d, op->iattr[0],
+        mgc_cpu_rope_fwd_f32(F(c->out[0]), CF(c->in[0]), pos, docs, s, b, H, d, op->iattr[0],
                              op->fattr[0]);
     else
-        mgc_cpu_rope_bwd_f32(F(c->out[0]), CF(c->in[0]), pos, s, b, H, d, op->iattr[0],
+        mgc_cpu_rope_bwd_f32(F(c->out[0]), CF(c->in[0]), pos, docs, s, b, H, d, op->iattr[0],
                              op->fattr[0]);
     return 0;
 }

@@ -117,13 +117,17 @@ void MGC_FN(mgc_cpu_qkv_split_bwd)(MGC_REAL *dqkv, const MGC_REAL *dq, const MGC
 /* Rotates the first rot_dim (even, <= d) features of every head, non-interleaved halves
  * (Megatron/NeoX rotate_half): for i < rot_dim/2, angle = pos * theta^(-2i/rot_dim),
  * (x_i, x_{i+rot_dim/2}) -> (x_i cos - x_j sin, x_j cos + x_i sin); the rest pass through.
- * Angles in double in both variants. y may equal x (in place). */
+ * Angles in double in both variants. y may equal x (in place).  Row (i, bi)'s position is
+ * pos[i] (i when pos is NULL) minus docs[i*b + bi] (its document's start, reset_position_ids)
+ * when docs is not NULL. */
 void MGC_FN(mgc_cpu_rope_fwd)(MGC_REAL *y /* (s,b,H,d) */, const MGC_REAL *x /* (s,b,H,d) */,
-                              const int32_t *pos /* (s) or NULL */, int64_t s, int64_t b, int64_t H,
-                              int64_t d, int64_t rot_dim, double theta);
+                              const int32_t *pos /* (s) or NULL */,
+                              const int32_t *docs /* (s,b) or NULL */, int64_t s, int64_t b,
+                              int64_t H, int64_t d, int64_t rot_dim, double theta);
 /* dx = rotation by -angle of dy (dx may equal dy). */
-void MGC_FN(mgc_cpu_rope_bwd)(MGC_REAL *dx, const MGC_REAL *dy, const int32_t *pos, int64_t s,
-                              int64_t b, int64_t H, int64_t d, int64_t rot_dim, double theta);
+void MGC_FN(mgc_cpu_rope_bwd)(MGC_REAL *dx, const MGC_REAL *dy, const int32_t *pos,
+                              const int32_t *docs, int64_t s, int64_t b, int64_t H, int64_t d,
+                              int64_t rot_dim, double theta);
 
 /* ---- attention ------------------------------------------------------------------------ */
 

@@ -320,20 +320,23 @@ void FN(mgc_cpu_qkv_split_bwd)(R *dqkv, const R *dq, const R *dk, const R *dv, i
 
 /* ---- rotary --------------------------------------------------------------------------- */
 
-static void FN(rope)(R *y, const R *x, const int32_t *pos, int64_t s, int64_t b, int64_t H,
-                     int64_t d, int64_t rot_dim, double theta, double sign) {
+static void FN(rope)(R *y, const R *x, const int32_t *pos, const int32_t *docs, int64_t s,
+                     int64_t b, int64_t H, int64_t d, int64_t rot_dim, double theta, double sign) {
     int64_t half = rot_dim / 2;
     for (int64_t i = 0; i < s; i++) {
-        double p = pos ? pos[i] : (double)i;
-        for (int64_t f = 0; f < half; f++) {
-            double ang = p * pow(theta, -2.0 * (double)f / (double)rot_dim);
-            R cs = (R)cos(ang), sn = (R)(sign * sin(ang));
-            for (int64_t bh = 0; bh < b * H; bh++) {
-                const R *xr = x + (i * b * H + bh) * d;
-                R *yr = y + (i * b * H + bh) * d;
-                R x0 = xr[f], x1 = xr[f + half];
-                yr[f] = x0 * cs - x1 * sn;
-                yr[f + half] = x1 * cs + x0 * sn;
+        for (int64_t bi = 0; bi < b; bi++) {
+            /* the position, counted from the row's document start with documents */
+            double p = (pos ? pos[i] : (double)i) - (docs ? docs[i * b + bi] : 0);
+            for (int64_t f = 0; f < half; f++) {
+                double ang = p * pow(theta, -2.0 * (double)f / (double)rot_dim);
+                R cs = (R)cos(ang), sn = (R)(sign * sin(ang));
+                for (int64_t h = 0; h < H; h++) {
+                    const R *xr = x + ((i * b + bi) * H + h) * d;
+                    R *yr = y + ((i * b + bi) * H + h) * d;
+                    R x0 = xr[f], x1 = xr[f + half];
+                    yr[f] = x0 * cs - x1 * sn;
+                    yr[f + half] = x1 * cs + x0 * sn;
+                }
             }
         }
         if (y != x)
@@ -343,14 +346,14 @@ static void FN(rope)(R *y, const R *x, const int32_t *pos, int64_t s, int64_t b,
     }
 }
 
-void FN(mgc_cpu_rope_fwd)(R *y, const R *x, const int32_t *pos, int64_t s, int64_t b, int64_t H,
-                          int64_t d, int64_t rot_dim, double theta) {
-    FN(rope)(y, x, pos, s, b, H, d, rot_dim, theta, 1.0);
+void FN(mgc_cpu_rope_fwd)(R *y, const R *x, const int32_t *pos, const int32_t *docs, int64_t s,
+                          int64_t b, int64_t H, int64_t d, int64_t rot_dim, double theta) {
+    FN(rope)(y, x, pos, docs, s, b, H, d, rot_dim, theta, 1.0);
 }
 
-void FN(mgc_cpu_rope_bwd)(R *dx, const R *dy, const int32_t *pos, int64_t s, int64_t b, int64_t H,
-                          int64_t d, int64_t rot_dim, double theta) {
-    FN(rope)(dx, dy, pos, s, b, H, d, rot_dim, theta, -1.0);
+void FN(mgc_cpu_rope_bwd)(R *dx, const R *dy, const int32_t *pos, const int32_t *docs, int64_t s,
+                          int64_t b, int64_t H, int64_t d, int64_t rot_dim, double theta) {
+    FN(rope)(dx, dy, pos, docs, s, b, H, d, rot_dim, theta, -1.0);
 }
 
 /* ---- attention ------------------------------------------------------------------------ */

@@ -402,15 +402,20 @@ static int op_qkv(mgc_backend *be, const mgc_op_call *c) {
          *v = fwd ? c->out[2] : c->in[2];
     if (op->flags & MGC_POF_ROPE) { /* with the rotary embedding of q and k (qkv_rope_*) */
         const mgc_plan_tensor *tq = fwd ? tout(c, 0) : tin(c, 0);
-        int64_t s = tq->dim[0], bG = tq->rank == 4 ? tq->dim[1] * G : 0;
+        int64_t s = tq->dim[0], bG = tq->rank == 4 ? tq->dim[1] * G : 0, nb = 1;
+        /* reset_position_ids: a block a (sequence row, batch row), positions from its document */
+        const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
         int64_t cp = op->fattr[1] >= 1 ? (int64_t)op->fattr[1] : 1, cpr = c->co.cp;
         int64_t half = cp > 1 ? c->seq_length / (2 * cp) : 0;
         double theta = op->fattr[0];
         if (tq->rank != 4 || s * tq->dim[1] != rows || (bG + 7) / 8 > 65535)
             return mgc_cuda_fail(be, "qkv_split '%s': q is not (s, b, heads, d), or b*groups "
                                  "is too large", opname(c));
-        void *args[] = {&qkv, &q, &kk, &v, &bG, &cp, &cpr, &half, &theta};
-        return mgc_cuda_launch(be, &k[0], (unsigned)s, (unsigned)((bG + 7) / 8), 1, 128, 0,
+        if (docs) nb = tq->dim[1], bG = G;
+        if (s * nb > INT32_MAX)
+            return mgc_cuda_fail(be, "qkv_split '%s': too many rows", opname(c));
+        void *args[] = {&qkv, &q, &kk, &v, &bG, &cp, &cpr, &half, &theta, &docs, &nb};
+        return mgc_cuda_launch(be, &k[0], (unsigned)(s * nb), (unsigned)((bG + 7) / 8), 1, 128, 0,
                                args);
     }
     void *args[] = {&qkv, &q, &kk, &v, &rows};
@@ -432,9 +437,14 @@ static int op_rope(mgc_backend *be, const mgc_op_call *c) {
     CHECK(get_specs(be, c, k, 1));
     if (s == 0 || bH == 0) return 0;
     if ((bH + 7) / 8 > 65535) return mgc_cuda_fail(be, "rope '%s': b*heads too large", opname(c));
+    /* reset_position_ids: a block a (sequence row, batch row), positions from its document */
+    const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
+    int64_t nb = docs ? x->dim[1] : 1;
+    if (docs) bH = x->dim[2];
+    if (s * nb > INT32_MAX) return mgc_cuda_fail(be, "rope '%s': too many rows", opname(c));
     void *y = c->out[0], *xp = c->in[0];
-    void *args[] = {&y, &xp, &bH, &cp, &cpr, &half, &theta, &sign};
-    return mgc_cuda_launch(be, &k[0], (unsigned)s, (unsigned)((bH + 7) / 8), 1, 128, 0, args);
+    void *args[] = {&y, &xp, &bH, &cp, &cpr, &half, &theta, &sign, &docs, &nb};
+    return mgc_cuda_launch(be, &k[0], (unsigned)(s * nb), (unsigned)((bH + 7) / 8), 1, 128, 0, args);
 }
 
 /* Logit columns of this tensor rank that are real vocabulary entries (cpu_backend.c). */

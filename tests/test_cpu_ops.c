@@ -697,40 +697,47 @@ static void test_qkv_split(int64_t G, int64_t per) {
 
 typedef struct rope_ctx {
     double *y, *x;
-    int32_t *pos;
+    int32_t *pos, *docs;
     int64_t s, b, H, d, rd;
 } rope_ctx;
 static void rope_fwd(void *p) {
     rope_ctx *c = p;
-    mgc_cpu_rope_fwd_f64(c->y, c->x, c->pos, c->s, c->b, c->H, c->d, c->rd, 10000.0);
+    mgc_cpu_rope_fwd_f64(c->y, c->x, c->pos, c->docs, c->s, c->b, c->H, c->d, c->rd, 10000.0);
 }
 
-static void test_rope(void) {
+/* with_docs: every row's position counted from its document's start (reset_position_ids) */
+static void test_rope(int with_docs) {
     int64_t s = 7, b = 3, H = 3, d = 10, rd = 6, n = s * b * H * d;
-    int32_t *pos = I(s);
+    int32_t *pos = I(s), *docs = NULL;
     for (int64_t i = 0; i < s; i++)
         pos[i] = (int32_t)(3 * i + 2);
+    if (with_docs) {
+        docs = I(s * b);
+        for (int64_t i = 0; i < s * b; i++)
+            docs[i] = (int32_t)((i * 7) % (pos[i / b] + 1)); /* a start at or before the row */
+    }
     double *x = Drand(n), *r = Drand(n), *y = D(n), *dx = D(n);
-    rope_ctx c = {y, x, pos, s, b, H, d, rd};
+    rope_ctx c = {y, x, pos, docs, s, b, H, d, rd};
     fd_case fc = {rope_fwd, &c, {{y, r, n}}, 1};
     fd_loss(&fc);
     no_nan_d("rope fwd", y, n);
     /* one element by hand: sequence row 4, batch 1, head 2, frequency 1 */
     int64_t base = ((4 * b + 1) * H + 2) * d;
-    double ang = pos[4] * pow(10000.0, -2.0 / (double)rd);
+    double ang = (pos[4] - (docs ? docs[4 * b + 1] : 0)) * pow(10000.0, -2.0 / (double)rd);
+    if (docs) T_CHECK(pos[4] - docs[4 * b + 1] != pos[4] && pos[4] - docs[4 * b + 1] >= 0);
     T_NEAR_REL(y[base + 1], x[base + 1] * cos(ang) - x[base + 4] * sin(ang), 1e-14);
     T_NEAR_REL(y[base + 4], x[base + 4] * cos(ang) + x[base + 1] * sin(ang), 1e-14);
     T_CHECK(y[base + 7] == x[base + 7]); /* past rot_dim: passes through */
     pd(dx, n);
-    mgc_cpu_rope_bwd_f64(dx, r, pos, s, b, H, d, rd, 10000.0);
+    mgc_cpu_rope_bwd_f64(dx, r, pos, docs, s, b, H, d, rd, 10000.0);
     fd_check("rope dx", &fc, x, n, dx);
     /* in place */
     double *z = Dcopy(x, n);
-    mgc_cpu_rope_fwd_f64(z, z, pos, s, b, H, d, rd, 10000.0);
+    mgc_cpu_rope_fwd_f64(z, z, pos, docs, s, b, H, d, rd, 10000.0);
     same_bits("rope in place", z, y, (size_t)n * sizeof(double));
     float *yf = Fn(n);
     pf(yf, n);
-    mgc_cpu_rope_fwd_f32(yf, F(x, n), pos, s, b, H, d, rd, 10000.0);
+    mgc_cpu_rope_fwd_f32(yf, F(x, n), pos, docs, s, b, H, d, rd, 10000.0);
     near_fd("rope f32 fwd", yf, y, n, F32_TOL);
     tfree_all();
 }
@@ -1301,7 +1308,8 @@ int main(void) {
     test_dropout(seed);
     test_qkv_split(3, 2);
     test_qkv_split(1, 5);
-    test_rope();
+    test_rope(0);
+    test_rope(1);
     test_attention(seed);
     test_cross_entropy();
     for (int k = 1; k <= 3; k++) {

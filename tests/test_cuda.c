@@ -938,7 +938,8 @@ static const char *const drop_tp3cp2[] = {"parallel.world_size=6", "parallel.ten
 /* documents (data.reset_attention_mask): the attention kernels mask the keys before each
  * query's document start (MGC_DOCS), over the context-parallel positions too */
 static const char *const docs_cp2[] = {"parallel.world_size=2", "parallel.context=2",
-                                       "data.reset_attention_mask=true", NULL};
+                                       "data.reset_attention_mask=true",
+                                       "data.reset_position_ids=true", NULL};
 
 static void check_layouts(void) {
     static const char *const tp2sp[] = {"parallel.world_size=2", "parallel.tensor=2",
@@ -1113,13 +1114,22 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in
-         * 16 bits), LLaMA's unfused one (its backward's seventh input) at 16; then over cp2 */
+         * 16 bits), LLaMA's unfused one (its backward's seventh input) at 16 with the rotary
+         * positions restarting (the split's rope: 16-byte and element paths), and the unfused
+         * rope kernels (MGC_FUSION=0); then both over cp2 */
         static const char *const docs_d32[] = {"data.reset_attention_mask=true",
                                                "model.hidden_size=128",
                                                "model.num_attention_heads=4", NULL};
-        static const char *const docs[] = {"data.reset_attention_mask=true", NULL};
+        static const char *const docs[] = {"data.reset_attention_mask=true",
+                                           "data.reset_position_ids=true", NULL};
+        static const char *const docs_r6[] = {"data.reset_position_ids=true",
+                                              "model.rotary_percent=0.75", NULL};
         check_ops("examples/tiny-gpt.yaml", docs_d32);
         check_ops("models/tiny-llama.yaml", docs);
+        check_ops("models/tiny-llama.yaml", docs_r6);
+        setenv("MGC_FUSION", "0", 1);
+        check_ops("models/tiny-llama.yaml", docs);
+        unsetenv("MGC_FUSION");
         check_layout("models/tiny-llama.yaml", "fp32", docs_cp2, 1e-5, 0);
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "dropout")))

@@ -1251,7 +1251,7 @@ static void test_validate(void) {
     ch->bwd[0].kind = MGC_POP_LINEAR_DGRAD;
     ch->bwd[0].flags = 0;
     BREAK(ch->fwd[0].flags, 64, "unknown flags");
-    BREAK(ch->fwd[0].flags, MGC_POF_DOCS, "document flag on an op that is not attention");
+    BREAK(ch->fwd[0].flags, MGC_POF_DOCS, "document flag on an op that is not attention, a rope");
     BREAK(ch->fwd[0].flags, MGC_POF_ROPE, "rotary flag on an op that is not a qkv split");
     BREAK(ch->fwd[0].flags, MGC_POF_INPLACE, "in-place flag on an op that cannot");
     BREAK(ch->fwd[0].flags, MGC_POF_QKV, "fused-qkv flag on an op that is not attention");

@@ -453,34 +453,41 @@ static void check_eod_mask(void) {
 
 /* ---- documents in a sample (data.reset_attention_mask) -------------------------------- */
 
-/* Samples of two documents: tokens 0 .. cut-1 (the last of them the end-of-document token) are
- * drawn from `first_seed`, tokens cut .. s from a fixed stream; the sample index mixes in. */
+/* Samples of documents: tokens 0 .. cut-1 (the last of them the end-of-document token) drawn
+ * from `first_seed`; then document B, tokens cut .. cut+len-1 (len 0: to the end; else its last
+ * is the end-of-document token) drawn from a fixed stream by their place in B; then tokens of a
+ * third stream.  The sample index mixes in. */
 typedef struct docs_ctx {
-    int64_t s, cut, eod, vocab;
+    int64_t s, cut, len, eod, vocab;
     uint64_t first_seed;
-    float *last;            /* the last layer's attention output, rows cut .. s-1 of microbatch 0 */
+    int rotated;            /* capture the first layer's rotated queries, not the attention */
+    float *last;            /* the last layer's attention output over B (or the first layer's
+                               rotated queries), microbatch 0 */
     int64_t last_n, layer;  /* its elements; the layer it came from */
 } docs_ctx;
 
 static int docs_sample(void *ctx, int64_t sample, int32_t *tok, char *err, size_t errsz) {
     docs_ctx *d = ctx;
     (void)err, (void)errsz;
+    int64_t end = d->len ? d->cut + d->len : d->s + 1;
     for (int64_t i = 0; i <= d->s; i++) {
-        uint64_t seed = i < d->cut ? d->first_seed : 99;
-        tok[i] = (int32_t)(mgc_rng_u32(seed, (uint64_t)sample, (uint64_t)i) % (uint32_t)(d->vocab - 1));
+        uint64_t seed = i < d->cut ? d->first_seed : i < end ? 99 : 77;
+        uint64_t at = i >= d->cut && i < end ? (uint64_t)(i - d->cut) : (uint64_t)i;
+        tok[i] = (int32_t)(mgc_rng_u32(seed, (uint64_t)sample, at) % (uint32_t)(d->vocab - 1));
     }
-    tok[d->cut - 1] = (int32_t)d->eod;
+    if (d->cut > 0) tok[d->cut - 1] = (int32_t)d->eod;
+    if (d->len) tok[end - 1] = (int32_t)d->eod;
     return 0;
 }
 
 static void docs_after(void *ctx, const mgc_op_call *c) {
     docs_ctx *d = ctx;
     const mgc_plan_op *op = c->op;
-    if (op->kind != MGC_POP_ATTENTION || (op->flags & MGC_POF_RECOMPUTE) || c->microbatch != 0 ||
-        c->iteration != 0 || op->layer < d->layer)
-        return;
+    int want = d->rotated ? op->kind == MGC_POP_QKV_SPLIT && (op->flags & MGC_POF_ROPE) && op->layer == 0
+                          : op->kind == MGC_POP_ATTENTION && op->layer >= d->layer;
+    if (!want || (op->flags & MGC_POF_RECOMPUTE) || c->microbatch != 0 || c->iteration != 0) return;
     const mgc_plan_tensor *o = &c->chunk->tensors[op->out[0]];
-    int64_t row = (int64_t)(o->bytes / 4) / o->dim[0], n = (d->s - d->cut) * row;
+    int64_t row = (int64_t)(o->bytes / 4) / o->dim[0], n = (d->len ? d->len : d->s - d->cut) * row;
     free(d->last);
     d->last = malloc((size_t)n * sizeof *d->last);
     if (d->last) memcpy(d->last, (const float *)c->out[0] + d->cut * row, (size_t)n * sizeof *d->last);
@@ -519,7 +526,8 @@ static void check_docs(void) {
     int64_t n = 0;
     for (int masked = 0; masked < 2; masked++)
         for (int v = 0; v < 2; v++) {
-            docs_ctx d = {p->seq_length, p->seq_length / 2 - 3, eod, vocab, 1000u + (uint64_t)v, NULL, 0, 0};
+            docs_ctx d = {p->seq_length, p->seq_length / 2 - 3, 0, eod, vocab, 1000u + (uint64_t)v,
+                          0, NULL, 0, 0};
             T_EQ_I64(docs_run(masked ? p : q, &d), 0);
             out[masked][v] = d.last, n = d.last_n;
         }
@@ -536,6 +544,46 @@ static void check_docs(void) {
     }
     for (int i = 0; i < 4; i++)
         free(out[i / 2][i % 2]);
+out:
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
+/* Positions restarting (data.reset_position_ids, rotary): a document's rotated queries are the
+ * same wherever it sits in the sample -- tiny LLaMA's first layer, a 12-token document at the
+ * start and after another of 9 tokens -- and move with it when positions run on.  (With the
+ * documents' attention mask too, rotary attention would not tell: it sees relative positions
+ * only.) */
+static void check_doc_positions(void) {
+    static const char *const on[] = {"data.reset_position_ids=true", NULL};
+    mgc_plan *p = compile("models/tiny-llama.yaml", on, NULL), *q = compile("models/tiny-llama.yaml", NULL, NULL);
+    T_CHECK(p && q);
+    if (!p || !q) goto out;
+    float *o[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    int64_t n = 0;
+    for (int reset = 0; reset < 2; reset++)
+        for (int v = 0; v < 2; v++) {
+            docs_ctx d = {p->seq_length, v ? 9 : 0, 12, 256, 257, 5000, 1, NULL, 0, 0};
+            T_EQ_I64(docs_run(reset ? p : q, &d), 0);
+            o[reset][v] = d.last, n = d.last_n;
+        }
+    T_CHECK(n > 0 && o[0][0] && o[0][1] && o[1][0] && o[1][1]);
+    if (n > 0 && o[0][0] && o[0][1] && o[1][0] && o[1][1]) {
+        double worst[2] = {0, 0}, scale = 0;
+        for (int64_t i = 0; i < n; i++) {
+            scale = fmax(scale, fabs((double)o[1][0][i]));
+            for (int r = 0; r < 2; r++)
+                worst[r] = fmax(worst[r], fabs((double)o[r][0][i] - o[r][1][i]));
+        }
+        T_CHECK(scale > 0);
+        T_CHECK(worst[1] == 0); /* the same inputs, positions and arithmetic: the same bits */
+        T_CHECK(worst[0] > 1e-2 * scale);
+        printf("reset_position_ids: a 12-token document at position 0 and at 9: its rotated "
+               "queries bit-identical; positions running on: %.2e apart (of %.2e)\n",
+               worst[0], scale);
+    }
+    for (int i = 0; i < 4; i++)
+        free(o[i / 2][i % 2]);
 out:
     mgc_plan_free(p);
     mgc_plan_free(q);
@@ -1347,6 +1395,7 @@ static const layout drop_moe[] = {
 /* Documents (data.reset_attention_mask): the document starts loaded on every stage, masked in
  * the attention of every layout (context parallelism: by the key positions). */
 static const char *const docs_on[] = {"data.reset_attention_mask=true", NULL};
+static const char *const docs_pos[] = {"data.reset_attention_mask=true", "data.reset_position_ids=true", NULL};
 static const layout docs_gpt[] = {
     {"tp2+sp", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true"}},
     {"cp2", {W(2), "parallel.context=2"}},
@@ -1358,6 +1407,11 @@ static const layout docs_gpt[] = {
 static const layout docs_llama[] = {
     {"cp2 recompute sel", {W(2), "parallel.context=2", "training.recompute=selective"}},
     {"tp2+sp cp2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.context=2"}},
+};
+static const char *const pos_only[] = {"data.reset_position_ids=true", NULL};
+static const layout pos_llama[] = {
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"tp2 pp2", {W(4), "parallel.tensor=2", "parallel.pipeline=2"}},
 };
 static const layout docs_moe[] = {
     {"ep2 pp2", {W(4), "parallel.data=2", "parallel.expert=2", "parallel.pipeline=2"}},
@@ -1479,6 +1533,7 @@ int main(int argc, char **argv) {
     if (only && !strcmp(only, "eval")) check_eval();
     if (only && !strcmp(only, "eod")) check_eod_mask();
     if (!only || !strcmp(only, "docs")) check_docs();
+    if (!only || !strcmp(only, "docs")) check_doc_positions();
     if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
     if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
     if (!only || strstr("kv", only)) check_model("models/tiny-llama.yaml", NULL, kv_llama, 2);
@@ -1491,7 +1546,8 @@ int main(int argc, char **argv) {
     if (!only || strstr("dropout", only)) check_model("models/tiny-llama.yaml", dropped, drop_llama, 3);
     if (!only || strstr("dropout", only)) check_model("models/tiny-moe.yaml", dropped, drop_moe, 2);
     if (!only || strstr("docs", only)) check_model("examples/tiny-gpt.yaml", docs_on, docs_gpt, 5);
-    if (!only || strstr("docs", only)) check_model("models/tiny-llama.yaml", docs_on, docs_llama, 2);
+    if (!only || strstr("docs", only)) check_model("models/tiny-llama.yaml", docs_pos, docs_llama, 2);
+    if (!only || strstr("docs", only)) check_model("models/tiny-llama.yaml", pos_only, pos_llama, 2);
     if (!only || strstr("docs", only)) check_model("models/tiny-moe.yaml", docs_on, docs_moe, 1);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
