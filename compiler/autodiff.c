@@ -525,9 +525,11 @@ static void backward_op(mgc_cb *b, int32_t f) {
     int32_t x = op.in[0];
     switch (op.kind) {
     case MGC_POP_EMBEDDING: {
-        int32_t in[2] = {op.in[0], gy[0]};
+        int docs = (op.flags & MGC_POF_DOCS) != 0; /* the positions' document starts, last */
+        int32_t in[3] = {op.in[0], gy[0], docs ? op.in[3] : -1};
         int32_t out[2] = {pgrad(b, op.in[1]), op.n_in > 2 ? pgrad(b, op.in[2]) : -1};
-        bop(b, MGC_POP_EMBEDDING_BWD, &op, 2, in, op.n_in > 2 ? 2 : 1, out, 0);
+        bop(b, MGC_POP_EMBEDDING_BWD, &op, docs ? 3 : 2, in, op.n_in > 2 ? 2 : 1, out,
+            docs ? MGC_POF_DOCS : 0);
         break;
     }
     case MGC_POP_DROPOUT: {

@@ -974,12 +974,11 @@ static void check_data(mgc_check_ctx *k) {
                           "set data.eod_mask_loss, data.reset_attention_mask or "
                           "data.reset_position_ids: true to use it",
                           "data.eod_token has no effect unless a document option is on");
-    if (dc->reset_position_ids && c->model.position_embedding != MGC_POS_ROTARY)
-        mgc_check_error(k, mgc_check_at(k, KEY(DATA_RESET_POS)),
-                        "use model.position_embedding: rotary, or turn data.reset_position_ids off",
-                        "data.reset_position_ids restarts rotary positions, and "
-                        "model.position_embedding is %s (learned positions are not reset)",
-                        c->model.position_embedding == MGC_POS_LEARNED ? "learned" : "none");
+    if (dc->reset_position_ids && c->model.position_embedding == MGC_POS_NONE)
+        mgc_check_warning(k, mgc_check_at(k, KEY(DATA_RESET_POS)),
+                          "remove it, or use model.position_embedding: learned or rotary",
+                          "data.reset_position_ids has no effect with model.position_embedding: "
+                          "none");
     /* checkpoint */
     const mgc_checkpoint_cfg *cp = &c->checkpoint;
     if (cp->directory && cp->directory[0] && cp->interval > c->training.iterations) {

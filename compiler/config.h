@@ -288,7 +288,7 @@ typedef struct mgc_blend {
     X(DATA_RESET_ATTN, "data.reset_attention_mask", BOOL, data.reset_attention_mask, 0, 0, 0, NULL, 0, NULL, \
       "Attention stays within a document: a token sees no token before its document's start.")             \
     X(DATA_RESET_POS, "data.reset_position_ids", BOOL, data.reset_position_ids, 0, 0, 0, NULL, 0, NULL,     \
-      "Rotary positions restart at 0 at each document's start.")                                            \
+      "Positions (learned or rotary) restart at 0 at each document's start.")                               \
     /* checkpoint */                                                                                         \
     X(CKPT_DIR, "checkpoint.directory", STRING, checkpoint.directory, 0, 0, 0, NULL, 0, "\"\"",               \
       "Where checkpoints are written and resumed from; empty turns checkpointing off.")                     \

@@ -803,12 +803,14 @@ mgc_graph *mgc_ir_build(const mgc_config *c, mgc_diags *d) {
     g->word_embedding =
         param(&b, MGC_IR_PCLASS_WORD_EMBEDDING, MGC_IR_INIT_NORMAL, 0,
               DIMS(D(VOCAB, dm->V_pad), D(HIDDEN, dm->h)), "embedding.word_embeddings.weight");
-    int32_t ein[3] = {g->tokens, g->word_embedding, -1};
+    int32_t ein[4] = {g->tokens, g->word_embedding, -1, -1};
     int n_ein = 2;
     if (dm->P > 0)
         ein[n_ein++] = param(&b, MGC_IR_PCLASS_POS_EMBEDDING, MGC_IR_INIT_NORMAL, 0,
                              DIMS(D(POSITION, dm->P), D(HIDDEN, dm->h)),
                              "embedding.position_embeddings.weight");
+    if (dm->P > 0 && c->data.reset_position_ids) /* positions from each document's start */
+        ein[n_ein++] = g->doc_start;
     int32_t x = tensor(&b, MGC_IR_ROLE_ACTIVATION, b.dt, 0,
                        DIMS(D(SEQ, dm->s), D(BATCH, dm->b), D(HIDDEN, dm->h)), "embedding.out");
     mgc_ir_attrs at;

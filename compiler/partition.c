@@ -377,8 +377,11 @@ static int32_t reduce_tp(pctx *p, int32_t partial, int32_t ir, const char *modul
 static void op_embedding(pctx *p, const mgc_ir_op *o) {
     mgc_cb *b = p->b;
     const lsz *z = &p->z;
-    int32_t in[3] = {tin(p, o->in[0]), tin(p, o->in[1]), o->n_in > 2 ? tin(p, o->in[2]) : -1};
+    /* in: tokens, word (, positions (, doc_start: data.reset_position_ids, MGC_POF_DOCS)) */
+    int32_t in[4] = {tin(p, o->in[0]), tin(p, o->in[1]), o->n_in > 2 ? tin(p, o->in[2]) : -1,
+                     o->n_in > 3 ? tin(p, o->in[3]) : -1};
     mgc_plan_op op = mkop(p, MGC_POP_EMBEDDING, o->name, NULL);
+    if (o->n_in > 3) op.flags |= MGC_POF_DOCS;
     int64_t dims[3] = {z->s_c, z->b, z->h};
     int32_t y;
     if (b->tp > 1) {

@@ -7,9 +7,12 @@
  * (mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp))) are arguments: every rank shares the cubins.
  *
  * Entries:
- *   embedding_fwd       out[r] = wte[tok[r] - v0] (0 outside the shard) + wpe[pos(i)]
+ *   embedding_fwd       out[r] = wte[tok[r] - v0] (0 outside the shard) + wpe[pos(r)]
  *   embedding_bwd_word  dwte[v] += dy[r] for every row r with tok[r] = v0 + v, r ascending
- *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending
+ *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending; with documents
+ *                       dwpe[p] += dy[r] for every row r with pos(r) = p, r ascending
+ * Positions: pos(r) = mgc_ctx_pos(i) for row r = i*b + j, minus docs[r] (the row's document
+ * start, data.reset_position_ids) when docs is not NULL.
  *   embedding_sort      keys = (tok[r] << 32 | r) sorted: each token's rows together, ascending
  *   embedding_bwd_sorted  the word gradient from the sorted keys, one block per token
  * The backward is deterministic without atomics: one block per gradient row, which owns
@@ -37,12 +40,12 @@
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(mgc_t *__restrict__ out, const i64 *__restrict__ tok,
                    const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe, i64 v0,
-                   i64 V_l, i64 b, i64 cp, i64 cpr, i64 half_len) {
+                   i64 V_l, i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs) {
     i64 r = blockIdx.x, i = r / b;
     i64 id = tok[r] - v0;
     const mgc_t *wr = (id >= 0 && id < V_l) ? wte + id * (i64)MGC_H : (const mgc_t *)0;
-    const mgc_t *pr = wpe ? wpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H
-                          : (const mgc_t *)0;
+    i64 p = mgc_ctx_pos(i, cp, cpr, half_len) - (docs ? docs[r] : 0);
+    const mgc_t *pr = wpe ? wpe + p * (i64)MGC_H : (const mgc_t *)0;
     mgc_t *o = out + r * (i64)MGC_H;
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
@@ -169,10 +172,36 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 
 #if defined(MGC_ENTRY_embedding_bwd_pos)
 /* grid s (one block per sequence row, i.e. per distinct position), block T, smem 0.
- * dwpe (P, H) fp32, accumulated. */
+ * dwpe (P, H) fp32, accumulated.  With documents (docs, (s, b)): grid npos, one block per
+ * position p < npos, which adds the rows r = i*b + j with pos(r) = p in ascending order (the
+ * CPU's order), scanning the s*b rows' positions. */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp,
-                   i64 cpr, i64 half_len) {
+                   i64 cpr, i64 half_len, const int *__restrict__ docs, i64 s) {
+    if (docs) {
+        i64 p = blockIdx.x;
+        float *d = dwpe + p * (i64)MGC_H;
+        float acc[MGC_EPER];
+#pragma unroll
+        for (int k = 0; k < MGC_EPER; k++) {
+            int c = k * MGC_T + threadIdx.x;
+            acc[k] = c < MGC_H ? d[c] : 0.0f;
+        }
+        for (i64 r = 0; r < s * b; r++) {
+            if (mgc_ctx_pos(r / b, cp, cpr, half_len) - docs[r] != p) continue;
+#pragma unroll
+            for (int k = 0; k < MGC_EPER; k++) {
+                int c = k * MGC_T + threadIdx.x;
+                if (c < MGC_H) acc[k] += mgc_ld(dy[r * (i64)MGC_H + c]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < MGC_EPER; k++) {
+            int c = k * MGC_T + threadIdx.x;
+            if (c < MGC_H) d[c] = acc[k];
+        }
+        return;
+    }
     i64 i = blockIdx.x;
     float *d = dwpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H;
 #pragma unroll

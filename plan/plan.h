@@ -250,9 +250,9 @@ typedef enum mgc_plan_op_kind {
                                 row's document starts at.  attention, attention_bwd
                                 (data.reset_attention_mask): key j is visible from query i iff
                                 doc_start(i) <= kpos(j) (and kpos(j) <= qpos(i) when causal);
-                                rope, rope_bwd and the rotating qkv split and join
-                                (data.reset_position_ids): row (i, b)'s position is
-                                pos(i) - doc_start(i, b) */
+                                rope, rope_bwd, the rotating qkv split and join, embedding
+                                and embedding_bwd (data.reset_position_ids): row (i, b)'s
+                                position is pos(i) - doc_start(i, b) */
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);

@@ -578,11 +578,13 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     if (o->flags & MGC_POF_DOCS) {
         int need = (o->flags & MGC_POF_QKV ? 1 : 3) + (o->kind == MGC_POP_ATTENTION_BWD ? 3 : 0);
         if (o->kind == MGC_POP_ROPE || o->kind == MGC_POP_ROPE_BWD) need = 1;
+        else if (o->kind == MGC_POP_EMBEDDING) need = 3; /* tokens, word, positions */
+        else if (o->kind == MGC_POP_EMBEDDING_BWD) need = 2; /* tokens, dy */
         else if (o->kind == MGC_POP_QKV_SPLIT && (o->flags & MGC_POF_ROPE)) need = 1;
         else if (o->kind == MGC_POP_QKV_SPLIT_BWD && (o->flags & MGC_POF_ROPE)) need = 3;
         else if (o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
-            INVALID("%s (%s): the document flag on an op that is not attention, a rope or a "
-                    "rotating qkv split",
+            INVALID("%s (%s): the document flag on an op that is not attention, a rope, a "
+                    "rotating qkv split or an embedding",
                     WH, kn);
         if (o->n_in != need + 1 || o->n_in > MGC_PLAN_MAX_IO || o->in[o->n_in - 1] < 0 ||
             o->in[o->n_in - 1] >= c->n_tensors)

@@ -119,14 +119,17 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     ctx_positions(pos, s, c->seq_length, op->iattr[3] > 0 ? op->iattr[3] : 1, c->co.cp);
     int with_pos = op->iattr[1] && (!op->iattr[2] || c->co.tp == 0);
     int64_t v0 = c->co.tp * V_l;
+    /* data.reset_position_ids: positions from each row's document start, the last input */
+    const int32_t *docs = op->flags & MGC_POF_DOCS ? (const int32_t *)c->in[op->n_in - 1] : NULL;
     if (op->kind == MGC_POP_EMBEDDING) {
         mgc_cpu_embedding_fwd_f32(F(c->out[0]), t32, CF(c->in[1]), v0, V_l,
-                                  with_pos ? CF(c->in[2]) : NULL, with_pos ? pos : NULL, s, b, h);
-    } else { /* in: tokens, dy; out: dword (+ dpos) */
+                                  with_pos ? CF(c->in[2]) : NULL, with_pos ? pos : NULL, docs, s, b,
+                                  h);
+    } else { /* in: tokens, dy (, doc_start); out: dword (+ dpos) */
         float *dpos = op->n_out > 1 ? F(c->out[1]) : NULL;
         /* positions' gradient: complete on every tensor rank (dy is complete) */
         mgc_cpu_embedding_bwd_f32(F(c->out[0]), dpos, CF(c->in[1]), t32, v0, V_l,
-                                  dpos ? pos : NULL, s, b, h);
+                                  dpos ? pos : NULL, docs, s, b, h);
     }
     return 0;
 }

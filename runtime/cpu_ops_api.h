@@ -9,17 +9,22 @@
 /* ---- embedding ------------------------------------------------------------------------ */
 
 /* out (s,b,h) = wte[tok - v0] when v0 <= tok < v0+V_l (a vocab-parallel shard), else 0;
- * plus wpe[pos[i]] (learned positions) when wpe is not NULL (pass it on one tensor rank). */
+ * plus wpe[p] (learned positions) when wpe is not NULL (pass it on one tensor rank), row (i, j)'s
+ * position p = pos[i] (i when pos is NULL) minus docs[i*b + j] (its document's start,
+ * reset_position_ids) when docs is not NULL. */
 void MGC_FN(mgc_cpu_embedding_fwd)(MGC_REAL *out /* (s,b,h) */, const int32_t *tok /* (s,b) */,
                                    const MGC_REAL *wte /* (V_l,h) */, int64_t v0, int64_t V_l,
                                    const MGC_REAL *wpe /* (P,h) or NULL */,
-                                   const int32_t *pos /* (s) or NULL */, int64_t s, int64_t b,
+                                   const int32_t *pos /* (s) or NULL */,
+                                   const int32_t *docs /* (s,b) or NULL */, int64_t s, int64_t b,
                                    int64_t h);
-/* dwte += scatter of dout over in-shard tokens; dwpe += per position (either may be NULL). */
+/* dwte += scatter of dout over in-shard tokens; dwpe += per position (either may be NULL), rows
+ * in order. */
 void MGC_FN(mgc_cpu_embedding_bwd)(MGC_REAL *dwte /* (V_l,h) */, MGC_REAL *dwpe /* (P,h) */,
                                    const MGC_REAL *dout /* (s,b,h) */,
                                    const int32_t *tok /* (s,b) */, int64_t v0, int64_t V_l,
-                                   const int32_t *pos /* (s) or NULL */, int64_t s, int64_t b,
+                                   const int32_t *pos /* (s) or NULL */,
+                                   const int32_t *docs /* (s,b) or NULL */, int64_t s, int64_t b,
                                    int64_t h);
 
 /* ---- norms ---------------------------------------------------------------------------- */

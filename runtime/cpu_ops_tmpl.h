@@ -8,11 +8,12 @@
 /* ---- embedding ------------------------------------------------------------------------ */
 
 void FN(mgc_cpu_embedding_fwd)(R *out, const int32_t *tok, const R *wte, int64_t v0, int64_t V_l,
-                               const R *wpe, const int32_t *pos, int64_t s, int64_t b, int64_t h) {
+                               const R *wpe, const int32_t *pos, const int32_t *docs, int64_t s,
+                               int64_t b, int64_t h) {
     for (int64_t i = 0; i < s; i++) {
-        int64_t p = pos ? pos[i] : i;
         for (int64_t j = 0; j < b; j++) {
             int64_t r = i * b + j, id = (int64_t)tok[r] - v0;
+            int64_t p = (pos ? pos[i] : i) - (docs ? docs[r] : 0);
             R *o = out + r * h;
             const R *w = (id >= 0 && id < V_l) ? wte + id * h : NULL;
             for (int64_t c = 0; c < h; c++)
@@ -25,11 +26,12 @@ void FN(mgc_cpu_embedding_fwd)(R *out, const int32_t *tok, const R *wte, int64_t
 }
 
 void FN(mgc_cpu_embedding_bwd)(R *dwte, R *dwpe, const R *dout, const int32_t *tok, int64_t v0,
-                               int64_t V_l, const int32_t *pos, int64_t s, int64_t b, int64_t h) {
+                               int64_t V_l, const int32_t *pos, const int32_t *docs, int64_t s,
+                               int64_t b, int64_t h) {
     for (int64_t i = 0; i < s; i++) {
-        int64_t p = pos ? pos[i] : i;
         for (int64_t j = 0; j < b; j++) {
             int64_t r = i * b + j, id = (int64_t)tok[r] - v0;
+            int64_t p = (pos ? pos[i] : i) - (docs ? docs[r] : 0);
             const R *g = dout + r * h;
             if (dwte && id >= 0 && id < V_l)
                 for (int64_t c = 0; c < h; c++)

@@ -123,7 +123,9 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         CHECK(get_specs(be, c, k, 1));
         if (s * b == 0) return 0;
         void *y = c->out[0], *tk = c->in[0], *w = c->in[1], *wp = with_pos ? c->in[2] : NULL;
-        void *args[] = {&y, &tk, &w, &wp, &v0, &V_l, &b, &cp, &cpr, &half};
+        /* data.reset_position_ids: positions from each row's document start, the last input */
+        const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
+        void *args[] = {&y, &tk, &w, &wp, &v0, &V_l, &b, &cp, &cpr, &half, &docs};
         return mgc_cuda_launch(be, &k[0], (unsigned)(s * b), 1, 1, (unsigned)kconst(&k[0], "T"),
                                0, args);
     }
@@ -153,8 +155,16 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     }
     if (!with_dpos) return 0;
     void *dp = c->out[1];
-    void *args[] = {&dp, &dy, &b, &cp, &cpr, &half};
-    return mgc_cuda_launch(be, &k[3], (unsigned)s, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
+    /* with documents a block per position of the sequence (rows past it cannot occur: a row's
+     * position is at most its place in the sequence); the position table has at least that
+     * many rows (mgc check: seq_length <= max_position_embeddings) */
+    const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
+    int64_t npos = docs ? c->seq_length : s;
+    if (docs && tout(c, 1)->dim[0] < npos)
+        return mgc_cuda_fail(be, "embedding_bwd '%s': %lld positions, the sequence has %lld", opname(c),
+                             (long long)tout(c, 1)->dim[0], (long long)npos);
+    void *args[] = {&dp, &dy, &b, &cp, &cpr, &half, &docs, &s};
+    return mgc_cuda_launch(be, &k[3], (unsigned)npos, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
 }
 
 static int op_norm(mgc_backend *be, const mgc_op_call *c) {

@@ -214,11 +214,40 @@ typedef struct emb_ctx {
     double *out, *wte, *wpe;
     int32_t *tok, *pos;
     int64_t v0, V_l, s, b, h;
+    int32_t *docs;
 } emb_ctx;
 static void emb_fwd(void *p) {
     emb_ctx *c = p;
-    mgc_cpu_embedding_fwd_f64(c->out, c->tok, c->wte, c->v0, c->V_l, c->wpe, c->pos, c->s, c->b,
-                              c->h);
+    mgc_cpu_embedding_fwd_f64(c->out, c->tok, c->wte, c->v0, c->V_l, c->wpe, c->pos, c->docs, c->s,
+                              c->b, c->h);
+}
+
+/* Learned positions from the rows' document starts (reset_position_ids): every row's output
+ * by hand, and both gradients against finite differences (several rows share a position). */
+static void test_embedding_docs(void) {
+    int64_t s = 7, b = 3, h = 5, V = 11, P = 9, n = s * b;
+    int32_t *tok = I(n), *pos = I(s), *docs = I(n);
+    for (int64_t i = 0; i < n; i++)
+        tok[i] = (int32_t)irand(V);
+    for (int64_t i = 0; i < s; i++)
+        pos[i] = (int32_t)(i + 1);
+    for (int64_t r = 0; r < n; r++)
+        docs[r] = (int32_t)irand((uint64_t)pos[r / b] + 1); /* a start at or before the row */
+    double *wte = Drand(V * h), *wpe = Drand(P * h), *r = Drand(n * h), *out = D(n * h);
+    emb_ctx c = {out, wte, wpe, tok, pos, 0, V, s, b, h, docs};
+    fd_case fc = {emb_fwd, &c, {{out, r, n * h}}, 1};
+    fd_loss(&fc);
+    for (int64_t q = 0; q < n; q++) {
+        int64_t p = pos[q / b] - docs[q];
+        for (int64_t k = 0; k < h; k++)
+            T_CHECK(out[q * h + k] == wte[tok[q] * h + k] + wpe[p * h + k]);
+    }
+    double *gw0 = Drand(V * h), *gp0 = Drand(P * h);
+    double *gw = Dcopy(gw0, V * h), *gp = Dcopy(gp0, P * h);
+    mgc_cpu_embedding_bwd_f64(gw, gp, r, tok, 0, V, pos, docs, s, b, h);
+    fd_check("embedding documents dwte", &fc, wte, V * h, Dsub(gw, gw0, V * h));
+    fd_check("embedding documents dwpe", &fc, wpe, P * h, Dsub(gp, gp0, P * h));
+    tfree_all();
 }
 
 static void test_embedding(void) {
@@ -229,13 +258,13 @@ static void test_embedding(void) {
     for (int64_t i = 0; i < s; i++)
         pos[i] = (int32_t)((i * 2 + 1) % P); /* non-trivial ids */
     double *wte = Drand(V * h), *wpe = Drand(P * h), *r = Drand(n * h), *out = D(n * h);
-    emb_ctx c = {out, wte, wpe, tok, pos, 0, V, s, b, h};
+    emb_ctx c = {out, wte, wpe, tok, pos, 0, V, s, b, h, NULL};
     fd_case fc = {emb_fwd, &c, {{out, r, n * h}}, 1};
     fd_loss(&fc);
     no_nan_d("embedding fwd", out, n * h);
     double *gw0 = Drand(V * h), *gp0 = Drand(P * h);
     double *gw = Dcopy(gw0, V * h), *gp = Dcopy(gp0, P * h);
-    mgc_cpu_embedding_bwd_f64(gw, gp, r, tok, 0, V, pos, s, b, h);
+    mgc_cpu_embedding_bwd_f64(gw, gp, r, tok, 0, V, pos, NULL, s, b, h);
     fd_check("embedding dwte", &fc, wte, V * h, Dsub(gw, gw0, V * h));
     fd_check("embedding dwpe", &fc, wpe, P * h, Dsub(gp, gp0, P * h));
 
@@ -243,28 +272,28 @@ static void test_embedding(void) {
     double *o0 = D(n * h), *o1 = D(n * h), *sum = D(n * h);
     pd(o0, n * h);
     pd(o1, n * h);
-    mgc_cpu_embedding_fwd_f64(o0, tok, wte, 0, 5, wpe, pos, s, b, h);
-    mgc_cpu_embedding_fwd_f64(o1, tok, wte + 5 * h, 5, V - 5, NULL, pos, s, b, h);
+    mgc_cpu_embedding_fwd_f64(o0, tok, wte, 0, 5, wpe, pos, NULL, s, b, h);
+    mgc_cpu_embedding_fwd_f64(o1, tok, wte + 5 * h, 5, V - 5, NULL, pos, NULL, s, b, h);
     for (int64_t i = 0; i < n * h; i++)
         sum[i] = o0[i] + o1[i];
     near_d("embedding tp2 = tp1", sum, out, n * h, 1e-15);
     double *g0 = D(V * h);
-    mgc_cpu_embedding_bwd_f64(g0, NULL, r, tok, 0, 5, pos, s, b, h);
-    mgc_cpu_embedding_bwd_f64(g0 + 5 * h, NULL, r, tok, 5, V - 5, pos, s, b, h);
+    mgc_cpu_embedding_bwd_f64(g0, NULL, r, tok, 0, 5, pos, NULL, s, b, h);
+    mgc_cpu_embedding_bwd_f64(g0 + 5 * h, NULL, r, tok, 5, V - 5, pos, NULL, s, b, h);
     near_d("embedding tp2 grad", g0, Dsub(gw, gw0, V * h), V * h, 1e-15);
 
     /* f32 */
     float *of = Fn(n * h), *of2 = Fn(n * h);
     pf(of, n * h);
-    mgc_cpu_embedding_fwd_f32(of, tok, F(wte, V * h), 0, V, F(wpe, P * h), pos, s, b, h);
+    mgc_cpu_embedding_fwd_f32(of, tok, F(wte, V * h), 0, V, F(wpe, P * h), pos, NULL, s, b, h);
     near_fd("embedding f32 fwd", of, out, n * h, F32_TOL);
     float *gwf = F(gw0, V * h), *gwf2 = F(gw0, V * h), *rf = F(r, n * h);
-    mgc_cpu_embedding_bwd_f32(gwf, NULL, rf, tok, 0, V, pos, s, b, h);
-    mgc_cpu_embedding_bwd_f32(gwf2, NULL, rf, tok, 0, V, pos, s, b, h);
+    mgc_cpu_embedding_bwd_f32(gwf, NULL, rf, tok, 0, V, pos, NULL, s, b, h);
+    mgc_cpu_embedding_bwd_f32(gwf2, NULL, rf, tok, 0, V, pos, NULL, s, b, h);
     near_fd("embedding f32 bwd", gwf, gw, V * h, F32_TOL);
     same_bits("embedding f32 bwd", gwf, gwf2, (size_t)(V * h) * sizeof(float));
     pf(of2, n * h);
-    mgc_cpu_embedding_fwd_f32(of2, tok, F(wte, V * h), 0, V, F(wpe, P * h), pos, s, b, h);
+    mgc_cpu_embedding_fwd_f32(of2, tok, F(wte, V * h), 0, V, F(wpe, P * h), pos, NULL, s, b, h);
     same_bits("embedding f32 fwd", of, of2, (size_t)(n * h) * sizeof(float));
     tfree_all();
 }
@@ -1299,6 +1328,7 @@ int main(void) {
     rng_state = seed;
     test_rng();
     test_embedding();
+    test_embedding_docs();
     test_norm(0);
     test_norm(1);
     test_linear();

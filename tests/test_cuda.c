@@ -968,6 +968,7 @@ static void check_layouts(void) {
     check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
     check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
     check_layout("models/tiny-llama.yaml", "fp32", docs_cp2, 1e-5, 0);
+    check_layout("examples/tiny-gpt.yaml", "fp32", docs_cp2, 1e-5, 0);
 }
 
 /* ---- 3. CUDA graphs ------------------------------------------------------------------ */
@@ -1114,10 +1115,12 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in
-         * 16 bits), LLaMA's unfused one (its backward's seventh input) at 16 with the rotary
-         * positions restarting (the split's rope: 16-byte and element paths), and the unfused
-         * rope kernels (MGC_FUSION=0); then both over cp2 */
+         * 16 bits) with its learned positions restarting (the embedding and its positions'
+         * gradient by document), LLaMA's unfused one (its backward's seventh input) at 16 with
+         * the rotary positions restarting (the split's rope: 16-byte and element paths), and
+         * the unfused rope kernels (MGC_FUSION=0); then both models over cp2 */
         static const char *const docs_d32[] = {"data.reset_attention_mask=true",
+                                               "data.reset_position_ids=true",
                                                "model.hidden_size=128",
                                                "model.num_attention_heads=4", NULL};
         static const char *const docs[] = {"data.reset_attention_mask=true",
@@ -1131,6 +1134,7 @@ int main(int argc, char **argv) {
         check_ops("models/tiny-llama.yaml", docs);
         unsetenv("MGC_FUSION");
         check_layout("models/tiny-llama.yaml", "fp32", docs_cp2, 1e-5, 0);
+        check_layout("examples/tiny-gpt.yaml", "fp32", docs_cp2, 1e-5, 0);
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "dropout")))
         check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
