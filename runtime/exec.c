@@ -70,7 +70,8 @@ struct mgc_exec {
     chunk_rt *chunks;
     int32_t *input_buf;        /* (mb) INPUT buffer index */
     int64_t slot_tokens, slot_labels, slot_mask; /* byte offsets in an input buffer, -1 none */
-    int64_t slot_docs;         /* doc_start (data.reset_attention_mask), -1 none */
+    int64_t slot_docs;         /* doc_start (data.reset_attention_mask, reset_position_ids), -1
+                                  none */
     int32_t grad_buf, weight_buf, master_buf, m_buf, v_buf;
     int w16;                   /* weights are 16-bit (fp32 master copy in master_buf) */
     int wdt;                   /* the weights' dtype: MGC_DT_F32, MGC_DT_BF16 or MGC_DT_F16 */
@@ -1471,8 +1472,8 @@ static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, 
             free(host);
             return xfail(x, "rank %" PRId64 ": reading sample %" PRId64 ": %s", x->rank, sample, e);
         }
-        /* data.reset_attention_mask: position p's document starts after the last end-of-document
-         * token before it (Megatron's --reset-attention-mask; the token itself ends its own) */
+        /* documents (data.reset_attention_mask, reset_position_ids): position p's document starts
+         * after the last end-of-document token before it (the token itself ends its own) */
         for (int64_t p = 0; p < s; p++)
             ds[p] = p == 0 ? 0 : x->tok[p - 1] == x->eod ? (int32_t)p : ds[p - 1];
         for (int64_t i = 0; i < sc; i++) {
