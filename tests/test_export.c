@@ -33,6 +33,7 @@
 #include "export.h"
 #include "half.h"
 #include "testlib.h"
+#include "testexec.h"
 #include "testplan.h"
 #include "train.h"
 #include "train_data.h"
@@ -76,22 +77,15 @@ static int tok_sample(void *ctx, int64_t sample, int32_t *tokens, char *err, siz
 
 /* mgc's loss of the checkpoint on the samples: one evaluation of the plan's global batch */
 static double mgc_loss(const mgc_plan *p, const char *ckpt, toks *k) {
-    char err[4096];
-    mgc_backend *be = NULL;
-    mgc_comm *w[1];
-    mgc_exec *x = NULL;
+    t_rank r;
     mgc_step_stats st;
     double loss = NAN;
-    int ok = mgc_backend_cpu_open(&be, err, sizeof err) == 0 &&
-             mgc_comm_local_world_create(1, NULL, w, err, sizeof err) == MGC_COMM_OK;
-    ok = ok && mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 &&
-         mgc_ckpt_load(p, x, w[0], ckpt, 1, NULL, err, sizeof err) == 0 &&
-         mgc_exec_eval(x, 0, tok_sample, k, &st) == 0;
+    int ok = t_rank_open(&r, p, 0) == 0 &&
+             mgc_ckpt_load(p, r.x, r.w, ckpt, 1, NULL, r.err, sizeof r.err) == 0 &&
+             mgc_exec_eval(r.x, 0, tok_sample, k, &st) == 0;
     if (ok) loss = st.loss;
-    else fprintf(stderr, "mgc_loss: %s\n", x ? mgc_exec_error(x) : err);
-    mgc_exec_free(x);
-    mgc_backend_close(be);
-    mgc_comm_free(w[0]);
+    else fprintf(stderr, "mgc_loss: %s\n", t_rank_error(&r));
+    t_rank_close(&r);
     return loss;
 }
 
@@ -139,26 +133,19 @@ static double gauss(void) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 static int random_ckpt(const mgc_plan *p, const char *dir, char *ckpt, size_t n) {
-    char err[4096];
-    mgc_backend *be = NULL;
-    mgc_comm *w[1];
-    mgc_exec *x = NULL;
-    int ok = mgc_backend_cpu_open(&be, err, sizeof err) == 0 &&
-             mgc_comm_local_world_create(1, NULL, w, err, sizeof err) == MGC_COMM_OK;
-    ok = ok && mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0;
-    for (int64_t i = 0; ok && i < mgc_exec_param_count(x); i++) {
-        const mgc_exec_param *e = mgc_exec_param_at(x, i);
+    t_rank r;
+    int ok = t_rank_open(&r, p, 1) == 0;
+    for (int64_t i = 0; ok && i < mgc_exec_param_count(r.x); i++) {
+        const mgc_exec_param *e = mgc_exec_param_at(r.x, i);
         size_t nl = strlen(e->name);
         int bias = nl > 5 && !strcmp(e->name + nl - 5, ".bias");
         int norm = strstr(e->name, "norm.weight") != NULL;
         for (int64_t k = 0; k < e->numel; k++)
             e->weight[k] = (float)(norm ? 1.0 + 0.3 * gauss() : bias ? 0.3 * gauss() : 0.05 * gauss());
     }
-    ok = ok && mgc_ckpt_save(p, x, w[0], dir, 1, 0, err, sizeof err) == 0;
-    if (!ok) fprintf(stderr, "random_ckpt: %s\n", x ? mgc_exec_error(x) : err);
-    mgc_exec_free(x);
-    mgc_backend_close(be);
-    mgc_comm_free(w[0]);
+    ok = ok && mgc_ckpt_save(p, r.x, r.w, dir, 1, 0, r.err, sizeof r.err) == 0;
+    if (!ok) fprintf(stderr, "random_ckpt: %s\n", t_rank_error(&r));
+    t_rank_close(&r);
     snprintf(ckpt, n, "%s/step-%09d.mgck", dir, 1);
     return ok ? 0 : -1;
 }

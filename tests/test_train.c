@@ -30,6 +30,7 @@
 #include "ir.h"
 #include "plan.h"
 #include "testlib.h"
+#include "testexec.h"
 #include "testplan.h"
 #include "train.h"
 #include "train_data.h"
@@ -409,33 +410,26 @@ static void check_eod_mask(void) {
     mgc_plan *p = compile("examples/tiny-gpt.yaml", on, NULL), *q = compile("examples/tiny-gpt.yaml", NULL, NULL);
     T_CHECK(p && q);
     double lm[STEPS], l0[STEPS], n0[STEPS];
-    char err[4096];
-    mgc_backend *be = NULL;
-    mgc_comm *w[1];
-    mgc_exec *x = NULL;
+    t_rank r;
     eod_ctx e = {0};
-    int ok = p && q && mgc_backend_cpu_open(&be, err, sizeof err) == 0 &&
-             mgc_comm_local_world_create(1, NULL, w, err, sizeof err) == MGC_COMM_OK;
-    ok = ok && mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0 &&
-         mgc_train_data_open(&e.data, p, STEPS, err, sizeof err) == 0;
+    int ok = q && t_rank_open(&r, p, 1) == 0 &&
+             mgc_train_data_open(&e.data, p, STEPS, r.err, sizeof r.err) == 0;
     T_CHECK(ok);
     if (ok) {
         e.mbs = p->micro_batch_size;
         e.gbs = p->micro_batch_size * p->num_microbatches * p->grid.dp;
-        mgc_exec_set_op_hooks(x, eod_before, NULL, &e);
+        mgc_exec_set_op_hooks(r.x, eod_before, NULL, &e);
     }
     for (int it = 0; ok && it < STEPS; it++) {
         mgc_step_stats st;
         e.step = it;
-        ok = mgc_exec_step(x, it, mgc_train_data_sample, e.data, &st) == 0;
+        ok = mgc_exec_step(r.x, it, mgc_train_data_sample, e.data, &st) == 0;
         T_CHECK(ok);
         lm[it] = st.loss;
         T_CHECK(isfinite(st.grad_norm) && st.grad_norm > 0);
     }
-    mgc_exec_free(x);
+    t_rank_close(&r);
     mgc_train_data_free(e.data);
-    mgc_backend_close(be);
-    if (ok) mgc_comm_free(w[0]);
     /* every token of every step seen; some masked (documents end inside samples); none wrong */
     T_EQ_I64(e.seen, (int64_t)STEPS * (p ? p->micro_batch_size * p->num_microbatches * p->seq_length : 0));
     T_CHECK(e.masked > 0);
@@ -496,20 +490,13 @@ static void docs_after(void *ctx, const mgc_op_call *c) {
 
 /* One training step's last attention output over the second document, on one rank. */
 static int docs_run(const mgc_plan *p, docs_ctx *d) {
-    char err[4096];
-    mgc_backend *be = NULL;
-    mgc_comm *w[1];
-    mgc_exec *x = NULL;
-    int ok = mgc_backend_cpu_open(&be, err, sizeof err) == 0 &&
-             mgc_comm_local_world_create(1, NULL, w, err, sizeof err) == MGC_COMM_OK;
-    ok = ok && mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0;
-    if (ok) mgc_exec_set_op_hooks(x, NULL, docs_after, d);
+    t_rank r;
+    int ok = t_rank_open(&r, p, 1) == 0;
+    if (ok) mgc_exec_set_op_hooks(r.x, NULL, docs_after, d);
     mgc_step_stats st;
-    ok = ok && mgc_exec_step(x, 0, docs_sample, d, &st) == 0;
-    if (!ok) fprintf(stderr, "docs_run: %s%s\n", err, x ? mgc_exec_error(x) : "");
-    mgc_exec_free(x);
-    mgc_backend_close(be);
-    if (ok) mgc_comm_free(w[0]);
+    ok = ok && mgc_exec_step(r.x, 0, docs_sample, d, &st) == 0;
+    if (!ok) fprintf(stderr, "docs_run: %s\n", t_rank_error(&r));
+    t_rank_close(&r);
     return ok && d->last ? 0 : -1;
 }
 
@@ -626,18 +613,14 @@ static void poison_after(void *ctx, const mgc_op_call *c) {
  * after each step out. */
 static int run_scaled(const mgc_plan *p, double initial, int64_t window, int64_t hyst, int steps,
                       int poison_step, double *loss, int *skipped, double *scale_after, double *wsum) {
-    char err[4096];
-    mgc_backend *be = NULL;
-    mgc_comm *w[1];
+    t_rank r;
     mgc_exec *x = NULL;
     mgc_train_data *data = NULL;
-    int ok = mgc_backend_cpu_open(&be, err, sizeof err) == 0 &&
-             mgc_comm_local_world_create(1, NULL, w, err, sizeof err) == MGC_COMM_OK;
-    ok = ok && mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0 &&
-         mgc_train_data_open(&data, p, 1, err, sizeof err) == 0;
+    int ok = t_rank_open(&r, p, 1) == 0 && mgc_train_data_open(&data, p, 1, r.err, sizeof r.err) == 0;
     T_CHECK(ok);
     poison_ctx pc = {0};
     if (ok) {
+        x = r.x;
         mgc_exec_set_loss_scaling(x, initial, window, hyst);
         mgc_exec_set_op_hooks(x, NULL, poison_after, &pc);
     }
@@ -657,10 +640,8 @@ static int run_scaled(const mgc_plan *p, double initial, int64_t window, int64_t
         }
         wsum[it] = sum;
     }
-    mgc_exec_free(x);
+    t_rank_close(&r);
     mgc_train_data_free(data);
-    mgc_backend_close(be);
-    if (ok) mgc_comm_free(w[0]);
     return ok ? 0 : -1;
 }
 
