@@ -146,6 +146,9 @@ typedef struct mgc_blend {
       "Biases on every linear layer (GPT-2 style); false for LLaMA style.")                                  \
     X(MODEL_QKV_BIAS, "model.add_qkv_bias", BOOL, model.add_qkv_bias, 0, 0, 0, NULL, MGC_KF_DERIVED,         \
       "model.add_bias_linear", "Bias on the QKV projection alone (Qwen style).")                              \
+    X(MODEL_QK_NORM, "model.qk_layernorm", BOOL, model.qk_layernorm, 0, 0, 0, NULL, 0, NULL,                \
+      "Normalize each head's queries and keys before rotary (the model's normalization over head_dim, one "  \
+      "weight shared by the heads; Qwen3, Megatron's --qk-layernorm).")                                      \
     X(MODEL_TIE, "model.tie_embeddings", BOOL, model.tie_embeddings, 1, 0, 0, NULL, 0, NULL,                 \
       "Share the input embedding with the output layer.")                                                    \
     X(MODEL_HIDDEN_DROPOUT, "model.hidden_dropout", FLOAT, model.hidden_dropout, 0.1, 0, 0.999, NULL, 0,     \
@@ -352,6 +355,7 @@ typedef struct mgc_model_cfg {
     double rotary_percent;
     int add_bias_linear;
     int add_qkv_bias;
+    int qk_layernorm;                /* norm q and k per head */
     int tie_embeddings;
     double hidden_dropout;
     double attention_dropout;

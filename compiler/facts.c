@@ -219,8 +219,9 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
             " (%s, %" PRId64 " kv groups), ffn %" PRId64 " %s\n",
             m->num_layers, m->hidden_size, m->num_heads, m->head_dim, attn, m->num_query_groups,
             m->ffn_hidden_size, swiglu ? "swiglu" : "gelu");
-    fprintf(out, "  %s, %s positions, %s embeddings, %s\n",
+    fprintf(out, "  %s%s, %s positions, %s embeddings, %s\n",
             m->normalization == MGC_NORM_RMSNORM ? "rmsnorm" : "layernorm",
+            m->qk_layernorm ? " (also on each head's queries and keys)" : "",
             m->position_embedding == MGC_POS_LEARNED  ? "learned"
             : m->position_embedding == MGC_POS_ROTARY ? "rotary"
                                                       : "no",

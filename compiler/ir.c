@@ -443,16 +443,15 @@ static const char *fmt(char *buf, size_t n, const char *f, ...) {
 
 /* <module>: norm over h of x [.., h]: params <module>.weight (and .bias for
  * LayerNorm), output <module>.out. */
-static int32_t norm(bld *b, const char *module, int32_t x) {
+static int32_t norm_over(bld *b, const char *module, int32_t x, mgc_ir_dim over) {
     const mgc_model_cfg *m = &b->c->model;
-    int64_t h = b->g->dims.h;
-    int32_t w = param(b, MGC_IR_PCLASS_NORM, MGC_IR_INIT_ONES, MGC_IR_TF_NORM, DIMS(D(HIDDEN, h)),
+    int32_t w = param(b, MGC_IR_PCLASS_NORM, MGC_IR_INIT_ONES, MGC_IR_TF_NORM, DIMS(over),
                       "%s.weight", module);
     int32_t in[3] = {x, w, -1};
     int n_in = 2;
     if (m->normalization == MGC_NORM_LAYERNORM)
         in[n_in++] = param(b, MGC_IR_PCLASS_NORM, MGC_IR_INIT_ZEROS,
-                           MGC_IR_TF_NORM | MGC_IR_TF_BIAS, DIMS(D(HIDDEN, h)), "%s.bias", module);
+                           MGC_IR_TF_NORM | MGC_IR_TF_BIAS, DIMS(over), "%s.bias", module);
     int32_t y = same(b, x, module, "out");
     mgc_ir_attrs at;
     memset(&at, 0, sizeof at);
@@ -460,6 +459,11 @@ static int32_t norm(bld *b, const char *module, int32_t x) {
     at.norm.eps = m->norm_eps;
     emit(b, MGC_IR_OP_NORM, module, in, n_in, &y, 1, &at);
     return y;
+}
+
+/* The model's norm over the residual stream's h channels. */
+static int32_t norm(bld *b, const char *module, int32_t x) {
+    return norm_over(b, module, x, (mgc_ir_dim)D(HIDDEN, b->g->dims.h));
 }
 
 /* <module>: y = x w^T (+ bias), contracting x's dims after the first `lead`;
@@ -649,6 +653,12 @@ static int32_t decoder_layer(bld *b, int32_t l, int32_t x, int is_moe) {
                      "%s.value", mod);
     emit(b, MGC_IR_OP_QKV_SPLIT, fmt(mod, sizeof mod, "%s.self_attention.split_qkv", P), &qkv, 1,
          qkv3, 3, NULL);
+    if (m->qk_layernorm) { /* each head's d channels, before the rotation (Qwen3) */
+        qkv3[0] = norm_over(b, fmt(mod, sizeof mod, "%s.self_attention.q_layernorm", P), qkv3[0],
+                            (mgc_ir_dim)D(HEAD_DIM, dm->d));
+        qkv3[1] = norm_over(b, fmt(mod, sizeof mod, "%s.self_attention.k_layernorm", P), qkv3[1],
+                            (mgc_ir_dim)D(HEAD_DIM, dm->d));
+    }
     if (m->position_embedding == MGC_POS_ROTARY) {
         qkv3[0] = rope(b, fmt(mod, sizeof mod, "%s.self_attention.rotary_q", P), qkv3[0]);
         qkv3[1] = rope(b, fmt(mod, sizeof mod, "%s.self_attention.rotary_k", P), qkv3[1]);

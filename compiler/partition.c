@@ -262,6 +262,13 @@ static int32_t param(pctx *p, int32_t ir) {
      * the reduction (see linear()), so their gradients are complete. */
     if (b->sp && (it->pclass == MGC_IR_PCLASS_NORM || it->pclass == MGC_IR_PCLASS_ROUTER))
         set_partial(p, gr, MGC_GROUP_TP);
+    /* The query and key norms (model.qk_layernorm) are one weight over d that every head
+     * uses, and each tensor rank holds its own heads: their gradients are partial over TP
+     * with or without SP.  Replicated key/value heads are no exception: each replica's key
+     * gradient is the part from its own queries, and the weight's gradient is linear in it. */
+    if (b->tp > 1 && it->pclass == MGC_IR_PCLASS_NORM && it->rank == 1 &&
+        it->dim[0].axis == MGC_IR_AXIS_HEAD_DIM)
+        set_partial(p, gr, MGC_GROUP_TP);
     return t;
 }
 
@@ -430,6 +437,7 @@ static void op_norm(pctx *p, const mgc_ir_op *o) {
     mgc_plan_tensor xt = b->t[in[0]];
     int32_t y =
         act(p, o->out[0], (mgc_dtype)xt.dtype, xt.rank, xt.dim, xt.split_axis, xt.split_group);
+    if (y >= 0) set_split2(p, y, b->ti[in[0]].split2_axis, b->ti[in[0]].split2_group);
     mgc_plan_op op = mkop(p, MGC_POP_NORM, o->name, NULL);
     io(&op, o->n_in, in, 1, &y);
     op.fattr[0] = o->attr.norm.eps;

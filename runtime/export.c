@@ -50,6 +50,7 @@ typedef struct ctx {
     out_t *out;
     int n, cap;
     int64_t vocab, heads, groups, head_dim, hidden, ffn, layers, seq;
+    int qk_norm; /* model.qk_layernorm: LLaMA's layers with them are Qwen3's (plan_hf) */
     char *err;
     size_t errsz;
 } ctx;
@@ -178,6 +179,8 @@ static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
     int64_t pos = cfg_i(p, "model.position_embedding", 0), bias = cfg_i(p, "model.add_bias_linear", 1);
     int64_t qkvb = cfg_i(p, "model.add_qkv_bias", bias), experts = cfg_i(p, "moe.num_experts", 0);
     double rp = cfg_f(p, "model.rotary_percent", 1.0);
+    int64_t qk = cfg_i(p, "model.qk_layernorm", 0);
+    x->qk_norm = 0;
     char *err = x->err;
     size_t errsz = x->errsz;
     const char *why = NULL;
@@ -200,8 +203,14 @@ static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
               "value, biases, and head_dim x heads = hidden_size)";
     if (!why && llama && (bias || qkvb)) why = "linear biases, which LlamaForCausalLM's q/k/v/o do not all take";
     if (!why && llama && rp != 1.0) why = "partial rotary embeddings (rotary_percent < 1)";
+    /* LLaMA's layers with each head's queries and keys RMS-normalised before the rotation are
+     * Qwen3's (Qwen3ForCausalLM: q_norm, k_norm) */
+    if (!why && qk && !llama) why = "query and key norms outside LLaMA-style layers (the hf format has them as Qwen3's)";
+    if (!why && qk && *mixtral) why = "query and key norms in a mixture of experts (Qwen3-MoE's layout is not mapped)";
+    x->qk_norm = qk != 0;
     if (why)
-        return BAD("the hf format covers GPT-2-, LLaMA- and Mixtral-style models; this one has %s: "
+        return BAD("the hf format covers GPT-2-, LLaMA- (with query and key norms: Qwen3-) and "
+                   "Mixtral-style models; this one has %s: "
                    "export with --format mgc (every parameter under mgc's names)",
                    why);
     char n[200], s[200];
@@ -252,6 +261,10 @@ static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
                 !qkv_part(x, N("%s.%" PRId64 ".self_attn.v_proj.weight", h, l), S("self_attention.linear_qkv.weight"), 2) ||
                 !add(x, N("%s.%" PRId64 ".self_attn.o_proj.weight", h, l), S("self_attention.linear_proj.weight")) ||
                 !add(x, N("%s.%" PRId64 ".post_attention_layernorm.weight", h, l), S("pre_mlp_layernorm.weight")))
+                return -1;
+            if (x->qk_norm &&
+                (!add(x, N("%s.%" PRId64 ".self_attn.q_norm.weight", h, l), S("self_attention.q_layernorm.weight")) ||
+                 !add(x, N("%s.%" PRId64 ".self_attn.k_norm.weight", h, l), S("self_attention.k_layernorm.weight"))))
                 return -1;
             if (!*mixtral &&
                 (!rows(x, N("%s.%" PRId64 ".mlp.gate_proj.weight", h, l), S("mlp.linear_fc1.weight"), 0, x->ffn) ||
@@ -423,7 +436,8 @@ static int write_config(const ctx *x, int gpt2, int mixtral, int dtype, const ch
                 ",\n  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %" PRId64
                 ",\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"attention_bias\": false,\n"
                 "  \"mlp_bias\": false,\n  \"attention_dropout\": %s,\n  \"tie_word_embeddings\": %s,\n",
-                mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM", mixtral ? "mixtral" : "llama", x->vocab,
+                mixtral ? "MixtralForCausalLM" : x->qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM",
+                mixtral ? "mixtral" : x->qk_norm ? "qwen3" : "llama", x->vocab,
                 x->hidden, mixtral ? cfg_i(p, "moe.ffn_hidden_size", x->ffn) : x->ffn, x->layers, x->heads,
                 x->groups, x->head_dim, pos, eps, theta, ad, tied ? "true" : "false");
     if (mixtral) {
@@ -1049,11 +1063,18 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
         goto out;
     }
     char v[64];
-    const char *want_type = gpt2 ? "gpt2" : mixtral ? "mixtral" : "llama";
+    const char *want_type = gpt2 ? "gpt2" : mixtral ? "mixtral" : x.qk_norm ? "qwen3" : "llama";
     if (!cfg_json(json, "model_type", v, sizeof v) || strcmp(v, want_type)) {
+        int got = cfg_json(json, "model_type", v, sizeof v);
+        /* Qwen3 is LLaMA with query and key norms: the one setting that tells them apart */
+        const char *hint = got && !strcmp(v, "qwen3") && !strcmp(want_type, "llama")
+                               ? " (a Qwen3 model: compile with --set model.qk_layernorm=true)"
+                           : got && !strcmp(v, "llama") && !strcmp(want_type, "qwen3")
+                               ? " (a LLaMA model: compile with --set model.qk_layernorm=false)"
+                               : "";
         BAD("%s: model_type is \"%s\" but this plan's model is %s-style: import a %s model, or "
-            "compile a plan of this one's architecture",
-            cpath, cfg_json(json, "model_type", v, sizeof v) ? v : "(none)", want_type, want_type);
+            "compile a plan of this one's architecture%s",
+            cpath, got ? v : "(none)", want_type, want_type, hint);
         goto out;
     }
     struct {

@@ -5,7 +5,7 @@ TOKENS (int32 little-endian: count, length, then count x length token ids; each 
 first length - 1 tokens are the inputs and its last length - 1 the labels).
 
 A reference written from the architectures' published definitions (Hugging Face's
-GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM), in float64 NumPy, sharing no code with mgc: it
+GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM and MixtralForCausalLM), in float64 NumPy, sharing no code with mgc: it
 reads the safetensors file itself and runs the forward pass of every sample.  Prints the
 loss on one line.  Exit 77 when NumPy is missing.
 
@@ -129,6 +129,9 @@ def llama_logits(W, cfg, tok):
         q = (y @ W[p + "self_attn.q_proj.weight"].T).reshape(s, a, d).transpose(1, 0, 2)
         k = (y @ W[p + "self_attn.k_proj.weight"].T).reshape(s, g, d).transpose(1, 0, 2)
         v = (y @ W[p + "self_attn.v_proj.weight"].T).reshape(s, g, d).transpose(1, 0, 2)
+        if cfg["model_type"] == "qwen3":  # each head's d channels RMS-normalised, then rotated
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = np.repeat(k, a // g, axis=0)  # query head i reads key/value head i // (a / g)

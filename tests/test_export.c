@@ -310,12 +310,26 @@ static void check_round_trip(const char *path, const char *const *sets, const ch
     mgc_plan_free(p);
 }
 
+static int count_files(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* LLaMA with query and key norms: Qwen3 (Qwen3ForCausalLM) */
+static const char *const qk[] = {"model.qk_layernorm=true", NULL};
+
 /* What mgc-import refuses: another architecture, other settings, a missing directory. */
 static void check_import_refusals(void) {
     static const char *const theta[] = {"model.rotary_base=500000", NULL};
     mgc_plan *g = compile("examples/tiny-gpt.yaml", NULL), *l = compile("models/tiny-llama.yaml", NULL),
-             *l2 = compile("models/tiny-llama.yaml", theta);
-    T_CHECK(g && l && l2);
+             *l2 = compile("models/tiny-llama.yaml", theta), *q = compile("models/tiny-llama.yaml", qk),
+             *gq = compile("examples/tiny-gpt.yaml", qk);
+    T_CHECK(g && l && l2 && q && gq);
     if (!g || !l || !l2) goto out;
     char ck[64] = "/tmp/mgc-import-XXXXXX", ckpt[256], hf[300], dst[300], err[4096];
     T_CHECK(mkdtemp(ck) != NULL);
@@ -329,6 +343,33 @@ static void check_import_refusals(void) {
     T_EQ_I64(mgc_import(l2, hf, dst, err, sizeof err), -1);
     T_CHECK(strstr(err, "rope_theta is 10000 but this plan's model has 500000") != NULL);
     printf("import refused: %s\n", err);
+    /* a Qwen3 model into a LLaMA plan: the setting that tells them apart is named */
+    if (q && gq) {
+        char qck[300], qhf[300];
+        snprintf(qhf, sizeof qhf, "%s/qwen3", ck);
+        snprintf(qck, sizeof qck, "%s/q", ck);
+        T_EQ_I64(mkdir(qck, 0700), 0);
+        T_EQ_I64(random_ckpt(q, qck, ckpt, sizeof ckpt), 0);
+        T_EQ_I64(mgc_export(q, ckpt, qhf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), 0);
+        T_EQ_I64(mgc_import(l, qhf, dst, err, sizeof err), -1);
+        T_CHECK(strstr(err, "model_type is \"qwen3\"") && strstr(err, "--set model.qk_layernorm=true"));
+        printf("import refused: %s\n", err);
+        T_EQ_I64(mgc_import(q, hf, dst, err, sizeof err), -1);
+        T_CHECK(strstr(err, "model_type is \"llama\"") && strstr(err, "--set model.qk_layernorm=false"));
+        printf("import refused: %s\n", err);
+        /* query and key norms have no GPT-2 architecture */
+        char gck[300], ghf[300];
+        snprintf(gck, sizeof gck, "%s/g", ck);
+        snprintf(ghf, sizeof ghf, "%s/gpt-qk", ck);
+        T_EQ_I64(mkdir(gck, 0700), 0);
+        T_EQ_I64(random_ckpt(gq, gck, ckpt, sizeof ckpt), 0);
+        T_EQ_I64(mgc_export(gq, ckpt, ghf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), -1);
+        T_CHECK(strstr(err, "query and key norms outside LLaMA-style layers") && strstr(err, "--format mgc"));
+        T_CHECK(count_files(ghf) <= 0);
+        printf("export refused: %s\n", err);
+        t_remove_dir(qck), t_remove_dir(gck), t_remove_dir(qhf);
+    }
+    T_CHECK(access(dst, F_OK) != 0);
     T_EQ_I64(mgc_import(l, ck, dst, err, sizeof err), -1);
     T_CHECK(strstr(err, "config.json") != NULL);
     T_CHECK(access(dst, F_OK) != 0);
@@ -382,17 +423,7 @@ static void check_import_refusals(void) {
     unlink(ckpt);
     t_remove_dir(hf), t_remove_dir(ck);
 out:
-    mgc_plan_free(g), mgc_plan_free(l), mgc_plan_free(l2);
-}
-
-static int count_files(const char *dir) {
-    DIR *d = opendir(dir);
-    int n = 0;
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
+    mgc_plan_free(g), mgc_plan_free(l), mgc_plan_free(l2), mgc_plan_free(q), mgc_plan_free(gq);
 }
 
 static void check_mgc_format_and_refusals(void) {
@@ -464,11 +495,14 @@ int main(void) {
         check_hf("models/tiny-llama.yaml", NULL, NULL, "tiny LLaMA (LlamaForCausalLM)");
         check_hf("models/tiny-llama.yaml", NULL, tp2pp2, "tiny LLaMA from a tp2 x pp2 checkpoint");
         check_hf("models/tiny-moe.yaml", mixtral, NULL, "tiny MoE as Mixtral (MixtralForCausalLM)");
+        check_hf("models/tiny-llama.yaml", qk, NULL, "tiny LLaMA with query and key norms (Qwen3ForCausalLM)");
+        check_hf("models/tiny-llama.yaml", qk, tp2pp2, "tiny Qwen3 from a tp2 x pp2 checkpoint");
     }
     check_mgc_format_and_refusals();
     check_round_trip("examples/tiny-gpt.yaml", NULL, "tiny GPT");
     check_round_trip("models/tiny-llama.yaml", NULL, "tiny LLaMA");
     check_round_trip("models/tiny-moe.yaml", mixtral, "tiny MoE as Mixtral");
+    check_round_trip("models/tiny-llama.yaml", qk, "tiny LLaMA as Qwen3");
     check_import_refusals();
     int rc = t_summary("test_export");
     if (!rc && skipped) { /* the rest passed; the reference could not run */

@@ -58,6 +58,7 @@ typedef struct arch {
     int64_t S;           /* shared experts */
     int64_t fs;          /* shared expert width */
     int64_t first_dense; /* leading dense layers */
+    int qk;              /* query and key norms: one more norm of head_dim each, twice a layer */
 } arch;
 
 typedef struct counts {
@@ -80,6 +81,7 @@ static counts closed_form(const arch *m) {
     uint64_t norm = m->rms ? h : 2 * h;
     uint64_t attn = h * a * d /* q */ + 2 * h * g * d /* k, v */ + a * d * h /* o */;
     if (m->bias) attn += a * d + 2 * g * d + h;
+    if (m->qk) attn += 2 * (m->rms ? d : 2 * d);
     counts c = {0, 0};
     for (int64_t l = 0; l < m->L; l++) {
         uint64_t base = 2 * norm + attn;
@@ -216,6 +218,18 @@ static const expected expected_models[] = {
      32,
      {32000, 128, 4096, 0, 4096, 32, 32, 8, 14336, 1, 1, 0, 0, 8, 2, 14336, 0, 0, 0},
      {{2, 32000}, {8, 32768}, {0, 0}}},
+    /* The model card gives "8.2B" ("6.95B" non-embedding); the architecture gives
+     * 8,190,735,360 (6,946,075,648). */
+    {"qwen3-8b.yaml",
+     0,
+     0,
+     8.2e9,
+     0.005,
+     8190735360u,
+     2,
+     128,
+     {151936, 128, 4096, 0, 4096, 36, 32, 8, 12288, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+     {{1, 151936}, {8, 152576}, {0, 0}}},
     /* tiny models: their counts are ours (closed form), there is nothing to publish */
     {"tiny-gpt.yaml",
      481440u,
@@ -311,6 +325,7 @@ static void check_arch(const expected *e, const mgc_config *c) {
     if (m->P) T_EQ_I64(mc->max_position_embeddings, m->P);
     T_EQ_I64(mc->add_bias_linear, m->bias);
     T_EQ_I64(mc->tie_embeddings, m->tied);
+    T_EQ_I64(mc->qk_layernorm, m->qk);
     T_EQ_I64(c->moe.num_experts, m->E);
     if (m->E) {
         T_EQ_I64(c->moe.top_k, m->k);

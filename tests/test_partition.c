@@ -285,6 +285,34 @@ static void test_splits(void) {
         T_CHECK(!in->tensors[bg].partial);
     }
     built_free(&b);
+    /* query and key norms (model.qk_layernorm): a weight over head_dim that every head uses,
+     * whole on each tensor rank, its gradient partial over TP without sequence parallelism
+     * too (each rank holds its own heads); the input norm's gradient is complete there */
+    const char *qk[] = {"parallel.tensor=4", "parallel.world_size=4", "model.qk_layernorm=true",
+                        NULL};
+    b = build(GPT, qk);
+    T_CHECK(b.ok);
+    if (!b.ok) return;
+    ch = &b.ch[0][0];
+    in = &b.info[0][0];
+    int32_t qw = find(&b, 0, "decoder.layers.1.self_attention.q_layernorm.weight");
+    int32_t kb = find(&b, 0, "decoder.layers.1.self_attention.k_layernorm.bias.grad");
+    int32_t qg = find(&b, 0, "decoder.layers.1.self_attention.q_layernorm.weight.grad");
+    int32_t ig = find(&b, 0, "decoder.layers.1.input_layernorm.weight.grad");
+    int32_t qo = find(&b, 0, "decoder.layers.1.self_attention.q_layernorm.out");
+    if (qw >= 0 && kb >= 0 && qg >= 0 && ig >= 0 && qo >= 0) {
+        T_EQ_I64(ch->tensors[qw].rank, 1);
+        T_EQ_I64(ch->tensors[qw].dim[0], 192 / 24); /* head_dim */
+        T_EQ_U64(ch->tensors[qw].split_axis, MGC_PLAN_NO_SPLIT);
+        T_CHECK(in->tensors[qg].partial && in->tensors[kb].partial);
+        T_EQ_U64(ch->tensors[qg].split_group, MGC_GROUP_TP);
+        T_CHECK(!in->tensors[ig].partial);
+        T_EQ_I64(ch->tensors[qo].dim[2], 24 / 4); /* the rank's heads */
+        T_EQ_U64(ch->tensors[qo].split_axis, 2);
+    } else {
+        T_CHECK(0);
+    }
+    built_free(&b);
 }
 
 /* ---- collectives ----------------------------------------------------------------- */

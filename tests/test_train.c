@@ -1415,6 +1415,33 @@ static const layout docs_moe[] = {
     {"ep2 pp2", {W(4), "parallel.data=2", "parallel.expert=2", "parallel.pipeline=2"}},
 };
 
+/* Query and key norms (model.qk_layernorm): one weight over d shared by the heads, so each
+ * tensor rank's gradient is partial over TP with or without SP (compiler/partition.c), also
+ * when key/value heads are replicated over tensor ranks. */
+static const char *const qk[] = {"model.qk_layernorm=true", NULL};
+static const layout qk_llama[] = {
+    {"tp2", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=false"}},
+    {"tp2+sp", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true"}},
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+    {"dp2 dist-opt", {W(2), "parallel.data=2", "parallel.distributed_optimizer=true"}},
+    {"recompute full", {"training.recompute=full"}},
+    {"recompute sel", {"training.recompute=selective"}},
+    {"tp6 (kv replicated)", {W(6), "parallel.tensor=6"}},
+    {"tp2+sp cp2 pp2", {W(8), "parallel.tensor=2", "parallel.sequence_parallel=true",
+                        "parallel.context=2", "parallel.pipeline=2"}},
+};
+/* LayerNorm (weight and bias) in tiny GPT, its QKV with a bias */
+static const layout qk_gpt[] = {
+    {"tp2", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=false"}},
+    {"tp3 dp2 dist-opt", {W(6), "parallel.tensor=3", "parallel.data=2",
+                          "parallel.distributed_optimizer=true"}},
+};
+static const layout qk_moe[] = {
+    {"etp2 ep2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+                  "parallel.expert=2"}},
+};
+
 /* Two layouts that must train alike (where neither matches one rank exactly): every step's
  * loss and gradient norm within 1e-5 relative. */
 static void check_pair(const char *path, const char *const *extra, const layout *a, const layout *b) {
@@ -1458,6 +1485,8 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-llama.yaml", NULL);
         check_all_grads("models/tiny-moe.yaml", NULL);
         check_all_grads("models/tiny-moe.yaml", bias); /* the experts' biases too */
+        check_all_grads("models/tiny-llama.yaml", qk); /* the query and key norms */
+        check_all_grads("examples/tiny-gpt.yaml", qk);
         check_eod_mask();
         check_loss_scaling();
         check_graphs();
@@ -1547,6 +1576,9 @@ int main(int argc, char **argv) {
     if (!only || strstr("docs", only)) check_model("models/tiny-llama.yaml", docs_pos, docs_llama, 2);
     if (!only || strstr("docs", only)) check_model("models/tiny-llama.yaml", pos_only, pos_llama, 2);
     if (!only || strstr("docs", only)) check_model("models/tiny-moe.yaml", docs_on, docs_moe, 1);
+    if (!only || strstr("qk", only)) check_model("models/tiny-llama.yaml", qk, qk_llama, 9);
+    if (!only || strstr("qk", only)) check_model("examples/tiny-gpt.yaml", qk, qk_gpt, 2);
+    if (!only || strstr("qk", only)) check_model("models/tiny-moe.yaml", qk, qk_moe, 1);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
