@@ -43,6 +43,19 @@ typedef struct out_t {
     uint64_t off;   /* bytes from the data's start */
 } out_t;
 
+/* The architectures of the hf format (Hugging Face transformers' class names). */
+typedef enum hf_family {
+    FAM_GPT2,      /* GPT2LMHeadModel */
+    FAM_LLAMA,     /* LlamaForCausalLM */
+    FAM_QWEN3,     /* Qwen3ForCausalLM: LLaMA with query and key norms */
+    FAM_MIXTRAL,   /* MixtralForCausalLM: LLaMA's attention, every MLP routed */
+    FAM_QWEN3_MOE, /* Qwen3MoeForCausalLM: Qwen3's attention, MoE layers by mlp_only_layers */
+} hf_family;
+
+static const char *const fam_class[] = {"GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM",
+                                        "MixtralForCausalLM", "Qwen3MoeForCausalLM"};
+static const char *const fam_type[] = {"gpt2", "llama", "qwen3", "mixtral", "qwen3_moe"};
+
 typedef struct ctx {
     const mgc_plan *plan;
     mgc_ckpt_info info;
@@ -50,7 +63,7 @@ typedef struct ctx {
     out_t *out;
     int n, cap;
     int64_t vocab, heads, groups, head_dim, hidden, ffn, layers, seq;
-    int qk_norm; /* model.qk_layernorm: LLaMA's layers with them are Qwen3's (plan_hf) */
+    hf_family fam; /* the hf format's architecture (plan_hf) */
     char *err;
     size_t errsz;
 } ctx;
@@ -173,49 +186,50 @@ static out_t *expert(ctx *x, const char *name, const char *src, int e, int64_t r
 
 /* ---- the model's families ----------------------------------------------------------- */
 
-static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
+static int plan_hf(ctx *x) {
     const mgc_plan *p = x->plan;
     int64_t norm = cfg_i(p, "model.normalization", 0), act = cfg_i(p, "model.activation", 0);
     int64_t pos = cfg_i(p, "model.position_embedding", 0), bias = cfg_i(p, "model.add_bias_linear", 1);
     int64_t qkvb = cfg_i(p, "model.add_qkv_bias", bias), experts = cfg_i(p, "moe.num_experts", 0);
     double rp = cfg_f(p, "model.rotary_percent", 1.0);
-    int64_t qk = cfg_i(p, "model.qk_layernorm", 0);
-    x->qk_norm = 0;
+    int qk = cfg_i(p, "model.qk_layernorm", 0) != 0;
     char *err = x->err;
     size_t errsz = x->errsz;
     const char *why = NULL;
-    *gpt2 = norm == 0 && act == 0 && pos == 0;
-    int llama = norm == 1 && act == 1 && pos == 1;
-    /* Mixtral: LLaMA's attention, every layer's MLP a mixture of SwiGLU experts, top-k routing
-     * with softmax over the chosen logits (mgc's softmax router) */
+    int gpt2 = norm == 0 && act == 0 && pos == 0, llama = norm == 1 && act == 1 && pos == 1;
+    /* The mixtures of experts: LLaMA's attention, SwiGLU experts, top-k routing with softmax over
+     * the chosen logits (mgc's softmax router; Qwen3-MoE's norm_topk_prob), no shared expert.
+     * Mixtral routes every layer's MLP; Qwen3-MoE (with the query and key norms) lists its dense
+     * layers (mlp_only_layers), so any set of MoE layers. */
     int64_t shared = cfg_i(p, "moe.shared_experts", 0), first_dense = cfg_i(p, "moe.first_dense_layers", 0);
     int64_t freq = cfg_i(p, "moe.layer_freq", 1), score = cfg_i(p, "moe.router_score", 0);
     int listed = cfg_i(p, "moe.layers[0]", -1) >= 0;
-    *mixtral = experts > 0;
-    if (experts > 0 && (!llama || shared || first_dense || freq != 1 || listed || score != 0))
-        why = "a mixture of experts other than Mixtral's (which needs LLaMA's layers, every layer's MLP "
-              "routed, no shared experts and the softmax router)";
-    if (!why && !*gpt2 && !llama)
+    if (experts > 0 && (!llama || shared || score != 0))
+        why = "a mixture of experts other than Mixtral's or Qwen3-MoE's (which need LLaMA's layers, no "
+              "shared experts and the softmax router)";
+    if (!why && experts > 0 && !qk && (first_dense || freq != 1 || listed))
+        why = "dense layers in a mixture of experts without query and key norms (Mixtral routes every "
+              "layer's MLP; Qwen3-MoE, with the norms, may keep some dense)";
+    if (!why && !gpt2 && !llama)
         why = "a mix the hf format has no architecture for (GPT-2: layernorm, gelu, learned positions; "
               "LLaMA: rmsnorm, swiglu, rotary)";
-    if (!why && *gpt2 && (x->groups != x->heads || !bias || x->head_dim * x->heads != x->hidden))
+    if (!why && gpt2 && (x->groups != x->heads || !bias || x->head_dim * x->heads != x->hidden))
         why = "a GPT-2 variant that GPT2LMHeadModel cannot hold (it needs every head its own key and "
               "value, biases, and head_dim x heads = hidden_size)";
     if (!why && llama && (bias || qkvb)) why = "linear biases, which LlamaForCausalLM's q/k/v/o do not all take";
     if (!why && llama && rp != 1.0) why = "partial rotary embeddings (rotary_percent < 1)";
     /* LLaMA's layers with each head's queries and keys RMS-normalised before the rotation are
-     * Qwen3's (Qwen3ForCausalLM: q_norm, k_norm) */
+     * Qwen3's (q_norm, k_norm) */
     if (!why && qk && !llama) why = "query and key norms outside LLaMA-style layers (the hf format has them as Qwen3's)";
-    if (!why && qk && *mixtral) why = "query and key norms in a mixture of experts (Qwen3-MoE's layout is not mapped)";
-    x->qk_norm = qk != 0;
     if (why)
-        return BAD("the hf format covers GPT-2-, LLaMA- (with query and key norms: Qwen3-) and "
-                   "Mixtral-style models; this one has %s: "
+        return BAD("the hf format covers GPT-2-, LLaMA-, Qwen3- (LLaMA with query and key norms), "
+                   "Mixtral- and Qwen3-MoE-style models; this one has %s: "
                    "export with --format mgc (every parameter under mgc's names)",
                    why);
+    x->fam = gpt2 ? FAM_GPT2 : experts > 0 ? (qk ? FAM_QWEN3_MOE : FAM_MIXTRAL) : qk ? FAM_QWEN3 : FAM_LLAMA;
     char n[200], s[200];
     int tied = cfg_i(p, "model.tie_embeddings", 0) != 0;
-    if (*gpt2) {
+    if (gpt2) {
         if (!add(x, "transformer.wte.weight", "embedding.word_embeddings.weight") ||
             !add(x, "transformer.wpe.weight", "embedding.position_embeddings.weight"))
             return -1;
@@ -225,7 +239,7 @@ static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
     for (int64_t l = 0; l < x->layers; l++) {
 #define N(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
 #define S(suffix) (snprintf(s, sizeof s, "decoder.layers.%" PRId64 ".%s", l, suffix), s)
-        if (*gpt2) {
+        if (gpt2) {
             const char *h = "transformer.h";
             if (!add(x, N("%s.%" PRId64 ".ln_1.weight", h, l), S("input_layernorm.weight")) ||
                 !add(x, N("%s.%" PRId64 ".ln_1.bias", h, l), S("input_layernorm.bias")) ||
@@ -242,16 +256,21 @@ static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
                 return -1;
         } else {
             const char *h = "model.layers";
-            if (*mixtral) { /* the MLP: router and experts; attention and norms as LLaMA's */
-                int64_t E = cfg_i(p, "moe.num_experts", 0), fe = cfg_i(p, "moe.ffn_hidden_size", 0);
-                if (!add(x, N("%s.%" PRId64 ".block_sparse_moe.gate.weight", h, l), S("mlp.router.weight")))
+            /* a MoE layer is one with a router (the model's tensors say which) */
+            int routed = experts > 0 && find(x, S("mlp.router.weight")) != NULL;
+            if (routed) { /* the MLP: router and experts; attention and norms as LLaMA's */
+                int64_t E = experts, fe = cfg_i(p, "moe.ffn_hidden_size", 0);
+                int qm = x->fam == FAM_QWEN3_MOE;
+                const char *blk = qm ? "mlp" : "block_sparse_moe";
+                const char *w1 = qm ? "gate_proj" : "w1", *w3 = qm ? "up_proj" : "w3", *w2 = qm ? "down_proj" : "w2";
+                if (!add(x, N("%s.%" PRId64 ".%s.gate.weight", h, l, blk), S("mlp.router.weight")))
                     return -1;
                 for (int e = 0; e < (int)E; e++)
-                    if (!expert(x, N("%s.%" PRId64 ".block_sparse_moe.experts.%d.w1.weight", h, l, e),
+                    if (!expert(x, N("%s.%" PRId64 ".%s.experts.%d.%s.weight", h, l, blk, e, w1),
                                 S("mlp.experts.linear_fc1.weight"), e, 0, fe) ||
-                        !expert(x, N("%s.%" PRId64 ".block_sparse_moe.experts.%d.w3.weight", h, l, e),
+                        !expert(x, N("%s.%" PRId64 ".%s.experts.%d.%s.weight", h, l, blk, e, w3),
                                 S("mlp.experts.linear_fc1.weight"), e, fe, 2 * fe) ||
-                        !expert(x, N("%s.%" PRId64 ".block_sparse_moe.experts.%d.w2.weight", h, l, e),
+                        !expert(x, N("%s.%" PRId64 ".%s.experts.%d.%s.weight", h, l, blk, e, w2),
                                 S("mlp.experts.linear_fc2.weight"), e, 0, x->hidden))
                         return -1;
             }
@@ -262,11 +281,11 @@ static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
                 !add(x, N("%s.%" PRId64 ".self_attn.o_proj.weight", h, l), S("self_attention.linear_proj.weight")) ||
                 !add(x, N("%s.%" PRId64 ".post_attention_layernorm.weight", h, l), S("pre_mlp_layernorm.weight")))
                 return -1;
-            if (x->qk_norm &&
+            if (qk &&
                 (!add(x, N("%s.%" PRId64 ".self_attn.q_norm.weight", h, l), S("self_attention.q_layernorm.weight")) ||
                  !add(x, N("%s.%" PRId64 ".self_attn.k_norm.weight", h, l), S("self_attention.k_layernorm.weight"))))
                 return -1;
-            if (!*mixtral &&
+            if (!routed &&
                 (!rows(x, N("%s.%" PRId64 ".mlp.gate_proj.weight", h, l), S("mlp.linear_fc1.weight"), 0, x->ffn) ||
                  !rows(x, N("%s.%" PRId64 ".mlp.up_proj.weight", h, l), S("mlp.linear_fc1.weight"), x->ffn, 2 * x->ffn) ||
                  !add(x, N("%s.%" PRId64 ".mlp.down_proj.weight", h, l), S("mlp.linear_fc2.weight"))))
@@ -275,7 +294,7 @@ static int plan_hf(ctx *x, int *gpt2, int *mixtral) {
 #undef N
 #undef S
     }
-    if (*gpt2) {
+    if (gpt2) {
         if (!add(x, "transformer.ln_f.weight", "decoder.final_layernorm.weight") ||
             !add(x, "transformer.ln_f.bias", "decoder.final_layernorm.bias"))
             return -1;
@@ -404,7 +423,7 @@ static void num(char *b, size_t n, double v) {
     }
 }
 
-static int write_config(const ctx *x, int gpt2, int mixtral, int dtype, const char *path, char *err,
+static int write_config(const ctx *x, int dtype, const char *path, char *err,
                         size_t errsz) {
     const mgc_plan *p = x->plan;
     char eps[40], theta[40], hd[40], ad[40];
@@ -417,7 +436,8 @@ static int write_config(const ctx *x, int gpt2, int mixtral, int dtype, const ch
     const char *td = dtype == MGC_DT_BF16 ? "bfloat16" : dtype == MGC_DT_F16 ? "float16" : "float32";
     FILE *f = fopen(path, "wx");
     if (!f) return BAD("cannot create %s: %s", path, strerror(errno));
-    if (gpt2)
+    int moe = x->fam == FAM_MIXTRAL || x->fam == FAM_QWEN3_MOE;
+    if (x->fam == FAM_GPT2)
         fprintf(f,
                 "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
                 "  \"vocab_size\": %" PRId64 ",\n  \"n_embd\": %" PRId64 ",\n  \"n_layer\": %" PRId64
@@ -436,16 +456,30 @@ static int write_config(const ctx *x, int gpt2, int mixtral, int dtype, const ch
                 ",\n  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %" PRId64
                 ",\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"attention_bias\": false,\n"
                 "  \"mlp_bias\": false,\n  \"attention_dropout\": %s,\n  \"tie_word_embeddings\": %s,\n",
-                mixtral ? "MixtralForCausalLM" : x->qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM",
-                mixtral ? "mixtral" : x->qk_norm ? "qwen3" : "llama", x->vocab,
-                x->hidden, mixtral ? cfg_i(p, "moe.ffn_hidden_size", x->ffn) : x->ffn, x->layers, x->heads,
+                fam_class[x->fam], fam_type[x->fam], x->vocab, x->hidden,
+                x->fam == FAM_MIXTRAL ? cfg_i(p, "moe.ffn_hidden_size", x->ffn) : x->ffn, x->layers, x->heads,
                 x->groups, x->head_dim, pos, eps, theta, ad, tied ? "true" : "false");
-    if (mixtral) {
+    if (moe) {
         char aux[40];
         num(aux, sizeof aux, cfg_f(p, "moe.aux_loss_coeff", 0));
-        fprintf(f, "  \"num_local_experts\": %" PRId64 ",\n  \"num_experts_per_tok\": %" PRId64
+        fprintf(f, "  \"%s\": %" PRId64 ",\n  \"num_experts_per_tok\": %" PRId64
                    ",\n  \"router_aux_loss_coef\": %s,\n  \"output_router_logits\": false,\n",
-                cfg_i(p, "moe.num_experts", 0), cfg_i(p, "moe.top_k", 2), aux);
+                x->fam == FAM_MIXTRAL ? "num_local_experts" : "num_experts", cfg_i(p, "moe.num_experts", 0),
+                cfg_i(p, "moe.top_k", 2), aux);
+    }
+    if (x->fam == FAM_QWEN3_MOE) { /* the routed weights renormalised; dense layers listed */
+        fprintf(f, "  \"moe_intermediate_size\": %" PRId64 ",\n  \"norm_topk_prob\": true,\n"
+                   "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [",
+                cfg_i(p, "moe.ffn_hidden_size", x->ffn));
+        int first = 1;
+        for (int64_t l = 0; l < x->layers; l++) {
+            char r[96];
+            snprintf(r, sizeof r, "decoder.layers.%" PRId64 ".mlp.router.weight", l);
+            if (find(x, r)) continue;
+            fprintf(f, "%s%" PRId64, first ? "" : ", ", l);
+            first = 0;
+        }
+        fputs("],\n", f);
     }
     if (eod >= 0 && eod < x->vocab) fprintf(f, "  \"eos_token_id\": %" PRId64 ",\n", eod);
     fprintf(f, "  \"torch_dtype\": \"%s\"\n}\n", td);
@@ -464,7 +498,7 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
     ctx x;
     memset(&x, 0, sizeof x);
     x.plan = plan, x.err = err, x.errsz = errsz;
-    int rc = -1, fd = -1, out_fd = -1, gpt2 = 0, mixtral = 0;
+    int rc = -1, fd = -1, out_fd = -1;
     float *src = NULL, *val = NULL;
     unsigned char *buf = NULL;
     char *hdr = NULL;
@@ -503,7 +537,7 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
             goto out;
         }
     }
-    if ((fmt == MGC_EXPORT_HF ? plan_hf(&x, &gpt2, &mixtral) : plan_mgc(&x))) goto out;
+    if ((fmt == MGC_EXPORT_HF ? plan_hf(&x) : plan_mgc(&x))) goto out;
     /* where they go: never over a file that exists */
     if (mkdirs(dir)) {
         BAD("cannot create the directory %s: %s", dir, strerror(errno));
@@ -593,7 +627,7 @@ int mgc_export(const mgc_plan *plan, const char *ckpt, const char *dir, mgc_expo
     out_fd = -1;
     if (fmt == MGC_EXPORT_HF) {
         snprintf(cf_tmp, sizeof cf_tmp, "%s.partial", cf_path);
-        if (write_config(&x, gpt2, mixtral, dtype, cf_tmp, err, errsz)) {
+        if (write_config(&x, dtype, cf_tmp, err, errsz)) {
             cf_tmp[0] = 0;
             goto out;
         }
@@ -1042,10 +1076,11 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
     st_file *f = NULL;
     int nf = 0;
     char cpath[4200], *json = NULL;
-    int rc = -1, gpt2 = 0, mixtral = 0;
+    int rc = -1;
     if (model_sizes(&x) || mgc_ckpt_model_of(plan, &pm, err, errsz)) goto out;
     x.model = &pm;
-    if (plan_hf(&x, &gpt2, &mixtral)) goto out;
+    if (plan_hf(&x)) goto out;
+    int gpt2 = x.fam == FAM_GPT2, moe = x.fam == FAM_MIXTRAL || x.fam == FAM_QWEN3_MOE;
     /* config.json: the architecture and what the tensors' shapes cannot show */
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     FILE *cf = fopen(cpath, "rb");
@@ -1063,15 +1098,16 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
         goto out;
     }
     char v[64];
-    const char *want_type = gpt2 ? "gpt2" : mixtral ? "mixtral" : x.qk_norm ? "qwen3" : "llama";
+    const char *want_type = fam_type[x.fam];
     if (!cfg_json(json, "model_type", v, sizeof v) || strcmp(v, want_type)) {
         int got = cfg_json(json, "model_type", v, sizeof v);
-        /* Qwen3 is LLaMA with query and key norms: the one setting that tells them apart */
-        const char *hint = got && !strcmp(v, "qwen3") && !strcmp(want_type, "llama")
-                               ? " (a Qwen3 model: compile with --set model.qk_layernorm=true)"
-                           : got && !strcmp(v, "llama") && !strcmp(want_type, "qwen3")
-                               ? " (a LLaMA model: compile with --set model.qk_layernorm=false)"
-                               : "";
+        /* Qwen3 is LLaMA with query and key norms, Qwen3-MoE Mixtral's MoE with them: the one
+         * setting that tells them apart */
+        int with = (x.fam == FAM_LLAMA && !strcmp(v, "qwen3")) || (x.fam == FAM_MIXTRAL && !strcmp(v, "qwen3_moe"));
+        int without = (x.fam == FAM_QWEN3 && !strcmp(v, "llama")) || (x.fam == FAM_QWEN3_MOE && !strcmp(v, "mixtral"));
+        const char *hint = got && with      ? " (it has query and key norms: compile with --set model.qk_layernorm=true)"
+                           : got && without ? " (it has no query and key norms: compile with --set model.qk_layernorm=false)"
+                                            : "";
         BAD("%s: model_type is \"%s\" but this plan's model is %s-style: import a %s model, or "
             "compile a plan of this one's architecture%s",
             cpath, got ? v : "(none)", want_type, want_type, hint);
@@ -1086,10 +1122,10 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
         {gpt2 ? "n_head" : "num_key_value_heads", (double)x.groups, 1},
         {gpt2 ? "layer_norm_epsilon" : "rms_norm_eps", cfg_f(plan, "model.norm_eps", 1e-5), 0},
         {gpt2 ? "n_layer" : "rope_theta", gpt2 ? (double)x.layers : cfg_f(plan, "model.rotary_base", 10000), 0},
-        {mixtral ? "num_local_experts" : gpt2 ? "n_head" : "num_attention_heads",
-         mixtral ? (double)cfg_i(plan, "moe.num_experts", 0) : (double)x.heads, 1},
-        {mixtral ? "num_experts_per_tok" : gpt2 ? "n_head" : "num_attention_heads",
-         mixtral ? (double)cfg_i(plan, "moe.top_k", 0) : (double)x.heads, 1},
+        {x.fam == FAM_MIXTRAL ? "num_local_experts" : moe ? "num_experts" : gpt2 ? "n_head" : "num_attention_heads",
+         moe ? (double)cfg_i(plan, "moe.num_experts", 0) : (double)x.heads, 1},
+        {moe ? "num_experts_per_tok" : gpt2 ? "n_head" : "num_attention_heads",
+         moe ? (double)cfg_i(plan, "moe.top_k", 0) : (double)x.heads, 1},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
         if (!cfg_json(json, checks[i].key, v, sizeof v)) {

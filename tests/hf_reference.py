@@ -5,7 +5,8 @@ TOKENS (int32 little-endian: count, length, then count x length token ids; each 
 first length - 1 tokens are the inputs and its last length - 1 the labels).
 
 A reference written from the architectures' published definitions (Hugging Face's
-GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM and MixtralForCausalLM), in float64 NumPy, sharing no code with mgc: it
+GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and
+Qwen3MoeForCausalLM), in float64 NumPy, sharing no code with mgc: it
 reads the safetensors file itself and runs the forward pass of every sample.  Prints the
 loss on one line.  Exit 77 when NumPy is missing.
 
@@ -95,9 +96,10 @@ def rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def mixtral_moe(W, cfg, p, y):
+def mixtral_moe(W, cfg, p, y, names=("w1", "w3", "w2")):
     # each token to its top-k experts by router logit (ties to the lower expert), weighted by
-    # the softmax of the chosen logits (softmax over all, top-k, renormalised: the same)
+    # the softmax of the chosen logits (softmax over all, top-k, renormalised: the same; Qwen3-MoE
+    # with norm_topk_prob); names: the experts' gate, up and down matrices
     k = cfg["num_experts_per_tok"]
     logits = y @ W[p + "gate.weight"].T  # (s, E)
     out = np.zeros_like(y)
@@ -107,9 +109,9 @@ def mixtral_moe(W, cfg, p, y):
         w = w / w.sum()
         for e, we in zip(order, w):
             q = p + "experts.%d." % e
-            g = y[t] @ W[q + "w1.weight"].T
-            u = y[t] @ W[q + "w3.weight"].T
-            out[t] += we * ((g / (1.0 + np.exp(-g)) * u) @ W[q + "w2.weight"].T)
+            g = y[t] @ W[q + names[0] + ".weight"].T
+            u = y[t] @ W[q + names[1] + ".weight"].T
+            out[t] += we * ((g / (1.0 + np.exp(-g)) * u) @ W[q + names[2] + ".weight"].T)
     return out
 
 
@@ -129,7 +131,7 @@ def llama_logits(W, cfg, tok):
         q = (y @ W[p + "self_attn.q_proj.weight"].T).reshape(s, a, d).transpose(1, 0, 2)
         k = (y @ W[p + "self_attn.k_proj.weight"].T).reshape(s, g, d).transpose(1, 0, 2)
         v = (y @ W[p + "self_attn.v_proj.weight"].T).reshape(s, g, d).transpose(1, 0, 2)
-        if cfg["model_type"] == "qwen3":  # each head's d channels RMS-normalised, then rotated
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):  # each head's d channels RMS-normalised, then rotated
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = q * cos + rotate_half(q) * sin
@@ -142,6 +144,10 @@ def llama_logits(W, cfg, tok):
         y = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if cfg["model_type"] == "mixtral":
             x = x + mixtral_moe(W, cfg, p + "block_sparse_moe.", y)
+        elif cfg["model_type"] == "qwen3_moe" and l not in cfg["mlp_only_layers"] and \
+                (l + 1) % cfg["decoder_sparse_step"] == 0:
+            assert cfg["norm_topk_prob"]
+            x = x + mixtral_moe(W, cfg, p + "mlp.", y, ("gate_proj", "up_proj", "down_proj"))
         else:
             gate = y @ W[p + "mlp.gate_proj.weight"].T
             up = y @ W[p + "mlp.up_proj.weight"].T

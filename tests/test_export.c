@@ -53,6 +53,9 @@ static mgc_plan *compile2(const char *path, const char *const *a, const char *co
 
 /* tiny MoE as Mixtral has it: every layer's MLP routed, no shared expert */
 static const char *const mixtral[] = {"moe.shared_experts=0", "moe.first_dense_layers=0", NULL};
+/* tiny MoE as Qwen3-MoE: the query and key norms, no shared expert, layer 0 dense
+ * (mlp_only_layers) */
+static const char *const qwen3moe[] = {"moe.shared_experts=0", "model.qk_layernorm=true", NULL};
 
 static uint64_t rng_state;
 static uint32_t rnd(void) {
@@ -352,7 +355,7 @@ static void check_import_refusals(void) {
         T_EQ_I64(random_ckpt(q, qck, ckpt, sizeof ckpt), 0);
         T_EQ_I64(mgc_export(q, ckpt, qhf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), 0);
         T_EQ_I64(mgc_import(l, qhf, dst, err, sizeof err), -1);
-        T_CHECK(strstr(err, "model_type is \"qwen3\"") && strstr(err, "--set model.qk_layernorm=true"));
+        T_CHECK(strstr(err, "model_type is \"qwen3\"") && strstr(err, "query and key norms: compile with --set model.qk_layernorm=true"));
         printf("import refused: %s\n", err);
         T_EQ_I64(mgc_import(q, hf, dst, err, sizeof err), -1);
         T_CHECK(strstr(err, "model_type is \"llama\"") && strstr(err, "--set model.qk_layernorm=false"));
@@ -439,6 +442,25 @@ static void check_mgc_format_and_refusals(void) {
     T_CHECK(strstr(err, "a mixture of experts other than Mixtral's") && strstr(err, "--format mgc"));
     T_CHECK(count_files(out) <= 0);
     printf("refused: %s\n", err);
+    /* Mixtral's layout routes every layer: a dense layer needs Qwen3-MoE's (the norms) */
+    {
+        static const char *const dense0[] = {"moe.shared_experts=0", NULL};
+        mgc_plan *m0 = compile("models/tiny-moe.yaml", dense0);
+        T_CHECK(m0 != NULL);
+        if (m0) {
+            char ck0[300];
+            snprintf(ck0, sizeof ck0, "%s/d0", ck);
+            T_EQ_I64(mkdir(ck0, 0700), 0);
+            char c0[256];
+            T_EQ_I64(random_ckpt(m0, ck0, c0, sizeof c0), 0);
+            T_EQ_I64(mgc_export(m0, c0, out, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), -1);
+            T_CHECK(strstr(err, "dense layers in a mixture of experts without query and key norms") != NULL);
+            T_CHECK(count_files(out) <= 0);
+            printf("refused: %s\n", err);
+            t_remove_dir(ck0);
+        }
+        mgc_plan_free(m0);
+    }
     /* mgc's names: every parameter whole; the elements add up to the model's 620,832 */
     T_EQ_I64(mgc_export(moe, ckpt, out, MGC_EXPORT_MGC, MGC_DT_F32, err, sizeof err), 0);
     char st[400];
@@ -497,12 +519,14 @@ int main(void) {
         check_hf("models/tiny-moe.yaml", mixtral, NULL, "tiny MoE as Mixtral (MixtralForCausalLM)");
         check_hf("models/tiny-llama.yaml", qk, NULL, "tiny LLaMA with query and key norms (Qwen3ForCausalLM)");
         check_hf("models/tiny-llama.yaml", qk, tp2pp2, "tiny Qwen3 from a tp2 x pp2 checkpoint");
+        check_hf("models/tiny-moe.yaml", qwen3moe, NULL, "tiny MoE as Qwen3-MoE (Qwen3MoeForCausalLM)");
     }
     check_mgc_format_and_refusals();
     check_round_trip("examples/tiny-gpt.yaml", NULL, "tiny GPT");
     check_round_trip("models/tiny-llama.yaml", NULL, "tiny LLaMA");
     check_round_trip("models/tiny-moe.yaml", mixtral, "tiny MoE as Mixtral");
     check_round_trip("models/tiny-llama.yaml", qk, "tiny LLaMA as Qwen3");
+    check_round_trip("models/tiny-moe.yaml", qwen3moe, "tiny MoE as Qwen3-MoE");
     check_import_refusals();
     int rc = t_summary("test_export");
     if (!rc && skipped) { /* the rest passed; the reference could not run */
