@@ -160,6 +160,7 @@ int32_t mgc_cb_tensor_like(mgc_cb *b, int32_t like, const char *suffix, mgc_plan
     b->ti[id].split2_axis = si.split2_axis;
     b->ti[id].split2_group = si.split2_group;
     b->ti[id].partial = si.partial;
+    b->ti[id].routed = si.routed;
     return id;
 }
 
@@ -356,7 +357,7 @@ static void redo_op(mgc_cb *b, int32_t f) {
     mgc_cb_fop fx = b->fx[f];
     for (int k = 0; k < op.n_in; k++)
         op.in[k] = fetch(b, op.in[k]);
-    op.flags = MGC_POF_RECOMPUTE | (op.flags & MGC_POF_DOCS); /* what its inputs mean stays */
+    op.flags = MGC_POF_RECOMPUTE | (op.flags & (MGC_POF_DOCS | MGC_POF_ROWS)); /* what its inputs mean stays */
     op.n_out = (uint16_t)fx.n_all_out;
     for (int k = 0; k < fx.n_all_out; k++) {
         int32_t o = fx.all_out[k];
@@ -597,9 +598,11 @@ static void backward_op(mgc_cb *b, int32_t f) {
     case MGC_POP_GELU:
     case MGC_POP_SWIGLU: {
         int32_t gx = grad_like(b, x);
-        int32_t in[2] = {fetch(b, x), gy[0]};
-        bop(b, op.kind == MGC_POP_GELU ? MGC_POP_GELU_BWD : MGC_POP_SWIGLU_BWD, &op, 2, in, 1, &gx,
-            0);
+        /* routed expert rows (MGC_POF_ROWS): the tokens per expert, last, as in the forward */
+        int rows = (op.flags & MGC_POF_ROWS) != 0;
+        int32_t in[3] = {fetch(b, x), gy[0], rows ? fetch(b, op.in[op.n_in - 1]) : -1};
+        bop(b, op.kind == MGC_POP_GELU ? MGC_POP_GELU_BWD : MGC_POP_SWIGLU_BWD, &op, rows ? 3 : 2, in,
+            1, &gx, rows ? MGC_POF_ROWS : 0);
         acc(b, x, gx, &op);
         break;
     }
@@ -810,6 +813,7 @@ int mgc_cb_export(mgc_cb *b, const mgc_stage *st, mgc_plan_chunk *out, mgc_parti
         if (map[i] < 0) continue;
         out->tensors[map[i]] = b->t[i];
         out->tensors[map[i]].split2_axis = b->ti[i].split2_axis; /* plan.h: the second split */
+        if (b->ti[i].routed) out->tensors[map[i]].flags |= MGC_PT_ROUTED;
         out->tensors[map[i]].split2_group = b->ti[i].split2_group;
         if (ti) {
             mgc_partition_tensor_info x = b->ti[i];

@@ -669,7 +669,7 @@ int mgc_cmd_profile(int argc, char **argv) {
         k->ops++;
         k->calls += x->calls;
         k->time_s += x->mean_s * x->calls;
-        k->bytes += mgc_cost_op_bytes(ch, op) * x->calls;
+        k->bytes += mgc_cost_op_bytes(p, ch, op) * x->calls;
         k->flops += (double)op->flops * x->calls;
         total += x->mean_s * x->calls;
     }

@@ -46,7 +46,10 @@ typedef struct ctx {
     double gemm_ref;   /* shape factor of an 8192^3 GEMM (the profile's gemm point) */
     double act_bytes;  /* one pipeline transfer */
     layout *groups;    /* (n_stages * MGC_GROUP__COUNT) lazily filled, may be NULL */
+    double routed;     /* the part of an MGC_PT_ROUTED tensor balanced routing fills (routed_part) */
 } ctx;
+
+static double routed_part(const mgc_plan *p);
 
 static int ctx_init(ctx *c, const mgc_plan *p, const mgc_cost_options *o, int with_cache) {
     memset(c, 0, sizeof *c);
@@ -65,6 +68,7 @@ static int ctx_init(ctx *c, const mgc_plan *p, const mgc_cost_options *o, int wi
         for (int64_t k = 0; k < p->stages[s].n_chunks; k++)
             if ((double)p->stages[s].chunks[k].send_bytes > c->act_bytes)
                 c->act_bytes = (double)p->stages[s].chunks[k].send_bytes;
+    c->routed = routed_part(p);
     if (with_cache) c->groups = calloc((size_t)(p->n_stages * MGC_GROUP__COUNT), sizeof *c->groups);
     return 0;
 }
@@ -131,8 +135,25 @@ static double roofline(const ctx *c, double flops, double eff, double bytes) {
 }
 
 /* The bytes an op moves: its elements', not a row pitch's gaps. */
-static double tensor_bytes(const mgc_plan_chunk *ch, int32_t i) {
-    return i >= 0 && i < ch->n_tensors ? (double)mgc_plan_tensor_data_bytes(&ch->tensors[i]) : 0;
+/* Dropless expert rows received over EP are sized for the worst case (every row a rank could
+ * receive, docs/memory-plan.md), but the exchanges and the kernels that sort, unsort and
+ * multiply them move the routed rows only.  With balanced routing a rank receives as many rows
+ * as it sends, T_l k, of a bound of ep T_l min(k, E_l) rows: such tensors (MGC_PT_ROUTED) are
+ * priced at that part of their bytes. */
+static double routed_part(const mgc_plan *p) {
+    int64_t E = 0, k = 0;
+    if (!mgc_plan_config_int(p, "moe.num_experts", &E) || E <= 0 || !mgc_plan_config_int(p, "moe.top_k", &k) ||
+        k <= 0 || p->grid.ep <= 0 || E % p->grid.ep)
+        return 1;
+    int64_t E_l = E / p->grid.ep, per = k < E_l ? k : E_l;
+    double r = (double)k / ((double)p->grid.ep * (double)per);
+    return r < 1 ? r : 1;
+}
+
+static double tensor_bytes(double routed, const mgc_plan_chunk *ch, int32_t i) {
+    if (i < 0 || i >= ch->n_tensors) return 0;
+    double b = (double)mgc_plan_tensor_data_bytes(&ch->tensors[i]);
+    return ch->tensors[i].flags & MGC_PT_ROUTED ? b * routed : b;
 }
 
 static double gemm_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
@@ -147,6 +168,8 @@ static double gemm_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_o
         if (w >= 0 && w < ch->n_tensors && ch->tensors[w].rank == 3 && ch->tensors[w].dim[0] > 0)
             E = (double)ch->tensors[w].dim[0];
     }
+    /* grouped (dropless): M is the rows' bound, the FLOPs count the rows of balanced routing */
+    if (grouped && flops > 0 && N > 0 && K > 0) M = flops / (2 * N * K);
     if (!(M > 0 && N > 0 && K > 0)) {
         /* no shape: a cube of the same work */
         double side = cbrt(flops / 2 > 1 ? flops / 2 : 1);
@@ -167,15 +190,19 @@ static double gemm_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_o
     return roofline(c, flops, eff, bytes);
 }
 
-double mgc_cost_op_bytes(const mgc_plan_chunk *ch, const mgc_plan_op *op) {
+static double op_bytes(double routed, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
     double bytes = 0;
-    for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(ch, op->in[i]);
-    for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(ch, op->out[i]);
+    for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(routed, ch, op->in[i]);
+    for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(routed, ch, op->out[i]);
     return bytes;
 }
 
+double mgc_cost_op_bytes(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
+    return op_bytes(routed_part(p), ch, op);
+}
+
 static double memory_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
-    return mgc_cost_op_bytes(ch, op) / (c->hw->memory_bw * c->hw->eff.memory) + c->hw->launch_s;
+    return op_bytes(c->routed, ch, op) / (c->hw->memory_bw * c->hw->eff.memory) + c->hw->launch_s;
 }
 
 /* ---- communication -------------------------------------------------------------------- */
@@ -223,8 +250,8 @@ static double coll_time(const ctx *c, layout L, coll_kind k, double bytes) {
 
 static double coll_op_time(ctx *c, int64_t stage, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
     layout L = group_layout(c, stage, op->group);
-    double in = op->n_in > 0 ? tensor_bytes(ch, op->in[0]) : 0;
-    double out = op->n_out > 0 ? tensor_bytes(ch, op->out[0]) : 0;
+    double in = op->n_in > 0 ? tensor_bytes(c->routed, ch, op->in[0]) : 0;
+    double out = op->n_out > 0 ? tensor_bytes(c->routed, ch, op->out[0]) : 0;
     switch (op->kind) {
     case MGC_POP_ALL_REDUCE: return coll_time(c, L, COLL_ALL_REDUCE, in > out ? in : out);
     case MGC_POP_ALL_GATHER: return coll_time(c, L, COLL_GATHER, out);   /* gathered size */
@@ -277,7 +304,7 @@ static double op_cost(ctx *c, int64_t stage, const mgc_plan_chunk *ch, const mgc
         k = MGC_COST_ATTENTION;
         f = (double)op->flops;
         double eff = op->kind == MGC_POP_ATTENTION ? c->hw->eff.attention_fwd : c->hw->eff.attention_bwd;
-        t = roofline(c, f, eff, mgc_cost_op_bytes(ch, op));
+        t = roofline(c, f, eff, op_bytes(c->routed, ch, op));
         break;
     }
     case MGC_POP_ALL_REDUCE:

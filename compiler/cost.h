@@ -102,8 +102,9 @@ double mgc_cost_instr(const mgc_plan *p, int64_t stage, const mgc_instr *in, con
                       mgc_cost_class *cls);
 
 /* Bytes an op moves by the model's count: its input and output tensors
- * (local shards), the quantity memory-bound kernels are costed by. */
-double mgc_cost_op_bytes(const mgc_plan_chunk *ch, const mgc_plan_op *op);
+ * (local shards; dropless expert rows at the part balanced routing fills,
+ * plan.h MGC_PT_ROUTED), the quantity memory-bound kernels are costed by. */
+double mgc_cost_op_bytes(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op);
 
 /* 1 when the group of kind `group` (mgc_group_kind) of stage `stage`'s first
  * rank spans more than one node (its collectives use the network), else 0. */

@@ -49,6 +49,7 @@ typedef struct pctx {
     int n_memo;
     /* the MoE layer being partitioned */
     int32_t m_probs, m_ids, m_counts_l, m_counts_r, m_counts_x;
+    int32_t m_tpe; /* the tokens per local expert of the layer's sorted rows (EP), -1 */
 } pctx;
 
 static int is_tp_axis(mgc_ir_axis a) {
@@ -192,6 +193,12 @@ static void set_split2(pctx *p, int32_t t, uint16_t ax, uint16_t grp) {
     if (t < 0 || grp == NOG) return;
     p->b->ti[t].split2_axis = ax;
     p->b->ti[t].split2_group = grp;
+}
+
+/* t holds rows of dropless expert routing received over EP, sized for the worst case (plan.h
+ * MGC_PT_ROUTED; without EP every row count is exact) */
+static void set_routed(pctx *p, int32_t t) {
+    if (t >= 0 && p->z.C_l == 0 && p->b->ep > 1) p->b->ti[t].routed = 1;
 }
 
 static void set_partial(pctx *p, int32_t t, uint16_t grp) {
@@ -648,9 +655,15 @@ static void op_activation(pctx *p, const mgc_ir_op *o, mgc_plan_op_kind kind) {
     if (y >= 0) {
         b->ti[y].split2_axis = b->ti[x].split2_axis;
         b->ti[y].split2_group = b->ti[x].split2_group;
+        b->ti[y].routed = b->ti[x].routed; /* an expert's activation */
     }
     mgc_plan_op op = mkop(p, kind, o->name, NULL);
-    io(&op, 1, &x, 1, &y);
+    /* an expert's activation on rows received over EP: only the routed ones (plan.h
+     * MGC_POF_ROWS), counted by the tokens per local expert */
+    int32_t in[2] = {x, p->m_tpe};
+    int rows = b->ti[x].routed && p->m_tpe >= 0;
+    io(&op, rows ? 2 : 1, in, 1, &y);
+    if (rows) op.flags |= MGC_POF_ROWS;
     op.iattr[0] = (int64_t)mgc_cb_numel(b, y);
     fwd(p, &op, -1);
 }
@@ -733,12 +746,14 @@ static void op_moe_dispatch(pctx *p, const mgc_ir_op *o) {
     op.iattr[3] = o->attr.moe.drop_policy;
     fwd(p, &op, -1);
     p->m_counts_l = p->m_counts_r = p->m_counts_x = cnt;
+    p->m_tpe = -1;
     if (b->ep > 1) {
         int32_t cr = tmp(p, o->name, ".counts.ep", MGC_DT_I64, 1, e1, NOS, NOG, 1);
         coll(p, MGC_POP_ALL_TO_ALL, MGC_GROUP_EP, o->name, ".all_to_all_counts", cnt, cr, -1, -1, 0,
              0);
         int64_t re[2] = {z->R_ep, z->h};
         int32_t rr = tmp(p, o->name, ".rows.ep", b->dt, 2, re, NOS, NOG, 0);
+        set_routed(p, rr);
         coll(p, MGC_POP_ALL_TO_ALL, MGC_GROUP_EP, o->name, ".all_to_all", rows, rr, cnt, cr, vflag,
              0);
         rows = rr;
@@ -750,6 +765,7 @@ static void op_moe_dispatch(pctx *p, const mgc_ir_op *o) {
         coll(p, MGC_POP_ALL_GATHER, MGC_GROUP_ETP, o->name, ".all_gather_counts", cnt, cx, -1, -1,
              0, 0);
         int32_t rg = tmp(p, o->name, ".rows.etp", b->dt, 2, rx, NOS, NOG, 0);
+        set_routed(p, rg);
         coll(p, MGC_POP_ALL_GATHER, MGC_GROUP_ETP, o->name, ".all_gather", rows, rg, cx, -1, vflag,
              0);
         rows = rg;
@@ -758,7 +774,9 @@ static void op_moe_dispatch(pctx *p, const mgc_ir_op *o) {
     if (b->ep > 1 || b->etp > 1) {
         int64_t rx[2] = {z->R_x, z->h}, el[1] = {z->E_l};
         int32_t rs = act(p, o->out[0], b->dt, 2, rx, NOS, NOG);
+        set_routed(p, rs);
         int32_t tpe = act(p, o->out[1], MGC_DT_I64, 1, el, NOS, NOG);
+        p->m_tpe = tpe;
         mgc_plan_op s = mkop(p, MGC_POP_MOE_DISPATCH, o->name, ".sort");
         int32_t sin[2] = {rows, cnt}, sout[2] = {rs, tpe};
         io(&s, 2, sin, 2, sout);
@@ -787,6 +805,7 @@ static void op_grouped_linear(pctx *p, const mgc_ir_op *o) {
     int64_t dims[2] = {b->t[x].dim[0], N};
     int32_t y = act(p, o->out[0], b->dt, 2, dims, col ? 1 : NOS, col ? MGC_GROUP_ETP : NOG);
     if (row) set_partial(p, y, MGC_GROUP_ETP);
+    if (y >= 0) b->ti[y].routed = b->ti[x].routed;
     mgc_plan_op op = mkop(p, MGC_POP_GROUPED_LINEAR, o->name, NULL);
     int32_t in[4] = {x, w, tpe, bias};
     io(&op, bias >= 0 ? 4 : 3, in, 1, &y);
@@ -814,6 +833,7 @@ static void op_moe_combine(pctx *p, const mgc_ir_op *o) {
         int64_t rx[2] = {z->R_x, z->h};
         int32_t u = tmp(p, o->name, ".unsorted", b->dt, 2, rx, NOS, NOG, 0);
         if (b->etp > 1) set_partial(p, u, MGC_GROUP_ETP);
+        set_routed(p, u);
         mgc_plan_op op = mkop(p, MGC_POP_MOE_COMBINE, o->name, ".unsort");
         int32_t in[2] = {y, p->m_counts_x};
         io(&op, 2, in, 1, &u);
@@ -826,6 +846,7 @@ static void op_moe_combine(pctx *p, const mgc_ir_op *o) {
     if (b->etp > 1) {
         int64_t re[2] = {z->R_ep, z->h};
         int32_t r = tmp(p, o->name, ".rows.etp", b->dt, 2, re, NOS, NOG, 0);
+        set_routed(p, r);
         coll(p, MGC_POP_REDUCE_SCATTER, MGC_GROUP_ETP, o->name, ".reduce_scatter", rows, r,
              p->m_counts_x, -1, vflag, 0);
         rows = r;
@@ -1005,7 +1026,7 @@ static int build_chunk(const mgc_config *c, const mgc_graph *g, const mgc_grid *
     p.c = c;
     p.g = g;
     p.layer = -1;
-    p.m_probs = p.m_ids = p.m_counts_l = p.m_counts_r = p.m_counts_x = -1;
+    p.m_probs = p.m_ids = p.m_counts_l = p.m_counts_r = p.m_counts_x = p.m_tpe = -1;
     p.ctx_group = b.cp > 1 ? MGC_GROUP_CP : NOG;
     p.res_group = b.sp ? (b.cp > 1 ? MGC_GROUP_TPCP : MGC_GROUP_TP) : p.ctx_group;
     p.ir2t = malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *p.ir2t);

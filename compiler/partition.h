@@ -83,7 +83,8 @@ typedef struct mgc_partition_tensor_info {
     uint16_t split2_group;
     uint8_t partial; /* holds partial sums over split_group (see the header comment) */
     uint8_t nodiff;  /* integer or statistics: never has a gradient */
-    uint8_t pad_[2];
+    uint8_t routed;  /* rows of dropless expert routing, sized for the worst case (MGC_PT_ROUTED) */
+    uint8_t pad_;
 } mgc_partition_tensor_info;
 
 /* Per chunk: the side table and the boundary tensors. */

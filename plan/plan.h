@@ -141,6 +141,12 @@ int64_t mgc_grid_group_count(const mgc_grid *g, mgc_group_kind k);
 #define MGC_PLAN_MAX_RANK 4
 #define MGC_PLAN_MAX_IO 8
 
+/* Tensor flags. */
+#define MGC_PT_ROUTED 1u /* rows of dropless expert routing: sized for the worst case (every row a
+                            rank could receive), of which the routed ones, a prefix, are used;
+                            with balanced routing a rank receives as many as it sends (the cost
+                            model prices by that; docs/cost-model.md) */
+
 typedef struct mgc_plan_tensor {
     uint32_t name;        /* string table offset */
     uint16_t dtype;       /* mgc_dtype */
@@ -149,7 +155,7 @@ typedef struct mgc_plan_tensor {
     uint16_t role;        /* mgc_plan_tensor_role */
     uint16_t split_axis;  /* which dim is sharded (MGC_PLAN_NO_SPLIT when replicated) */
     uint16_t split_group; /* mgc_group_kind the shard index comes from */
-    uint16_t pad_;
+    uint16_t flags;       /* MGC_PT_* (0 in plans written before the flags existed) */
     int32_t buffer;       /* index into the stage's buffers; MGC_PLAN_BUF_STASH: the STASH buffer
                              of the (mb, chunk) being run; -1 none (not materialised) */
     uint32_t ld;          /* row pitch: elements from one row (of the innermost dim) to the next;
@@ -253,6 +259,10 @@ typedef enum mgc_plan_op_kind {
                                 rope, rope_bwd, the rotating qkv split and join, embedding
                                 and embedding_bwd (data.reset_position_ids): row (i, b)'s
                                 position is pos(i) - doc_start(i, b) */
+#define MGC_POF_ROWS 64u     /* gelu, swiglu and their backwards on dropless expert rows received
+                                over EP (their first input MGC_PT_ROUTED): the last input is the
+                                tokens per local expert (E_l) int64, and only the first sum of
+                                it rows are live; the rest are neither read nor written */
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);

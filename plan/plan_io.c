@@ -354,7 +354,7 @@ static void put_tensor(uint8_t *r, const mgc_plan_tensor *t) {
     st16(r + 40, t->role);
     st16(r + 42, t->split_axis);
     st16(r + 44, t->split_group);
-    /* 46: u16 reserved */
+    st16(r + 46, t->flags);
     sti32(r + 48, t->buffer);
     st32(r + 52, t->ld);
     st64(r + 56, t->offset);
@@ -372,6 +372,7 @@ static void get_tensor(const uint8_t *r, mgc_plan_tensor *t) {
     t->role = ld16(r + 40);
     t->split_axis = ld16(r + 42);
     t->split_group = ld16(r + 44);
+    t->flags = ld16(r + 46);
     t->buffer = ldi32(r + 48);
     t->ld = ld32(r + 52);
     t->offset = ld64(r + 56);
@@ -487,6 +488,7 @@ static mgc_plan_status check_tensor(const mgc_plan *p, const mgc_stage_program *
     if (t->rank > MGC_PLAN_MAX_RANK)
         INVALID("%s: rank %u above %d", WH, t->rank, MGC_PLAN_MAX_RANK);
     if (t->role > MGC_TR_WORKSPACE) INVALID("%s: role %u unknown", WH, t->role);
+    if (t->flags & ~MGC_PT_ROUTED) INVALID("%s: flags 0x%x unknown", WH, t->flags);
     uint64_t elems = 1;
     for (int i = 0; i < t->rank; i++) {
         if (t->dim[i] < 1) INVALID("%s: dim %d is %" PRId64 ", below 1", WH, i, t->dim[i]);
@@ -560,7 +562,7 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
     if (o->flags &
         ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE | MGC_POF_ROPE |
-          MGC_POF_DOCS))
+          MGC_POF_DOCS | MGC_POF_ROWS))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
     if (o->flags & MGC_POF_ROPE) {
         if (o->kind != MGC_POP_QKV_SPLIT && o->kind != MGC_POP_QKV_SPLIT_BWD)
@@ -592,6 +594,17 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
         const mgc_plan_tensor *d = &c->tensors[o->in[o->n_in - 1]];
         if (d->dtype != MGC_DT_I32 || d->rank != 2)
             INVALID("%s (%s): the document starts are not an int32 (s, b) tensor", WH, kn);
+    }
+    if (o->flags & MGC_POF_ROWS) {
+        int need = o->kind == MGC_POP_GELU || o->kind == MGC_POP_SWIGLU           ? 1
+                   : o->kind == MGC_POP_GELU_BWD || o->kind == MGC_POP_SWIGLU_BWD ? 2
+                                                                                  : -1;
+        if (need < 0)
+            INVALID("%s (%s): the routed-rows flag on an op that is not an activation", WH, kn);
+        if (o->n_in != need + 1 || o->in[o->n_in - 1] < 0 || o->in[o->n_in - 1] >= c->n_tensors ||
+            c->tensors[o->in[o->n_in - 1]].dtype != MGC_DT_I64 || c->tensors[o->in[o->n_in - 1]].rank != 1)
+            INVALID("%s (%s): the routed-rows flag without the int64 tokens per expert as input %d",
+                    WH, kn, need);
     }
     int fwd_kind = o->kind <= MGC_POP_LAST_FWD,
         bwd_kind = o->kind >= MGC_POP_EMBEDDING_BWD && o->kind < MGC_POP_ALL_REDUCE;

@@ -308,9 +308,28 @@ static int op_attention(mgc_backend *be, const mgc_op_call *c) {
     return 0;
 }
 
+/* The rows an activation runs over: its tensors' rows, or with MGC_POF_ROWS the routed ones,
+ * counted by its last input (-1 with a message when the counts do not fit the buffer). */
+static int64_t live_rows(mgc_backend *be, const mgc_op_call *c, int64_t rows) {
+    const mgc_plan_op *op = c->op;
+    if (!(op->flags & MGC_POF_ROWS)) return rows;
+    const int64_t *cnt = (const int64_t *)c->in[op->n_in - 1];
+    int64_t n = (int64_t)numel(tin(c, op->n_in - 1)), sum = 0;
+    for (int64_t e = 0; e < n; e++) {
+        if (cnt[e] < 0 || cnt[e] > rows - sum) {
+            fail(be, "%s '%s': %" PRId64 " rows routed to local expert %" PRId64 " overflow the %" PRId64
+                     "-row buffer",
+                 mgc_plan_op_name((mgc_plan_op_kind)op->kind), mgc_plan_strat(c->plan, op->name), cnt[e], e,
+                 rows);
+            return -1;
+        }
+        sum += cnt[e];
+    }
+    return sum;
+}
+
 static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
-    (void)be;
     switch (op->kind) {
     case MGC_POP_DROPOUT: {
         int64_t n = (int64_t)numel(tin(c, 0));
@@ -343,21 +362,28 @@ static int op_pointwise(mgc_backend *be, const mgc_op_call *c) {
         return 0;
     }
     case MGC_POP_GELU:
-        mgc_cpu_gelu_fwd_f32(F(c->out[0]), CF(c->in[0]), (int64_t)numel(tout(c, 0)));
+    case MGC_POP_GELU_BWD: { /* in: x (, dy) */
+        const mgc_plan_tensor *y = tout(c, 0);
+        int64_t w = y->rank ? y->dim[y->rank - 1] : 1, rows = live_rows(be, c, (int64_t)numel(y) / w);
+        if (rows < 0) return -1;
+        if (op->kind == MGC_POP_GELU)
+            mgc_cpu_gelu_fwd_f32(F(c->out[0]), CF(c->in[0]), rows * w);
+        else
+            mgc_cpu_gelu_bwd_f32(F(c->out[0]), CF(c->in[1]), CF(c->in[0]), rows * w);
         return 0;
-    case MGC_POP_GELU_BWD: /* in: x, dy */
-        mgc_cpu_gelu_bwd_f32(F(c->out[0]), CF(c->in[1]), CF(c->in[0]), (int64_t)numel(tout(c, 0)));
-        return 0;
+    }
     case MGC_POP_SWIGLU: {
         const mgc_plan_tensor *y = tout(c, 0);
-        int64_t f = y->dim[y->rank - 1];
-        mgc_cpu_swiglu_fwd_f32(F(c->out[0]), CF(c->in[0]), (int64_t)numel(y) / f, f);
+        int64_t f = y->dim[y->rank - 1], rows = live_rows(be, c, (int64_t)numel(y) / f);
+        if (rows < 0) return -1;
+        mgc_cpu_swiglu_fwd_f32(F(c->out[0]), CF(c->in[0]), rows, f);
         return 0;
     }
     case MGC_POP_SWIGLU_BWD: { /* in: x (n,2f), dy (n,f) */
         const mgc_plan_tensor *dy = tin(c, 1);
-        int64_t f = dy->dim[dy->rank - 1];
-        mgc_cpu_swiglu_bwd_f32(F(c->out[0]), CF(c->in[1]), CF(c->in[0]), (int64_t)numel(dy) / f, f);
+        int64_t f = dy->dim[dy->rank - 1], rows = live_rows(be, c, (int64_t)numel(dy) / f);
+        if (rows < 0) return -1;
+        mgc_cpu_swiglu_bwd_f32(F(c->out[0]), CF(c->in[1]), CF(c->in[0]), rows, f);
         return 0;
     }
     case MGC_POP_ADD:

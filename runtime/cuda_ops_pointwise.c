@@ -10,6 +10,7 @@
  * every tensor's dtype is checked against that before a launch. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_int.h"
@@ -343,26 +344,56 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     return 0;
 }
 
+/* The rows an activation runs over: `rows`, or with MGC_POF_ROWS the routed ones (a prefix of
+ * the buffer), counted by the last input, read back (the grouped GEMM before it has read them
+ * too: the stream waits for nothing new); -1 with a message when they do not fit. */
+static int64_t live_rows(mgc_backend *be, const mgc_op_call *c, int64_t rows) {
+    const mgc_plan_op *op = c->op;
+    if (!(op->flags & MGC_POF_ROWS)) return rows;
+    int64_t n = numel(tin(c, op->n_in - 1)), sum = 0;
+    int64_t *cnt = malloc((size_t)(n > 0 ? n : 1) * sizeof *cnt);
+    if (!cnt) return mgc_cuda_fail(be, "out of memory");
+    if (be->iface->download(be, cnt, c->in[op->n_in - 1], (size_t)n * sizeof *cnt)) {
+        free(cnt);
+        return -1;
+    }
+    for (int64_t e = 0; e < n && sum >= 0; e++) {
+        if (cnt[e] < 0 || cnt[e] > rows - sum) {
+            mgc_cuda_fail(be, "%s '%s': %lld rows routed to local expert %lld overflow the %lld-row buffer",
+                          mgc_plan_op_name((mgc_plan_op_kind)op->kind), opname(c), (long long)cnt[e],
+                          (long long)e, (long long)rows);
+            sum = -1;
+            break;
+        }
+        sum += cnt[e];
+    }
+    free(cnt);
+    return sum;
+}
+
 static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int dt = MGC_DT_F32;
     mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
     CHECK(act_dtype(be, c, tin(c, 0), &dt));
-    for (int i = 0; i < op->n_in; i++)
+    int n_act = op->flags & MGC_POF_ROWS ? op->n_in - 1 : op->n_in; /* the counts are int64 */
+    for (int i = 0; i < n_act; i++)
         CHECK(want(be, c, tin(c, i), dt, "an input"));
     CHECK(want(be, c, tout(c, 0), dt, "the output"));
     CHECK(get_specs(be, c, k, 1));
     void *y = c->out[0], *a = c->in[0], *b = op->n_in > 1 ? c->in[1] : NULL;
     switch (op->kind) {
-    case MGC_POP_GELU: {
-        int64_t n = numel(tout(c, 0));
+    case MGC_POP_GELU:
+    case MGC_POP_GELU_BWD: { /* in: x (, dy) */
+        const mgc_plan_tensor *yt = tout(c, 0);
+        int64_t w = yt->rank ? yt->dim[yt->rank - 1] : 1, rows = live_rows(be, c, numel(yt) / w);
+        if (rows < 0) return -1;
+        int64_t n = rows * w;
         if (n == 0) return 0;
-        void *args[] = {&y, &a, &n};
-        return mgc_cuda_launch(be, &k[0], ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
-    }
-    case MGC_POP_GELU_BWD: { /* in: x, dy */
-        int64_t n = numel(tout(c, 0));
-        if (n == 0) return 0;
+        if (op->kind == MGC_POP_GELU) {
+            void *args[] = {&y, &a, &n};
+            return mgc_cuda_launch(be, &k[0], ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
+        }
         void *args[] = {&y, &b, &a, &n};
         return mgc_cuda_launch(be, &k[0], ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
     }
@@ -370,6 +401,7 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
         int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tout(c, 0)) / f : 0;
         if (numel(tin(c, 0)) != 2 * rows * f)
             return mgc_cuda_fail(be, "swiglu '%s': input is not (rows, 2f)", opname(c));
+        if ((rows = live_rows(be, c, rows)) < 0) return -1;
         if (rows == 0) return 0;
         void *args[] = {&y, &a, &rows};
         return mgc_cuda_launch(be, &k[0], ew_grid(be, f % 8 ? rows * f : rows * f / 8), 1, 1,
@@ -379,6 +411,7 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
         int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tin(c, 1)) / f : 0;
         if (numel(tin(c, 0)) != 2 * rows * f || numel(tout(c, 0)) != 2 * rows * f)
             return mgc_cuda_fail(be, "swiglu_bwd '%s': shapes are not (rows, 2f)", opname(c));
+        if ((rows = live_rows(be, c, rows)) < 0) return -1;
         if (rows == 0) return 0;
         void *args[] = {&y, &b, &a, &rows};
         return mgc_cuda_launch(be, &k[0], ew_grid(be, f % 8 ? rows * f : rows * f / 8), 1, 1,

@@ -382,6 +382,79 @@ static void test_step(void) {
     mgc_plan_free(p);
 }
 
+/* ---- dropless expert rows ---------------------------------------------------------------- */
+
+/* Expert rows received over EP are sized for the worst case; the exchanges, the sort and the
+ * experts' kernels move the routed ones, which balanced routing makes as many as a rank sends:
+ * T_l k of ep T_l min(k, E_l) (plan.h MGC_PT_ROUTED).  Tiny MoE: E 8, k 2, ep 2: half. */
+static void test_routed(void) {
+    mgc_hw hw = load_hw("h100-sxm");
+    mgc_cost_options o;
+    memset(&o, 0, sizeof o);
+    o.hw = &hw;
+    static const char *const ep2[] = {"parallel.world_size=2", "parallel.data=2", "parallel.expert=2", NULL};
+    static const char *const cap[] = {"parallel.world_size=2", "parallel.data=2", "parallel.expert=2",
+                                      "moe.capacity_factor=1.0", NULL};
+    static const char *const ep1[] = {"parallel.world_size=2", "parallel.data=2", NULL};
+    const char *const *sets[3] = {ep2, cap, ep1};
+    for (int v = 0; v < 3; v++) {
+        mgc_plan *p = compile_with("models/tiny-moe.yaml", sets[v]);
+        if (!p) continue;
+        const mgc_plan_chunk *ch = &p->stages[0].chunks[0];
+        int64_t routed = 0, rows_ops = 0, a2a = 0;
+        double t_dispatch = 0, t_combine = 0;
+        for (int64_t t = 0; t < ch->n_tensors; t++)
+            routed += (ch->tensors[t].flags & MGC_PT_ROUTED) != 0;
+        for (int pass = 0; pass < 2; pass++) {
+            const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+            int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+            for (int64_t i = 0; i < n; i++) {
+                const mgc_plan_op *op = &ops[i];
+                const char *nm = mgc_plan_strat(p, op->name);
+                if (op->flags & MGC_POF_ROWS) {
+                    rows_ops++;
+                    /* the activation's rows are routed; the counts, last, are the local experts' */
+                    T_CHECK(ch->tensors[op->in[0]].flags & MGC_PT_ROUTED);
+                    T_EQ_I64(ch->tensors[op->in[op->n_in - 1]].dim[0], 4);
+                }
+                if (v == 0 && op->kind == MGC_POP_MOE_DISPATCH && op->iattr[0] == 1 && op->layer == 1 &&
+                    pass == 0) {
+                    /* the sort: rows received (bound R_ep) in, sorted rows (R_x) out, at half */
+                    const mgc_plan_tensor *x = &ch->tensors[op->in[0]], *y = &ch->tensors[op->out[0]];
+                    double want = 0.5 * (double)(x->bytes + y->bytes) + (double)ch->tensors[op->in[1]].bytes +
+                                  (double)ch->tensors[op->out[1]].bytes;
+                    T_NEAR_REL(mgc_cost_op_bytes(p, ch, op), want, 1e-12);
+                }
+                if (op->kind == MGC_POP_ALL_TO_ALL && op->layer == 1 && pass == 0 &&
+                    ch->tensors[op->in[0]].rank == 2) {
+                    a2a++;
+                    double t = mgc_cost_op(p, 0, ch, op, &o, NULL);
+                    if (strstr(nm, ".dispatch.")) t_dispatch = t;
+                    else t_combine = t;
+                }
+            }
+        }
+        if (v == 0) {
+            /* rows.ep, the sorted rows, fc1 and activation outputs, the unsorted rows, their
+             * gradients and copies; the activations and their backwards count routed rows */
+            T_CHECK(routed >= 5 * 3);
+            T_EQ_I64(rows_ops, 2 * 3); /* three MoE layers, forward and backward */
+            /* balanced: the exchange back moves what the exchange out moved */
+            T_EQ_I64(a2a, 2);
+            T_CHECK(t_dispatch > 0);
+            T_NEAR_REL(t_dispatch, t_combine, 1e-12);
+            printf("test_routed: dropless ep2: %lld routed tensors, %lld activations over routed rows, "
+                   "the two exchanges %.3g s each\n",
+                   (long long)routed, (long long)rows_ops, t_dispatch);
+        } else {
+            /* capacity mode: static shapes; no EP: every row count exact */
+            T_EQ_I64(routed, 0);
+            T_EQ_I64(rows_ops, 0);
+        }
+        mgc_plan_free(p);
+    }
+}
+
 /* ---- calibration ---------------------------------------------------------------------- */
 
 static void test_calibrate(void) {
@@ -455,6 +528,7 @@ int main(void) {
     test_profiles();
     test_ops();
     test_step();
+    test_routed();
     test_calibrate();
     return t_summary("test_cost");
 }

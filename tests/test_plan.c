@@ -438,7 +438,7 @@ static int compare_plans(const mgc_plan *a, const mgc_plan *b) {
                 SAME(t->split_group, w->split_group);
                 SAME(t->split2_axis, w->split2_axis);
                 SAME(t->split2_group, w->split2_group);
-                SAME(w->pad_, 0);
+                SAME(t->flags, w->flags);
                 SAME(t->buffer, w->buffer);
                 SAME(t->offset, w->offset);
                 SAME(t->bytes, w->bytes);
@@ -1250,7 +1250,9 @@ static void test_validate(void) {
     T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     ch->bwd[0].kind = MGC_POP_LINEAR_DGRAD;
     ch->bwd[0].flags = 0;
-    BREAK(ch->fwd[0].flags, 64, "unknown flags");
+    BREAK(ch->fwd[0].flags, 128, "unknown flags");
+    BREAK(ch->fwd[0].flags, MGC_POF_ROWS, "routed-rows flag on an op that is not an activation");
+    BREAK(ch->tensors[0].flags, 2, "flags 0x2 unknown");
     BREAK(ch->fwd[0].flags, MGC_POF_DOCS, "document flag on an op that is not attention, a rope");
     BREAK(ch->fwd[0].flags, MGC_POF_ROPE, "rotary flag on an op that is not a qkv split");
     BREAK(ch->fwd[0].flags, MGC_POF_INPLACE, "in-place flag on an op that cannot");
