@@ -1,14 +1,17 @@
 /* kspec_attention.c - kernel specs of the attention family (kernels/attention.cuh).
  *
- *   ATTENTION      -> attention_fwd (D, CAUSAL, DROP, ROWPOS [, DOCS])
- *   ATTENTION_BWD  -> attention_bwd_dot (D), attention_bwd_dkv (D, CAUSAL, DROP, ROWPOS [, DOCS]),
- *                     attention_bwd_dq (D, CAUSAL, DROP, ROWPOS [, DOCS])     (launch order)
+ *   ATTENTION      -> attention_fwd (D, CAUSAL, DROP, ROWPOS [, DOCS] [, WIN])
+ *   ATTENTION_BWD  -> attention_bwd_dot (D), attention_bwd_dkv (D, CAUSAL, DROP, ROWPOS [, DOCS]
+ *                     [, WIN]), attention_bwd_dq (D, CAUSAL, DROP, ROWPOS [, DOCS] [, WIN])
+ *                     (launch order)
  *
  * D is the head dim (q's last dim: 16, 32, 64 or 128), CAUSAL the op's iattr[0], DROP whether
  * it has dropout (fattr[1] > 0: a kernel without it has no Philox code in its inner loop),
  * ROWPOS whether rows are positions (no context parallelism, iattr[3] <= 1: the masks need no
  * position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
- * queries see only their own document (MGC_POF_DOCS, data.reset_attention_mask).  The storage dtype is q's (fp32, bf16 or fp16); the sequence lengths,
+ * queries see only their own document (MGC_POF_DOCS, data.reset_attention_mask), WIN the
+ * sliding window in keys (fattr[2], model.window_size; only when set, causal only: a number the
+ * plan validator bounds).  The storage dtype is q's (fp32, bf16 or fp16); the sequence lengths,
  * heads, scale, the dropout rate and the context-parallel layout are kernel arguments
  * (runtime/cuda_ops_attention.c). */
 #include "kspec.h"
@@ -23,10 +26,11 @@ static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype
 }
 
 static void mask_consts(mgc_kspec *k, int64_t d, int64_t causal, int64_t drop, int64_t rowpos,
-                        int docs) {
+                        int docs, int64_t win) {
     mgc_kspec_const(mgc_kspec_const(k, "D", d), "CAUSAL", causal);
     mgc_kspec_const(mgc_kspec_const(k, "DROP", drop), "ROWPOS", rowpos);
     if (docs) mgc_kspec_const(k, "DOCS", 1);
+    if (win > 0) mgc_kspec_const(k, "WIN", win);
 }
 
 int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
@@ -36,20 +40,24 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
     int64_t d = 0, causal = op->iattr[0] ? 1 : 0, drop = op->fattr[1] > 0 ? 1 : 0,
             rowpos = op->iattr[3] <= 1 ? 1 : 0;
     int docs = (op->flags & MGC_POF_DOCS) != 0;
+    /* the sliding window: a whole number of keys on a causal attention (plan_io.c checks it) */
+    double wf = op->fattr[2];
+    if (!(wf >= 0 && wf <= 16777216.0) || wf != (double)(int64_t)wf || (wf > 0 && !causal)) return -1;
+    int64_t win = (int64_t)wf;
     switch ((mgc_plan_op_kind)op->kind) {
     case MGC_POP_ATTENTION:
         if (attn_dims(ch, op, &dt, &d) || max < 1) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_fwd", dt);
-        mask_consts(&out[0], d, causal, drop, rowpos, docs);
+        mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
         return 1;
     case MGC_POP_ATTENTION_BWD:
         if (attn_dims(ch, op, &dt, &d) || max < 3) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dot", dt);
         mgc_kspec_const(&out[0], "D", d);
         mgc_kspec_init(&out[1], "attention.cuh", "attention_bwd_dkv", dt);
-        mask_consts(&out[1], d, causal, drop, rowpos, docs);
+        mask_consts(&out[1], d, causal, drop, rowpos, docs, win);
         mgc_kspec_init(&out[2], "attention.cuh", "attention_bwd_dq", dt);
-        mask_consts(&out[2], d, causal, drop, rowpos, docs);
+        mask_consts(&out[2], d, causal, drop, rowpos, docs, win);
         return 3;
     default:
         return 0;

@@ -366,6 +366,15 @@ static void check_model(mgc_check_ctx *k) {
         }
     }
     if (!mgc_check_given(k, KEY(MODEL_QKV_BIAS))) m->add_qkv_bias = m->add_bias_linear;
+    if (m->window_size >= m->seq_length) {
+        snprintf(hint, sizeof hint,
+                 "remove it, or set it below model.seq_length (%" PRId64 ") to limit what a query sees",
+                 m->seq_length);
+        mgc_check_warning(k, mgc_check_at(k, KEY(MODEL_WINDOW)), hint,
+                          "%s has no effect: it covers every earlier position of a %" PRId64
+                          "-token sequence",
+                          mgc_check_kv(a, k, KEY(MODEL_WINDOW), m->window_size), m->seq_length);
+    }
     k->model_ok = k->hd_ok && k->g_ok;
 }
 

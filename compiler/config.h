@@ -146,6 +146,9 @@ typedef struct mgc_blend {
       "Biases on every linear layer (GPT-2 style); false for LLaMA style.")                                  \
     X(MODEL_QKV_BIAS, "model.add_qkv_bias", BOOL, model.add_qkv_bias, 0, 0, 0, NULL, MGC_KF_DERIVED,         \
       "model.add_bias_linear", "Bias on the QKV projection alone (Qwen style).")                              \
+    X(MODEL_WINDOW, "model.window_size", INT, model.window_size, 0, 0, 16777216, NULL, 0, NULL,               \
+      "Sliding-window attention: each query sees the window_size latest positions, itself included "     \
+      "(Mistral's sliding_window; Megatron's --window-size L,0 is L + 1); 0: every earlier position.")     \
     X(MODEL_QK_NORM, "model.qk_layernorm", BOOL, model.qk_layernorm, 0, 0, 0, NULL, 0, NULL,                \
       "Normalize each head's queries and keys before rotary (the model's normalization over head_dim, one "  \
       "weight shared by the heads; Qwen3, Megatron's --qk-layernorm).")                                      \
@@ -356,6 +359,7 @@ typedef struct mgc_model_cfg {
     int add_bias_linear;
     int add_qkv_bias;
     int qk_layernorm;                /* norm q and k per head */
+    int64_t window_size;             /* sliding window in keys; 0 none */
     int tie_embeddings;
     double hidden_dropout;
     double attention_dropout;

@@ -219,8 +219,18 @@ static int op_cost(const mgc_graph *g, const mgc_ir_op *op, uint64_t *flops, uin
         if (op->n_in >= 2 && T[op->in[0]].rank == 4 && T[op->in[1]].rank == 4) {
             const mgc_ir_tensor *q = &T[op->in[0]], *k = &T[op->in[1]];
             uint64_t sk = (uint64_t)k->dim[0].size, per = 0; /* per = b*a*s*sk*d */
-            ovf |= mgc_ir_mul_u64(q->numel, sk, &per);
-            ovf |= mgc_ir_mul_u64(per, op->attr.attention.causal ? 2 : 4, &f);
+            uint64_t s = (uint64_t)q->dim[0].size, W = (uint64_t)op->attr.attention.window;
+            if (op->attr.attention.causal && W > 0 && W < s && s == sk) {
+                /* a sliding window of W keys: s W - W^2/2 pairs of the s^2/2 (the same
+                 * continuous count), so 2 numel(q) W (2s - W) / s */
+                uint64_t t = 0;
+                ovf |= mgc_ir_mul_u64(q->numel, 2 * W, &t);
+                ovf |= mgc_ir_mul_u64(t, 2 * s - W, &t);
+                f = t / s;
+            } else {
+                ovf |= mgc_ir_mul_u64(q->numel, sk, &per);
+                ovf |= mgc_ir_mul_u64(per, op->attr.attention.causal ? 2 : 4, &f);
+            }
             mf = f;
         }
         break;
@@ -673,6 +683,7 @@ static int32_t decoder_layer(bld *b, int32_t l, int32_t x, int is_moe) {
     at.attention.head_dim = (int32_t)dm->d;
     at.attention.scale = 1.0 / sqrt((double)dm->d);
     at.attention.dropout = m->attention_dropout;
+    at.attention.window = m->window_size < dm->s ? m->window_size : 0; /* at s or more: all */
     int32_t ain[4] = {qkv3[0], qkv3[1], qkv3[2], b->g->doc_start};
     emit(b, MGC_IR_OP_ATTENTION, mod, ain, b->c->data.reset_attention_mask ? 4 : 3, &ctx, 1, &at);
     int32_t o =
@@ -1035,10 +1046,12 @@ static void print_attrs(FILE *out, const mgc_graph *g, const mgc_ir_op *op) {
         fprintf(out, " {rotary_dim=%d base=%g}", (int)a->rope.rotary_dim, a->rope.base);
         break;
     case MGC_IR_OP_ATTENTION:
-        fprintf(out, " {%sa=%d g=%d d=%d scale=%g dropout=%g}",
+        fprintf(out, " {%sa=%d g=%d d=%d scale=%g dropout=%g",
                 a->attention.causal ? "causal " : "", (int)a->attention.heads,
                 (int)a->attention.groups, (int)a->attention.head_dim, a->attention.scale,
                 a->attention.dropout);
+        if (a->attention.window > 0) fprintf(out, " window=%lld", (long long)a->attention.window);
+        fputc('}', out);
         break;
     case MGC_IR_OP_MOE_ROUTE:
     case MGC_IR_OP_MOE_DISPATCH:
@@ -1162,6 +1175,7 @@ static void json_attrs(mgc_json *j, const mgc_ir_op *op) {
         mgc_json_int(j, "head_dim", a->attention.head_dim);
         mgc_json_num(j, "scale", a->attention.scale);
         mgc_json_num(j, "dropout", a->attention.dropout);
+        if (a->attention.window > 0) mgc_json_int(j, "window", a->attention.window);
         break;
     case MGC_IR_OP_MOE_ROUTE:
     case MGC_IR_OP_MOE_DISPATCH:

@@ -208,6 +208,7 @@ typedef union mgc_ir_attrs {
         int32_t head_dim; /* d */
         double scale;     /* 1/sqrt(d) */
         double dropout;   /* attention-probability dropout */
+        int64_t window;   /* causal: a query sees its `window` latest positions; 0 all */
     } attention;
     struct {
         int32_t experts;             /* E */

@@ -609,6 +609,7 @@ static void op_attention(pctx *p, const mgc_ir_op *o) {
     if (doc >= 0) op.flags |= MGC_POF_DOCS;
     op.fattr[0] = o->attr.attention.scale;
     op.fattr[1] = o->attr.attention.dropout;
+    op.fattr[2] = (double)o->attr.attention.window; /* sliding window in keys, 0 none */
     op.iattr[0] = o->attr.attention.causal;
     op.iattr[1] = z->a_l;
     op.iattr[2] = z->g_l;
@@ -616,7 +617,12 @@ static void op_attention(pctx *p, const mgc_ir_op *o) {
     /* q k^T and p v over the local heads against the whole sequence; the
      * causal mask halves it (the load-balanced layout keeps it half on every
      * context rank) */
-    op.flops = mgc_cb_numel(b, q) * (uint64_t)b->t[k].dim[0] * (o->attr.attention.causal ? 2u : 4u);
+    uint64_t sk = (uint64_t)b->t[k].dim[0], W = (uint64_t)o->attr.attention.window;
+    if (o->attr.attention.causal && W > 0 && W < sk) /* a window: s W - W^2/2 pairs of s^2/2 */
+        op.flops = (uint64_t)((double)mgc_cb_numel(b, q) * 2.0 * (double)W * (double)(2 * sk - W) /
+                              (double)sk);
+    else
+        op.flops = mgc_cb_numel(b, q) * sk * (o->attr.attention.causal ? 2u : 4u);
     fwd(p, &op, lse);
 }
 

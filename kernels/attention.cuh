@@ -67,6 +67,14 @@
 #ifndef MGC_DOCS
 #define MGC_DOCS 0
 #endif
+#ifndef MGC_WIN
+#define MGC_WIN 0 /* a sliding window of MGC_WIN keys (causal only); 0 none */
+#endif
+#if MGC_WIN && !MGC_CAUSAL
+#error "attention.cuh: a sliding window needs the causal mask"
+#endif
+/* a per-row lower bound on the visible keys' positions: documents, a window or both */
+#define ATT_LOWER (MGC_DOCS || MGC_WIN)
 /* dropout draws happen only in kernels built with MGC_DROP (codegen/kspec_attention.c) */
 #define ATT_DROPPING(p) (MGC_DROP && (p) > 0.0f)
 
@@ -127,12 +135,16 @@ __device__ __forceinline__ int att_kpos(const int *kpos, int j, int sk, int s, i
     return att_ctx_pos(j - q * per, s, cp, q);
 }
 
-/* Documents (MGC_DOCS, data.reset_attention_mask): docs (sq, b) holds the position each query
- * row's document starts at, and a key before it is invisible to the row. */
-__device__ __forceinline__ int att_doc(const int *docs, int i, int b, int bi) {
-    return MGC_DOCS ? docs[(i64)i * b + bi] : 0;
+/* The first position query row i (at position qp) sees.  Documents (MGC_DOCS,
+ * data.reset_attention_mask): docs (sq, b) holds the position each row's document starts at;
+ * a sliding window (MGC_WIN, model.window_size): qp - MGC_WIN + 1; the later of the two.  A
+ * key before it is invisible to the row. */
+__device__ __forceinline__ int att_lo(const int *docs, int i, int b, int bi, int qp) {
+    int lo = MGC_DOCS ? docs[(i64)i * b + bi] : 0;
+    if (MGC_WIN && qp - MGC_WIN + 1 > lo) lo = qp - MGC_WIN + 1;
+    return lo;
 }
-#define ATT_DOC_OK(kp_, ds_) (!MGC_DOCS || (kp_) >= (ds_))
+#define ATT_DOC_OK(kp_, ds_) (!ATT_LOWER || (kp_) >= (ds_))
 
 /* 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp, as exp2f's, with subnormal results flushed to 0;
  * exp2f adds a range test and two multiplies for them, on every element); 2^-inf = 0 */
@@ -511,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int m = 0; m < RM; m++) {
         int i = q0 + ty + 8 * m;
         qp[m] = i < sq ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
-        ds[m] = i < sq ? att_doc(docs, i, b, bi) : 0;
+        ds[m] = i < sq ? att_lo(docs, i, b, bi, qp[m]) : 0;
     }
     int qmax = 0;
     if (MGC_CAUSAL) {
@@ -559,7 +571,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
         for (int n = 0; n < RN; n++) {
             int j = k0 + tx + 16 * n;
-            kp[n] = j < sk ? (MGC_CAUSAL || MGC_DOCS
+            kp[n] = j < sk ? (MGC_CAUSAL || ATT_LOWER
                                   ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered)
                                   : 0)
                            : 2147483647;
@@ -702,7 +714,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         for (int h = 0; h < 2; h++) {
             qp[mt][h] = r[mt][h] < sq ? att_qpos(qpos, r[mt][h], pos_s, pos_cp, pos_rank)
                                       : -2147483647 - 1;
-            ds[mt][h] = r[mt][h] < sq ? att_doc(docs, r[mt][h], b, bi) : 0;
+            ds[mt][h] = r[mt][h] < sq ? att_lo(docs, r[mt][h], b, bi, qp[mt][h]) : 0;
         }
     }
     int qmax = 0;
@@ -744,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         float s[MT][NT][4];
         att_mma_rows_mt<BK, MT>(s, qf, Ks[buf], lane);
         const bool whole =
-            !MGC_DOCS && rows_are_pos && k0 + BK <= sk && (!MGC_CAUSAL || k0 + BK - 1 <= q0);
+            !ATT_LOWER && rows_are_pos && k0 + BK <= sk && (!MGC_CAUSAL || k0 + BK - 1 <= q0);
         /* S stays unscaled: the row max is taken on it (scale > 0, and rounding is monotonic, so
          * max(S) sl2 is max(S sl2) exactly) and p = 2^(S sl2 - m) is one FFMA and one MUFU.
          * Invisible entries are -inf: 2^-inf = 0 while m is finite. */
@@ -763,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     for (int e = 0; e < 2; e++) {
                         int j = k0 + nt * 8 + 2 * tig + e;
                         int kpj = 0;
-                        if ((MGC_CAUSAL || MGC_DOCS) && j < sk)
+                        if ((MGC_CAUSAL || ATT_LOWER) && j < sk)
                             kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
@@ -962,7 +974,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 float l2 = lses[ql], D = dsums[ql];
                 int qpi = 0, dsi = 0;
                 if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
-                if (MGC_DOCS && i < sq) dsi = att_doc(docs, i, b, bi);
+                if (ATT_LOWER && i < sq) dsi = att_lo(docs, i, b, bi, qpi);
 #pragma unroll
                 for (int m = 0; m < RM; m++) {
                     int j = k0 + ty + 8 * m;
@@ -1040,7 +1052,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         int i = q0 + ty + 8 * m;
         i64 r = ((i64)i * b + bi) * A + a;
         qp[m] = i < sq ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
-        ds[m] = i < sq ? att_doc(docs, i, b, bi) : 0;
+        ds[m] = i < sq ? att_lo(docs, i, b, bi, qp[m]) : 0;
         l2[m] = i < sq ? lse[r] * ATT_LOG2E : att_ninf();
         Dm[m] = i < sq ? dsum[r] : 0.0f;
     }
@@ -1097,7 +1109,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         for (int n = 0; n < RN; n++) {
             int kl = tx + 16 * n, j = k0 + kl;
             int kpj = 0;
-            if ((MGC_CAUSAL || MGC_DOCS) && j < sk)
+            if ((MGC_CAUSAL || ATT_LOWER) && j < sk)
                 kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
             for (int m = 0; m < RM; m++) {
@@ -1248,7 +1260,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #endif
         /* every query of the tile sees every key of the block (and has a finite lse) */
         const bool whole =
-            !MGC_DOCS && rows_are_pos && q0 + BC <= sq && (!MGC_CAUSAL || k0 + BR - 1 <= q0);
+            !ATT_LOWER && rows_are_pos && q0 + BC <= sq && (!MGC_CAUSAL || k0 + BR - 1 <= q0);
         /* P^T = 2^(S^T sl2 - lse log2 e): one FFMA and one MUFU.  dS^T leaves out the softmax
          * scale: dK is scaled once, at the end.  Rows past sk compute values never stored. */
         if (whole) {
@@ -1276,7 +1288,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     float l2 = i < sq ? lses[buf][ql] * ATT_LOG2E : att_ninf(), Dv = dsums[buf][ql];
                     int qpi = 0, dsi = 0;
                     if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
-                    if (MGC_DOCS && i < sq) dsi = att_doc(docs, i, b, bi);
+                    if (ATT_LOWER && i < sq) dsi = att_lo(docs, i, b, bi, qpi);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         bool visible = i < sq && r[h] < sk && l2 != att_ninf() &&
@@ -1354,7 +1366,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             const int rr = r[mt][h];
             i64 rw = ((i64)rr * b + bi) * A + a;
             qp[mt][h] = rr < sq ? att_qpos(qpos, rr, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
-            ds[mt][h] = rr < sq ? att_doc(docs, rr, b, bi) : 0;
+            ds[mt][h] = rr < sq ? att_lo(docs, rr, b, bi, qp[mt][h]) : 0;
             nl2[mt][h] = rr < sq ? -lse[rw] * ATT_LOG2E : -att_ninf();
             Dm[mt][h] = rr < sq ? dsum[rw] : 0.0f;
             rowok[mt][h] = rr < sq && nl2[mt][h] != -att_ninf();
@@ -1397,7 +1409,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_mma_rows_mt<BC, MT>(s, qf, Ks[buf], lane);
         att_mma_rows_mt<BC, MT>(dp, of, Vs[buf], lane);
         const bool whole =
-            !MGC_DOCS && rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
+            !ATT_LOWER && rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
         /* P = 2^(S sl2 - lse log2 e) (one FFMA, one MUFU); dS leaves out the softmax scale: dQ
          * is scaled once, at the end.  Rows past sq compute values never stored. */
         if (whole) {
@@ -1422,7 +1434,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                 for (int e = 0; e < 2; e++) {
                     int j = k0 + nt * 8 + 2 * tig + e;
                     int kpj = 0;
-                    if ((MGC_CAUSAL || MGC_DOCS) && j < sk)
+                    if ((MGC_CAUSAL || ATT_LOWER) && j < sk)
                         kpj = att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)

@@ -577,6 +577,13 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     }
     if ((o->flags & MGC_POF_QKV) && o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
         INVALID("%s (%s): the fused-qkv flag on an op that is not attention", WH, kn);
+    if (o->kind == MGC_POP_ATTENTION || o->kind == MGC_POP_ATTENTION_BWD) {
+        double w = o->fattr[2]; /* the sliding window in keys, 0 none (causal only) */
+        if (!(w >= 0 && w <= 16777216.0) || w != (double)(int64_t)w || (w > 0 && !o->iattr[0]))
+            INVALID("%s (%s): sliding window %g is not a whole number of keys from 0 to 2^24 on a "
+                    "causal attention",
+                    WH, kn, w);
+    }
     if (o->flags & MGC_POF_DOCS) {
         int need = (o->flags & MGC_POF_QKV ? 1 : 3) + (o->kind == MGC_POP_ATTENTION_BWD ? 3 : 0);
         if (o->kind == MGC_POP_ROPE || o->kind == MGC_POP_ROPE_BWD) need = 1;

@@ -295,14 +295,16 @@ static int op_attention(mgc_backend *be, const mgc_op_call *c) {
     if (!bwd) {
         float *lse = op->n_out > 1 ? F(c->out[1]) : lse_tmp;
         mgc_cpu_attention_fwd_f32(F(c->out[0]), lse, q, k, v, sq, sk, b, A, G, d, op->fattr[0],
-                                  (int)op->iattr[0], qpos, kpos, docs, op->fattr[1], &rng, work);
+                                  (int)op->iattr[0], qpos, kpos, docs, (int64_t)op->fattr[2], op->fattr[1],
+                                  &rng, work);
     } else { /* in: q, k, v (or qkv), out, lse, dout; out: dq, dk, dv (or dqkv) */
         int o = ag.in_out;
         float *dq = ag.fused ? dqs : F(c->out[0]), *dk = ag.fused ? dks : F(c->out[1]),
               *dv = ag.fused ? dvs : F(c->out[2]);
         mgc_cpu_attention_bwd_f32(dq, dk, dv, CF(c->in[o + 2]), q, k, v, CF(c->in[o]),
                                   CF(c->in[o + 1]), sq, sk, b, A, G, d, op->fattr[0],
-                                  (int)op->iattr[0], qpos, kpos, docs, op->fattr[1], &rng, work);
+                                  (int)op->iattr[0], qpos, kpos, docs, (int64_t)op->fattr[2], op->fattr[1],
+                                  &rng, work);
         if (ag.fused) mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), dqs, dks, dvs, sq * b, G, A / G, d);
     }
     return 0;

@@ -143,7 +143,8 @@ int64_t MGC_FN(mgc_cpu_attention_work)(int64_t sq, int64_t sk, int64_t d);
 /* Attention with grouped-query heads: query head a_i uses kv head a_i / (A/G) (A % G == 0).
  * scores = scale q.k; causal: key j is visible to query i iff kpos[j] <= qpos[i]
  * (qpos (sq), kpos (sk), NULL = 0..); documents (docs (sq,b) int32, NULL: none): and only iff
- * kpos[j] >= docs[i*b + bi], the position query i's document starts at; probabilities softmax over the visible keys, saved as
+ * kpos[j] >= docs[i*b + bi], the position query i's document starts at; sliding window (window
+ * > 0, causal): and only iff kpos[j] > qpos[i] - window; probabilities softmax over the visible keys, saved as
  * lse (sq,b,A) = logsumexp of the scores; attention dropout p > 0 drops probabilities with
  * the RNG at the element mgc_dropout_rng numbers (global head and positions). A row with no visible
  * key gets out = 0 and lse = -inf. */
@@ -153,7 +154,9 @@ void MGC_FN(mgc_cpu_attention_fwd)(MGC_REAL *out /* (sq,b,A,d) */, MGC_REAL *lse
                                    const MGC_REAL *v /* (sk,b,G,d) */, int64_t sq, int64_t sk,
                                    int64_t b, int64_t A, int64_t G, int64_t d, double scale,
                                    int causal, const int32_t *qpos, const int32_t *kpos,
-                                   const int32_t *docs /* (sq,b) or NULL */, double dropout_p,
+                                   const int32_t *docs /* (sq,b) or NULL */,
+                                   int64_t window /* causal: the latest `window` keys; 0 all */,
+                                   double dropout_p,
                                    const mgc_dropout_rng *rng,
                                    MGC_REAL *work /* (mgc_cpu_attention_work) */);
 /* dq written; dk, dv written (summed over the query heads of their group, fixed order).
@@ -163,7 +166,9 @@ void MGC_FN(mgc_cpu_attention_bwd)(MGC_REAL *dq, MGC_REAL *dk, MGC_REAL *dv, con
                                    const MGC_REAL *out, const MGC_REAL *lse, int64_t sq, int64_t sk,
                                    int64_t b, int64_t A, int64_t G, int64_t d, double scale,
                                    int causal, const int32_t *qpos, const int32_t *kpos,
-                                   const int32_t *docs /* (sq,b) or NULL */, double dropout_p,
+                                   const int32_t *docs /* (sq,b) or NULL */,
+                                   int64_t window /* causal: the latest `window` keys; 0 all */,
+                                   double dropout_p,
                                    const mgc_dropout_rng *rng,
                                    MGC_REAL *work /* (mgc_cpu_attention_work) */);
 

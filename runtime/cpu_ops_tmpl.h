@@ -368,7 +368,16 @@ static int FN(visible)(int causal, const int32_t *qpos, const int32_t *kpos, int
     return (!causal || kp <= qp) && kp >= ds;
 }
 
-/* Documents (docs != NULL): the keys before query i's document start masked to -inf in row. */
+/* The first position query i (at qp, batch row bi) sees: its document's start (docs) and, with
+ * a sliding window of W keys, qp - W + 1; INT64_MIN when neither applies. */
+static int64_t FN(lower)(const int32_t *docs, int64_t window, int64_t i, int64_t b, int64_t bi,
+                         int64_t qp) {
+    int64_t lo = docs ? docs[i * b + bi] : INT64_MIN;
+    if (window > 0 && qp - window + 1 > lo) lo = qp - window + 1;
+    return lo;
+}
+
+/* Documents or a window: the keys before query i's first visible position masked to -inf. */
 static void FN(mask_docs)(R *row, const int32_t *kpos, int64_t sk, int64_t ds) {
     for (int64_t j = 0; j < sk; j++)
         if ((kpos ? kpos[j] : j) < ds) row[j] = -INFINITY;
@@ -412,8 +421,8 @@ static void FN(unpack_head)(R *x, const R *src, int64_t s, int64_t b, int64_t H,
 void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *v, int64_t sq,
                                int64_t sk, int64_t b, int64_t A, int64_t G, int64_t d, double scale,
                                int causal, const int32_t *qpos, const int32_t *kpos,
-                               const int32_t *docs, double dropout_p, const mgc_dropout_rng *rng,
-                               R *work) {
+                               const int32_t *docs, int64_t window, double dropout_p,
+                               const mgc_dropout_rng *rng, R *work) {
     uint32_t thr = mgc_rng_drop_threshold(dropout_p);
     int64_t per = A / G;
     R *S = work, *Qc = S + 2 * sq * sk, *Oc = Qc + sq * d, *Kc = Oc + 3 * sq * d, *Vc = Kc + sk * d;
@@ -435,7 +444,8 @@ void FN(mgc_cpu_attention_fwd)(R *out, R *lse, const R *q, const R *k, const R *
                     if (kpos && causal)
                         for (int64_t j = 0; j < sk; j++)
                             row[j] = kpos[j] <= qp ? row[j] : -INFINITY;
-                    if (docs) FN(mask_docs)(row, kpos, lim, docs[i * b + bi]);
+                    if (docs || window > 0)
+                        FN(mask_docs)(row, kpos, lim, FN(lower)(docs, window, i, b, bi, qp));
                     for (int64_t j = 0; j < lim; j++)
                         mx = row[j] > mx ? row[j] : mx;
                     R *l = lse + (i * b + bi) * A + a;
@@ -477,7 +487,7 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                                const R *v, const R *out, const R *lse, int64_t sq, int64_t sk,
                                int64_t b, int64_t A, int64_t G, int64_t d, double scale, int causal,
                                const int32_t *qpos, const int32_t *kpos, const int32_t *docs,
-                               double dropout_p, const mgc_dropout_rng *rng, R *work) {
+                               int64_t window, double dropout_p, const mgc_dropout_rng *rng, R *work) {
     uint32_t thr = mgc_rng_drop_threshold(dropout_p);
     int64_t per = A / G;
     R *P = work, *dP = P + sq * sk, *Qc = dP + sq * sk, *dOc = Qc + sq * d, *Oc = dOc + sq * d,
@@ -498,7 +508,7 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                      (int)d, Vc, (int)d, (R)0, dP, (int)sk);
                 for (int64_t i = 0; i < sq; i++) {
                     R l = lse[(i * b + bi) * A + a], D = 0, *pr = P + i * sk, *dpr = dP + i * sk;
-                    int64_t qp = qpos ? qpos[i] : i, ds = docs ? docs[i * b + bi] : INT64_MIN;
+                    int64_t qp = qpos ? qpos[i] : i, ds = FN(lower)(docs, window, i, b, bi, qp);
                     for (int64_t c = 0; c < d; c++)
                         D += dOc[i * d + c] * Oc[i * d + c];
                     if (l == -INFINITY) { /* no visible key: no gradient */
@@ -524,7 +534,7 @@ void FN(mgc_cpu_attention_bwd)(R *dq, R *dk, R *dv, const R *dout, const R *q, c
                     if (kpos && causal)
                         for (int64_t j = 0; j < sk; j++)
                             pr[j] = kpos[j] <= qp ? pr[j] : -INFINITY;
-                    if (docs) FN(mask_docs)(pr, kpos, lim, ds);
+                    if (docs || window > 0) FN(mask_docs)(pr, kpos, lim, ds);
                     for (int64_t j = 0; j < lim; j++) {
                         R pj = FEXP(pr[j] - l);
                         pj = pr[j] == -INFINITY ? (R)0 : pj;

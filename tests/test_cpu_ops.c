@@ -781,12 +781,13 @@ typedef struct attn_ctx {
     double p;
     const mgc_dropout_rng *rng;
     int32_t *docs; /* (sq, b) document starts, or NULL */
+    int64_t window; /* sliding window in keys, 0 none */
 } attn_ctx;
 static void attn_fwd(void *p) {
     attn_ctx *c = p;
     mgc_cpu_attention_fwd_f64(c->out, c->lse, c->q, c->k, c->v, c->sq, c->sk, c->b, c->A, c->G,
                               c->d, 1 / sqrt((double)c->d), c->causal, c->qpos, c->kpos, c->docs,
-                              c->p, c->rng, c->work);
+                              c->window, c->p, c->rng, c->work);
 }
 
 /* The naive reference: for each (batch, head) the full score matrix, masked softmax, P V.
@@ -801,9 +802,9 @@ static void attn_naive(double *out, double *lse, const attn_ctx *c) {
             for (int64_t i = 0; i < sq; i++) {
                 double mx = -INFINITY, sum = 0;
                 for (int64_t j = 0; j < sk; j++) {
-                    int64_t kp = c->kpos ? c->kpos[j] : j;
-                    int vis = (!c->causal || kp <= (c->qpos ? c->qpos[i] : i)) &&
-                              (!c->docs || kp >= c->docs[i * b + bi]);
+                    int64_t kp = c->kpos ? c->kpos[j] : j, qp = c->qpos ? c->qpos[i] : i;
+                    int vis = (!c->causal || kp <= qp) && (!c->docs || kp >= c->docs[i * b + bi]) &&
+                              (c->window <= 0 || qp - kp < c->window);
                     double s = 0;
                     for (int64_t e = 0; e < d; e++)
                         s += c->q[((i * b + bi) * A + a) * d + e] *
@@ -833,7 +834,8 @@ static void attn_naive(double *out, double *lse, const attn_ctx *c) {
 }
 
 static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t A, int64_t G,
-                                int causal, int cp_pos, double p, int with_docs, uint64_t seed) {
+                                int causal, int cp_pos, double p, int with_docs, int64_t window,
+                                uint64_t seed) {
     int64_t b = 3, d = 5;
     int64_t nq = sq * b * A * d, nk = sk * b * G * d, nl = sq * b * A;
     char buf[96];
@@ -866,7 +868,7 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
     double *q = Drand(nq), *k = Drand(nk), *v = Drand(nk), *out = D(nq), *lse = D(nl);
     for (int64_t i = 0; i < nq; i++)
         q[i] = (double)(float)(q[i] * 2); /* peaky softmax */
-    attn_ctx c = {out, lse, q, k, v, D(mgc_cpu_attention_work_f64(sq, sk, d)), qpos, kpos, sq, sk, b, A, G, d, causal, p, &rng, docs};
+    attn_ctx c = {out, lse, q, k, v, D(mgc_cpu_attention_work_f64(sq, sk, d)), qpos, kpos, sq, sk, b, A, G, d, causal, p, &rng, docs, window};
     double *r = Drand(nq);
     fd_case fc = {attn_fwd, &c, {{out, r, nq}}, 1};
     fd_loss(&fc);
@@ -884,7 +886,7 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
     pd(dk, nk);
     pd(dv, nk);
     mgc_cpu_attention_bwd_f64(dq, dk, dv, r, q, k, v, out, lse, sq, sk, b, A, G, d,
-                              1 / sqrt((double)d), causal, qpos, kpos, docs, p, &rng, c.work);
+                              1 / sqrt((double)d), causal, qpos, kpos, docs, window, p, &rng, c.work);
     snprintf(buf, sizeof buf, "attention %s dq", nm);
     fd_check(buf, &fc, q, nq, dq);
     snprintf(buf, sizeof buf, "attention %s dk", nm);
@@ -898,10 +900,10 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
         of[rep] = Fn(nq), lf[rep] = Fn(nl), dqf[rep] = Fn(nq), dkf[rep] = Fn(nk), dvf[rep] = Fn(nk);
         pf(of[rep], nq), pf(lf[rep], nl), pf(dqf[rep], nq), pf(dkf[rep], nk), pf(dvf[rep], nk);
         mgc_cpu_attention_fwd_f32(of[rep], lf[rep], qf, kf, vf, sq, sk, b, A, G, d,
-                                  1 / sqrt((double)d), causal, qpos, kpos, docs, p, &rng, wf);
+                                  1 / sqrt((double)d), causal, qpos, kpos, docs, window, p, &rng, wf);
         mgc_cpu_attention_bwd_f32(dqf[rep], dkf[rep], dvf[rep], rf, qf, kf, vf, of[rep], lf[rep],
                                   sq, sk, b, A, G, d, 1 / sqrt((double)d), causal, qpos, kpos, docs,
-                                  p, &rng, wf);
+                                  window, p, &rng, wf);
     }
     snprintf(buf, sizeof buf, "attention %s f32", nm);
     near_fd(buf, of[0], out, nq, F32_TOL);
@@ -917,24 +919,31 @@ static void test_attention_case(const char *nm, int64_t sq, int64_t sk, int64_t 
 }
 
 static void test_attention(uint64_t seed) {
-    test_attention_case("mha causal", 7, 7, 3, 3, 1, 0, 0.0, 0, seed);
-    test_attention_case("gqa 6/2 causal", 7, 7, 6, 2, 1, 0, 0.0, 0, seed);
-    test_attention_case("mqa 5/1 full", 5, 9, 5, 1, 0, 0, 0.0, 0, seed);
-    test_attention_case("gqa cp positions", 6, 11, 4, 2, 1, 1, 0.0, 0, seed);
-    test_attention_case("gqa causal dropout", 7, 7, 6, 3, 1, 0, 0.25, 0, seed);
+    test_attention_case("mha causal", 7, 7, 3, 3, 1, 0, 0.0, 0, 0, seed);
+    test_attention_case("gqa 6/2 causal", 7, 7, 6, 2, 1, 0, 0.0, 0, 0, seed);
+    test_attention_case("mqa 5/1 full", 5, 9, 5, 1, 0, 0, 0.0, 0, 0, seed);
+    test_attention_case("gqa cp positions", 6, 11, 4, 2, 1, 1, 0.0, 0, 0, seed);
+    test_attention_case("gqa causal dropout", 7, 7, 6, 3, 1, 0, 0.25, 0, 0, seed);
     /* documents (data.reset_attention_mask): no key before the query's document start */
-    test_attention_case("mha causal documents", 9, 9, 3, 3, 1, 0, 0.0, 1, seed);
-    test_attention_case("gqa cp positions documents", 6, 11, 4, 2, 1, 1, 0.0, 1, seed);
-    test_attention_case("gqa causal documents dropout", 9, 9, 6, 3, 1, 0, 0.25, 1, seed);
+    test_attention_case("mha causal documents", 9, 9, 3, 3, 1, 0, 0.0, 1, 0, seed);
+    test_attention_case("gqa cp positions documents", 6, 11, 4, 2, 1, 1, 0.0, 1, 0, seed);
+    test_attention_case("gqa causal documents dropout", 9, 9, 6, 3, 1, 0, 0.25, 1, 0, seed);
+    /* sliding windows: a query sees its `window` latest positions (with documents, the later
+     * of the two bounds); two keys, the causal prefix's interior, and cp positions (a window of one
+     * key leaves nothing to differentiate: softmax over one key is 1) */
+    test_attention_case("mha causal window 3", 9, 9, 3, 3, 1, 0, 0.0, 0, 3, seed);
+    test_attention_case("gqa causal window 2", 7, 7, 6, 2, 1, 0, 0.0, 0, 2, seed);
+    test_attention_case("gqa cp positions window 4", 6, 11, 4, 2, 1, 1, 0.0, 0, 4, seed);
+    test_attention_case("gqa window 3 documents dropout", 9, 9, 6, 3, 1, 0, 0.25, 1, 3, seed);
     /* a query row with no visible key: out 0, lse -inf, gradients 0 */
     int64_t d = 3;
     double q[3] = {1, 2, 3}, k[6] = {1, 0, 1, 0, 1, 0}, v[6] = {1, 2, 3, 4, 5, 6}, out[3], lse[1],
            w[64], dq[3], dk[6], dv[6], dout[3] = {1, 1, 1}; /* w: 2*1*2 + 4*1*3 + 4*2*3 = 40 */
     int32_t qp[1] = {0}, kp[2] = {1, 2};
-    mgc_cpu_attention_fwd_f64(out, lse, q, k, v, 1, 2, 1, 1, 1, d, 1.0, 1, qp, kp, NULL, 0, NULL, w);
+    mgc_cpu_attention_fwd_f64(out, lse, q, k, v, 1, 2, 1, 1, 1, d, 1.0, 1, qp, kp, NULL, 0, 0, NULL, w);
     T_CHECK(out[0] == 0 && out[1] == 0 && out[2] == 0 && isinf(lse[0]) && lse[0] < 0);
     mgc_cpu_attention_bwd_f64(dq, dk, dv, dout, q, k, v, out, lse, 1, 2, 1, 1, 1, d, 1.0, 1, qp, kp,
-                              NULL, 0, NULL, w);
+                              NULL, 0, 0, NULL, w);
     T_CHECK(dq[0] == 0 && dk[5] == 0 && dv[5] == 0);
 }
 

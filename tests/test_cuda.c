@@ -1166,6 +1166,27 @@ int main(int argc, char **argv) {
         check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "kv")))
         check_layout("examples/tiny-gpt.yaml", "bf16", mqa_tp2, 3e-2, 0);
+    if (!only || !strcmp(only, "ci") || !strcmp(only, "window")) {
+        /* sliding windows (model.window_size): LLaMA's unfused attention at head dim 16 (40 keys
+         * of 96: whole key tiles before the window, inside it and across its edge), GPT's on the
+         * fused projection at head dim 32 (tensor cores in 16 bits) with attention dropout and
+         * documents (the later of the two bounds), and LLaMA over cp2 in fp32 (the bound on the
+         * load-balanced positions and the gathered keys) */
+        static const char *const w16[] = {"model.window_size=40", NULL};
+        static const char *const w32[] = {"model.window_size=24", "model.hidden_size=128",
+                                          "model.num_attention_heads=4", "model.attention_dropout=0.1",
+                                          "data.reset_attention_mask=true", NULL};
+        static const char *const wcp2[] = {"parallel.world_size=2", "parallel.context=2",
+                                           "model.window_size=30", NULL};
+        check_ops("models/tiny-llama.yaml", w16);
+        check_ops("examples/tiny-gpt.yaml", w32);
+        check_layout("models/tiny-llama.yaml", "fp32", wcp2, 1e-5, 0);
+        if (!only || !strcmp(only, "window")) { /* head dim 128 (its own tensor-core paths) */
+            static const char *const w128[] = {"model.window_size=50", "model.hidden_size=512",
+                                               "model.num_attention_heads=4", NULL};
+            check_ops("models/tiny-llama.yaml", w128);
+        }
+    }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "qk"))) {
         /* RMSNorm over 16 channels a head (LLaMA), LayerNorm with its bias over 32 (GPT) */
         static const char *const qk_llama[] = {"model.qk_layernorm=true", NULL};

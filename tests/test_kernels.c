@@ -163,5 +163,10 @@ int main(void) {
     check_file("models/tiny-llama.yaml", "bf16", docs);
     check_file("models/gpt2-124m.yaml", NULL, docs);
     check_file("models/llama2-7b.yaml", NULL, docs);
+    /* and with a sliding window (WIN: model.window_size), which no model file uses either */
+    check_file("models/tiny-llama.yaml", NULL, "model.window_size=40");
+    check_file("models/tiny-llama.yaml", "bf16", "model.window_size=40");
+    check_file("models/gpt2-124m.yaml", NULL, "model.window_size=256");
+    check_file("models/llama2-7b.yaml", NULL, "model.window_size=1024");
     return t_summary("test_kernels");
 }

@@ -79,6 +79,8 @@ static void random_op(mgc_plan *p, mgc_plan_op *o, int64_t n_tensors, int bwd, i
         o->fattr[k] = rnd_double();
         o->iattr[k] = (int64_t)rnd_nz();
     }
+    /* attention's sliding window is a whole number of keys (iattr[0], causal, is non-zero) */
+    if (o->kind == MGC_POP_ATTENTION || o->kind == MGC_POP_ATTENTION_BWD) o->fattr[2] = (double)rnd_in(0, 4096);
     o->flops = rnd_nz();
 }
 
@@ -1250,6 +1252,32 @@ static void test_validate(void) {
     T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     ch->bwd[0].kind = MGC_POP_LINEAR_DGRAD;
     ch->bwd[0].flags = 0;
+    {   /* attention's sliding window: a whole number of keys, on a causal attention (checked
+         * before the op's other fields) */
+        mgc_plan_op save = ch->fwd[0];
+        static const struct {
+            double w;
+            int64_t causal;
+            const char *frag;
+        } bad[] = {{2.5, 1, "sliding window 2.5 is not a whole number"},
+                   {-4.0, 1, "sliding window -4 is not"},
+                   {1e9, 1, "from 0 to 2^24"},
+                   {4.0, 0, "on a causal attention"}};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            ch->fwd[0].kind = MGC_POP_ATTENTION;
+            ch->fwd[0].flags = 0;
+            ch->fwd[0].iattr[0] = bad[i].causal;
+            ch->fwd[0].fattr[2] = bad[i].w;
+            err[0] = 0;
+            T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_ERR_INVALID);
+            if (!strstr(err, bad[i].frag)) {
+                T_CHECK(!"validate message");
+                fprintf(stderr, "  wanted \"%s\" in: %s\n", bad[i].frag, err);
+            }
+            ch->fwd[0] = save;
+        }
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+    }
     BREAK(ch->fwd[0].flags, 128, "unknown flags");
     BREAK(ch->fwd[0].flags, MGC_POF_ROWS, "routed-rows flag on an op that is not an activation");
     BREAK(ch->tensors[0].flags, 2, "flags 0x2 unknown");

@@ -536,6 +536,75 @@ out:
     mgc_plan_free(q);
 }
 
+/* The first layer's attention output at rows [from, s) of microbatch 0 of one step. */
+typedef struct win_ctx {
+    docs_ctx tokens; /* the samples (docs_sample): tokens before `cut` from their own seed */
+    int64_t from;
+    float *out;
+    int64_t n;
+} win_ctx;
+
+static int win_sample(void *ctx, int64_t sample, int32_t *tok, char *err, size_t errsz) {
+    return docs_sample(&((win_ctx *)ctx)->tokens, sample, tok, err, errsz);
+}
+
+static void win_after(void *ctx, const mgc_op_call *c) {
+    win_ctx *w = ctx;
+    const mgc_plan_op *op = c->op;
+    if (op->kind != MGC_POP_ATTENTION || op->layer != 0 || (op->flags & MGC_POF_RECOMPUTE) ||
+        c->microbatch != 0 || c->iteration != 0)
+        return;
+    const mgc_plan_tensor *o = &c->chunk->tensors[op->out[0]];
+    int64_t row = (int64_t)(o->bytes / 4) / o->dim[0];
+    w->n = (o->dim[0] - w->from) * row;
+    if (w->n <= 0) return;
+    free(w->out);
+    w->out = malloc((size_t)w->n * sizeof *w->out);
+    if (w->out) memcpy(w->out, (const float *)c->out[0] + w->from * row, (size_t)w->n * sizeof *w->out);
+}
+
+/* A sliding window of W keys: the first layer's attention output at a position depends on the
+ * tokens of its window only, so rows at cut + W - 1 and later are the same bits whatever the
+ * tokens before `cut` are; without the window they move. */
+static void check_window(void) {
+    static const char *const on[] = {"model.window_size=6", NULL};
+    mgc_plan *p = compile("models/tiny-llama.yaml", on, NULL), *q = compile("models/tiny-llama.yaml", NULL, NULL);
+    T_CHECK(p && q);
+    float *out[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    int64_t n = 0, cut = 8, W = 6; /* of a 32-token sequence */
+    for (int w = 0; p && q && w < 2; w++)
+        for (int v = 0; v < 2; v++) {
+            win_ctx x = {{p->seq_length, cut, 0, 256, 257, 3000u + (uint64_t)v, 0, NULL, 0, 0}, cut + W - 1,
+                         NULL, 0};
+            t_rank r;
+            int ok = t_rank_open(&r, w ? p : q, 1) == 0;
+            if (ok) mgc_exec_set_op_hooks(r.x, NULL, win_after, &x);
+            mgc_step_stats st;
+            ok = ok && mgc_exec_step(r.x, 0, win_sample, &x, &st) == 0;
+            if (!ok) fprintf(stderr, "check_window: %s\n", t_rank_error(&r));
+            t_rank_close(&r);
+            T_CHECK(ok && x.out);
+            out[w][v] = x.out, n = x.n;
+        }
+    if (n > 0 && out[0][0] && out[0][1] && out[1][0] && out[1][1]) {
+        T_CHECK(memcmp(out[1][0], out[1][1], (size_t)n * sizeof(float)) == 0);
+        T_CHECK(memcmp(out[0][0], out[0][1], (size_t)n * sizeof(float)) != 0);
+        double diff = 0;
+        for (int64_t i = 0; i < n; i++)
+            diff = fmax(diff, fabs((double)out[0][0][i] - out[0][1][i]));
+        printf("window_size %lld: the first layer's attention output from position %lld on (%lld "
+               "values) bit-identical whatever the tokens before %lld are; without the window it "
+               "moves by up to %.2e\n",
+               (long long)W, (long long)(cut + W - 1), (long long)n, (long long)cut, diff);
+    } else {
+        T_CHECK(0);
+    }
+    for (int i = 0; i < 4; i++)
+        free(out[i / 2][i % 2]);
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
 /* A 12-token document at the start of a sample and after another of 9 tokens, under plan `on`
  * (positions restarting) and plan `off` (positions running on): what `rotated` captures of it
  * (docs_ctx) must differ by at most `same` (relative) under `on`, and by more than 1e-2 under
@@ -1442,6 +1511,25 @@ static const layout qk_moe[] = {
                   "parallel.expert=2"}},
 };
 
+/* Sliding-window attention (model.window_size): every layout masks by the keys' positions
+ * (context parallelism: the load-balanced chunks and the gathered keys), with documents too. */
+static const char *const win[] = {"model.window_size=12", NULL}; /* of 32 tokens */
+static const layout win_llama[] = {
+    {"tp2+sp", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=true"}},
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+    {"recompute full", {"training.recompute=full"}},
+    {"tp2 cp2 pp2 dp2", {W(16), "parallel.tensor=2", "parallel.context=2", "parallel.pipeline=2",
+                         "parallel.data=2"}},
+};
+static const char *const win_docs[] = {"model.window_size=20", "data.reset_attention_mask=true",
+                                       "model.attention_dropout=0.1", NULL};
+static const layout win_gpt[] = {
+    {"tp2", {W(2), "parallel.tensor=2", "parallel.sequence_parallel=false"}},
+    {"cp2", {W(2), "parallel.context=2"}},
+    {"recompute sel", {"training.recompute=selective"}},
+};
+
 /* Two layouts that must train alike (where neither matches one rank exactly): every step's
  * loss and gradient norm within 1e-5 relative. */
 static void check_pair(const char *path, const char *const *extra, const layout *a, const layout *b) {
@@ -1579,6 +1667,9 @@ int main(int argc, char **argv) {
     if (!only || strstr("qk", only)) check_model("models/tiny-llama.yaml", qk, qk_llama, 9);
     if (!only || strstr("qk", only)) check_model("examples/tiny-gpt.yaml", qk, qk_gpt, 2);
     if (!only || strstr("qk", only)) check_model("models/tiny-moe.yaml", qk, qk_moe, 1);
+    if (!only || strstr("window", only)) check_window();
+    if (!only || strstr("window", only)) check_model("models/tiny-llama.yaml", win, win_llama, 5);
+    if (!only || strstr("window", only)) check_model("examples/tiny-gpt.yaml", win_docs, win_gpt, 3);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
