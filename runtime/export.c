@@ -50,11 +50,12 @@ typedef enum hf_family {
     FAM_QWEN3,     /* Qwen3ForCausalLM: LLaMA with query and key norms */
     FAM_MIXTRAL,   /* MixtralForCausalLM: LLaMA's attention, every MLP routed */
     FAM_QWEN3_MOE, /* Qwen3MoeForCausalLM: Qwen3's attention, MoE layers by mlp_only_layers */
+    FAM_MISTRAL,   /* MistralForCausalLM: LLaMA with a sliding window */
 } hf_family;
 
-static const char *const fam_class[] = {"GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM",
-                                        "MixtralForCausalLM", "Qwen3MoeForCausalLM"};
-static const char *const fam_type[] = {"gpt2", "llama", "qwen3", "mixtral", "qwen3_moe"};
+static const char *const fam_class[] = {"GPT2LMHeadModel",    "LlamaForCausalLM",    "Qwen3ForCausalLM",
+                                        "MixtralForCausalLM", "Qwen3MoeForCausalLM", "MistralForCausalLM"};
+static const char *const fam_type[] = {"gpt2", "llama", "qwen3", "mixtral", "qwen3_moe", "mistral"};
 
 typedef struct ctx {
     const mgc_plan *plan;
@@ -193,6 +194,8 @@ static int plan_hf(ctx *x) {
     int64_t qkvb = cfg_i(p, "model.add_qkv_bias", bias), experts = cfg_i(p, "moe.num_experts", 0);
     double rp = cfg_f(p, "model.rotary_percent", 1.0);
     int qk = cfg_i(p, "model.qk_layernorm", 0) != 0;
+    int64_t win = cfg_i(p, "model.window_size", 0);
+    if (win >= x->seq) win = 0; /* covers every position: no window */
     char *err = x->err;
     size_t errsz = x->errsz;
     const char *why = NULL;
@@ -221,12 +224,20 @@ static int plan_hf(ctx *x) {
     /* LLaMA's layers with each head's queries and keys RMS-normalised before the rotation are
      * Qwen3's (q_norm, k_norm) */
     if (!why && qk && !llama) why = "query and key norms outside LLaMA-style layers (the hf format has them as Qwen3's)";
+    /* a sliding window over LLaMA's layers is Mistral's (or Mixtral's sliding_window) */
+    if (!why && win > 0 && (!llama || qk))
+        why = "a sliding window outside LLaMA- and Mixtral-style layers (the hf format has it as "
+              "Mistral's and Mixtral's sliding_window)";
     if (why)
-        return BAD("the hf format covers GPT-2-, LLaMA-, Qwen3- (LLaMA with query and key norms), "
-                   "Mixtral- and Qwen3-MoE-style models; this one has %s: "
+        return BAD("the hf format covers GPT-2-, LLaMA-, Mistral- (LLaMA with a sliding window), Qwen3- "
+                   "(LLaMA with query and key norms), Mixtral- and Qwen3-MoE-style models; this one has %s: "
                    "export with --format mgc (every parameter under mgc's names)",
                    why);
-    x->fam = gpt2 ? FAM_GPT2 : experts > 0 ? (qk ? FAM_QWEN3_MOE : FAM_MIXTRAL) : qk ? FAM_QWEN3 : FAM_LLAMA;
+    x->fam = gpt2          ? FAM_GPT2
+             : experts > 0 ? (qk ? FAM_QWEN3_MOE : FAM_MIXTRAL)
+             : qk          ? FAM_QWEN3
+             : win > 0     ? FAM_MISTRAL
+                           : FAM_LLAMA;
     char n[200], s[200];
     int tied = cfg_i(p, "model.tie_embeddings", 0) != 0;
     if (gpt2) {
@@ -459,6 +470,9 @@ static int write_config(const ctx *x, int dtype, const char *path, char *err,
                 fam_class[x->fam], fam_type[x->fam], x->vocab, x->hidden,
                 x->fam == FAM_MIXTRAL ? cfg_i(p, "moe.ffn_hidden_size", x->ffn) : x->ffn, x->layers, x->heads,
                 x->groups, x->head_dim, pos, eps, theta, ad, tied ? "true" : "false");
+    int64_t win = cfg_i(p, "model.window_size", 0);
+    if (win > 0 && win < x->seq && (x->fam == FAM_MISTRAL || x->fam == FAM_MIXTRAL))
+        fprintf(f, "  \"sliding_window\": %" PRId64 ",\n", win);
     if (moe) {
         char aux[40];
         num(aux, sizeof aux, cfg_f(p, "moe.aux_loss_coeff", 0));
@@ -1099,7 +1113,11 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
     }
     char v[64];
     const char *want_type = fam_type[x.fam];
-    if (!cfg_json(json, "model_type", v, sizeof v) || strcmp(v, want_type)) {
+    /* LLaMA and Mistral are one architecture but for the window, compared below (Mistral 7B's
+     * window of 4096 is no window at 4096 tokens) */
+    int llamaish = x.fam == FAM_LLAMA || x.fam == FAM_MISTRAL;
+    if (!cfg_json(json, "model_type", v, sizeof v) ||
+        (strcmp(v, want_type) && !(llamaish && (!strcmp(v, "llama") || !strcmp(v, "mistral"))))) {
         int got = cfg_json(json, "model_type", v, sizeof v);
         /* Qwen3 is LLaMA with query and key norms, Qwen3-MoE Mixtral's MoE with them: the one
          * setting that tells them apart */
@@ -1112,6 +1130,19 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
             "compile a plan of this one's architecture%s",
             cpath, got ? v : "(none)", want_type, want_type, hint);
         goto out;
+    }
+    if (llamaish || x.fam == FAM_MIXTRAL) { /* the sliding window: absent or null is none */
+        int64_t want_w = cfg_i(plan, "model.window_size", 0), got_w = 0;
+        if (cfg_json(json, "sliding_window", v, sizeof v) && strcmp(v, "null")) got_w = strtoll(v, NULL, 10);
+        if (want_w >= x.seq) want_w = 0;
+        if (got_w >= x.seq || got_w < 0) got_w = 0;
+        if (got_w != want_w) {
+            BAD("%s: its sliding window is %" PRId64 " keys at this plan's %" PRId64 " tokens, this "
+                "plan's model has %" PRId64 " (0: none): compile the plan with --set "
+                "model.window_size=%" PRId64,
+                cpath, got_w, x.seq, want_w, got_w);
+            goto out;
+        }
     }
     struct {
         const char *key;

@@ -5,7 +5,7 @@ TOKENS (int32 little-endian: count, length, then count x length token ids; each 
 first length - 1 tokens are the inputs and its last length - 1 the labels).
 
 A reference written from the architectures' published definitions (Hugging Face's
-GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and
+GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and
 Qwen3MoeForCausalLM), in float64 NumPy, sharing no code with mgc: it
 reads the safetensors file itself and runs the forward pass of every sample.  Prints the
 loss on one line.  Exit 77 when NumPy is missing.
@@ -46,10 +46,12 @@ def load_safetensors(path):
     return out
 
 
-def softmax_causal(scores):
-    # scores (heads, s, s); row i sees columns 0..i
+def softmax_causal(scores, window=None):
+    # scores (heads, s, s); row i sees columns 0..i, with a sliding window only i - window < j
     s = scores.shape[-1]
     mask = np.triu(np.ones((s, s), dtype=bool), k=1)
+    if window:
+        mask |= np.tril(np.ones((s, s), dtype=bool), k=-window)
     scores = np.where(mask, -np.inf, scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     e = np.exp(scores)
@@ -138,7 +140,7 @@ def llama_logits(W, cfg, tok):
         k = k * cos + rotate_half(k) * sin
         k = np.repeat(k, a // g, axis=0)  # query head i reads key/value head i // (a / g)
         v = np.repeat(v, a // g, axis=0)
-        att = softmax_causal(q @ k.transpose(0, 2, 1) / np.sqrt(d))
+        att = softmax_causal(q @ k.transpose(0, 2, 1) / np.sqrt(d), cfg.get("sliding_window"))
         o = (att @ v).transpose(1, 0, 2).reshape(s, a * d)
         x = x + o @ W[p + "self_attn.o_proj.weight"].T
         y = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)

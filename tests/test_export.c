@@ -56,6 +56,11 @@ static const char *const mixtral[] = {"moe.shared_experts=0", "moe.first_dense_l
 /* tiny MoE as Qwen3-MoE: the query and key norms, no shared expert, layer 0 dense
  * (mlp_only_layers) */
 static const char *const qwen3moe[] = {"moe.shared_experts=0", "model.qk_layernorm=true", NULL};
+/* a sliding window of 10 of the 32 tokens: tiny LLaMA as Mistral, tiny MoE as Mixtral with
+ * its sliding_window */
+static const char *const mistral[] = {"model.window_size=10", NULL};
+static const char *const mixtral_w[] = {"moe.shared_experts=0", "moe.first_dense_layers=0",
+                                        "model.window_size=10", NULL};
 
 static uint64_t rng_state;
 static uint32_t rnd(void) {
@@ -331,8 +336,8 @@ static void check_import_refusals(void) {
     static const char *const theta[] = {"model.rotary_base=500000", NULL};
     mgc_plan *g = compile("examples/tiny-gpt.yaml", NULL), *l = compile("models/tiny-llama.yaml", NULL),
              *l2 = compile("models/tiny-llama.yaml", theta), *q = compile("models/tiny-llama.yaml", qk),
-             *gq = compile("examples/tiny-gpt.yaml", qk);
-    T_CHECK(g && l && l2 && q && gq);
+             *gq = compile("examples/tiny-gpt.yaml", qk), *lw = compile("models/tiny-llama.yaml", mistral);
+    T_CHECK(g && l && l2 && q && gq && lw);
     if (!g || !l || !l2) goto out;
     char ck[64] = "/tmp/mgc-import-XXXXXX", ckpt[256], hf[300], dst[300], err[4096];
     T_CHECK(mkdtemp(ck) != NULL);
@@ -346,6 +351,13 @@ static void check_import_refusals(void) {
     T_EQ_I64(mgc_import(l2, hf, dst, err, sizeof err), -1);
     T_CHECK(strstr(err, "rope_theta is 10000 but this plan's model has 500000") != NULL);
     printf("import refused: %s\n", err);
+    /* LLaMA into a plan with a sliding window: the window named */
+    if (lw) {
+        T_EQ_I64(mgc_import(lw, hf, dst, err, sizeof err), -1);
+        T_CHECK(strstr(err, "sliding window is 0 keys") && strstr(err, "has 10") &&
+                strstr(err, "--set model.window_size=0"));
+        printf("import refused: %s\n", err);
+    }
     /* a Qwen3 model into a LLaMA plan: the setting that tells them apart is named */
     if (q && gq) {
         char qck[300], qhf[300];
@@ -426,7 +438,8 @@ static void check_import_refusals(void) {
     unlink(ckpt);
     t_remove_dir(hf), t_remove_dir(ck);
 out:
-    mgc_plan_free(g), mgc_plan_free(l), mgc_plan_free(l2), mgc_plan_free(q), mgc_plan_free(gq);
+    mgc_plan_free(g), mgc_plan_free(l), mgc_plan_free(l2), mgc_plan_free(q), mgc_plan_free(gq),
+        mgc_plan_free(lw);
 }
 
 static void check_mgc_format_and_refusals(void) {
@@ -520,6 +533,8 @@ int main(void) {
         check_hf("models/tiny-llama.yaml", qk, NULL, "tiny LLaMA with query and key norms (Qwen3ForCausalLM)");
         check_hf("models/tiny-llama.yaml", qk, tp2pp2, "tiny Qwen3 from a tp2 x pp2 checkpoint");
         check_hf("models/tiny-moe.yaml", qwen3moe, NULL, "tiny MoE as Qwen3-MoE (Qwen3MoeForCausalLM)");
+        check_hf("models/tiny-llama.yaml", mistral, NULL, "tiny LLaMA with a window of 10 (MistralForCausalLM)");
+        check_hf("models/tiny-moe.yaml", mixtral_w, NULL, "tiny MoE as Mixtral with a window of 10");
     }
     check_mgc_format_and_refusals();
     check_round_trip("examples/tiny-gpt.yaml", NULL, "tiny GPT");
@@ -527,6 +542,7 @@ int main(void) {
     check_round_trip("models/tiny-moe.yaml", mixtral, "tiny MoE as Mixtral");
     check_round_trip("models/tiny-llama.yaml", qk, "tiny LLaMA as Qwen3");
     check_round_trip("models/tiny-moe.yaml", qwen3moe, "tiny MoE as Qwen3-MoE");
+    check_round_trip("models/tiny-llama.yaml", mistral, "tiny LLaMA as Mistral");
     check_import_refusals();
     int rc = t_summary("test_export");
     if (!rc && skipped) { /* the rest passed; the reference could not run */
