@@ -146,6 +146,12 @@ __device__ __forceinline__ int att_lo(const int *docs, int i, int b, int bi, int
 }
 #define ATT_DOC_OK(kp_, ds_) (!ATT_LOWER || (kp_) >= (ds_))
 
+/* A sliding window also bounds which tiles a block visits: a key tile the block's queries see
+ * holds a key at or after qlo = (the block's smallest query position) - MGC_WIN + 1, and a
+ * query tile a key block is seen from holds a query at or before its largest key position +
+ * MGC_WIN - 1.  Without a window qlo is INT_MIN, and the bounds test nothing. */
+#define ATT_WIN_LO(qmin_) (MGC_WIN ? (qmin_) - MGC_WIN + 1 : -2147483647 - 1)
+
 /* 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp, as exp2f's, with subnormal results flushed to 0;
  * exp2f adds a range test and two multiplies for them, on every element); 2^-inf = 0 */
 __device__ __forceinline__ float att_exp2(float x) {
@@ -525,11 +531,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         qp[m] = i < sq ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
         ds[m] = i < sq ? att_lo(docs, i, b, bi, qp[m]) : 0;
     }
-    int qmax = 0;
+    int qmax = 0, qlo = -2147483647 - 1;
     if (MGC_CAUSAL) {
         int i = q0 + tid;
         int ok = tid < BQ && i < sq;
-        qmax = att_block_max_int(ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0, ok, red);
+        int p = ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0;
+        qmax = att_block_max_int(p, ok, red);
+        if (MGC_WIN) qlo = ATT_WIN_LO(-att_block_max_int(-p, ok, red));
     }
     float acc[RM][ATT_DC], mrow[RM], lrow[RM];
 #pragma unroll
@@ -544,8 +552,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int k0 = 0; k0 < sk; k0 += BK) {
         if (MGC_CAUSAL) { /* skip a key tile no query of the tile sees */
             int j = k0 + tid;
-            int vis = tid < BK && j < sk &&
-                      att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
+            int kq = tid < BK && j < sk ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0;
+            int vis = tid < BK && j < sk && kq <= qmax && kq >= qlo;
             if (!__syncthreads_or(vis)) continue;
         }
         att_load_tile<BK>(KVs, k, k0, sk, b, kH, bi, kh);
@@ -652,16 +660,16 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #if (defined(MGC_ENTRY_attention_fwd) || defined(MGC_ENTRY_attention_bwd_dq)) && MGC_HALF
 /* Whether any query of the block sees a key of the TK-key tile at k0 < sk (block-uniform: a
  * barrier unless keys are rows; TK <= the block's 128 threads).  qmax is the block's largest
- * query position. */
+ * query position, qlo the window's bound (ATT_WIN_LO). */
 template <int TK>
-__device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int sk, const int *kpos, int pos_s,
-                                              int pos_cp, int pos_rank, int k_gathered) {
+__device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int qlo, int sk, const int *kpos,
+                                              int pos_s, int pos_cp, int pos_rank, int k_gathered) {
     if (!MGC_CAUSAL) return true;
-    if (MGC_ROWPOS || (!kpos && pos_cp <= 1))
-        return k0 <= qmax; /* keys are rows (att_kpos): no barrier */
+    if (MGC_ROWPOS || (!kpos && pos_cp <= 1)) /* keys are rows (att_kpos): no barrier */
+        return k0 <= qmax && min(k0 + TK, sk) - 1 >= qlo;
     int j = k0 + (int)threadIdx.x;
-    int vis = threadIdx.x < TK && j < sk &&
-              att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
+    int kq = threadIdx.x < TK && j < sk ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0;
+    int vis = threadIdx.x < TK && j < sk && kq <= qmax && kq >= qlo;
     return __syncthreads_or(vis) != 0;
 }
 #endif
@@ -717,11 +725,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             ds[mt][h] = r[mt][h] < sq ? att_lo(docs, r[mt][h], b, bi, qp[mt][h]) : 0;
         }
     }
-    int qmax = 0;
+    int qmax = 0, qlo = -2147483647 - 1;
     if (MGC_CAUSAL) { /* BQ <= the block's 128 threads */
         int i = q0 + tid;
         int ok = tid < BQ && i < sq;
-        qmax = att_block_max_int(ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0, ok, red);
+        int p = ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0;
+        qmax = att_block_max_int(p, ok, red);
+        if (MGC_WIN) qlo = ATT_WIN_LO(-att_block_max_int(-p, ok, red));
     }
     float o[MT][DT][4], mrow[MT][2], lrow[MT][2];
 #pragma unroll
@@ -735,7 +745,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
     /* the first tile the block sees, fetched before the loop */
     int k0 = 0;
-    while (k0 < sk && !att_keys_seen<BK>(k0, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
+    while (k0 < sk && !att_keys_seen<BK>(k0, qmax, qlo, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
         k0 += BK;
     if (k0 < sk) {
         att_stage_async<BK>(Ks[0], k, k0, sk, b, kH, bi, kh);
@@ -744,7 +754,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     att_cp_commit();
     for (int buf = 0; k0 < sk; buf ^= 1) {
         int kn = k0 + BK; /* the next tile the block sees: its copies start now */
-        while (kn < sk && !att_keys_seen<BK>(kn, qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
+        while (kn < sk && !att_keys_seen<BK>(kn, qmax, qlo, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
             kn += BK;
         if (kn < sk) {
             att_stage_async<BK>(Ks[buf ^ 1], k, kn, sk, b, kH, bi, kh);
@@ -913,12 +923,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         int j = k0 + ty + 8 * m;
         kp[m] = j < sk ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 2147483647;
     }
-    int kmin = 0;
+    int kmin = 0, qhi = 2147483647; /* with a window: the last query position any key sees */
     if (MGC_CAUSAL) {
         int j = k0 + tid;
         int ok = tid < BR && j < sk;
-        kmin = -att_block_max_int(
-            ok ? -att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0, ok, red);
+        int p = ok ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0;
+        kmin = -att_block_max_int(ok ? -p : 0, ok, red);
+        if (MGC_WIN) qhi = att_block_max_int(p, ok, red) + MGC_WIN - 1;
     }
     float dka[RM][ATT_DC], dva[RM][ATT_DC];
 #pragma unroll
@@ -930,7 +941,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         for (int q0 = 0; q0 < sq; q0 += BC) {
             if (MGC_CAUSAL) { /* skip a query tile that sees no key of the tile */
                 int i = q0 + tid;
-                int vis = tid < BC && i < sq && att_qpos(qpos, i, pos_s, pos_cp, pos_rank) >= kmin;
+                int qq = tid < BC && i < sq ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0;
+                int vis = tid < BC && i < sq && qq >= kmin && qq <= qhi;
                 if (!__syncthreads_or(vis)) continue;
             }
             att_load_tile<BC>(Qs, q, q0, sq, b, qH, bi, att_qh(qkv, A, G, a));
@@ -1056,11 +1068,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         l2[m] = i < sq ? lse[r] * ATT_LOG2E : att_ninf();
         Dm[m] = i < sq ? dsum[r] : 0.0f;
     }
-    int qmax = 0;
+    int qmax = 0, qlo = -2147483647 - 1;
     if (MGC_CAUSAL) {
         int i = q0 + tid;
         int ok = tid < BR && i < sq;
-        qmax = att_block_max_int(ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0, ok, red);
+        int p = ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0;
+        qmax = att_block_max_int(p, ok, red);
+        if (MGC_WIN) qlo = ATT_WIN_LO(-att_block_max_int(-p, ok, red));
     }
     float dqa[RM][ATT_DC];
 #pragma unroll
@@ -1072,8 +1086,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int k0 = 0; k0 < sk; k0 += BC) {
         if (MGC_CAUSAL) {
             int j = k0 + tid;
-            int vis = tid < BC && j < sk &&
-                      att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) <= qmax;
+            int kq = tid < BC && j < sk ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0;
+            int vis = tid < BC && j < sk && kq <= qmax && kq >= qlo;
             if (!__syncthreads_or(vis)) continue;
         }
         att_load_tile<BC>(Ks, k, k0, sk, b, kH, bi, kh);
@@ -1194,12 +1208,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     for (int h = 0; h < 2; h++)
         kp[h] = r[h] < sk ? att_kpos(kpos, r[h], sk, pos_s, pos_cp, pos_rank, k_gathered)
                           : 2147483647;
-    int kmin = 0;
+    int kmin = 0, qhi = 2147483647; /* with a window: the last query position any key sees */
     if (MGC_CAUSAL) {
         int j = k0 + tid;
         int ok = tid < BR && j < sk;
-        kmin = -att_block_max_int(
-            ok ? -att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0, ok, red);
+        int p = ok ? att_kpos(kpos, j, sk, pos_s, pos_cp, pos_rank, k_gathered) : 0;
+        kmin = -att_block_max_int(ok ? -p : 0, ok, red);
+        if (MGC_WIN) qhi = att_block_max_int(p, ok, red) + MGC_WIN - 1;
     }
     float dka[DT][4], dva[DT][4];
 #pragma unroll
@@ -1212,10 +1227,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
      * fetched during this one's */
 #define ATT_DKV_SEEN(q0_)                                                                        \
     (!MGC_CAUSAL ||                                                                              \
-     (MGC_ROWPOS || (!qpos && pos_cp <= 1) /* queries are rows: the last one decides */        \
-          ? min((q0_) + BC, sq) - 1 >= kmin                                                      \
+     (MGC_ROWPOS || (!qpos && pos_cp <= 1) /* queries are rows: the first and last decide */   \
+          ? min((q0_) + BC, sq) - 1 >= kmin && (q0_) <= qhi                                      \
           : __syncthreads_or(tid < BC && (q0_) + tid < sq &&                                     \
-                             att_qpos(qpos, (q0_) + tid, pos_s, pos_cp, pos_rank) >= kmin)))
+                             att_qpos(qpos, (q0_) + tid, pos_s, pos_cp, pos_rank) >= kmin &&     \
+                             att_qpos(qpos, (q0_) + tid, pos_s, pos_cp, pos_rank) <= qhi)))
 #define ATT_DKV_NEXT(a_, q0_)                                                                    \
     do {                                                                                         \
         for (;;) {                                                                               \
@@ -1372,11 +1388,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             rowok[mt][h] = rr < sq && nl2[mt][h] != -att_ninf();
         }
     }
-    int qmax = 0;
+    int qmax = 0, qlo = -2147483647 - 1;
     if (MGC_CAUSAL) { /* BR <= the block's 128 threads */
         int i = q0 + tid;
         int ok = tid < BR && i < sq;
-        qmax = att_block_max_int(ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0, ok, red);
+        int p = ok ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : 0;
+        qmax = att_block_max_int(p, ok, red);
+        if (MGC_WIN) qlo = ATT_WIN_LO(-att_block_max_int(-p, ok, red));
     }
     float dqa[MT][DT][4];
 #pragma unroll
@@ -1387,7 +1405,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     __syncthreads();
 
     /* key tiles no query of the block sees are skipped (block-uniform) */
-#define ATT_DQ_SEEN(k0_) att_keys_seen<BC>((k0_), qmax, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered)
+#define ATT_DQ_SEEN(k0_) att_keys_seen<BC>((k0_), qmax, qlo, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered)
     int k0 = 0;
     while (k0 < sk && !ATT_DQ_SEEN(k0)) k0 += BC;
     if (k0 < sk) {

@@ -1178,9 +1178,17 @@ int main(int argc, char **argv) {
                                           "data.reset_attention_mask=true", NULL};
         static const char *const wcp2[] = {"parallel.world_size=2", "parallel.context=2",
                                            "model.window_size=30", NULL};
+        /* 256 tokens, a window of 16: whole tiles before every query's window are skipped
+         * (key tiles by the forward and dQ kernels, query tiles past the keys' reach by dK/dV);
+         * over cp2 by the gathered positions */
+        static const char *const wskip[] = {"model.seq_length=256", "model.window_size=16", NULL};
+        static const char *const wskip_cp2[] = {"parallel.world_size=2", "parallel.context=2",
+                                                "model.seq_length=256", "model.window_size=16", NULL};
         check_ops("models/tiny-llama.yaml", w16);
         check_ops("examples/tiny-gpt.yaml", w32);
+        check_ops("models/tiny-llama.yaml", wskip);
         check_layout("models/tiny-llama.yaml", "fp32", wcp2, 1e-5, 0);
+        check_layout("models/tiny-llama.yaml", "bf16", wskip_cp2, 3e-2, 0);
         if (!only || !strcmp(only, "window")) { /* head dim 128 (its own tensor-core paths) */
             static const char *const w128[] = {"model.window_size=50", "model.hidden_size=512",
                                                "model.num_attention_heads=4", NULL};
