@@ -219,6 +219,9 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
             " (%s, %" PRId64 " kv groups), ffn %" PRId64 " %s\n",
             m->num_layers, m->hidden_size, m->num_heads, m->head_dim, attn, m->num_query_groups,
             m->ffn_hidden_size, swiglu ? "swiglu" : "gelu");
+    if (m->window_size > 0 && m->window_size < m->seq_length)
+        fprintf(out, "  sliding-window attention: each query sees its %" PRId64 " latest positions\n",
+                m->window_size);
     fprintf(out, "  %s%s, %s positions, %s embeddings, %s\n",
             m->normalization == MGC_NORM_RMSNORM ? "rmsnorm" : "layernorm",
             m->qk_layernorm ? " (also on each head's queries and keys)" : "",
