@@ -134,7 +134,6 @@ static double roofline(const ctx *c, double flops, double eff, double bytes) {
     return (tc > tm ? tc : tm) + c->hw->launch_s;
 }
 
-/* The bytes an op moves: its elements', not a row pitch's gaps. */
 /* Dropless expert rows received over EP are sized for the worst case (every row a rank could
  * receive, docs/memory-plan.md), but the exchanges and the kernels that sort, unsort and
  * multiply them move the routed rows only.  With balanced routing a rank receives as many rows
@@ -150,6 +149,8 @@ static double routed_part(const mgc_plan *p) {
     return r < 1 ? r : 1;
 }
 
+/* The bytes an op moves of tensor i: its elements', not a row pitch's gaps; a routed tensor's
+ * at the part `routed` (routed_part). */
 static double tensor_bytes(double routed, const mgc_plan_chunk *ch, int32_t i) {
     if (i < 0 || i >= ch->n_tensors) return 0;
     double b = (double)mgc_plan_tensor_data_bytes(&ch->tensors[i]);

@@ -4,8 +4,8 @@
  *     mgc-run PLAN --init-from CKPT
  *
  * DIR holds config.json and model.safetensors or its shards (GPT2LMHeadModel, LlamaForCausalLM,
- * Qwen3ForCausalLM, MixtralForCausalLM or Qwen3MoeForCausalLM, fp32, fp16 or bf16); PLAN is a plan
- * of the same architecture and
+ * MistralForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM or Qwen3MoeForCausalLM, fp32, fp16 or
+ * bf16); PLAN is a plan of the same architecture and
  * sizes, in any layout.
  * docs/checkpoints.md, "Importing".  Exit status 0 ok, 1 an error, 2 a usage error. */
 #include <stdio.h>
