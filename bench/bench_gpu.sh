@@ -95,9 +95,14 @@ row() { # name model-args mgc-sets mbs
             fi
         done
         # memory options against the default plan (docs/partitioning.md): the head in one piece
-        # (loss chunks off) and the recompute modules; their time and the arena they change
+        # (loss chunks off) and the recompute modules; their time and the arena they change.
+        # Then two model options: a sliding window of a quarter of the 1024 tokens (the attention
+        # kernels skip the tiles outside it: its FLOPs fall to 7/16 of causal's) and the
+        # query/key norms (their cost: two norms over head-dim rows a layer)
         for v in "lc1|loss_chunks 1|training.loss_chunks=1" \
-            "rcm|recompute_modules all|training.recompute_modules=[norm, activation, dropout]"; do
+            "rcm|recompute_modules all|training.recompute_modules=[norm, activation, dropout]" \
+            "win|window_size 256|model.window_size=256" \
+            "qkn|qk_layernorm|model.qk_layernorm=true"; do
             tag=${v%%|*} rest=${v#*|} label=${rest%%|*} set=${rest#*|}
             # shellcheck disable=SC2086
             if $MGC compile "$model" --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 \
