@@ -30,7 +30,7 @@ extern "C" {
 typedef enum { MGC_NORM_LAYERNORM, MGC_NORM_RMSNORM } mgc_norm;
 typedef enum { MGC_ACT_GELU, MGC_ACT_SWIGLU } mgc_act;
 typedef enum { MGC_POS_LEARNED, MGC_POS_ROTARY, MGC_POS_NONE } mgc_pos;
-typedef enum { MGC_SCORE_SOFTMAX, MGC_SCORE_SIGMOID } mgc_score;
+typedef enum { MGC_SCORE_SOFTMAX, MGC_SCORE_SIGMOID, MGC_SCORE_PRESOFTMAX } mgc_score;
 typedef enum { MGC_DROP_PROBS, MGC_DROP_POSITION } mgc_drop_policy;
 typedef enum { MGC_SCHED_GPIPE, MGC_SCHED_1F1B, MGC_SCHED_INTERLEAVED } mgc_sched;
 typedef enum { MGC_PREC_FP32, MGC_PREC_BF16, MGC_PREC_FP16 } mgc_precision;
@@ -178,7 +178,10 @@ typedef struct mgc_blend {
       "from layer_freq and first_dense_layers",                                                              \
       "Explicit 0-based list of MoE layers; replaces layer_freq and first_dense_layers.")                   \
     X(MOE_SCORE, "moe.router_score", ENUM, moe.router_score, MGC_SCORE_SOFTMAX, 0, 0, mgc_enum_score, 0,     \
-      NULL, "Router score function.")                                                                        \
+      NULL,                                                                                                  \
+      "Router score function: softmax over the top-k logits (the chosen weights sum to 1; Mixtral), "       \
+      "sigmoid (normalised over the top k), or presoftmax: softmax over every expert, the top-k "            \
+      "probabilities as they are (Megatron's --moe-router-pre-softmax; norm_topk_prob false).")              \
     X(MOE_AUX, "moe.aux_loss_coeff", FLOAT, moe.aux_loss_coeff, 0, 0, 1000, NULL, 0, NULL,                   \
       "Load-balancing loss coefficient (Switch-style).")                                                    \
     X(MOE_ZLOSS, "moe.z_loss_coeff", FLOAT, moe.z_loss_coeff, 0, 0, 1000, NULL, 0, NULL,                     \

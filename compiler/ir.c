@@ -1065,7 +1065,7 @@ static void print_attrs(FILE *out, const mgc_graph *g, const mgc_ir_op *op) {
             fputs(" dropless", out);
         if (op->kind == MGC_IR_OP_MOE_ROUTE)
             fprintf(out, " %s aux=%g z=%g",
-                    a->moe.score == MGC_SCORE_SIGMOID ? "sigmoid" : "softmax", a->moe.aux_coeff,
+                    mgc_enum_score[a->moe.score], a->moe.aux_coeff,
                     a->moe.z_coeff);
         fputc('}', out);
         break;
@@ -1183,7 +1183,7 @@ static void json_attrs(mgc_json *j, const mgc_ir_op *op) {
     case MGC_IR_OP_MOE_COMBINE:
         mgc_json_int(j, "experts", a->moe.experts);
         mgc_json_int(j, "top_k", a->moe.top_k);
-        mgc_json_str(j, "score", a->moe.score == MGC_SCORE_SIGMOID ? "sigmoid" : "softmax");
+        mgc_json_str(j, "score", mgc_enum_score[a->moe.score]);
         mgc_json_str(j, "drop_policy",
                      a->moe.drop_policy == MGC_DROP_POSITION ? "position" : "probs");
         mgc_json_int(j, "tokens", a->moe.tokens);

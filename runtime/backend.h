@@ -43,7 +43,7 @@ typedef struct mgc_op_call {
     void *out[MGC_PLAN_MAX_IO]; /* addresses of op->out[i] */
     mgc_coords co;              /* this rank's coordinates */
     int64_t grid_tp, grid_cp;   /* tensor and context degrees */
-    int32_t router_score;       /* moe.router_score (0 softmax, 1 sigmoid) */
+    int32_t router_score;       /* moe.router_score (0 softmax, 1 sigmoid, 2 presoftmax) */
     int32_t drop_policy;        /* moe.drop_policy (capacity mode) */
     int64_t vocab_size;         /* model.vocab_size: logits past it are padding */
     int64_t seq_length;         /* the whole sequence (s); rows hold s / cp of it */

@@ -480,8 +480,8 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
 
 /* ---- mixture of experts ---------------------------------------------------------- */
 
-static mgc_router_score router_score(int64_t s) {
-    return s == 1 ? MGC_ROUTER_SIGMOID : MGC_ROUTER_SOFTMAX; /* config's mgc_score */
+static mgc_router_score router_score(int64_t s) { /* config's mgc_score */
+    return s == 1 ? MGC_ROUTER_SIGMOID : s == 2 ? MGC_ROUTER_SOFTMAX_PRE : MGC_ROUTER_SOFTMAX;
 }
 
 /* The dispatch map of n tokens' k choices (recomputed from ids and probs by

@@ -19,9 +19,10 @@
 
 #define MOE_TILE MGC_KSPEC_MOE_TILE /* kernels/moe.cuh: assignments per map block */
 
-/* mgc_router_score (cpu_ops.h) from the plan's mgc_score: 1 sigmoid, else softmax. */
+/* mgc_router_score (cpu_ops.h) from the plan's mgc_score: 1 sigmoid, 2 presoftmax (softmax over
+ * every expert), else softmax over the chosen. */
 static int score_of(int64_t s) {
-    return s == 1 ? 2 : 0;
+    return s == 1 ? 2 : s == 2 ? 1 : 0;
 }
 #define DROP_PROBS 0 /* mgc_drop_policy (cpu_ops.h): keep the highest probabilities */
 

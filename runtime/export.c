@@ -207,9 +207,11 @@ static int plan_hf(ctx *x) {
     int64_t shared = cfg_i(p, "moe.shared_experts", 0), first_dense = cfg_i(p, "moe.first_dense_layers", 0);
     int64_t freq = cfg_i(p, "moe.layer_freq", 1), score = cfg_i(p, "moe.router_score", 0);
     int listed = cfg_i(p, "moe.layers[0]", -1) >= 0;
-    if (experts > 0 && (!llama || shared || score != 0))
+    /* the router: softmax over the chosen (0), or over every expert unnormalised (2: Qwen3-MoE's
+     * norm_topk_prob false) */
+    if (experts > 0 && (!llama || shared || score == 1 || (score == 2 && !qk)))
         why = "a mixture of experts other than Mixtral's or Qwen3-MoE's (which need LLaMA's layers, no "
-              "shared experts and the softmax router)";
+              "shared experts and a softmax router; the pre-softmax one is Qwen3-MoE's only)";
     if (!why && experts > 0 && !qk && (first_dense || freq != 1 || listed))
         why = "dense layers in a mixture of experts without query and key norms (Mixtral routes every "
               "layer's MLP; Qwen3-MoE, with the norms, may keep some dense)";
@@ -482,9 +484,9 @@ static int write_config(const ctx *x, int dtype, const char *path, char *err,
                 cfg_i(p, "moe.top_k", 2), aux);
     }
     if (x->fam == FAM_QWEN3_MOE) { /* the routed weights renormalised; dense layers listed */
-        fprintf(f, "  \"moe_intermediate_size\": %" PRId64 ",\n  \"norm_topk_prob\": true,\n"
+        fprintf(f, "  \"moe_intermediate_size\": %" PRId64 ",\n  \"norm_topk_prob\": %s,\n"
                    "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [",
-                cfg_i(p, "moe.ffn_hidden_size", x->ffn));
+                cfg_i(p, "moe.ffn_hidden_size", x->ffn), cfg_i(p, "moe.router_score", 0) == 2 ? "false" : "true");
         int first = 1;
         for (int64_t l = 0; l < x->layers; l++) {
             char r[96];
@@ -1130,6 +1132,17 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
             "compile a plan of this one's architecture%s",
             cpath, got ? v : "(none)", want_type, want_type, hint);
         goto out;
+    }
+    if (x.fam == FAM_QWEN3_MOE) { /* the routed weights renormalised (softmax) or not (presoftmax) */
+        int want_norm = cfg_i(plan, "moe.router_score", 0) != 2;
+        int got_norm = !cfg_json(json, "norm_topk_prob", v, sizeof v) || strcmp(v, "false");
+        if (got_norm != want_norm) {
+            BAD("%s: norm_topk_prob is %s but this plan's router is %s: compile the plan with --set "
+                "moe.router_score=%s",
+                cpath, got_norm ? "true" : "false", want_norm ? "softmax" : "presoftmax",
+                got_norm ? "softmax" : "presoftmax");
+            goto out;
+        }
     }
     if (llamaish || x.fam == FAM_MIXTRAL) { /* the sliding window: absent or null is none */
         int64_t want_w = cfg_i(plan, "model.window_size", 0), got_w = 0;

@@ -98,17 +98,22 @@ def rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def mixtral_moe(W, cfg, p, y, names=("w1", "w3", "w2")):
+def mixtral_moe(W, cfg, p, y, names=("w1", "w3", "w2"), renorm=True):
     # each token to its top-k experts by router logit (ties to the lower expert), weighted by
     # the softmax of the chosen logits (softmax over all, top-k, renormalised: the same; Qwen3-MoE
-    # with norm_topk_prob); names: the experts' gate, up and down matrices
+    # with norm_topk_prob), or without renorm by their softmax over all experts; names: the
+    # experts' gate, up and down matrices
     k = cfg["num_experts_per_tok"]
     logits = y @ W[p + "gate.weight"].T  # (s, E)
     out = np.zeros_like(y)
     for t in range(y.shape[0]):
         order = np.argsort(-logits[t], kind="stable")[:k]
-        w = np.exp(logits[t, order] - logits[t, order].max())
-        w = w / w.sum()
+        if renorm:
+            w = np.exp(logits[t, order] - logits[t, order].max())
+            w = w / w.sum()
+        else:
+            m = logits[t].max()
+            w = np.exp(logits[t, order] - m) / np.exp(logits[t] - m).sum()
         for e, we in zip(order, w):
             q = p + "experts.%d." % e
             g = y[t] @ W[q + names[0] + ".weight"].T
@@ -148,8 +153,8 @@ def llama_logits(W, cfg, tok):
             x = x + mixtral_moe(W, cfg, p + "block_sparse_moe.", y)
         elif cfg["model_type"] == "qwen3_moe" and l not in cfg["mlp_only_layers"] and \
                 (l + 1) % cfg["decoder_sparse_step"] == 0:
-            assert cfg["norm_topk_prob"]
-            x = x + mixtral_moe(W, cfg, p + "mlp.", y, ("gate_proj", "up_proj", "down_proj"))
+            x = x + mixtral_moe(W, cfg, p + "mlp.", y, ("gate_proj", "up_proj", "down_proj"),
+                                cfg["norm_topk_prob"])
         else:
             gate = y @ W[p + "mlp.gate_proj.weight"].T
             up = y @ W[p + "mlp.up_proj.weight"].T

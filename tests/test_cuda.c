@@ -1137,8 +1137,12 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
         check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
     }
-    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe")))
+    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe"))) {
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
+        /* the pre-softmax router: the route kernels' softmax over every expert (score 1) */
+        static const char *const pre[] = {"moe.router_score=presoftmax", NULL};
+        check_ops("models/tiny-moe.yaml", pre);
+    }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in
          * 16 bits) with its learned positions restarting (the embedding and its positions'

@@ -56,6 +56,9 @@ static const char *const mixtral[] = {"moe.shared_experts=0", "moe.first_dense_l
 /* tiny MoE as Qwen3-MoE: the query and key norms, no shared expert, layer 0 dense
  * (mlp_only_layers) */
 static const char *const qwen3moe[] = {"moe.shared_experts=0", "model.qk_layernorm=true", NULL};
+/* and with the pre-softmax router (norm_topk_prob false) */
+static const char *const qwen3moe_pre[] = {"moe.shared_experts=0", "model.qk_layernorm=true",
+                                           "moe.router_score=presoftmax", NULL};
 /* a sliding window of 10 of the 32 tokens: tiny LLaMA as Mistral, tiny MoE as Mixtral with
  * its sliding_window */
 static const char *const mistral[] = {"model.window_size=10", NULL};
@@ -351,6 +354,24 @@ static void check_import_refusals(void) {
     T_EQ_I64(mgc_import(l2, hf, dst, err, sizeof err), -1);
     T_CHECK(strstr(err, "rope_theta is 10000 but this plan's model has 500000") != NULL);
     printf("import refused: %s\n", err);
+    /* Qwen3-MoE's router: norm_topk_prob true into a plan with the pre-softmax router */
+    {
+        mgc_plan *qm = compile("models/tiny-moe.yaml", qwen3moe), *qp = compile("models/tiny-moe.yaml", qwen3moe_pre);
+        T_CHECK(qm && qp);
+        if (qm && qp) {
+            char mck[300], mhf[300], c0[256];
+            snprintf(mck, sizeof mck, "%s/qm", ck);
+            snprintf(mhf, sizeof mhf, "%s/qm-hf", ck);
+            T_EQ_I64(mkdir(mck, 0700), 0);
+            T_EQ_I64(random_ckpt(qm, mck, c0, sizeof c0), 0);
+            T_EQ_I64(mgc_export(qm, c0, mhf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), 0);
+            T_EQ_I64(mgc_import(qp, mhf, dst, err, sizeof err), -1);
+            T_CHECK(strstr(err, "norm_topk_prob is true") && strstr(err, "--set moe.router_score=softmax"));
+            printf("import refused: %s\n", err);
+            t_remove_dir(mck), t_remove_dir(mhf);
+        }
+        mgc_plan_free(qm), mgc_plan_free(qp);
+    }
     /* LLaMA into a plan with a sliding window: the window named */
     if (lw) {
         T_EQ_I64(mgc_import(lw, hf, dst, err, sizeof err), -1);
@@ -533,6 +554,7 @@ int main(void) {
         check_hf("models/tiny-llama.yaml", qk, NULL, "tiny LLaMA with query and key norms (Qwen3ForCausalLM)");
         check_hf("models/tiny-llama.yaml", qk, tp2pp2, "tiny Qwen3 from a tp2 x pp2 checkpoint");
         check_hf("models/tiny-moe.yaml", qwen3moe, NULL, "tiny MoE as Qwen3-MoE (Qwen3MoeForCausalLM)");
+        check_hf("models/tiny-moe.yaml", qwen3moe_pre, NULL, "tiny MoE as Qwen3-MoE, pre-softmax router");
         check_hf("models/tiny-llama.yaml", mistral, NULL, "tiny LLaMA with a window of 10 (MistralForCausalLM)");
         check_hf("models/tiny-moe.yaml", mixtral_w, NULL, "tiny MoE as Mixtral with a window of 10");
     }
@@ -542,6 +564,7 @@ int main(void) {
     check_round_trip("models/tiny-moe.yaml", mixtral, "tiny MoE as Mixtral");
     check_round_trip("models/tiny-llama.yaml", qk, "tiny LLaMA as Qwen3");
     check_round_trip("models/tiny-moe.yaml", qwen3moe, "tiny MoE as Qwen3-MoE");
+    check_round_trip("models/tiny-moe.yaml", qwen3moe_pre, "tiny MoE as Qwen3-MoE, pre-softmax router");
     check_round_trip("models/tiny-llama.yaml", mistral, "tiny LLaMA as Mistral");
     check_import_refusals();
     int rc = t_summary("test_export");

@@ -1511,6 +1511,15 @@ static const layout qk_moe[] = {
                   "parallel.expert=2"}},
 };
 
+/* The pre-softmax router (moe.router_score: presoftmax): softmax over every expert, the chosen
+ * probabilities unnormalised. */
+static const char *const presoftmax[] = {"moe.router_score=presoftmax", NULL};
+static const layout moe_pre[] = {
+    {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
+    {"etp2 ep2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+                  "parallel.expert=2"}},
+};
+
 /* Sliding-window attention (model.window_size): every layout masks by the keys' positions
  * (context parallelism: the load-balanced chunks and the gathered keys), with documents too. */
 static const char *const win[] = {"model.window_size=12", NULL}; /* of 32 tokens */
@@ -1574,6 +1583,7 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-moe.yaml", NULL);
         check_all_grads("models/tiny-moe.yaml", bias); /* the experts' biases too */
         check_all_grads("models/tiny-llama.yaml", qk); /* the query and key norms */
+        check_all_grads("models/tiny-moe.yaml", presoftmax);
         check_all_grads("examples/tiny-gpt.yaml", qk);
         check_eod_mask();
         check_loss_scaling();
@@ -1670,6 +1680,7 @@ int main(int argc, char **argv) {
     if (!only || strstr("window", only)) check_window();
     if (!only || strstr("window", only)) check_model("models/tiny-llama.yaml", win, win_llama, 5);
     if (!only || strstr("window", only)) check_model("examples/tiny-gpt.yaml", win_docs, win_gpt, 3);
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", presoftmax, moe_pre, 2);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
