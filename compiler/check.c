@@ -366,6 +366,27 @@ static void check_model(mgc_check_ctx *k) {
         }
     }
     if (!mgc_check_given(k, KEY(MODEL_QKV_BIAS))) m->add_qkv_bias = m->add_bias_linear;
+    if (mgc_check_given(k, KEY(MODEL_WINDOW_LAYERS))) {
+        const mgc_int_list *wl = &m->window_layers;
+        if (m->window_size <= 0)
+            mgc_check_warning(k, mgc_check_at(k, KEY(MODEL_WINDOW_LAYERS)),
+                              "set model.window_size, or remove model.window_layers",
+                              "model.window_layers has no effect: model.window_size is 0, so no layer "
+                              "has a window");
+        for (int i = 0; i < wl->n; i++) {
+            if (wl->v[i] >= m->num_layers) {
+                snprintf(hint, sizeof hint, "layers are numbered from 0 to %" PRId64, m->num_layers - 1);
+                mgc_check_error(k, wl->loc[i], hint,
+                                "model.window_layers[%d] = %" PRId64
+                                " is out of range: the model has %" PRId64 " layers",
+                                i, wl->v[i], m->num_layers);
+            } else if (i > 0 && wl->v[i] <= wl->v[i - 1]) {
+                mgc_check_error(k, wl->loc[i], "list each layer once, in increasing order",
+                                "model.window_layers[%d] = %" PRId64 " does not come after %" PRId64,
+                                i, wl->v[i], wl->v[i - 1]);
+            }
+        }
+    }
     if (m->window_size >= m->seq_length) {
         snprintf(hint, sizeof hint,
                  "remove it, or set it below model.seq_length (%" PRId64 ") to limit what a query sees",

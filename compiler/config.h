@@ -149,6 +149,10 @@ typedef struct mgc_blend {
     X(MODEL_WINDOW, "model.window_size", INT, model.window_size, 0, 0, 16777216, NULL, 0, NULL,               \
       "Sliding-window attention: each query sees the window_size latest positions, itself included "     \
       "(Mistral's sliding_window; Megatron's --window-size L,0 is L + 1); 0: every earlier position.")     \
+    X(MODEL_WINDOW_LAYERS, "model.window_layers", INT_LIST, model.window_layers, 0, 0, 65535, NULL,           \
+      MGC_KF_OPTIONAL, "every layer",                                                                        \
+      "0-based list of the layers with the sliding window (interleaved local and global attention); the "  \
+      "others see every earlier position.")                                                                  \
     X(MODEL_QK_NORM, "model.qk_layernorm", BOOL, model.qk_layernorm, 0, 0, 0, NULL, 0, NULL,                \
       "Normalize each head's queries and keys before rotary (the model's normalization over head_dim, one "  \
       "weight shared by the heads; Qwen3, Megatron's --qk-layernorm).")                                      \
@@ -363,6 +367,7 @@ typedef struct mgc_model_cfg {
     int add_qkv_bias;
     int qk_layernorm;                /* norm q and k per head */
     int64_t window_size;             /* sliding window in keys; 0 none */
+    mgc_int_list window_layers;      /* the layers with the window (given: a list; else all) */
     int tie_embeddings;
     double hidden_dropout;
     double attention_dropout;

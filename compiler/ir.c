@@ -683,7 +683,14 @@ static int32_t decoder_layer(bld *b, int32_t l, int32_t x, int is_moe) {
     at.attention.head_dim = (int32_t)dm->d;
     at.attention.scale = 1.0 / sqrt((double)dm->d);
     at.attention.dropout = m->attention_dropout;
-    at.attention.window = m->window_size < dm->s ? m->window_size : 0; /* at s or more: all */
+    /* the sliding window (at s or more keys: none), on the listed layers when there is a list */
+    at.attention.window = m->window_size < dm->s ? m->window_size : 0;
+    if (b->c->given[MGC_KEY_MODEL_WINDOW_LAYERS]) {
+        int listed = 0;
+        for (int i = 0; i < m->window_layers.n; i++)
+            listed |= m->window_layers.v[i] == l;
+        if (!listed) at.attention.window = 0;
+    }
     int32_t ain[4] = {qkv3[0], qkv3[1], qkv3[2], b->g->doc_start};
     emit(b, MGC_IR_OP_ATTENTION, mod, ain, b->c->data.reset_attention_mask ? 4 : 3, &ctx, 1, &at);
     int32_t o =

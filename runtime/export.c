@@ -187,6 +187,24 @@ static out_t *expert(ctx *x, const char *name, const char *src, int e, int64_t r
 
 /* ---- the model's families ----------------------------------------------------------- */
 
+/* The sliding window the plan's attention ops have (their fattr[2]: every layer's, whichever
+ * stage holds it), in *w: 0 none; -1 when layers differ (model.window_layers). */
+static int plan_window(const mgc_plan *p, int64_t *w) {
+    int64_t seen = -2;
+    for (int64_t s = 0; s < p->n_stages; s++)
+        for (int64_t c = 0; c < p->stages[s].n_chunks; c++) {
+            const mgc_plan_chunk *ch = &p->stages[s].chunks[c];
+            for (int64_t i = 0; i < ch->n_fwd; i++) {
+                if (ch->fwd[i].kind != MGC_POP_ATTENTION) continue;
+                int64_t v = (int64_t)ch->fwd[i].fattr[2];
+                if (seen != -2 && v != seen) return -1;
+                seen = v;
+            }
+        }
+    *w = seen < 0 ? 0 : seen;
+    return 0;
+}
+
 static int plan_hf(ctx *x) {
     const mgc_plan *p = x->plan;
     int64_t norm = cfg_i(p, "model.normalization", 0), act = cfg_i(p, "model.activation", 0);
@@ -194,8 +212,8 @@ static int plan_hf(ctx *x) {
     int64_t qkvb = cfg_i(p, "model.add_qkv_bias", bias), experts = cfg_i(p, "moe.num_experts", 0);
     double rp = cfg_f(p, "model.rotary_percent", 1.0);
     int qk = cfg_i(p, "model.qk_layernorm", 0) != 0;
-    int64_t win = cfg_i(p, "model.window_size", 0);
-    if (win >= x->seq) win = 0; /* covers every position: no window */
+    int64_t win = 0;
+    int mixed = plan_window(p, &win) != 0; /* model.window_layers: some layers without */
     char *err = x->err;
     size_t errsz = x->errsz;
     const char *why = NULL;
@@ -227,6 +245,8 @@ static int plan_hf(ctx *x) {
      * Qwen3's (q_norm, k_norm) */
     if (!why && qk && !llama) why = "query and key norms outside LLaMA-style layers (the hf format has them as Qwen3's)";
     /* a sliding window over LLaMA's layers is Mistral's (or Mixtral's sliding_window) */
+    if (!why && mixed)
+        why = "a sliding window on some layers only (Mistral's and Mixtral's are on every layer)";
     if (!why && win > 0 && (!llama || qk))
         why = "a sliding window outside LLaMA- and Mixtral-style layers (the hf format has it as "
               "Mistral's and Mixtral's sliding_window)";
@@ -472,8 +492,8 @@ static int write_config(const ctx *x, int dtype, const char *path, char *err,
                 fam_class[x->fam], fam_type[x->fam], x->vocab, x->hidden,
                 x->fam == FAM_MIXTRAL ? cfg_i(p, "moe.ffn_hidden_size", x->ffn) : x->ffn, x->layers, x->heads,
                 x->groups, x->head_dim, pos, eps, theta, ad, tied ? "true" : "false");
-    int64_t win = cfg_i(p, "model.window_size", 0);
-    if (win > 0 && win < x->seq && (x->fam == FAM_MISTRAL || x->fam == FAM_MIXTRAL))
+    int64_t win = 0;
+    if (!plan_window(p, &win) && win > 0 && (x->fam == FAM_MISTRAL || x->fam == FAM_MIXTRAL))
         fprintf(f, "  \"sliding_window\": %" PRId64 ",\n", win);
     if (moe) {
         char aux[40];
@@ -1145,7 +1165,8 @@ int mgc_import(const mgc_plan *plan, const char *dir, const char *ckpt, char *er
         }
     }
     if (llamaish || x.fam == FAM_MIXTRAL) { /* the sliding window: absent or null is none */
-        int64_t want_w = cfg_i(plan, "model.window_size", 0), got_w = 0;
+        int64_t want_w = 0, got_w = 0;
+        plan_window(plan, &want_w); /* uniform: plan_hf refused a mixed one */
         if (cfg_json(json, "sliding_window", v, sizeof v) && strcmp(v, "null")) got_w = strtoll(v, NULL, 10);
         if (want_w >= x.seq) want_w = 0;
         if (got_w >= x.seq || got_w < 0) got_w = 0;

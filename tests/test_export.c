@@ -354,6 +354,25 @@ static void check_import_refusals(void) {
     T_EQ_I64(mgc_import(l2, hf, dst, err, sizeof err), -1);
     T_CHECK(strstr(err, "rope_theta is 10000 but this plan's model has 500000") != NULL);
     printf("import refused: %s\n", err);
+    /* a window on some layers only: no hf architecture has it */
+    {
+        static const char *const odd[] = {"model.window_size=10", "model.window_layers=[1, 3]", NULL};
+        mgc_plan *lo = compile("models/tiny-llama.yaml", odd);
+        T_CHECK(lo != NULL);
+        if (lo) {
+            char ock[300], ohf[300], c0[256];
+            snprintf(ock, sizeof ock, "%s/odd", ck);
+            snprintf(ohf, sizeof ohf, "%s/odd-hf", ck);
+            T_EQ_I64(mkdir(ock, 0700), 0);
+            T_EQ_I64(random_ckpt(lo, ock, c0, sizeof c0), 0);
+            T_EQ_I64(mgc_export(lo, c0, ohf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), -1);
+            T_CHECK(strstr(err, "a sliding window on some layers only") && strstr(err, "--format mgc"));
+            T_CHECK(count_files(ohf) <= 0);
+            printf("export refused: %s\n", err);
+            t_remove_dir(ock);
+        }
+        mgc_plan_free(lo);
+    }
     /* Qwen3-MoE's router: norm_topk_prob true into a plan with the pre-softmax router */
     {
         mgc_plan *qm = compile("models/tiny-moe.yaml", qwen3moe), *qp = compile("models/tiny-moe.yaml", qwen3moe_pre);

@@ -1531,6 +1531,13 @@ static const layout win_llama[] = {
     {"tp2 cp2 pp2 dp2", {W(16), "parallel.tensor=2", "parallel.context=2", "parallel.pipeline=2",
                          "parallel.data=2"}},
 };
+/* local and global layers interleaved (model.window_layers): the two pipeline stages and the
+ * context ranks each hold both kinds */
+static const char *const win_odd[] = {"model.window_size=8", "model.window_layers=[1, 3]", NULL};
+static const layout win_mixed[] = {
+    {"pp2", {W(2), "parallel.pipeline=2"}},
+    {"tp2 cp2", {W(4), "parallel.tensor=2", "parallel.context=2"}},
+};
 static const char *const win_docs[] = {"model.window_size=20", "data.reset_attention_mask=true",
                                        "model.attention_dropout=0.1", NULL};
 static const layout win_gpt[] = {
@@ -1680,6 +1687,7 @@ int main(int argc, char **argv) {
     if (!only || strstr("window", only)) check_window();
     if (!only || strstr("window", only)) check_model("models/tiny-llama.yaml", win, win_llama, 5);
     if (!only || strstr("window", only)) check_model("examples/tiny-gpt.yaml", win_docs, win_gpt, 3);
+    if (!only || strstr("window", only)) check_model("models/tiny-llama.yaml", win_odd, win_mixed, 2);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", presoftmax, moe_pre, 2);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
