@@ -331,6 +331,20 @@ static int count_files(const char *dir) {
     return n;
 }
 
+/* A random checkpoint of p in ck/sub, exported in the hf format to ck/sub-hf (its path in hf):
+ * mgc_export's status, its message in err. */
+static int export_random(const mgc_plan *p, const char *ck, const char *sub, char *hf, size_t hfsz,
+                         char *err, size_t errsz) {
+    char dir[300], ckpt[400];
+    snprintf(dir, sizeof dir, "%s/%s", ck, sub);
+    snprintf(hf, hfsz, "%s/%s-hf", ck, sub);
+    T_EQ_I64(mkdir(dir, 0700), 0);
+    T_EQ_I64(random_ckpt(p, dir, ckpt, sizeof ckpt), 0);
+    int rc = mgc_export(p, ckpt, hf, MGC_EXPORT_HF, MGC_DT_F32, err, errsz);
+    t_remove_dir(dir);
+    return rc;
+}
+
 /* LLaMA with query and key norms: Qwen3 (Qwen3ForCausalLM) */
 static const char *const qk[] = {"model.qk_layernorm=true", NULL};
 
@@ -360,16 +374,11 @@ static void check_import_refusals(void) {
         mgc_plan *lo = compile("models/tiny-llama.yaml", odd);
         T_CHECK(lo != NULL);
         if (lo) {
-            char ock[300], ohf[300], c0[256];
-            snprintf(ock, sizeof ock, "%s/odd", ck);
-            snprintf(ohf, sizeof ohf, "%s/odd-hf", ck);
-            T_EQ_I64(mkdir(ock, 0700), 0);
-            T_EQ_I64(random_ckpt(lo, ock, c0, sizeof c0), 0);
-            T_EQ_I64(mgc_export(lo, c0, ohf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), -1);
+            char ohf[300];
+            T_EQ_I64(export_random(lo, ck, "odd", ohf, sizeof ohf, err, sizeof err), -1);
             T_CHECK(strstr(err, "a sliding window on some layers only") && strstr(err, "--format mgc"));
             T_CHECK(count_files(ohf) <= 0);
             printf("export refused: %s\n", err);
-            t_remove_dir(ock);
         }
         mgc_plan_free(lo);
     }
@@ -378,16 +387,12 @@ static void check_import_refusals(void) {
         mgc_plan *qm = compile("models/tiny-moe.yaml", qwen3moe), *qp = compile("models/tiny-moe.yaml", qwen3moe_pre);
         T_CHECK(qm && qp);
         if (qm && qp) {
-            char mck[300], mhf[300], c0[256];
-            snprintf(mck, sizeof mck, "%s/qm", ck);
-            snprintf(mhf, sizeof mhf, "%s/qm-hf", ck);
-            T_EQ_I64(mkdir(mck, 0700), 0);
-            T_EQ_I64(random_ckpt(qm, mck, c0, sizeof c0), 0);
-            T_EQ_I64(mgc_export(qm, c0, mhf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), 0);
+            char mhf[300];
+            T_EQ_I64(export_random(qm, ck, "qm", mhf, sizeof mhf, err, sizeof err), 0);
             T_EQ_I64(mgc_import(qp, mhf, dst, err, sizeof err), -1);
             T_CHECK(strstr(err, "norm_topk_prob is true") && strstr(err, "--set moe.router_score=softmax"));
             printf("import refused: %s\n", err);
-            t_remove_dir(mck), t_remove_dir(mhf);
+            t_remove_dir(mhf);
         }
         mgc_plan_free(qm), mgc_plan_free(qp);
     }
@@ -400,12 +405,8 @@ static void check_import_refusals(void) {
     }
     /* a Qwen3 model into a LLaMA plan: the setting that tells them apart is named */
     if (q && gq) {
-        char qck[300], qhf[300];
-        snprintf(qhf, sizeof qhf, "%s/qwen3", ck);
-        snprintf(qck, sizeof qck, "%s/q", ck);
-        T_EQ_I64(mkdir(qck, 0700), 0);
-        T_EQ_I64(random_ckpt(q, qck, ckpt, sizeof ckpt), 0);
-        T_EQ_I64(mgc_export(q, ckpt, qhf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), 0);
+        char qhf[300], ghf[300];
+        T_EQ_I64(export_random(q, ck, "qwen3", qhf, sizeof qhf, err, sizeof err), 0);
         T_EQ_I64(mgc_import(l, qhf, dst, err, sizeof err), -1);
         T_CHECK(strstr(err, "model_type is \"qwen3\"") && strstr(err, "query and key norms: compile with --set model.qk_layernorm=true"));
         printf("import refused: %s\n", err);
@@ -413,16 +414,11 @@ static void check_import_refusals(void) {
         T_CHECK(strstr(err, "model_type is \"llama\"") && strstr(err, "--set model.qk_layernorm=false"));
         printf("import refused: %s\n", err);
         /* query and key norms have no GPT-2 architecture */
-        char gck[300], ghf[300];
-        snprintf(gck, sizeof gck, "%s/g", ck);
-        snprintf(ghf, sizeof ghf, "%s/gpt-qk", ck);
-        T_EQ_I64(mkdir(gck, 0700), 0);
-        T_EQ_I64(random_ckpt(gq, gck, ckpt, sizeof ckpt), 0);
-        T_EQ_I64(mgc_export(gq, ckpt, ghf, MGC_EXPORT_HF, MGC_DT_F32, err, sizeof err), -1);
+        T_EQ_I64(export_random(gq, ck, "gpt-qk", ghf, sizeof ghf, err, sizeof err), -1);
         T_CHECK(strstr(err, "query and key norms outside LLaMA-style layers") && strstr(err, "--format mgc"));
         T_CHECK(count_files(ghf) <= 0);
         printf("export refused: %s\n", err);
-        t_remove_dir(qck), t_remove_dir(gck), t_remove_dir(qhf);
+        t_remove_dir(qhf);
     }
     T_CHECK(access(dst, F_OK) != 0);
     T_EQ_I64(mgc_import(l, ck, dst, err, sizeof err), -1);
