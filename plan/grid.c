@@ -258,3 +258,16 @@ int64_t mgc_grid_group_count(const mgc_grid *g, mgc_group_kind k) {
     int mask = locate(g, k, 0, &d);
     return mask < 0 ? -1 : g->world / digit_count(&d, mask);
 }
+
+uint64_t mgc_fold_round(uint64_t count, int64_t group, uint64_t es, int scatter) {
+    if (count == 0 || group < 1 || es == 0) return 0;
+    uint64_t G = (uint64_t)group;
+    uint64_t slice = scatter ? count : (count + G - 1) / G;
+    uint64_t cap = MGC_FOLD_ROUND_BYTES / (G * es);
+    if (cap < 1) cap = 1;
+    return slice < cap ? slice : cap;
+}
+
+uint64_t mgc_fold_scratch_bytes(uint64_t count, int64_t group, uint64_t es, int scatter) {
+    return mgc_fold_round(count, group, es, scatter) * (uint64_t)(group > 0 ? group : 0) * es;
+}

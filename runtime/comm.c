@@ -4,6 +4,7 @@
  * Transports (comm_local.c, comm_mpi.c) only move bytes and rendezvous. */
 #define MGC_COMM_INTERNAL
 #include "comm.h"
+#include "half.h"
 
 #include <limits.h>
 #include <math.h>
@@ -120,6 +121,8 @@ mgc_comm_status mgc_comm_init_base(mgc_comm *c, const mgc_comm_iface *iface, voi
     c->size = size;
     c->world_rank = world_rank;
     c->seq = 0;
+    c->moves_only = 0;
+    memset(&c->dev, 0, sizeof c->dev);
     c->timeout_ms = timeout_ms > 0 ? timeout_ms : MGC_COMM_DEFAULT_TIMEOUT_MS;
     snprintf(c->name, sizeof c->name, "%s", name ? name : "world");
     c->err[0] = '\0';
@@ -211,8 +214,9 @@ void mgc_comm_abort(mgc_comm *c, const char *reason) {
 
 /* ---- argument checks and dispatch ----------------------------------------- */
 
-static int is_reducible(mgc_dtype dt) {
-    return dt == MGC_DT_F32;
+/* f32 everywhere; bf16 and f16 where comm.c folds (moves-only handles, reduce_scatter_v) */
+static int is_reducible(mgc_dtype dt, int folded) {
+    return dt == MGC_DT_F32 || (folded && (dt == MGC_DT_BF16 || dt == MGC_DT_F16));
 }
 
 /* count * size(dt) fits in size_t, and count * mult too */
@@ -233,9 +237,11 @@ static mgc_comm_status check_dt(mgc_comm *c, mgc_comm_op_kind k, mgc_dtype dt, i
     if ((unsigned)dt >= MGC_DT__COUNT)
         return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "%s: unknown dtype %d", mgc_comm_op_name(k),
                              (int)dt);
-    if (reduce && !is_reducible(dt))
-        return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "%s: cannot reduce %s (f32 only)",
-                             mgc_comm_op_name(k), mgc_dtype_name(dt));
+    if (reduce && !is_reducible(dt, reduce > 1 || c->moves_only))
+        return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "%s: cannot reduce %s (%s)",
+                             mgc_comm_op_name(k), mgc_dtype_name(dt),
+                             reduce > 1 || c->moves_only ? "f32, bf16 or f16"
+                                                         : "f32 only on this transport");
     if (reduce && red != MGC_COMM_SUM && red != MGC_COMM_MAX)
         return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "%s: unknown reduction %d",
                              mgc_comm_op_name(k), (int)red);
@@ -247,6 +253,201 @@ static mgc_comm_status check_dt(mgc_comm *c, mgc_comm_op_kind k, mgc_dtype dt, i
         if (!(c)) return MGC_COMM_ERR_INVALID;                                                     \
     } while (0)
 
+/* ---- reductions from data movement and a fold (moves-only handles; reduce_scatter_v) ---- */
+
+int mgc_comm_fold_host(void *ctx, void *dst, const void *src, int parts, size_t count,
+                       size_t stride, mgc_dtype dt, mgc_comm_red op) {
+    (void)ctx;
+    size_t es = mgc_dtype_size(dt);
+    if (parts < 1 || (dt != MGC_DT_F32 && dt != MGC_DT_BF16 && dt != MGC_DT_F16)) return -1;
+    const unsigned char *s = src;
+    unsigned char *d = dst;
+    for (size_t i = 0; i < count; i++) {
+        float a = 0.0f;
+        for (int j = 0; j < parts; j++) {
+            const unsigned char *p = s + ((size_t)j * stride + i) * es;
+            float v;
+            if (dt == MGC_DT_F32) {
+                memcpy(&v, p, 4);
+            } else {
+                uint16_t u;
+                memcpy(&u, p, 2);
+                v = dt == MGC_DT_BF16 ? mgc_bf16_to_f32(u) : mgc_f16_to_f32(u);
+            }
+            if (j == 0) a = v;
+            else if (op == MGC_COMM_SUM) a += v;
+            else if (v > a || isnan(v)) a = isnan(a) ? a : v; /* NaN propagates */
+        }
+        if (dt == MGC_DT_F32) {
+            memcpy(d + i * 4, &a, 4);
+        } else {
+            uint16_t u = dt == MGC_DT_BF16 ? mgc_f32_to_bf16(a) : mgc_f32_to_f16(a);
+            memcpy(d + i * 2, &u, 2);
+        }
+    }
+    return 0;
+}
+
+mgc_comm_status mgc_comm_set_device(mgc_comm *c, const mgc_comm_device *d) {
+    CHECK_HANDLE(c);
+    if (!d) return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "set_device: NULL settings");
+    c->dev = *d;
+    return MGC_COMM_OK;
+}
+
+int mgc_comm_moves_only(const mgc_comm *c) {
+    return c ? c->moves_only : 0;
+}
+
+/* A fold's state: the scratch (the handle's, or malloc'd for host memory) and the counts of
+ * the all-to-alls (4 x size). */
+typedef struct folder {
+    mgc_comm *c;
+    unsigned char *scratch;
+    int owned;
+    size_t *sc, *sd, *rc, *rd;
+} folder;
+
+static mgc_comm_status folder_open(folder *f, mgc_comm *c, size_t scratch_bytes, const char *what) {
+    memset(f, 0, sizeof *f);
+    f->c = c;
+    if (!(f->sc = calloc(4 * (size_t)c->size, sizeof *f->sc)))
+        return mgc_comm_fail(c, MGC_COMM_ERR_NOMEM, "%s: out of memory", what);
+    f->sd = f->sc + c->size, f->rc = f->sd + c->size, f->rd = f->rc + c->size;
+    if (c->dev.scratch) {
+        if (scratch_bytes > c->dev.scratch_bytes) {
+            free(f->sc);
+            return mgc_comm_fail(c, MGC_COMM_ERR_INVALID,
+                                 "%s: needs %zu bytes of fold scratch, the handle has %zu (the "
+                                 "memory plan reserves mgc_fold_scratch_bytes: a plan from "
+                                 "another mgc?)",
+                                 what, scratch_bytes, c->dev.scratch_bytes);
+        }
+        f->scratch = c->dev.scratch;
+    } else if (scratch_bytes) {
+        if (!(f->scratch = malloc(scratch_bytes))) {
+            free(f->sc);
+            return mgc_comm_fail(c, MGC_COMM_ERR_NOMEM, "%s: out of memory for %zu bytes of fold "
+                                 "scratch", what, scratch_bytes);
+        }
+        f->owned = 1;
+    }
+    return MGC_COMM_OK;
+}
+
+static void folder_close(folder *f) {
+    if (f->owned) free(f->scratch);
+    free(f->sc);
+}
+
+static mgc_comm_status fold(folder *f, void *dst, int parts, size_t count, mgc_dtype dt,
+                            mgc_comm_red op, const char *what) {
+    mgc_comm *c = f->c;
+    if (!count) return MGC_COMM_OK;
+    int rc = c->dev.fold ? c->dev.fold(c->dev.fold_ctx, dst, f->scratch, parts, count, count, dt, op)
+                         : mgc_comm_fold_host(NULL, dst, f->scratch, parts, count, count, dt, op);
+    return rc ? mgc_comm_fail(c, MGC_COMM_ERR_SYSTEM, "%s: the fold of %zu %s failed", what, count,
+                              mgc_dtype_name(dt))
+              : MGC_COMM_OK;
+}
+
+static mgc_comm_status a2a(folder *f, const void *send, void *recv, mgc_dtype dt) {
+    return mgc_comm_all_to_all_v(f->c, send, f->sc, f->sd, recv, f->rc, f->rd, dt);
+}
+
+/* recv[i] = op over ranks of send[i]: per round, rank j's slice [o + j p, o + (j+1) p) goes to
+ * rank j (all-to-all), is folded there, and comes back to every rank (all-to-all). */
+static mgc_comm_status folded_all_reduce(mgc_comm *c, const void *send, void *recv, size_t n,
+                                         mgc_dtype dt, mgc_comm_red op) {
+    int G = c->size, me = c->rank;
+    size_t es = mgc_dtype_size(dt);
+    size_t p = (size_t)mgc_fold_round(n, G, es, 0);
+    folder f;
+    MGC_COMM_TRY(folder_open(&f, c, (size_t)G * p * es, "all_reduce"));
+    mgc_comm_status s = MGC_COMM_OK;
+    const unsigned char *in = send;
+    unsigned char *out = recv;
+    for (size_t o = 0; o < n && s == MGC_COMM_OK; o += (size_t)G * p) {
+        size_t r = n - o < (size_t)G * p ? n - o : (size_t)G * p;
+#define SLICE(j) ((size_t)(j) * p >= r ? 0 : r - (size_t)(j) * p < p ? r - (size_t)(j) * p : p)
+        size_t mine = SLICE(me);
+        for (int j = 0; j < G; j++) {
+            f.sc[j] = SLICE(j), f.sd[j] = o + (size_t)j * p;
+            f.rc[j] = mine, f.rd[j] = (size_t)j * mine;
+        }
+        s = a2a(&f, in, f.scratch, dt);
+        if (s == MGC_COMM_OK) s = fold(&f, out + (o + (size_t)me * p) * es, G, mine, dt, op, "all_reduce");
+        for (int j = 0; j < G; j++) { /* the slices back; this rank's is in place */
+            f.sc[j] = j == me ? 0 : mine, f.sd[j] = o + (size_t)me * p;
+            f.rc[j] = j == me ? 0 : SLICE(j), f.rd[j] = o + (size_t)j * p;
+        }
+#undef SLICE
+        if (s == MGC_COMM_OK) s = a2a(&f, out, out, dt);
+    }
+    folder_close(&f);
+    return s;
+}
+
+/* Rank r receives the fold of block r: per round, [o, o + r) of every block to its rank. */
+static mgc_comm_status folded_reduce_scatter(mgc_comm *c, const void *send, void *recv, size_t n,
+                                             mgc_dtype dt, mgc_comm_red op) {
+    int G = c->size;
+    size_t es = mgc_dtype_size(dt);
+    size_t step = (size_t)mgc_fold_round(n, G, es, 1);
+    folder f;
+    MGC_COMM_TRY(folder_open(&f, c, (size_t)G * step * es, "reduce_scatter"));
+    mgc_comm_status s = MGC_COMM_OK;
+    for (size_t o = 0; o < n && s == MGC_COMM_OK; o += step) {
+        size_t r = n - o < step ? n - o : step;
+        for (int j = 0; j < G; j++)
+            f.sc[j] = r, f.sd[j] = (size_t)j * n + o, f.rc[j] = r, f.rd[j] = (size_t)j * r;
+        s = a2a(&f, send, f.scratch, dt);
+        if (s == MGC_COMM_OK)
+            s = fold(&f, (unsigned char *)recv + o * es, G, r, dt, op, "reduce_scatter");
+    }
+    folder_close(&f);
+    return s;
+}
+
+mgc_comm_status mgc_comm_reduce_scatter_v(mgc_comm *c, const void *send, const size_t *per,
+                                          void *recv, mgc_dtype dt, mgc_comm_red op) {
+    CHECK_HANDLE(c);
+    MGC_COMM_TRY(check_dt(c, MGC_COMM_OP_REDUCE_SCATTER, dt, 2, op));
+    if (!per) return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "reduce_scatter_v: NULL counts");
+    int G = c->size, me = c->rank;
+    size_t es = mgc_dtype_size(dt), most = 0, total = 0;
+    for (int j = 0; j < G; j++) {
+        if (per[j] > SIZE_MAX - total)
+            return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "reduce_scatter_v: counts overflow");
+        total += per[j];
+        if (per[j] > most) most = per[j];
+    }
+    if (!bytes_ok(total, dt, 0) || !bytes_ok(most, dt, (size_t)G))
+        return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "reduce_scatter_v: counts overflow");
+    if ((total && !send) || (per[me] && !recv))
+        return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "reduce_scatter_v: NULL buffer");
+    /* rounds over the largest block, so that every rank runs as many */
+    size_t step = (size_t)mgc_fold_round(most, G, es, 1);
+    folder f;
+    MGC_COMM_TRY(folder_open(&f, c, (size_t)G * step * es, "reduce_scatter_v"));
+    mgc_comm_status s = MGC_COMM_OK;
+    for (size_t o = 0; o < most && s == MGC_COMM_OK; o += step) {
+        size_t begin = 0, mine = per[me] > o ? per[me] - o : 0;
+        if (mine > step) mine = step;
+        for (int j = 0; j < G; j++) {
+            size_t len = per[j] > o ? per[j] - o : 0;
+            f.sc[j] = len > step ? step : len, f.sd[j] = begin + o;
+            f.rc[j] = mine, f.rd[j] = (size_t)j * mine;
+            begin += per[j];
+        }
+        s = a2a(&f, send, f.scratch, dt);
+        if (s == MGC_COMM_OK)
+            s = fold(&f, (unsigned char *)recv + o * es, G, mine, dt, op, "reduce_scatter_v");
+    }
+    folder_close(&f);
+    return s;
+}
+
 mgc_comm_status mgc_comm_all_reduce(mgc_comm *c, const void *send, void *recv, size_t count,
                                     mgc_dtype dt, mgc_comm_red op) {
     CHECK_HANDLE(c);
@@ -255,6 +456,7 @@ mgc_comm_status mgc_comm_all_reduce(mgc_comm *c, const void *send, void *recv, s
         return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "all_reduce: NULL buffer");
     if (!bytes_ok(count, dt, 0))
         return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "all_reduce: count overflows");
+    if (c->moves_only) return folded_all_reduce(c, send, recv, count, dt, op);
     mgc_comm_op o = {.kind = MGC_COMM_OP_ALL_REDUCE,
                      .red = op,
                      .dt = dt,
@@ -272,6 +474,7 @@ mgc_comm_status mgc_comm_reduce_scatter(mgc_comm *c, const void *send, void *rec
         return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "reduce_scatter: NULL buffer");
     if (!bytes_ok(count, dt, (size_t)c->size))
         return mgc_comm_fail(c, MGC_COMM_ERR_INVALID, "reduce_scatter: count overflows");
+    if (c->moves_only) return folded_reduce_scatter(c, send, recv, count, dt, op);
     mgc_comm_op o = {.kind = MGC_COMM_OP_REDUCE_SCATTER,
                      .red = op,
                      .dt = dt,
@@ -412,8 +615,10 @@ static mgc_comm_status split(mgc_comm *parent, int64_t color, int64_t key, int t
                      .root = tag,
                      .seq = parent->seq++};
     mgc_comm_status s = parent->iface->split(parent, &o, out);
-    if (s == MGC_COMM_OK && *out)
+    if (s == MGC_COMM_OK && *out) {
         snprintf((*out)->name, sizeof(*out)->name, "split#%lld", (long long)color);
+        (*out)->moves_only = parent->moves_only;
+    }
     return s;
 }
 

@@ -71,9 +71,11 @@ typedef struct mgc_comm mgc_comm;
 typedef struct mgc_comm_config {
     size_t size;        /* sizeof(mgc_comm_config) */
     int64_t timeout_ms; /* longest wait for other ranks; <= 0: default (300000, 5 min) */
+    int moves_only;     /* local transport: a moves-only world (below, "Device memory"): how
+                           the tests run the device path on host-addressable memory */
 } mgc_comm_config;
 #define MGC_COMM_CONFIG_INIT                                                                       \
-    { sizeof(mgc_comm_config), 0 }
+    { sizeof(mgc_comm_config), 0, 0 }
 #define MGC_COMM_DEFAULT_TIMEOUT_MS 300000
 
 const char *mgc_comm_status_name(mgc_comm_status s); /* "ok", "mismatch", ... */
@@ -186,6 +188,53 @@ mgc_comm_status mgc_comm_barrier(mgc_comm *c);
 mgc_comm_status mgc_comm_send(mgc_comm *c, const void *buf, size_t count, mgc_dtype dt, int peer);
 mgc_comm_status mgc_comm_recv(mgc_comm *c, void *buf, size_t count, mgc_dtype dt, int peer);
 
+/* Variable reduce-scatter: send holds, in group-rank order, per[j] elements for each group rank
+ * j; this rank receives the sum (or max) over the group of its block, per[rank] elements, added
+ * in group-rank order.  Takes f32, and bf16/f16 (widened, folded in fp32, rounded once).
+ * Composed from an all-to-all-v and a fold on every transport.  recv may lie inside send. */
+mgc_comm_status mgc_comm_reduce_scatter_v(mgc_comm *c, const void *send, const size_t *per,
+                                          void *recv, mgc_dtype dt, mgc_comm_red op);
+
+/* ---- device memory ----------------------------------------------------------
+ * A moves-only communicator moves data and leaves the arithmetic to its user: the nccl
+ * transport on device memory (comm_nccl.c), or a local world created with
+ * mgc_comm_config.moves_only (how the tests run this path).  Its groups are moves-only too.
+ * On it, all_reduce and reduce_scatter are composed in comm.c from all-to-alls and a fold:
+ * each rank receives every rank's part of its slice, folds them in group-rank order and
+ * (all-reduce) all-gathers the slices -- the guarantee above, bit for bit, and the traffic of
+ * a ring.  They also take bf16 and f16 there (widened, folded in fp32, rounded once).  The
+ * slices go in rounds of at most MGC_FOLD_ROUND_BYTES (plan.h), a pure function of the count,
+ * the group size and the type, so all ranks agree on them.
+ *
+ * mgc_comm_set_device tells one handle where its operations run: the stream they are queued
+ * on (nccl: a cudaStream_t; operations return once queued and complete in stream order), the
+ * fold, and a scratch area in the same memory of at least mgc_fold_scratch_bytes for every
+ * reduction it will run.  Without it: the default stream, a fold on the host, and scratch
+ * from malloc (host-addressable memory only). */
+typedef int (*mgc_comm_fold_fn)(void *ctx, void *dst, const void *src, int parts, size_t count,
+                                size_t stride, mgc_dtype dt, mgc_comm_red op);
+typedef struct mgc_comm_device {
+    void *stream;          /* the transport's queue; NULL: its default */
+    mgc_comm_fold_fn fold; /* dst[i] = op over j = 0..parts-1, in order, of src[j*stride + i],
+                              in fp32, rounded once to dt; dst may lie inside src's part 0 */
+    void *fold_ctx;
+    void *scratch;
+    size_t scratch_bytes;
+} mgc_comm_device;
+mgc_comm_status mgc_comm_set_device(mgc_comm *c, const mgc_comm_device *d);
+/* 1 for a moves-only communicator. */
+int mgc_comm_moves_only(const mgc_comm *c);
+/* The reference fold on host memory (mgc_comm_fold_fn; ctx unused): also the CPU backend's. */
+int mgc_comm_fold_host(void *ctx, void *dst, const void *src, int parts, size_t count,
+                       size_t stride, mgc_dtype dt, mgc_comm_red op);
+
+/* The NCCL transport (comm_nccl.c, built with the CUDA toolkit's NCCL): a moves-only world
+ * on CUDA device `device` over the same ranks as `boot` (a host world: mpi or tcp, or local
+ * threads for one GPU each), which carries NCCL's unique id and every operation's
+ * descriptor check.  MGC_COMM_ERR_UNSUPPORTED when built without NCCL. */
+mgc_comm_status mgc_comm_nccl_world_create(mgc_comm *boot, int device, const mgc_comm_config *cfg,
+                                           mgc_comm **world, char *err, size_t err_size);
+
 /* Returns the status of `expr` from the enclosing function when not OK. */
 #define MGC_COMM_TRY(expr)                                                                         \
     do {                                                                                           \
@@ -276,6 +325,8 @@ struct mgc_comm {
     uint64_t *send_seq; /* (size) next message number to each peer */
     uint64_t *recv_seq; /* (size) next message number from each peer */
     int64_t timeout_ms;
+    int moves_only;      /* reductions composed in comm.c (set by the transport; splits copy it) */
+    mgc_comm_device dev; /* mgc_comm_set_device */
     char name[MGC_COMM_NAME_MAX];
     char err[MGC_COMM_ERR_MAX]; /* last error */
 };

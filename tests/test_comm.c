@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "comm.h"
+#include "half.h"
 #include "testlib.h"
 
 /* testlib's counters are not thread safe: checks inside rank threads go here */
@@ -94,12 +95,15 @@ static void *thread_main(void *p) {
 
 /* Runs fn on n ranks of a fresh local world; the world handles are freed by
  * this function after the threads join unless fn freed them (comm = NULL). */
+static int g_moves_only; /* run_ranks makes moves-only worlds (reductions folded in comm.c) */
+
 static void run_ranks(int n, int64_t timeout_ms, rank_fn fn, const void *user, unsigned seed,
                       rank_arg *args) {
     mgc_comm *ranks[8];
     char err[256];
     mgc_comm_config cfg = MGC_COMM_CONFIG_INIT;
     cfg.timeout_ms = timeout_ms;
+    cfg.moves_only = g_moves_only;
     mgc_comm_status s = mgc_comm_local_world_create(n, &cfg, ranks, err, sizeof err);
     T_CHECK(s == MGC_COMM_OK);
     if (s != MGC_COMM_OK) return;
@@ -173,6 +177,61 @@ static void exercise(mgc_comm *c, const int64_t *members, int n, int me, uint64_
     jitter(seed);
     TC_OK(mgc_comm_reduce_scatter(c, x, x + (size_t)me * count, count, MGC_DT_F32, MGC_COMM_SUM));
     TC(same_bits(x + (size_t)me * count, ref, count));
+
+    /* variable reduce-scatter (every transport folds it in comm.c): block j has per[j]
+     * elements, some empty; then in place, this rank's block inside the send side */
+    {
+        size_t per[8], tot = 0, off = 0;
+        for (int j = 0; j < n; j++)
+            per[j] = (size_t)(h3(tag, 31, (uint64_t)j) % (count + 2)), tot += per[j];
+        for (int j = 0; j < me; j++)
+            off += per[j];
+        for (size_t i = 0; i < tot; i++)
+            x[i] = value(w, tag + 7, i);
+        jitter(seed);
+        TC_OK(mgc_comm_reduce_scatter_v(c, x, per, y, MGC_DT_F32, MGC_COMM_SUM));
+        for (size_t i = 0; i < per[me]; i++) {
+            float acc = value(members[0], tag + 7, off + i);
+            for (int j = 1; j < n; j++)
+                acc += value(members[j], tag + 7, off + i);
+            ref[i] = acc;
+        }
+        TC(same_bits(y, ref, per[me]));
+        jitter(seed);
+        TC_OK(mgc_comm_reduce_scatter_v(c, x, per, x + off, MGC_DT_F32, MGC_COMM_SUM));
+        TC(same_bits(x + off, ref, per[me]));
+    }
+
+    /* bf16 and f16: folded (moves-only handles) in fp32 in group-rank order, rounded once;
+     * refused elsewhere */
+    for (int dt16 = 0; dt16 < 2; dt16++) {
+        mgc_dtype dt = dt16 ? MGC_DT_F16 : MGC_DT_BF16;
+        uint16_t *hx = malloc((big + 1) * 2), *hy = malloc((big + 1) * 2), *hr = malloc((big + 1) * 2);
+#define TO16(v) (dt16 ? mgc_f32_to_f16(v) : mgc_f32_to_bf16(v))
+#define OF16(u) (dt16 ? mgc_f16_to_f32(u) : mgc_bf16_to_f32(u))
+        for (size_t i = 0; i < big; i++)
+            hx[i] = TO16(value(w, tag + 8 + (uint64_t)dt16, i));
+        for (size_t i = 0; i < big; i++) {
+            float acc = OF16(TO16(value(members[0], tag + 8 + (uint64_t)dt16, i)));
+            for (int j = 1; j < n; j++)
+                acc += OF16(TO16(value(members[j], tag + 8 + (uint64_t)dt16, i)));
+            hr[i] = TO16(acc);
+        }
+        jitter(seed);
+        mgc_comm_status st = mgc_comm_all_reduce(c, hx, hy, big, dt, MGC_COMM_SUM);
+        if (!mgc_comm_moves_only(c)) {
+            TC(st == MGC_COMM_ERR_INVALID);
+        } else {
+            TC_OK(st);
+            TC(memcmp(hy, hr, big * 2) == 0);
+            jitter(seed);
+            TC_OK(mgc_comm_reduce_scatter(c, hx, hx + (size_t)me * count, count, dt, MGC_COMM_SUM));
+            TC(memcmp(hx + (size_t)me * count, hr + (size_t)me * count, count * 2) == 0);
+        }
+#undef TO16
+#undef OF16
+        free(hx), free(hy), free(hr);
+    }
 
     /* all-gather of fp32, then of bytes in place */
     for (size_t i = 0; i < count; i++)
@@ -317,13 +376,117 @@ static void test_grids(void) {
         mk(1, 2, 2, 2, 2, 1), /* etp 2 over cp, edp 2 */
         mk(1, 1, 2, 4, 1, 2), /* pp 4: embed groups skip the middle stages */
     };
-    for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
-        T_CHECK(mgc_grid_check(&grids[i]) == 0);
-        grid_case gc = {grids[i], 2};
-        rank_arg args[8];
-        for (unsigned run = 0; run < 3; run++) /* different jitter each run, same bits */
-            run_ranks((int)grids[i].world, 20000, grid_rank, &gc, (unsigned)i * 7u + run, args);
+    for (int moves = 0; moves < 2; moves++) {
+        g_moves_only = moves; /* the same bits with reductions folded in comm.c */
+        for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
+            T_CHECK(mgc_grid_check(&grids[i]) == 0);
+            grid_case gc = {grids[i], 2};
+            rank_arg args[8];
+            for (unsigned run = 0; run < 3; run++) /* different jitter each run, same bits */
+                run_ranks((int)grids[i].world, 20000, grid_rank, &gc, (unsigned)i * 7u + run, args);
+        }
     }
+    g_moves_only = 0;
+}
+
+/* Folded reductions longer than one round (MGC_FOLD_ROUND_BYTES over the group), the last
+ * round ragged, on three ranks of a moves-only world: all-reduce out of place and in place,
+ * reduce-scatter in place, variable reduce-scatter; and the handle's own scratch and fold
+ * (mgc_comm_set_device): a scratch one byte short is refused, a failing fold reported. */
+typedef struct fold_case {
+    size_t n;       /* all-reduce elements */
+    float *ref[3];  /* the three sums over the ranks, in rank order */
+    int fold_calls; /* counted by counting_fold */
+} fold_case;
+
+static int counting_fold(void *ctx, void *dst, const void *src, int parts, size_t count,
+                         size_t stride, mgc_dtype dt, mgc_comm_red op) {
+    int *calls = ctx;
+    __atomic_add_fetch(calls, 1, __ATOMIC_RELAXED);
+    return mgc_comm_fold_host(NULL, dst, src, parts, count, stride, dt, op);
+}
+static int failing_fold(void *ctx, void *dst, const void *src, int parts, size_t count,
+                        size_t stride, mgc_dtype dt, mgc_comm_red op) {
+    (void)ctx, (void)dst, (void)src, (void)parts, (void)count, (void)stride, (void)dt, (void)op;
+    return -1;
+}
+
+static void rounds_rank(rank_arg *a) {
+    fold_case *fc = (fold_case *)a->user;
+    mgc_comm *c = a->comm, *c_for_err = c;
+    int n = mgc_comm_size(c), me = mgc_comm_rank(c);
+    size_t N = fc->n, blk = N / (size_t)n;
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    size_t sb = (size_t)mgc_fold_scratch_bytes(N, n, 4, 0);
+    unsigned char *scratch = malloc(sb);
+    if (!x || !y || !scratch) {
+        TC(0);
+        free(x), free(y), free(scratch);
+        return;
+    }
+    mgc_comm_device d = {.fold = counting_fold, .fold_ctx = &fc->fold_calls, .scratch = scratch,
+                         .scratch_bytes = sb};
+    TC_OK(mgc_comm_set_device(c, &d));
+    for (size_t i = 0; i < N; i++)
+        x[i] = value(me, 901, i);
+    TC_OK(mgc_comm_all_reduce(c, x, y, N, MGC_DT_F32, MGC_COMM_SUM));
+    TC(memcmp(y, fc->ref[0], N * 4) == 0);
+    TC_OK(mgc_comm_all_reduce(c, x, x, N, MGC_DT_F32, MGC_COMM_SUM));
+    TC(memcmp(x, fc->ref[0], N * 4) == 0);
+    /* reduce-scatter of blocks of blk, this rank's inside the send side */
+    for (size_t i = 0; i < N; i++)
+        x[i] = value(me, 902, i);
+    TC_OK(mgc_comm_reduce_scatter(c, x, x + (size_t)me * blk, blk, MGC_DT_F32, MGC_COMM_SUM));
+    TC(memcmp(x + (size_t)me * blk, fc->ref[1] + (size_t)me * blk, blk * 4) == 0);
+    /* variable: blocks blk, blk / 3, 0 (rounds over the largest) */
+    size_t per[3] = {blk, blk / 3, 0}, off = me == 0 ? 0 : me == 1 ? blk : blk + blk / 3;
+    for (size_t i = 0; i < N; i++)
+        x[i] = value(me, 903, i);
+    TC_OK(mgc_comm_reduce_scatter_v(c, x, per, y, MGC_DT_F32, MGC_COMM_SUM));
+    TC(memcmp(y, fc->ref[2] + off, per[me] * 4) == 0);
+    /* a scratch one byte short of the rounds' need: refused before any data moves */
+    d.scratch_bytes = sb - 1;
+    TC_OK(mgc_comm_set_device(c, &d));
+    TC(mgc_comm_all_reduce(c, x, y, N, MGC_DT_F32, MGC_COMM_SUM) == MGC_COMM_ERR_INVALID);
+    TC(strstr(mgc_comm_error(c), "fold scratch") != NULL);
+    /* a fold that fails: reported on every rank (each folds its own slice) */
+    d.scratch_bytes = sb, d.fold = failing_fold;
+    TC_OK(mgc_comm_set_device(c, &d));
+    TC(mgc_comm_all_reduce(c, x, y, 16, MGC_DT_F32, MGC_COMM_SUM) == MGC_COMM_ERR_SYSTEM);
+    TC(strstr(mgc_comm_error(c), "fold") != NULL);
+    free(x), free(y), free(scratch);
+}
+
+static void test_fold_rounds(void) {
+    enum { G = 3 };
+    uint64_t p = mgc_fold_round(UINT64_MAX / 8, G, 4, 0); /* a round's slice at its cap */
+    T_CHECK(p == MGC_FOLD_ROUND_BYTES / (3 * 4));
+    T_CHECK(mgc_fold_round(10, G, 4, 0) == 4 && mgc_fold_round(10, G, 4, 1) == 10);
+    T_CHECK(mgc_fold_scratch_bytes(10, G, 2, 0) == 3 * 4 * 2 && mgc_fold_round(0, G, 4, 0) == 0);
+    /* two all-reduce rounds, the second of 21 elements (only rank 0's slice non-empty);
+     * reduce-scatter blocks of p + 7: two rounds */
+    fold_case fc = {.n = (size_t)(G * p + 21), .fold_calls = 0};
+    for (int k = 0; k < 3; k++) {
+        if (!(fc.ref[k] = malloc(fc.n * sizeof(float)))) {
+            T_CHECK(0);
+            return;
+        }
+        for (size_t i = 0; i < fc.n; i++) {
+            float acc = value(0, 901 + (uint64_t)k, i);
+            for (int j = 1; j < G; j++)
+                acc += value(j, 901 + (uint64_t)k, i);
+            fc.ref[k][i] = acc;
+        }
+    }
+    rank_arg args[8];
+    g_moves_only = 1;
+    run_ranks(G, 120000, rounds_rank, &fc, 5, args);
+    g_moves_only = 0;
+    /* folds of non-empty slices: all-reduce 2 + 1 + 1, twice; reduce-scatter 2 a rank; the
+     * variable one 2 (rank 0) + 1 (rank 1, blk / 3 < p) + 0 */
+    T_CHECK(fc.fold_calls == 2 * 4 + 3 * 2 + 3);
+    for (int k = 0; k < 3; k++)
+        free(fc.ref[k]);
 }
 
 /* The test is only meaningful if order matters: the reference in reverse
@@ -634,6 +797,7 @@ int main(int argc, char **argv) {
     test_order_matters();
     test_invalid();
     test_grids();
+    test_fold_rounds();
     test_mismatch();
     test_timeout();
     test_release();
