@@ -132,5 +132,9 @@ int mgc_kspecs_for_plan(const mgc_plan *p, mgc_kspec *out, int max) {
                     break;
                 }
         }
-    return mgc_kspecs_optimizer(dtype, out, max);
+    int n = mgc_kspecs_optimizer(dtype, out, max);
+    if (n < 0 || p->grid.world <= 1) return n;
+    if (n < max) mgc_kspec_fold(MGC_DT_F32, &out[n++]);
+    if (dtype != MGC_DT_F32 && n < max) mgc_kspec_fold(dtype, &out[n++]);
+    return n;
 }

@@ -207,3 +207,7 @@ int mgc_kspecs_optimizer(int dtype, mgc_kspec *out, int max) {
     if (dtype == MGC_DT_F16) mgc_kspec_const(&out[2], "COPY", 2);
     return 3;
 }
+
+void mgc_kspec_fold(int dtype, mgc_kspec *out) {
+    mgc_kspec_init(out, "comm.cuh", "fold", dtype);
+}

@@ -969,6 +969,39 @@ static int bind_buckets(builder *b, const param_layout *pl, int64_t grad, int64_
     return 0;
 }
 
+/* The folds of reductions on device memory (runtime/comm.h, moves-only communicators) run
+ * through kernel_scratch between ops: the most any reduction of this stage needs (plan.h
+ * mgc_fold_scratch_bytes).  The gradient reductions (buckets, the embedding's, the partial
+ * sums) each cover part of the `flat` fp32 gradients over a group of at most world ranks,
+ * which needs at most min((flat + world) * 4, the round cap); the collective ops, exactly. */
+static uint64_t fold_scratch(const builder *b, uint64_t flat) {
+    const mgc_grid *g = b->g;
+    if (g->world <= 1) return 0;
+    uint64_t f = flat ? (flat + (uint64_t)g->world) * 4 : 0;
+    if (f > MGC_FOLD_ROUND_BYTES) f = MGC_FOLD_ROUND_BYTES;
+    mgc_coords co = {0};
+    co.pp = b->sp->pp_rank;
+    int64_t rank = mgc_grid_rank(g, &co);
+    for (int64_t ch = 0; ch < b->V; ch++) {
+        const mgc_plan_chunk *pc = &b->sp->chunks[ch];
+        for (int64_t i = 0; i < pc->n_fwd + pc->n_bwd; i++) {
+            const mgc_plan_op *op = i < pc->n_fwd ? &pc->fwd[i] : &pc->bwd[i - pc->n_fwd];
+            if (op->kind != MGC_POP_ALL_REDUCE && op->kind != MGC_POP_REDUCE_SCATTER) continue;
+            int dt = (int)op->iattr[2];
+            uint64_t es = dt == MGC_DT_F32 ? 4 : dt == MGC_DT_BF16 || dt == MGC_DT_F16 ? 2 : 0;
+            int64_t G = op->group < MGC_GROUP__COUNT && rank >= 0
+                            ? mgc_grid_group(g, (mgc_group_kind)op->group, rank, NULL, 0)
+                            : 0;
+            if (!es || G <= 1) continue;
+            int scatter = op->kind == MGC_POP_REDUCE_SCATTER;
+            int64_t n = scatter ? op->iattr[1] : op->iattr[0];
+            uint64_t o = n > 0 ? mgc_fold_scratch_bytes((uint64_t)n, G, es, scatter) : 0;
+            if (o > f) f = o;
+        }
+    }
+    return f;
+}
+
 static void free_builder(builder *b) {
     for (int64_t c = 0; b->uses && c < b->V; c++)
         free(b->uses[c]);
@@ -1089,6 +1122,8 @@ int mgc_memplan_build_cached(const mgc_config *c, const mgc_grid *grid, mgc_plan
                 if (o > ks) ks = o;
             }
         }
+        uint64_t fs = fold_scratch(b, pl.flat);
+        if (fs > ks) ks = fs;
         if (buf_add(b, MGC_BUF_WORKSPACE, -1, -1, name_of(b, "kernel_scratch"), mgc_kspec_align(ks),
                     0, n) < 0)
             goto nomem;

@@ -17,6 +17,7 @@
 #include <cblas.h>
 
 #include "backend.h"
+#include "comm.h"
 #include "cpu_ops.h"
 
 typedef struct cpu_ctx {
@@ -843,6 +844,16 @@ static void cpu_close(mgc_backend *be) {
     free(be);
 }
 
+/* The fold of a device communicator's reductions (tests: a moves-only local world on the CPU's
+ * arena): comm.c's reference fold. */
+static int cpu_fold(mgc_backend *be, void *dst, const void *src, int parts, size_t count,
+                    size_t stride, int dt, int op) {
+    if (mgc_comm_fold_host(NULL, dst, src, parts, count, stride, (mgc_dtype)dt,
+                           op ? MGC_COMM_MAX : MGC_COMM_SUM))
+        return fail(be, "fold: %d parts of %s", parts, mgc_dtype_name((mgc_dtype)dt));
+    return 0;
+}
+
 static const mgc_backend_iface cpu_iface = {
     .name = "cpu",
     .arena_alloc = cpu_arena_alloc,
@@ -858,6 +869,7 @@ static const mgc_backend_iface cpu_iface = {
     .sync = cpu_sync,
     .set_threads = cpu_set_threads,
     .close = cpu_close,
+    .fold = cpu_fold,
 };
 
 int mgc_backend_cpu_open(mgc_backend **out, char *err, size_t err_size) {

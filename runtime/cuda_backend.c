@@ -778,6 +778,11 @@ static void cuda_close(mgc_backend *be) {
     free(be);
 }
 
+/* The compute stream: where a device communicator (NCCL) queues its operations. */
+static void *cuda_queue(mgc_backend *be) {
+    return ((cuda_ctx *)be->context)->stream;
+}
+
 static const mgc_backend_iface cuda_iface = {
     .name = "cuda",
     .arena_alloc = cuda_arena_alloc,
@@ -804,6 +809,8 @@ static const mgc_backend_iface cuda_iface = {
     .p2p_download = cuda_p2p_download,
     .p2p_wait = cuda_p2p_wait,
     .p2p_fence = cuda_p2p_fence,
+    .fold = mgc_cuda_fold,
+    .queue = cuda_queue,
 };
 
 int mgc_backend_cuda_available(void) {

@@ -738,3 +738,17 @@ int mgc_cuda_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
     }
     return 0;
 }
+
+/* ---- the fold of a reduction on device memory (comm.h moves-only communicators) ----------- */
+
+int mgc_cuda_fold(mgc_backend *be, void *dst, const void *src, int parts, size_t count,
+                  size_t stride, int dt, int op) {
+    if (!count) return 0;
+    if (parts < 1 || (dt != MGC_DT_F32 && dt != MGC_DT_BF16 && dt != MGC_DT_F16))
+        return mgc_cuda_fail(be, "fold: %d parts of %s", parts, mgc_dtype_name((mgc_dtype)dt));
+    mgc_kspec k;
+    mgc_kspec_fold(dt, &k);
+    long long n = (long long)count, st = (long long)stride;
+    void *args[] = {&dst, &src, &parts, &n, &st, &op};
+    return mgc_cuda_launch(be, &k, ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+}

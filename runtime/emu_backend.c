@@ -277,6 +277,7 @@ static const mgc_backend_iface emu_iface = {
     .p2p_download = emu_p2p_download,
     .p2p_wait = emu_p2p_wait,
     .p2p_fence = emu_p2p_wait,
+    .fold = mgc_cuda_fold,
 };
 
 int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {

@@ -63,6 +63,10 @@ struct mgc_exec {
     mgc_backend *be;
     mgc_comm *world;
     mgc_comm *group[MGC_GROUP__COUNT];
+    /* mgc_exec_set_device_comm: the device communicator's world, its groups (dgroup[k] for
+     * group[k]) and key/value group; NULL without one */
+    mgc_comm *dworld, *dgroup[MGC_GROUP__COUNT], *d_kv;
+    mgc_comm **dev_pairs; /* (2 (MGC_GROUP__COUNT + 1)) host groups, then their device ones */
     mgc_grid grid;
     mgc_coords co;
     int64_t rank;
@@ -154,6 +158,12 @@ static int xfail(mgc_exec *x, const char *fmt, ...) {
     vsnprintf(x->err, sizeof x->err, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+/* Poisons the job on both communicators, so no peer waits on this rank. */
+static void job_abort(mgc_exec *x, const char *reason) {
+    mgc_comm_abort(x->world, reason);
+    if (x->dworld) mgc_comm_abort(x->dworld, reason);
 }
 
 static int be_fail(mgc_exec *x, const char *what) {
@@ -324,6 +334,10 @@ static void *taddr(const mgc_exec *x, int c, int32_t t, int32_t mb) {
 typedef struct xcomm {
     mgc_backend *be;
     int64_t rank;
+    /* the device communicator's handle of each host group (mgc_exec_set_device_comm): the
+     * collectives on arena memory go there, never through `host` */
+    mgc_comm *const *hosts, *const *devs;
+    int n_dev;
     int staged;                /* 1: through `host` */
     int xfer;                  /* stage through the backend's xfer slots, after `mark` */
     void *mark;
@@ -414,6 +428,13 @@ static int c_check(xcomm *k, mgc_comm *g, mgc_comm_status s, const char *what) {
                  e[0] ? ": " : "", e);
 }
 
+/* The device communicator's handle for host group g, or NULL (collectives through g). */
+static mgc_comm *devof(const xcomm *k, const mgc_comm *g) {
+    for (int i = 0; i < k->n_dev; i++)
+        if (k->hosts[i] == g) return k->devs[i];
+    return NULL;
+}
+
 /* 16-bit values (bf16, fp16; comm.h reduces fp32): widened to fp32, reduced in group-rank order
  * as every reduction, and rounded once to their type -- the same bits on every rank, and no
  * rounding between the addends.  scatter: a reduce-scatter of n elements a rank (in holds
@@ -450,6 +471,8 @@ out:
 
 static int c_all_reduce(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                         mgc_comm_red red, const char *what) {
+    mgc_comm *d = devof(k, g);
+    if (d) return c_check(k, d, mgc_comm_all_reduce(d, in, out, n, dt, red), what);
     if (dt == MGC_DT_BF16 || dt == MGC_DT_F16) return c_reduce16(k, g, in, out, n, dt, 0, red, what);
     if (!k->staged) return c_check(k, g, mgc_comm_all_reduce(g, in, out, n, dt, red), what);
     size_t b = n * mgc_dtype_size(dt);
@@ -462,6 +485,8 @@ static int c_all_reduce(xcomm *k, mgc_comm *g, const void *in, void *out, size_t
 /* in: (group size * n) elements; out: this rank's n (it may lie inside in). */
 static int c_reduce_scatter(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                             const char *what) {
+    mgc_comm *d = devof(k, g);
+    if (d) return c_check(k, d, mgc_comm_reduce_scatter(d, in, out, n, dt, MGC_COMM_SUM), what);
     if (dt == MGC_DT_BF16 || dt == MGC_DT_F16)
         return c_reduce16(k, g, in, out, n, dt, 1, MGC_COMM_SUM, what);
     if (!k->staged) return c_check(k, g, mgc_comm_reduce_scatter(g, in, out, n, dt, MGC_COMM_SUM), what);
@@ -476,6 +501,8 @@ static int c_reduce_scatter(xcomm *k, mgc_comm *g, const void *in, void *out, si
 /* in: this rank's n elements (it may be out + rank * n); out: (group size * n). */
 static int c_all_gather(xcomm *k, mgc_comm *g, const void *in, void *out, size_t n, mgc_dtype dt,
                         const char *what) {
+    mgc_comm *d = devof(k, g);
+    if (d) return c_check(k, d, mgc_comm_all_gather(d, in, out, n, dt), what);
     if (!k->staged) return c_check(k, g, mgc_comm_all_gather(g, in, out, n, dt), what);
     size_t b = n * mgc_dtype_size(dt), all = b * (size_t)mgc_comm_size(g);
     unsigned char *h = stage(k, all);
@@ -490,6 +517,8 @@ static int c_all_gather(xcomm *k, mgc_comm *g, const void *in, void *out, size_t
 static int c_all_to_all(xcomm *k, mgc_comm *g, const void *in, void *out, const size_t *cnt,
                         mgc_dtype dt, const char *what) {
     int size = mgc_comm_size(g);
+    mgc_comm *d = devof(k, g);
+    if (d) return c_check(k, d, mgc_comm_all_to_all_v(d, in, cnt, NULL, out, cnt + size, NULL, dt), what);
     if (!k->staged)
         return c_check(k, g, mgc_comm_all_to_all_v(g, in, cnt, NULL, out, cnt + size, NULL, dt), what);
     size_t es = mgc_dtype_size(dt), sb = 0, rb = 0;
@@ -514,8 +543,10 @@ static int c_all_gather_v(xcomm *k, mgc_comm *g, const void *in, void *out, cons
     for (int j = 0; j < size; j++)
         sc[j] = per[me], rb += per[j] * es;
     int rc;
-    if (!k->staged) {
-        rc = c_check(k, g, mgc_comm_all_to_all_v(g, in, sc, sd, out, per, NULL, dt), what);
+    mgc_comm *d = devof(k, g);
+    if (d || !k->staged) {
+        mgc_comm *on = d ? d : g;
+        rc = c_check(k, on, mgc_comm_all_to_all_v(on, in, sc, sd, out, per, NULL, dt), what);
     } else {
         size_t sb = per[me] * es;
         unsigned char *h = stage(k, sb + rb);
@@ -530,67 +561,28 @@ static int c_all_gather_v(xcomm *k, mgc_comm *g, const void *in, void *out, cons
 
 /* Variable reduce-scatter: in holds, in group-rank order, per[j] elements for each group rank
  * j (partial sums); this rank receives the sum of its block over the group, added in
- * group-rank order in fp32 (16-bit types rounded once), as every reduction. */
+ * group-rank order in fp32 (16-bit types rounded once), as every reduction (comm.h
+ * mgc_comm_reduce_scatter_v). */
 static int c_reduce_scatter_v(xcomm *k, mgc_comm *g, const void *in, void *out, const size_t *per,
                               mgc_dtype dt, const char *what) {
     int size = mgc_comm_size(g), me = mgc_comm_rank(g);
-    if (dt != MGC_DT_F32 && dt != MGC_DT_BF16 && dt != MGC_DT_F16)
-        return kfail(k, "rank %" PRId64 ": %s: a reduce-scatter of %s", k->rank, what,
-                     mgc_dtype_name(dt));
-    size_t es = mgc_dtype_size(dt), n = per[me], sb = 0;
+    mgc_comm *d = devof(k, g);
+    if (d || !k->staged) {
+        mgc_comm *on = d ? d : g;
+        return c_check(k, on, mgc_comm_reduce_scatter_v(on, in, per, out, dt, MGC_COMM_SUM), what);
+    }
+    size_t es = mgc_dtype_size(dt), sb = 0;
     for (int j = 0; j < size; j++)
         sb += per[j] * es;
-    size_t *rc_ = calloc((size_t)size, sizeof *rc_);
-    float *acc = malloc((n ? n : 1) * sizeof *acc);
-    unsigned char *h = NULL;
-    int rc = -1;
-    if (!rc_ || !acc) {
-        kfail(k, "rank %" PRId64 ": %s: out of memory", k->rank, what);
-        goto out;
-    }
-    for (int j = 0; j < size; j++)
-        rc_[j] = n;
-    /* the send side on the host (staged), then every peer's block for this rank after it */
-    if (k->staged) {
-        if (!(h = stage(k, sb + (size_t)size * n * es)) || stage_down(k, h, in, sb)) goto out;
-    } else if (!(h = malloc(sb + (size_t)size * n * es + 1))) {
-        kfail(k, "rank %" PRId64 ": %s: out of memory", k->rank, what);
-        goto out;
-    } else {
-        memcpy(h, in, sb);
-    }
-    unsigned char *recv = h + sb;
-    if (c_check(k, g, mgc_comm_all_to_all_v(g, h, per, NULL, recv, rc_, NULL, dt), what)) goto out;
-    for (int j = 0; j < size; j++) {
-        const unsigned char *b = recv + (size_t)j * n * es;
-        for (size_t i = 0; i < n; i++) {
-            float v;
-            if (dt == MGC_DT_F32) memcpy(&v, b + i * 4, 4);
-            else {
-                uint16_t u;
-                memcpy(&u, b + i * 2, 2);
-                v = dt == MGC_DT_BF16 ? mgc_bf16_to_f32(u) : mgc_f16_to_f32(u);
-            }
-            acc[i] = j ? acc[i] + v : v;
-        }
-    }
-    /* the sum over the receive area's first block, in the type, then out */
-    for (size_t i = 0; i < n; i++) {
-        if (dt == MGC_DT_F32) memcpy(recv + i * 4, &acc[i], 4);
-        else {
-            uint16_t u = dt == MGC_DT_BF16 ? mgc_f32_to_bf16(acc[i]) : mgc_f32_to_f16(acc[i]);
-            memcpy(recv + i * 2, &u, 2);
-        }
-    }
-    if (k->staged) rc = stage_up(k, out, recv, n * es);
-    else memcpy(out, recv, n * es), rc = 0;
-out:
-    if (!k->staged) free(h);
-    free(rc_), free(acc);
-    return rc;
+    unsigned char *h = stage(k, sb + per[me] * es);
+    if (!h || stage_down(k, h, in, sb)) return -1;
+    if (c_check(k, g, mgc_comm_reduce_scatter_v(g, h, per, h + sb, dt, MGC_COMM_SUM), what)) return -1;
+    return stage_up(k, out, h + sb, per[me] * es);
 }
 
 static int c_broadcast(xcomm *k, mgc_comm *g, void *buf, size_t n, mgc_dtype dt, const char *what) {
+    mgc_comm *d = devof(k, g);
+    if (d) return c_check(k, d, mgc_comm_broadcast(d, buf, n, dt, 0), what);
     if (!k->staged) return c_check(k, g, mgc_comm_broadcast(g, buf, n, dt, 0), what);
     size_t b = n * mgc_dtype_size(dt);
     unsigned char *h = stage(k, b);
@@ -600,6 +592,8 @@ static int c_broadcast(xcomm *k, mgc_comm *g, void *buf, size_t n, mgc_dtype dt,
 }
 
 static int c_send(xcomm *k, mgc_comm *g, const void *buf, size_t bytes, int peer, const char *what) {
+    mgc_comm *d = devof(k, g);
+    if (d) return c_check(k, d, mgc_comm_send(d, buf, bytes, MGC_DT_U8, peer), what);
     if (!k->staged) return c_check(k, g, mgc_comm_send(g, buf, bytes, MGC_DT_U8, peer), what);
     unsigned char *h = stage(k, bytes);
     if (!h || stage_down(k, h, buf, bytes)) return -1;
@@ -607,6 +601,8 @@ static int c_send(xcomm *k, mgc_comm *g, const void *buf, size_t bytes, int peer
 }
 
 static int c_recv(xcomm *k, mgc_comm *g, void *buf, size_t bytes, int peer, const char *what) {
+    mgc_comm *d = devof(k, g);
+    if (d) return c_check(k, d, mgc_comm_recv(d, buf, bytes, MGC_DT_U8, peer), what);
     if (!k->staged) return c_check(k, g, mgc_comm_recv(g, buf, bytes, MGC_DT_U8, peer), what);
     unsigned char *h = stage(k, bytes);
     if (!h || c_check(k, g, mgc_comm_recv(g, h, bytes, MGC_DT_U8, peer), what)) return -1;
@@ -1116,8 +1112,10 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->last_bwd_mb);
     free(x->ready_op);
     for (int k = 0; k < MGC_GROUP__COUNT; k++)
-        mgc_comm_free(x->group[k]);
+        mgc_comm_free(x->group[k]), mgc_comm_free(x->dgroup[k]);
     mgc_comm_free(x->kv_comm);
+    mgc_comm_free(x->d_kv);
+    free(x->dev_pairs);
     if (x->arena) x->be->iface->arena_free(x->be, x->arena);
     if (x->chunks)
         for (int64_t c = 0; c < x->sp->n_chunks; c++) {
@@ -2102,6 +2100,79 @@ static void reducer_reset(mgc_exec *x) {
     pthread_mutex_unlock(&x->red->mu);
 }
 
+/* ---- a device communicator ----------------------------------------------------------------
+ * mgc_exec_set_device_comm: the collectives on arena memory go to a moves-only communicator
+ * (comm.h: NCCL) whose groups mirror the host groups; its reductions fold through the plan's
+ * kernel_scratch (between ops: no launcher holds it then) with the backend's fold, queued on
+ * the backend's compute queue.  The host communicator keeps the scalars (losses, norms, token
+ * counts) and the rank's control flow. */
+static int dev_fold(void *ctx, void *dst, const void *src, int parts, size_t count, size_t stride,
+                    mgc_dtype dt, mgc_comm_red op) {
+    mgc_backend *be = ctx;
+    return be->iface->fold(be, dst, src, parts, count, stride, (int)dt, op == MGC_COMM_MAX);
+}
+
+int mgc_exec_set_device_comm(mgc_exec *x, mgc_comm *dworld) {
+    const mgc_backend_iface *bi = x->be->iface;
+    if (!dworld || !mgc_comm_moves_only(dworld))
+        return xfail(x, "rank %" PRId64 ": a device communicator must be a moves-only one "
+                        "(nccl, or a local world with moves_only)", x->rank);
+    if (mgc_comm_size(dworld) != x->grid.world || mgc_comm_world_rank(dworld) != x->rank)
+        return xfail(x, "rank %" PRId64 ": the device communicator is rank %d of %d, the plan's "
+                        "world is %" PRId64 " ranks", x->rank, mgc_comm_world_rank(dworld),
+                     mgc_comm_size(dworld), x->grid.world);
+    if (!bi->fold)
+        return xfail(x, "rank %" PRId64 ": the %s backend has no fold kernel for a device "
+                        "communicator's reductions: run without one", x->rank, bi->name);
+    if (x->dworld) return xfail(x, "rank %" PRId64 ": a device communicator is set already", x->rank);
+    int64_t sb = -1;
+    for (int64_t b = 0; b < x->sp->n_buffers && sb < 0; b++)
+        if (!strcmp(mgc_plan_strat(x->plan, x->sp->buffers[b].name), "kernel_scratch")) sb = b;
+    if (sb < 0)
+        return xfail(x, "rank %" PRId64 ": the plan has no kernel_scratch buffer for the device "
+                        "communicator's folds: recompile it with this mgc", x->rank);
+    mgc_comm_device dv = {.stream = bi->queue ? bi->queue(x->be) : NULL,
+                          .fold = dev_fold,
+                          .fold_ctx = x->be,
+                          .scratch = buf_addr(x, (int32_t)sb),
+                          .scratch_bytes = (size_t)x->sp->buffers[sb].bytes};
+    /* the groups, as the host ones (collective over dworld) */
+    for (int k = 0; k < MGC_GROUP__COUNT; k++) {
+        mgc_comm_status s = mgc_comm_group(dworld, &x->grid, (mgc_group_kind)k, &x->dgroup[k]);
+        if (s != MGC_COMM_OK) return comm_fail(x, dworld, s, "creating the device process groups");
+    }
+    if (x->kv_share > 1) {
+        mgc_comm_status s = mgc_comm_split(x->dgroup[MGC_GROUP_TP], x->co.tp / x->kv_share,
+                                           x->co.tp, &x->d_kv);
+        if (s != MGC_COMM_OK)
+            return comm_fail(x, x->dgroup[MGC_GROUP_TP], s, "joining a key/value device group");
+    }
+    static const int n_pairs = MGC_GROUP__COUNT + 1;
+    mgc_comm **pairs = calloc(2 * (size_t)n_pairs, sizeof *pairs);
+    if (!pairs) return xfail(x, "out of memory");
+    for (int k = 0; k < MGC_GROUP__COUNT; k++)
+        pairs[k] = x->group[k], pairs[n_pairs + k] = x->dgroup[k];
+    pairs[MGC_GROUP__COUNT] = x->kv_comm, pairs[n_pairs + MGC_GROUP__COUNT] = x->d_kv;
+    for (int i = 0; i < n_pairs; i++) {
+        mgc_comm *d = pairs[n_pairs + i];
+        if (d && mgc_comm_set_device(d, &dv) != MGC_COMM_OK) {
+            free(pairs);
+            return comm_fail(x, d, MGC_COMM_ERR_INVALID, "setting up a device group");
+        }
+    }
+    /* every transfer goes in line, queued on the compute stream: no reducer or sender thread */
+    reducer_stop(x);
+    sender_stop(x);
+    x->dworld = dworld;
+    x->dev_pairs = pairs;
+    x->fg->hosts = pairs, x->fg->devs = pairs + n_pairs, x->fg->n_dev = n_pairs;
+    return 0;
+}
+
+int mgc_exec_device_comm(const mgc_exec *x) {
+    return x->dworld != NULL;
+}
+
 void mgc_exec_set_grad_overlap(mgc_exec *x, int on) {
     x->overlap = on != 0;
 }
@@ -2569,7 +2640,7 @@ static int make_eval_ops(mgc_exec *x) {
 
 int mgc_exec_eval(mgc_exec *x, int64_t first_sample, mgc_sample_fn fn, void *ctx, mgc_step_stats *st) {
     if (!x->eval_ops && make_eval_ops(x)) {
-        mgc_comm_abort(x->world, x->err);
+        job_abort(x, x->err);
         return -1;
     }
     int64_t base = x->sample_base, ibase = x->iter_base, it = x->iteration;
@@ -2592,7 +2663,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     const mgc_stage_program *sp = x->sp;
     double step_t0 = 0, t0 = 0, t1 = 0;
     if (x->prof && prof_clock(x, &step_t0)) {
-        mgc_comm_abort(x->world, x->err);
+        job_abort(x, x->err);
         return -1;
     }
     reducer_reset(x); /* a failed step's reductions have drained */
@@ -2605,11 +2676,11 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         const mgc_instr *in = &sp->instrs[i];
         int rc = 0;
         if (x->prof && prof_clock(x, &t0)) {
-            mgc_comm_abort(x->world, x->err);
+            job_abort(x, x->err);
             return -1;
         }
         if (x->snd && sender_fence(x, i)) { /* sends whose bytes this instruction may reuse */
-            mgc_comm_abort(x->world, x->err);
+            job_abort(x, x->err);
             return -1;
         }
         switch ((mgc_instr_op)in->op) {
@@ -2632,17 +2703,17 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         }
         if (!rc && x->prof && !(rc = prof_clock(x, &t1))) mgc_profile_add_instr(x->prof, i, t1 - t0);
         if (rc) {
-            mgc_comm_abort(x->world, x->err);
+            job_abort(x, x->err);
             return -1;
         }
     }
     if (!did_opt) {
         xfail(x, "stage %" PRId64 ": the schedule has no optimizer step", sp->pp_rank);
-        mgc_comm_abort(x->world, x->err);
+        job_abort(x, x->err);
         return -1;
     }
     if (x->snd && sender_drain(x, 1)) { /* every send of the step has left */
-        mgc_comm_abort(x->world, x->err);
+        job_abort(x, x->err);
         return -1;
     }
     /* the step's losses, from the ranks that computed them, to every rank */
@@ -2663,7 +2734,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     st->overlapped_sends = x->sends_queued;
     if (x->prof) {
         if (prof_clock(x, &t1)) {
-            mgc_comm_abort(x->world, x->err);
+            job_abort(x, x->err);
             return -1;
         }
         mgc_profile_add_step(x->prof, t1 - step_t0);

@@ -155,6 +155,18 @@ int mgc_exec_grad_overlap(const mgc_exec *x);
  * communicator allows two threads (mgc_comm_concurrent), and never while a profile is set.
  * mgc_exec_send_overlap says whether it can run. */
 void mgc_exec_set_send_overlap(mgc_exec *x, int on);
+/* A device communicator (docs/runtime.md, "Communication on device memory"): `dworld`, a
+ * moves-only world of the plan's size (comm.h: NCCL over the CUDA backend, or a local world
+ * with moves_only on a host-addressable arena in tests), takes every collective and pipeline
+ * transfer on arena memory, directly on it and queued on the backend's compute queue (no host
+ * staging); its reductions fold in group-rank order through the plan's kernel_scratch with
+ * the backend's fold kernel, so the numbers are the host communicator's, bit for bit.  The
+ * host world keeps the scalars (losses, norms, token counts).  Transfers then go in line (no
+ * reducer or sender thread).  Call once, after mgc_exec_open and before the first step;
+ * collective over dworld.  The caller keeps dworld and frees it after mgc_exec_free.  0, or -1
+ * with the reason in mgc_exec_error. */
+int mgc_exec_set_device_comm(mgc_exec *x, mgc_comm *dworld);
+int mgc_exec_device_comm(const mgc_exec *x); /* 1 when one is set */
 int mgc_exec_send_overlap(const mgc_exec *x);
 double mgc_exec_loss_scale(const mgc_exec *x); /* the current scale, 1 when off */
 

@@ -80,8 +80,50 @@ static int evaluate(mgc_exec *x, mgc_train_data *data, int64_t iters, double *lo
     return 0;
 }
 
-int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
-                   const mgc_train_opts *o, char *err, size_t errsz) {
+/* The device communicator o->device_comm asks for, set on x: *own is the handle to free
+ * after x (nccl), NULL when the caller owns it (local).  0, or -1 with err. */
+static int device_comm(mgc_exec *x, mgc_backend *be, mgc_comm *world, mgc_comm *dlocal,
+                       const mgc_train_opts *o, mgc_comm **own, char *err, size_t errsz) {
+    const char *want = o->device_comm;
+    mgc_comm *d = NULL;
+    *own = NULL;
+    int r = mgc_comm_world_rank(world);
+    if (!strcmp(want, "local")) {
+        if (!dlocal) {
+            snprintf(err, errsz, "rank %d: --device-comm local needs ranks that are threads of "
+                                 "this process (--local-ranks)", r);
+            return -1;
+        }
+        d = dlocal;
+    } else if (!strcmp(want, "nccl")) {
+        if (strcmp(be->iface->name, "cuda")) {
+            snprintf(err, errsz, "rank %d: --device-comm nccl needs the CUDA backend, not %s", r,
+                     be->iface->name);
+            return -1;
+        }
+        mgc_comm_config cc = MGC_COMM_CONFIG_INIT;
+        cc.timeout_ms = o->timeout_ms;
+        char e[1024];
+        if (mgc_comm_nccl_world_create(world, device_of(world), &cc, &d, e, sizeof e) != MGC_COMM_OK) {
+            snprintf(err, errsz, "rank %d: %s", r, e);
+            return -1;
+        }
+        *own = d;
+    } else {
+        snprintf(err, errsz, "rank %d: unknown device communicator '%s' (none, nccl or local)", r,
+                 want);
+        return -1;
+    }
+    if (mgc_exec_set_device_comm(x, d)) {
+        snprintf(err, errsz, "%s", mgc_exec_error(x));
+        return -1;
+    }
+    return 0;
+}
+
+static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world, mgc_comm *dlocal,
+                      const mgc_train_opts *o, char *err, size_t errsz) {
+    mgc_comm *dworld = NULL; /* a device communicator this function opened (nccl) */
     mgc_backend *be = NULL;
     mgc_exec *x = NULL;
     mgc_profile *prof = NULL;
@@ -115,6 +157,16 @@ int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
         goto done;
     }
     int lead = mgc_exec_rank(x) == 0;
+    if (o->device_comm && *o->device_comm && strcmp(o->device_comm, "none")) {
+        if (device_comm(x, be, world, dlocal, o, &dworld, err, errsz)) {
+            mgc_comm_abort(world, err);
+            if (dlocal) mgc_comm_abort(dlocal, err);
+            goto done;
+        }
+        if (lead && o->log)
+            fprintf(o->log, "mgc-run: collectives on device memory through the %s communicator\n",
+                    o->device_comm);
+    }
     /* a checkpoint to resume from, else the seeded initial model */
     const char *cdir = o->checkpoint_dir ? o->checkpoint_dir : mgc_plan_config_str(plan, "checkpoint.directory");
     int ckpt = cdir && *cdir;
@@ -321,14 +373,21 @@ done:
     mgc_train_data_free(test);
     mgc_profile_free(prof);
     mgc_exec_free(x);
+    mgc_comm_free(dworld);
     mgc_backend_close(be);
     return rc;
+}
+
+int mgc_train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world,
+                   const mgc_train_opts *o, char *err, size_t errsz) {
+    return train_rank(plan, data, world, NULL, o, err, errsz);
 }
 
 typedef struct job {
     const mgc_plan *plan;
     mgc_train_data *data;
     mgc_comm *world;
+    mgc_comm *dworld; /* o->device_comm "local": this rank's moves-only world, else NULL */
     const mgc_train_opts *o;
     int rc;
     char err[2048];
@@ -336,8 +395,9 @@ typedef struct job {
 
 static void *rank_main(void *arg) {
     job *j = arg;
-    j->rc = mgc_train_rank(j->plan, j->data, j->world, j->o, j->err, sizeof j->err);
+    j->rc = train_rank(j->plan, j->data, j->world, j->dworld, j->o, j->err, sizeof j->err);
     mgc_comm_free(j->world);
+    mgc_comm_free(j->dworld);
     return NULL;
 }
 
@@ -350,7 +410,8 @@ int mgc_train_local(const mgc_plan *plan, mgc_train_data *data, int n, const mgc
                  plan->grid.world, n, plan->grid.world, n);
         return -1;
     }
-    mgc_comm **ranks = calloc((size_t)n, sizeof *ranks);
+    mgc_comm **ranks = calloc(2 * (size_t)n, sizeof *ranks), **dranks = ranks ? ranks + n : NULL;
+    int dlocal = o->device_comm && !strcmp(o->device_comm, "local");
     job *jobs = calloc((size_t)n, sizeof *jobs);
     pthread_t *th = calloc((size_t)n, sizeof *th);
     if (!ranks || !jobs || !th) {
@@ -364,14 +425,24 @@ int mgc_train_local(const mgc_plan *plan, mgc_train_data *data, int n, const mgc
         free(ranks), free(jobs), free(th);
         return -1;
     }
+    if (dlocal) { /* the device communicator's world: moves-only, on the same threads */
+        cc.moves_only = 1;
+        if (mgc_comm_local_world_create(n, &cc, dranks, err, errsz) != MGC_COMM_OK) {
+            for (int r = 0; r < n; r++)
+                mgc_comm_free(ranks[r]);
+            free(ranks), free(jobs), free(th);
+            return -1;
+        }
+    }
     int started = 0;
     for (int r = 0; r < n; r++) {
-        jobs[r] = (job){plan, data, ranks[r], o, -1, ""};
+        jobs[r] = (job){plan, data, ranks[r], dlocal ? dranks[r] : NULL, o, -1, ""};
         /* rank 0 reports; the others compute silently */
         if (pthread_create(&th[r], NULL, rank_main, &jobs[r])) {
             mgc_comm_abort(ranks[r], "cannot start a rank thread");
+            if (dlocal) mgc_comm_abort(dranks[r], "cannot start a rank thread");
             for (int q = r; q < n; q++)
-                mgc_comm_free(ranks[q]);
+                mgc_comm_free(ranks[q]), mgc_comm_free(dlocal ? dranks[q] : NULL);
             break;
         }
         started++;

@@ -74,6 +74,11 @@ typedef struct mgc_train_opts {
      * batches) after the run's last step, when it evaluates and the split holds a sample;
      * left alone otherwise */
     double *test_loss;
+    /* A device communicator (exec.h mgc_exec_set_device_comm; docs/runtime.md): "nccl" (NCCL
+     * on the CUDA backend, bootstrapped over the world), "local" (mgc_train_local only: a
+     * moves-only local world beside the host one -- how the tests run this path on the CPU and
+     * the emulator), NULL or "none": every collective through the world. */
+    const char *device_comm;
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \

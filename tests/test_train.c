@@ -256,6 +256,33 @@ static int fenced_open(void *ctx, int64_t rank, mgc_backend **out, char *err, si
     return 0;
 }
 
+/* A device communicator (exec.h mgc_exec_set_device_comm): train_with runs the ranks with a
+ * moves-only local world beside the host one, on CPU backends whose folds are counted. */
+static int g_device_comm;
+static long folds;
+static mgc_backend_iface folding_iface;
+static int (*cpu_fold)(mgc_backend *, void *, const void *, int, size_t, size_t, int, int);
+static pthread_once_t folding_once = PTHREAD_ONCE_INIT;
+static const mgc_backend_iface *folding_base;
+static int counted_fold(mgc_backend *be, void *dst, const void *src, int parts, size_t count,
+                        size_t stride, int dt, int op) {
+    __atomic_add_fetch(&folds, 1, __ATOMIC_RELAXED);
+    return cpu_fold(be, dst, src, parts, count, stride, dt, op);
+}
+static void folding_init(void) {
+    folding_iface = *folding_base;
+    cpu_fold = folding_base->fold;
+    folding_iface.fold = counted_fold;
+}
+static int folding_open(void *ctx, int64_t rank, mgc_backend **out, char *err, size_t errsz) {
+    (void)ctx, (void)rank;
+    if (mgc_backend_cpu_open(out, err, errsz)) return -1;
+    folding_base = (*out)->iface; /* the same table on every rank */
+    pthread_once(&folding_once, folding_init);
+    (*out)->iface = &folding_iface;
+    return 0;
+}
+
 /* Trains the plan; losses and norms out.  0 on success.  fenced_arena: on far arenas;
  * overlap: gradient buckets reduced beside the backward (else in line); overlapped: (STEPS)
  * rank 0's buckets so reduced, or NULL. */
@@ -273,6 +300,7 @@ static int train_with(const mgc_plan *p, int fenced_arena, int overlap, int64_t 
     o.grad_norms = norm;
     o.timeout_ms = 120000;
     if (fenced_arena) o.open_backend = fenced_open;
+    if (g_device_comm) o.device_comm = "local", o.open_backend = folding_open;
     o.no_grad_overlap = !overlap;
     o.overlapped = overlapped;
     for (int i = 0; i < STEPS; i++)
@@ -327,6 +355,32 @@ static void check_overlap(const char *path, const char *const *sets) {
     printf(": %lld buckets reduced beside the backward over %d steps (%ld transfer-slot "
            "downloads on the far arena); overlap on and off, host and far arena: %s\n",
            (long long)on, STEPS, xfers, same ? "bit-identical" : "DIFFER");
+    mgc_plan_free(p);
+}
+
+/* The device communicator's path (exec.h mgc_exec_set_device_comm; comm.h moves-only
+ * communicators): every collective on arena memory goes to a moves-only world, reductions are
+ * composed from all-to-alls and the backend's fold.  The same bits as the host communicator's,
+ * and the folds run (the path was taken). */
+static void check_device_comm(const char *path, const char *const *sets) {
+    mgc_plan *p = compile(path, NULL, sets);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    double l[2][STEPS], n[2][STEPS];
+    T_EQ_I64(train(p, l[0], n[0]), 0);
+    long f0 = folds;
+    g_device_comm = 1;
+    T_EQ_I64(train(p, l[1], n[1]), 0);
+    g_device_comm = 0;
+    long f = folds - f0;
+    int same = !memcmp(l[0], l[1], sizeof l[0]) && !memcmp(n[0], n[1], sizeof n[0]);
+    T_CHECK(same);
+    T_CHECK(f > 0);
+    printf("%s", path);
+    for (int i = 0; sets[i]; i++)
+        printf(" %s", sets[i]);
+    printf(": device communicator (moves-only, %ld folds over %d steps): %s\n", f, STEPS,
+           same ? "bit-identical to the host communicator" : "DIFFERS");
     mgc_plan_free(p);
 }
 
@@ -1617,6 +1671,33 @@ int main(int argc, char **argv) {
         check_overlap("examples/tiny-gpt.yaml", tied);
         check_overlap("models/tiny-llama.yaml", dpo);
         check_overlap("models/tiny-moe.yaml", ep2);
+    }
+    if (!only || !strcmp(only, "devcomm")) {
+        /* the device communicator: tensor (+SP) and pipeline with the tied embedding's group;
+         * context and tensor; pipeline x data with a sharded optimizer (reduce-scatter and
+         * all-gather buckets); replicated key/value heads (their own group); experts with
+         * expert tensor parallelism (all-to-alls, variable gather and reduce-scatter) */
+        static const char *const d1[] = {"parallel.world_size=4", "parallel.tensor=2",
+                                         "parallel.sequence_parallel=true", "parallel.pipeline=2",
+                                         "parallel.grad_bucket_size=20000", NULL};
+        static const char *const d2[] = {"parallel.world_size=4", "parallel.tensor=2",
+                                         "parallel.context=2", NULL};
+        static const char *const d3[] = {"parallel.world_size=4", "parallel.data=2",
+                                         "parallel.pipeline=2", "parallel.virtual_stages=2",
+                                         "parallel.distributed_optimizer=true",
+                                         "training.global_batch_size=8",
+                                         "parallel.grad_bucket_size=20000", NULL};
+        static const char *const d4[] = {"parallel.world_size=6", "parallel.tensor=6", NULL};
+        static const char *const d5[] = {"parallel.world_size=4", "parallel.tensor=2",
+                                         "parallel.sequence_parallel=true", "parallel.data=2",
+                                         "parallel.expert=2", NULL};
+        check_device_comm("examples/tiny-gpt.yaml", d1);
+        check_device_comm("models/tiny-llama.yaml", d2);
+        check_device_comm("models/tiny-llama.yaml", d3);
+        check_device_comm("models/tiny-llama.yaml", d4);
+        check_device_comm("models/tiny-moe.yaml", d5);
+    }
+    if (!only) {
         /* dropout on: the fused op must draw the same dropout stream; tp2 + SP: sharded rows */
         static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
         static const char *const drop_tp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",
