@@ -200,6 +200,8 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
 int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size);
 /* 1 when this build has the CUDA backend and a CUDA device is visible. */
 int mgc_backend_cuda_available(void);
+/* The CUDA devices visible to this process (0: none, or no CUDA build). */
+int mgc_backend_cuda_devices(void);
 /* Closes any backend; NULL is a no-op. */
 void mgc_backend_close(mgc_backend *be);
 

@@ -897,6 +897,10 @@ int mgc_backend_cuda_available(void) {
     return 0;
 }
 
+int mgc_backend_cuda_devices(void) {
+    return 0;
+}
+
 int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_size) {
     (void)device;
     *out = NULL;

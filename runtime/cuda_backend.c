@@ -813,9 +813,13 @@ static const mgc_backend_iface cuda_iface = {
     .queue = cuda_queue,
 };
 
-int mgc_backend_cuda_available(void) {
+int mgc_backend_cuda_devices(void) {
     int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+int mgc_backend_cuda_available(void) {
+    return mgc_backend_cuda_devices() > 0;
 }
 
 int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_size) {

@@ -89,6 +89,11 @@ static int device_comm(mgc_exec *x, mgc_backend *be, mgc_comm *world, mgc_comm *
     *own = NULL;
     int r = mgc_comm_world_rank(world);
     if (!strcmp(want, "local")) {
+        if (!strcmp(be->iface->name, "cuda")) { /* the local transport reads the arena */
+            snprintf(err, errsz, "rank %d: --device-comm local needs an arena the host can read "
+                                 "(the cpu or emu backend); on GPUs use nccl", r);
+            return -1;
+        }
         if (!dlocal) {
             snprintf(err, errsz, "rank %d: --device-comm local needs ranks that are threads of "
                                  "this process (--local-ranks)", r);

@@ -688,6 +688,7 @@ out:
 /* ---- 2. training ------------------------------------------------------------------- */
 
 static int no_overlap;        /* 1: gradient buckets reduced in line (check_layout) */
+static int devcomm;           /* 1: a device communicator (train: a moves-only local world) */
 static int64_t overlapped[STEPS]; /* rank 0's buckets reduced beside the backward, last run */
 
 static int train(const mgc_plan *p, const char *backend, double *loss, double *norms) {
@@ -704,6 +705,7 @@ static int train(const mgc_plan *p, const char *backend, double *loss, double *n
     o.backend = backend;
     o.no_grad_overlap = no_overlap;
     o.overlapped = overlapped;
+    if (devcomm) o.device_comm = emu ? "local" : "nccl";
     memset(overlapped, 0, sizeof overlapped);
     for (int i = 0; i < STEPS; i++)
         loss[i] = norms[i] = NAN;
@@ -1037,6 +1039,37 @@ out:
 
 /* --cuda-graphs: the recorded programs replay to the same bits as eager runs, and they do
  * replay (dropout off: every tiny-gpt program qualifies). */
+/* The device communicator (exec.h mgc_exec_set_device_comm): the collectives on the GPU's
+ * memory through NCCL (on the emulator: a moves-only local world on its host-addressable
+ * arena), reductions folded by kernels/comm.cuh in group-rank order -- bf16 activations
+ * widened and rounded once, as the host path does -- so the losses are the host
+ * communicator's bit for bit.  On a GPU this needs a GPU per rank (NCCL refuses two ranks on
+ * one device in a process). */
+static void check_device_comm(const char *path, const char *const *sets) {
+    mgc_plan *p = compile(path, "bf16", sets);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    int n = mgc_backend_cuda_devices();
+    if (!emu && n < p->grid.world) {
+        printf("%s: device communicator: %d GPUs for %lld ranks: skipped\n", path, n,
+               (long long)p->grid.world);
+        mgc_plan_free(p);
+        return;
+    }
+    double a[STEPS], an[STEPS], b[STEPS], bn[STEPS];
+    T_EQ_I64(train(p, gpu_name(), a, an), 0);
+    devcomm = 1;
+    T_EQ_I64(train(p, gpu_name(), b, bn), 0);
+    devcomm = 0;
+    int same = !memcmp(a, b, (size_t)steps * sizeof a[0]) && !memcmp(an, bn, (size_t)steps * sizeof an[0]);
+    T_CHECK(same);
+    printf("%s bf16 world %lld: device communicator on %s: %d steps %s the host communicator's "
+           "(loss %.5f -> %.5f)\n",
+           path, (long long)p->grid.world, gpu_name(), steps, same ? "bit-identical to" : "DIFFER from",
+           b[0], b[steps - 1]);
+    mgc_plan_free(p);
+}
+
 static void check_graphs(void) {
     static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
     for (int k = 0; k < 2; k++) {
@@ -1137,6 +1170,14 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
         check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
     }
+    if (!only || !strcmp(only, "ci") || !strcmp(only, "devcomm")) {
+        /* tensor (bf16 activations' all-reduce) x data (fp32 gradient buckets) */
+        static const char *const tpdp[] = {"parallel.world_size=4", "parallel.tensor=2",
+                                           "parallel.data=2", "parallel.grad_bucket_size=20000",
+                                           NULL};
+        check_device_comm("examples/tiny-gpt.yaml", tpdp);
+    }
+    if (!only || !strcmp(only, "devcomm")) check_device_comm("models/tiny-moe.yaml", etp2ep2);
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe"))) {
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
         /* the pre-softmax router: the route kernels' softmax over every expert (score 1) */

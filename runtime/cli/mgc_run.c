@@ -72,6 +72,12 @@ static void usage(FILE *out) {
           "  --no-send-overlap  cuda backend, pipeline stages: send activations and gradients on\n"
           "                     this thread at their instruction, not from the pipeline-transfer\n"
           "                     stream and a second thread beside the compute (the same numbers)\n"
+          "  --device-comm NAME collectives and pipeline transfers on device memory: none\n"
+          "                     (default: through the world, staged in host memory), nccl (cuda\n"
+          "                     backend: NCCL, reductions folded in group-rank order by mgc's\n"
+          "                     kernel, the same numbers; not yet run on GPUs), or local\n"
+          "                     (--local-ranks on the cpu or emu backend: the same path over\n"
+          "                     threads, for testing).  docs/communicators.md\n"
           "  -q, --quiet        no progress lines\n"
           "\n"
           "exit status: 0 ok, 1 error, 2 usage error\n",
@@ -146,7 +152,7 @@ static int under_mpi(void) {
 
 int main(int argc, char **argv) {
     const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
-    const char *ckpt_dir = NULL, *init_from = NULL;
+    const char *ckpt_dir = NULL, *init_from = NULL, *device_comm = "none";
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
     int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0;
     for (int i = 1; i < argc; i++) {
@@ -175,7 +181,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--log-interval")) target = &log_every, hi = INT64_MAX / 2;
         else if (!strcmp(a, "--profile-warmup")) target = &warmup, lo = 0, hi = INT64_MAX / 2;
         else if (!strcmp(a, "--metrics") || !strcmp(a, "--backend") || !strcmp(a, "--profile") ||
-                 !strcmp(a, "--checkpoint-dir") || !strcmp(a, "--init-from")) {
+                 !strcmp(a, "--checkpoint-dir") || !strcmp(a, "--init-from") ||
+                 !strcmp(a, "--device-comm")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "mgc-run: %s needs a value (see mgc-run --help)\n", a);
                 return 2;
@@ -184,6 +191,7 @@ int main(int argc, char **argv) {
             else if (!strcmp(a, "--profile")) profile_path = argv[++i];
             else if (!strcmp(a, "--checkpoint-dir")) ckpt_dir = argv[++i];
             else if (!strcmp(a, "--init-from")) init_from = argv[++i];
+            else if (!strcmp(a, "--device-comm")) device_comm = argv[++i];
             else backend = argv[++i];
             continue;
         } else if (a[0] == '-' && a[1]) {
@@ -222,6 +230,23 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!strcmp(backend, "auto")) backend = mgc_backend_cuda_available() ? "cuda" : "cpu";
+    if (strcmp(device_comm, "none") && strcmp(device_comm, "nccl") && strcmp(device_comm, "local")) {
+        fprintf(stderr, "mgc-run: --device-comm %s: choose none, nccl (cuda backend) or local "
+                        "(--local-ranks on the cpu or emu backend)\n",
+                device_comm);
+        return 2;
+    }
+    if (!strcmp(device_comm, "nccl") && strcmp(backend, "cuda")) {
+        fprintf(stderr, "mgc-run: --device-comm nccl needs the cuda backend (this run's is %s)\n",
+                backend);
+        return 2;
+    }
+    if (!strcmp(device_comm, "local") && strcmp(backend, "cpu") && strcmp(backend, "emu")) {
+        fprintf(stderr, "mgc-run: --device-comm local reads the arena from the host: the cpu or "
+                        "emu backend only (this run's is %s; on GPUs use nccl)\n",
+                backend);
+        return 2;
+    }
     char err[4096];
     mgc_plan *plan = NULL;
     if (mgc_plan_read(plan_path, &plan, err, sizeof err) != MGC_PLAN_OK) {
@@ -395,6 +420,7 @@ int main(int argc, char **argv) {
     o.graphs = graphs;
     o.no_grad_overlap = no_overlap;
     o.no_send_overlap = no_send_overlap;
+    o.device_comm = device_comm;
     o.checkpoint_dir = ckpt_dir ? ckpt_dir : "";
     o.init_from = init_from;
     o.valid = valid;
