@@ -2163,6 +2163,7 @@ int mgc_exec_set_device_comm(mgc_exec *x, mgc_comm *dworld) {
     /* every transfer goes in line, queued on the compute stream: no reducer or sender thread */
     reducer_stop(x);
     sender_stop(x);
+    host_release(x->fg); /* the bulk staging buffer: only small host views need one now */
     x->dworld = dworld;
     x->dev_pairs = pairs;
     x->fg->hosts = pairs, x->fg->devs = pairs + n_pairs, x->fg->n_dev = n_pairs;
