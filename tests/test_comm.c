@@ -186,20 +186,23 @@ static void exercise(mgc_comm *c, const int64_t *members, int n, int me, uint64_
             per[j] = (size_t)(h3(tag, 31, (uint64_t)j) % (count + 2)), tot += per[j];
         for (int j = 0; j < me; j++)
             off += per[j];
+        float *xv = malloc((tot + 1) * sizeof *xv), *yv = malloc((per[me] + 1) * sizeof *yv);
+        float *rv = malloc((per[me] + 1) * sizeof *rv);
         for (size_t i = 0; i < tot; i++)
-            x[i] = value(w, tag + 7, i);
+            xv[i] = value(w, tag + 7, i);
         jitter(seed);
-        TC_OK(mgc_comm_reduce_scatter_v(c, x, per, y, MGC_DT_F32, MGC_COMM_SUM));
+        TC_OK(mgc_comm_reduce_scatter_v(c, xv, per, yv, MGC_DT_F32, MGC_COMM_SUM));
         for (size_t i = 0; i < per[me]; i++) {
             float acc = value(members[0], tag + 7, off + i);
             for (int j = 1; j < n; j++)
                 acc += value(members[j], tag + 7, off + i);
-            ref[i] = acc;
+            rv[i] = acc;
         }
-        TC(same_bits(y, ref, per[me]));
+        TC(same_bits(yv, rv, per[me]));
         jitter(seed);
-        TC_OK(mgc_comm_reduce_scatter_v(c, x, per, x + off, MGC_DT_F32, MGC_COMM_SUM));
-        TC(same_bits(x + off, ref, per[me]));
+        TC_OK(mgc_comm_reduce_scatter_v(c, xv, per, xv + off, MGC_DT_F32, MGC_COMM_SUM));
+        TC(same_bits(xv + off, rv, per[me]));
+        free(xv), free(yv), free(rv);
     }
 
     /* bf16 and f16: folded (moves-only handles) in fp32 in group-rank order, rounded once;

@@ -262,23 +262,24 @@ static int g_device_comm;
 static long folds;
 static mgc_backend_iface folding_iface;
 static int (*cpu_fold)(mgc_backend *, void *, const void *, int, size_t, size_t, int, int);
-static pthread_once_t folding_once = PTHREAD_ONCE_INIT;
-static const mgc_backend_iface *folding_base;
+static pthread_mutex_t folding_mu = PTHREAD_MUTEX_INITIALIZER;
+static int folding_ready;
 static int counted_fold(mgc_backend *be, void *dst, const void *src, int parts, size_t count,
                         size_t stride, int dt, int op) {
     __atomic_add_fetch(&folds, 1, __ATOMIC_RELAXED);
     return cpu_fold(be, dst, src, parts, count, stride, dt, op);
 }
-static void folding_init(void) {
-    folding_iface = *folding_base;
-    cpu_fold = folding_base->fold;
-    folding_iface.fold = counted_fold;
-}
 static int folding_open(void *ctx, int64_t rank, mgc_backend **out, char *err, size_t errsz) {
     (void)ctx, (void)rank;
     if (mgc_backend_cpu_open(out, err, errsz)) return -1;
-    folding_base = (*out)->iface; /* the same table on every rank */
-    pthread_once(&folding_once, folding_init);
+    pthread_mutex_lock(&folding_mu);
+    if (!folding_ready) { /* the CPU backend's table (the same on every rank), fold counted */
+        folding_iface = *(*out)->iface;
+        cpu_fold = folding_iface.fold;
+        folding_iface.fold = counted_fold;
+        folding_ready = 1;
+    }
+    pthread_mutex_unlock(&folding_mu);
     (*out)->iface = &folding_iface;
     return 0;
 }
