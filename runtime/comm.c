@@ -314,6 +314,13 @@ static mgc_comm_status folder_open(folder *f, mgc_comm *c, size_t scratch_bytes,
     if (!(f->sc = calloc(4 * (size_t)c->size, sizeof *f->sc)))
         return mgc_comm_fail(c, MGC_COMM_ERR_NOMEM, "%s: out of memory", what);
     f->sd = f->sc + c->size, f->rc = f->sd + c->size, f->rd = f->rc + c->size;
+    if (c->iface->device_memory && (!c->dev.scratch || !c->dev.fold)) {
+        free(f->sc);
+        return mgc_comm_fail(c, MGC_COMM_ERR_INVALID,
+                             "%s: a reduction on %s device memory needs a fold and a scratch "
+                             "there (mgc_comm_set_device)",
+                             what, c->iface->name);
+    }
     if (c->dev.scratch) {
         if (scratch_bytes > c->dev.scratch_bytes) {
             free(f->sc);

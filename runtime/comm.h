@@ -310,6 +310,9 @@ typedef struct mgc_comm_iface {
     /* 1: one rank may use handles of different groups from different threads at the same
      * time (mgc_comm_concurrent). */
     int concurrent;
+    /* 1: buffers are device memory the host cannot read (nccl): comm.c never folds there on
+     * the host, so a reduction needs mgc_comm_set_device's fold and scratch. */
+    int device_memory;
 } mgc_comm_iface;
 
 #define MGC_COMM_NAME_MAX 48

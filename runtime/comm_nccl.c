@@ -330,6 +330,7 @@ static const mgc_comm_iface nccl_iface = {
     .abort = nccl_abort,
     .free = nccl_free,
     .concurrent = 0,
+    .device_memory = 1,
 };
 
 /* A handle over an initialised NCCL communicator; takes the job reference. */
