@@ -96,6 +96,19 @@ if "$run" "$tmp/pp2.plan" --local-ranks 2 -q --metrics "$tmp/c.jsonl" 2>"$tmp/er
 else
     bad "--no-send-overlap"; cat "$tmp/err"
 fi
+# a device communicator (--device-comm local: the moves-only path on the CPU's arena) changes
+# no number; the names and backends it needs
+if "$run" "$tmp/dp2.plan" --local-ranks 2 -q --device-comm local --metrics "$tmp/e.jsonl" 2>"$tmp/err" &&
+    [ "$(cut -d, -f1-4 "$tmp/a.jsonl")" = "$(cut -d, -f1-4 "$tmp/e.jsonl")" ] &&
+    "$run" "$tmp/pp2.plan" --local-ranks 2 -q --device-comm local --metrics "$tmp/f.jsonl" 2>>"$tmp/err" &&
+    [ "$(cut -d, -f1-4 "$tmp/c.jsonl")" = "$(cut -d, -f1-4 "$tmp/f.jsonl")" ]; then
+    ok "--device-comm local: the same losses and norms (dp2, pp2)"
+else
+    bad "--device-comm local"; cat "$tmp/err"
+fi
+expect "usage: device comm name" 2 "--device-comm mpi: choose none, nccl" -- "$run" "$tmp/dp2.plan" --local-ranks 2 --device-comm mpi
+expect "usage: nccl on the cpu" 2 "--device-comm nccl needs the cuda backend" -- "$run" "$tmp/dp2.plan" --local-ranks 2 --backend cpu --device-comm nccl
+expect "usage: local on cuda" 2 "--device-comm local reads the arena from the host" -- "$run" "$tmp/dp2.plan" --local-ranks 2 --backend cuda --device-comm local
 # checkpoints: an unusable directory, a damaged checkpoint, then a stopped run resumed
 : >"$tmp/afile"
 expect "checkpoint dir is a file" 1 "afile is not a directory" -- "$run" "$tmp/one.plan" --checkpoint-dir "$tmp/afile" --metrics "$tmp/m.jsonl"
