@@ -7,22 +7,41 @@
  *   fold    dst[i] = op over j = 0 .. parts-1, in that order, of src[j * stride + i], in fp32,
  *           rounded once to the storage type; op 0 sum, 1 max (a NaN operand makes NaN).
  *           runtime/comm.c mgc_comm_fold_host's arithmetic bit for bit (fp32 adds: nothing to
- *           contract).  Grid-stride over count; any grid gives the same bits.
+ *           contract).  Grid-stride over count, 8 elements an item where aligned; any grid
+ *           gives the same bits.
  * Specs: fp32 (gradients, always) and the plan's 16-bit type (activations), one each. */
 #include "mgc_common.cuh"
 
 #if defined(MGC_ENTRY_fold)
+__device__ __forceinline__ float mgc_fold_op(float a, float v, int op) {
+    if (op == 0) return __fadd_rn(a, v);
+    return v > a || v != v ? (a != a ? a : v) : a; /* max; a NaN operand makes NaN */
+}
+
+/* Grid-stride over count: 8 consecutive elements an item (16-byte accesses of bf16/fp16, two
+ * of fp32) when dst, src and the parts' stride keep every vector 16-byte aligned (comm.c pads
+ * each part to whole vectors, and an all-reduce's slices are whole vectors), the last
+ * count % 8 one by one; otherwise element by element.  The same arithmetic either way. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dst, const mgc_t *__restrict__ src, int parts, i64 count,
                    i64 stride, int op) {
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+    const bool ok8 = mgc_al16(dst) && mgc_al16(src) && stride % 8 == 0;
+    const i64 n8 = ok8 ? count >> 3 : 0;
+    for (i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x; v < n8;
+         v += (i64)gridDim.x * blockDim.x) {
+        float a[8], b[8];
+        mgc_ld8(src + 8 * v, a);
+        for (int j = 1; j < parts; j++) {
+            mgc_ld8(src + (i64)j * stride + 8 * v, b);
+#pragma unroll
+            for (int e = 0; e < 8; e++) a[e] = mgc_fold_op(a[e], b[e], op);
+        }
+        mgc_st8(dst + 8 * v, a);
+    }
+    for (i64 i = n8 * 8 + (i64)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (i64)gridDim.x * blockDim.x) {
         float a = mgc_ld(src[i]);
-        for (int j = 1; j < parts; j++) {
-            float v = mgc_ld(src[(i64)j * stride + i]);
-            if (op == 0) a = __fadd_rn(a, v);
-            else if (v > a || v != v) a = a != a ? a : v;
-        }
+        for (int j = 1; j < parts; j++) a = mgc_fold_op(a, mgc_ld(src[(i64)j * stride + i]), op);
         dst[i] = mgc_st(a);
     }
 }

@@ -262,12 +262,14 @@ int64_t mgc_grid_group_count(const mgc_grid *g, mgc_group_kind k) {
 uint64_t mgc_fold_round(uint64_t count, int64_t group, uint64_t es, int scatter) {
     if (count == 0 || group < 1 || es == 0) return 0;
     uint64_t G = (uint64_t)group;
-    uint64_t slice = scatter ? count : (count + G - 1) / G;
+    /* an all-reduce's slices are whole 8-element vectors, so every slice starts 16-byte aligned */
+    uint64_t slice = scatter ? count : ((count + G - 1) / G + 7) / 8 * 8;
     uint64_t cap = MGC_FOLD_ROUND_BYTES / (G * es);
-    if (cap < 1) cap = 1;
+    cap = cap >= 8 ? cap / 8 * 8 : cap < 1 ? 1 : cap;
     return slice < cap ? slice : cap;
 }
 
 uint64_t mgc_fold_scratch_bytes(uint64_t count, int64_t group, uint64_t es, int scatter) {
-    return mgc_fold_round(count, group, es, scatter) * (uint64_t)(group > 0 ? group : 0) * es;
+    uint64_t r = mgc_fold_round(count, group, es, scatter);
+    return (r + 7) / 8 * 8 * (uint64_t)(group > 0 ? group : 0) * es; /* parts 8-element aligned */
 }

@@ -139,10 +139,11 @@ int64_t mgc_grid_group_count(const mgc_grid *g, mgc_group_kind k);
 /* Collectives on device memory (runtime/comm.h, "moves-only" communicators) fold each rank's
  * slice of a reduction in rounds through a scratch area; a round's slice is at most
  * MGC_FOLD_ROUND_BYTES over the group.  mgc_fold_round: the elements of a rank's slice a round
- * takes, for a reduction of `count` elements (all-reduce: the whole vector; reduce-scatter:
- * one rank's block) over `group` ranks of `es`-byte elements; mgc_fold_scratch_bytes: the
- * scratch its rounds need (group x round slice).  The memory plan reserves the most any
- * reduction of a stage needs, so both sides use these. */
+ * takes, for a reduction of `count` elements (all-reduce: the whole vector, in slices of whole
+ * 8-element vectors; reduce-scatter: one rank's block) over `group` ranks of `es`-byte
+ * elements; mgc_fold_scratch_bytes: the scratch its rounds need (group x the round slice
+ * rounded up to 8 elements: each part starts 16-byte aligned).  The memory plan reserves the
+ * most any reduction of a stage needs, so both sides use these. */
 #define MGC_FOLD_ROUND_BYTES ((uint64_t)64 << 20)
 uint64_t mgc_fold_round(uint64_t count, int64_t group, uint64_t es, int scatter);
 uint64_t mgc_fold_scratch_bytes(uint64_t count, int64_t group, uint64_t es, int scatter);

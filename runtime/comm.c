@@ -347,12 +347,18 @@ static void folder_close(folder *f) {
     free(f->sc);
 }
 
+/* A part's place in the scratch: whole 8-element vectors (16-byte aligned parts). */
+static size_t pad8(size_t n) {
+    return (n + 7) / 8 * 8;
+}
+
 static mgc_comm_status fold(folder *f, void *dst, int parts, size_t count, mgc_dtype dt,
                             mgc_comm_red op, const char *what) {
     mgc_comm *c = f->c;
     if (!count) return MGC_COMM_OK;
-    int rc = c->dev.fold ? c->dev.fold(c->dev.fold_ctx, dst, f->scratch, parts, count, count, dt, op)
-                         : mgc_comm_fold_host(NULL, dst, f->scratch, parts, count, count, dt, op);
+    size_t st = pad8(count);
+    int rc = c->dev.fold ? c->dev.fold(c->dev.fold_ctx, dst, f->scratch, parts, count, st, dt, op)
+                         : mgc_comm_fold_host(NULL, dst, f->scratch, parts, count, st, dt, op);
     return rc ? mgc_comm_fail(c, MGC_COMM_ERR_SYSTEM, "%s: the fold of %zu %s failed", what, count,
                               mgc_dtype_name(dt))
               : MGC_COMM_OK;
@@ -370,7 +376,7 @@ static mgc_comm_status folded_all_reduce(mgc_comm *c, const void *send, void *re
     size_t es = mgc_dtype_size(dt);
     size_t p = (size_t)mgc_fold_round(n, G, es, 0);
     folder f;
-    MGC_COMM_TRY(folder_open(&f, c, (size_t)G * p * es, "all_reduce"));
+    MGC_COMM_TRY(folder_open(&f, c, (size_t)mgc_fold_scratch_bytes(n, G, es, 0), "all_reduce"));
     mgc_comm_status s = MGC_COMM_OK;
     const unsigned char *in = send;
     unsigned char *out = recv;
@@ -380,7 +386,7 @@ static mgc_comm_status folded_all_reduce(mgc_comm *c, const void *send, void *re
         size_t mine = SLICE(me);
         for (int j = 0; j < G; j++) {
             f.sc[j] = SLICE(j), f.sd[j] = o + (size_t)j * p;
-            f.rc[j] = mine, f.rd[j] = (size_t)j * mine;
+            f.rc[j] = mine, f.rd[j] = (size_t)j * pad8(mine);
         }
         s = a2a(&f, in, f.scratch, dt);
         if (s == MGC_COMM_OK) s = fold(&f, out + (o + (size_t)me * p) * es, G, mine, dt, op, "all_reduce");
@@ -402,12 +408,12 @@ static mgc_comm_status folded_reduce_scatter(mgc_comm *c, const void *send, void
     size_t es = mgc_dtype_size(dt);
     size_t step = (size_t)mgc_fold_round(n, G, es, 1);
     folder f;
-    MGC_COMM_TRY(folder_open(&f, c, (size_t)G * step * es, "reduce_scatter"));
+    MGC_COMM_TRY(folder_open(&f, c, (size_t)mgc_fold_scratch_bytes(n, G, es, 1), "reduce_scatter"));
     mgc_comm_status s = MGC_COMM_OK;
     for (size_t o = 0; o < n && s == MGC_COMM_OK; o += step) {
         size_t r = n - o < step ? n - o : step;
         for (int j = 0; j < G; j++)
-            f.sc[j] = r, f.sd[j] = (size_t)j * n + o, f.rc[j] = r, f.rd[j] = (size_t)j * r;
+            f.sc[j] = r, f.sd[j] = (size_t)j * n + o, f.rc[j] = r, f.rd[j] = (size_t)j * pad8(r);
         s = a2a(&f, send, f.scratch, dt);
         if (s == MGC_COMM_OK)
             s = fold(&f, (unsigned char *)recv + o * es, G, r, dt, op, "reduce_scatter");
@@ -436,7 +442,8 @@ mgc_comm_status mgc_comm_reduce_scatter_v(mgc_comm *c, const void *send, const s
     /* rounds over the largest block, so that every rank runs as many */
     size_t step = (size_t)mgc_fold_round(most, G, es, 1);
     folder f;
-    MGC_COMM_TRY(folder_open(&f, c, (size_t)G * step * es, "reduce_scatter_v"));
+    MGC_COMM_TRY(folder_open(&f, c, (size_t)mgc_fold_scratch_bytes(most, G, es, 1),
+                             "reduce_scatter_v"));
     mgc_comm_status s = MGC_COMM_OK;
     for (size_t o = 0; o < most && s == MGC_COMM_OK; o += step) {
         size_t begin = 0, mine = per[me] > o ? per[me] - o : 0;
@@ -444,7 +451,7 @@ mgc_comm_status mgc_comm_reduce_scatter_v(mgc_comm *c, const void *send, const s
         for (int j = 0; j < G; j++) {
             size_t len = per[j] > o ? per[j] - o : 0;
             f.sc[j] = len > step ? step : len, f.sd[j] = begin + o;
-            f.rc[j] = mine, f.rd[j] = (size_t)j * mine;
+            f.rc[j] = mine, f.rd[j] = (size_t)j * pad8(mine);
             begin += per[j];
         }
         s = a2a(&f, send, f.scratch, dt);

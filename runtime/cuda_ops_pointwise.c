@@ -750,5 +750,5 @@ int mgc_cuda_fold(mgc_backend *be, void *dst, const void *src, int parts, size_t
     mgc_kspec_fold(dt, &k);
     long long n = (long long)count, st = (long long)stride;
     void *args[] = {&dst, &src, &parts, &n, &st, &op};
-    return mgc_cuda_launch(be, &k, ew_grid(be, n), 1, 1, EW_BLOCK, 0, args);
+    return mgc_cuda_launch(be, &k, ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
 }

@@ -452,10 +452,10 @@ static void rounds_rank(rank_arg *a) {
     TC_OK(mgc_comm_set_device(c, &d));
     TC(mgc_comm_all_reduce(c, x, y, N, MGC_DT_F32, MGC_COMM_SUM) == MGC_COMM_ERR_INVALID);
     TC(strstr(mgc_comm_error(c), "fold scratch") != NULL);
-    /* a fold that fails: reported on every rank (each folds its own slice) */
+    /* a fold that fails: reported on every rank (each folds its own slice of 8) */
     d.scratch_bytes = sb, d.fold = failing_fold;
     TC_OK(mgc_comm_set_device(c, &d));
-    TC(mgc_comm_all_reduce(c, x, y, 16, MGC_DT_F32, MGC_COMM_SUM) == MGC_COMM_ERR_SYSTEM);
+    TC(mgc_comm_all_reduce(c, x, y, 24, MGC_DT_F32, MGC_COMM_SUM) == MGC_COMM_ERR_SYSTEM);
     TC(strstr(mgc_comm_error(c), "fold") != NULL);
     free(x), free(y), free(scratch);
 }
@@ -463,9 +463,10 @@ static void rounds_rank(rank_arg *a) {
 static void test_fold_rounds(void) {
     enum { G = 3 };
     uint64_t p = mgc_fold_round(UINT64_MAX / 8, G, 4, 0); /* a round's slice at its cap */
-    T_CHECK(p == MGC_FOLD_ROUND_BYTES / (3 * 4));
-    T_CHECK(mgc_fold_round(10, G, 4, 0) == 4 && mgc_fold_round(10, G, 4, 1) == 10);
-    T_CHECK(mgc_fold_scratch_bytes(10, G, 2, 0) == 3 * 4 * 2 && mgc_fold_round(0, G, 4, 0) == 0);
+    T_CHECK(p == MGC_FOLD_ROUND_BYTES / (3 * 4) / 8 * 8); /* whole 8-element vectors */
+    T_CHECK(mgc_fold_round(10, G, 4, 0) == 8 && mgc_fold_round(10, G, 4, 1) == 10);
+    T_CHECK(mgc_fold_scratch_bytes(10, G, 2, 0) == 3 * 8 * 2 && mgc_fold_round(0, G, 4, 0) == 0);
+    T_CHECK(mgc_fold_scratch_bytes(10, G, 2, 1) == 3 * 16 * 2); /* parts padded to 8 */
     /* two all-reduce rounds, the second of 21 elements (only rank 0's slice non-empty);
      * reduce-scatter blocks of p + 7: two rounds */
     fold_case fc = {.n = (size_t)(G * p + 21), .fold_calls = 0};

@@ -45,6 +45,7 @@
 #include "config.h"
 #include "diag.h"
 #include "exec.h"
+#include "comm.h"
 #include "half.h"
 #include "ir.h"
 #include "kernels.h"
@@ -685,6 +686,88 @@ out:
     mgc_plan_free(p16[1]);
 }
 
+/* ---- 1b. the fold of a device communicator's reductions (kernels/comm.cuh) ------------- */
+
+/* The backend's fold against comm.c's host fold, bit for bit: fp32, bf16 and fp16; 1 to 5
+ * parts; counts around the 8-element vectors; parts a padded stride apart (the vector path),
+ * packed, or at an odd stride, and dst/src at odd element offsets (the element path); sums,
+ * and maxima with NaN and infinities among the operands; dst poisoned first, and the element
+ * past it must keep its poison. */
+static void check_fold(void) {
+    char err[512];
+    mgc_backend *be = NULL;
+    if (open_gpu(&be, err, sizeof err)) {
+        fprintf(stderr, "fold: %s\n", err);
+        T_CHECK(0);
+        return;
+    }
+    enum { MAXN = 4099, MAXP = 5, ROOM = MAXP * (MAXN + 16) + 64 };
+    static const size_t counts[] = {1, 7, 8, 9, 37, 1000, MAXN};
+    static const mgc_dtype dts[] = {MGC_DT_F32, MGC_DT_BF16, MGC_DT_F16};
+    unsigned char *hs = malloc(ROOM * 4), *hd = malloc(ROOM * 4), *hr = malloc(ROOM * 4);
+    void *arena = NULL;
+    int cases = 0, bad = 0;
+    if (!hs || !hd || !hr || be->iface->arena_alloc(be, 2 * (uint64_t)ROOM * 4 + 4096, &arena)) {
+        T_CHECK(0);
+        goto out;
+    }
+    unsigned char *ds = arena, *dd = ds + ((size_t)ROOM * 4 + 255) / 256 * 256; /* 256-aligned */
+    for (int t = 0; t < 3; t++) {
+        mgc_dtype dt = dts[t];
+        size_t es = mgc_dtype_size(dt);
+        for (int parts = 1; parts <= MAXP; parts++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+                for (int layout = 0; layout < 4; layout++)
+                    for (int op = 0; op < 2; op++) {
+                        size_t n = counts[ci], pad = (n + 7) / 8 * 8;
+                        /* 0 padded (vectors), 1 packed, 2 odd stride, 3 odd offsets */
+                        size_t stride = layout == 0 || layout == 3 ? pad : layout == 1 ? n : n + 3;
+                        size_t off = layout == 3 ? 1 : 0;
+                        size_t m = (size_t)parts * stride + off;
+                        for (size_t i = 0; i < m; i++) {
+                            float v = ofloat(4.0);
+                            uint64_t r = onext() % 97;
+                            if (op && r == 0) v = NAN;
+                            else if (r == 1) v = INFINITY;
+                            else if (r == 2) v = -INFINITY;
+                            if (dt == MGC_DT_F32) memcpy(hs + i * 4, &v, 4);
+                            else {
+                                uint16_t u = dt == MGC_DT_BF16 ? mgc_f32_to_bf16(v) : mgc_f32_to_f16(v);
+                                memcpy(hs + i * 2, &u, 2);
+                            }
+                        }
+                        memset(hr, 0x5a, (n + off + 1) * es); /* the poison */
+                        T_EQ_I64(mgc_comm_fold_host(NULL, hr + off * es, hs + off * es, parts, n,
+                                                    stride, dt, op ? MGC_COMM_MAX : MGC_COMM_SUM), 0);
+                        memset(hd, 0x5a, (n + off + 1) * es);
+                        if (be->iface->upload(be, ds, hs, m * es) ||
+                            be->iface->upload(be, dd, hd, (n + off + 1) * es) ||
+                            be->iface->fold(be, dd + off * es, ds + off * es, parts, n, stride,
+                                            (int)dt, op) ||
+                            be->iface->download(be, hd, dd, (n + off + 1) * es)) {
+                            fprintf(stderr, "fold: %s\n", be->err);
+                            T_CHECK(0);
+                            goto out;
+                        }
+                        cases++;
+                        if (memcmp(hd, hr, (n + off + 1) * es)) {
+                            if (bad++ < 5)
+                                fprintf(stderr, "fold %s parts %d count %zu stride %zu offset %zu "
+                                                "%s: differs from the host fold\n",
+                                        mgc_dtype_name(dt), parts, n, stride, off,
+                                        op ? "max" : "sum");
+                        }
+                    }
+    }
+    T_EQ_I64(bad, 0);
+    printf("fold (kernels/comm.cuh) on %s: %d cases (3 types, 1-5 parts, vector and element "
+           "paths, sums and NaN maxima) bit-identical to the host fold\n", gpu_name(), cases);
+out:
+    if (arena) be->iface->arena_free(be, arena);
+    mgc_backend_close(be);
+    free(hs), free(hd), free(hr);
+}
+
 /* ---- 2. training ------------------------------------------------------------------- */
 
 static int no_overlap;        /* 1: gradient buckets reduced in line (check_layout) */
@@ -1118,6 +1201,8 @@ int main(int argc, char **argv) {
     orng = seed * 2654435761u + 1u;
     if (!only || !strcmp(only, "optim") || !strcmp(only, "ci")) check_optimizer();
     if (!only || !strcmp(only, "ce") || !strcmp(only, "ci")) check_ce_inplace();
+    if (!only || !strcmp(only, "fold") || !strcmp(only, "ci") || !strcmp(only, "devcomm"))
+        check_fold();
     if (!only || !strcmp(only, "train")) {
         check_training("examples/tiny-gpt.yaml", NULL);
         check_training("models/tiny-llama.yaml", NULL);
