@@ -101,6 +101,11 @@ struct mgc_exec {
     int64_t wsd_iters;         /* optimizer.wsd_decay_iterations (decay_style wsd) */
     int wsd_style;             /* optimizer.wsd_decay_style */
     int32_t router_score, drop_policy;
+    /* MoE load (mgc_step_stats.expert_counts): experts a layer, layers, top-k; this step's
+     * local counts (layers x experts) from the dispatches this rank ran, and the step's global
+     * ones; NULL for a dense model */
+    int64_t moe_E, moe_L, moe_k;
+    int64_t *moe_local, *moe_counts;
     int eod_mask;              /* data.eod_mask_loss: no loss on tokens predicted from eod */
     int64_t eod;               /* data.eod_token */
     /* dynamic loss scaling (fp16; tests switch it on in any precision) */
@@ -1059,6 +1064,18 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->eod = cfg_i(plan, "data.eod_token", 256);
     x->router_score = (int32_t)cfg_i(plan, "moe.router_score", 0);
     x->drop_policy = (int32_t)cfg_i(plan, "moe.drop_policy", 0);
+    x->moe_E = cfg_i(plan, "moe.num_experts", 0);
+    x->moe_L = cfg_i(plan, "model.num_layers", 0);
+    x->moe_k = cfg_i(plan, "moe.top_k", 1);
+    if (x->moe_E > 0 && x->moe_L > 0) {
+        size_t n = (size_t)(x->moe_E * x->moe_L);
+        x->moe_local = calloc(n, sizeof *x->moe_local);
+        x->moe_counts = calloc(n, sizeof *x->moe_counts);
+        if (!x->moe_local || !x->moe_counts) {
+            xfail(x, "out of memory");
+            goto done;
+        }
+    }
     x->tok = malloc((size_t)(x->seq_length + 1) * sizeof *x->tok);
     if (!x->tok) {
         xfail(x, "out of memory");
@@ -1111,6 +1128,8 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->fg);
     free(x->last_bwd_mb);
     free(x->ready_op);
+    free(x->moe_local);
+    free(x->moe_counts);
     for (int k = 0; k < MGC_GROUP__COUNT; k++)
         mgc_comm_free(x->group[k]), mgc_comm_free(x->dgroup[k]);
     mgc_comm_free(x->kv_comm);
@@ -1705,6 +1724,48 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
     return rc;
 }
 
+/* After a forward dispatch (phase 0): the tokens of this microbatch each expert takes, added
+ * to the rank's counts of the op's layer (its name's "layers.N"). */
+static int count_experts(mgc_exec *x, const mgc_plan_op *op, const void *counts) {
+    const char *nm = sname(x, op->name), *p = strstr(nm, "layers.");
+    if (!p) return 0;
+    char *end;
+    long long layer = strtoll(p + 7, &end, 10);
+    if (end == p + 7 || layer < 0 || layer >= x->moe_L) return 0;
+    int64_t E = x->moe_E, tmp[256], *buf = E <= 256 ? tmp : malloc((size_t)E * sizeof *buf);
+    if (!buf) return xfail(x, "out of memory");
+    const int64_t *c = counts; /* device memory (with one rank too): a copy */
+    int rc = 0;
+    if (x->be->iface->device_memory) {
+        c = buf;
+        if (x->be->iface->download(x->be, buf, counts, (size_t)E * sizeof *buf))
+            c = NULL, rc = be_fail(x, "reading the expert counts");
+    }
+    for (int64_t e = 0; c && e < E; e++)
+        x->moe_local[layer * E + e] += c[e];
+    if (buf != tmp) free(buf);
+    return rc;
+}
+
+/* The step's expert counts over the world (each layer's tokens are routed by the ranks of its
+ * stage, each rank its own): exact, as two fp32 sums of 12-bit digits. */
+static int reduce_expert_counts(mgc_exec *x) {
+    size_t n = (size_t)(x->moe_E * x->moe_L);
+    float *f = malloc(2 * n * sizeof *f);
+    if (!f) return xfail(x, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)(x->moe_local[i] & 4095), f[n + i] = (float)(x->moe_local[i] >> 12);
+    mgc_comm_status s = mgc_comm_all_reduce(x->world, f, f, 2 * n, MGC_DT_F32, MGC_COMM_SUM);
+    if (s != MGC_COMM_OK) {
+        free(f);
+        return comm_fail(x, x->world, s, "expert counts all-reduce");
+    }
+    for (size_t i = 0; i < n; i++)
+        x->moe_counts[i] = (int64_t)f[n + i] * 4096 + (int64_t)f[i], x->moe_local[i] = 0;
+    free(f);
+    return 0;
+}
+
 /* Issues the ops one by one to the backend (collectives to the communicator). */
 static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t n, int32_t mb,
                      mgc_op_call *callp) {
@@ -1742,6 +1803,9 @@ static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64
             mgc_profile_add_op(x->prof, c, pass, i, t1 - t0);
         }
         if (!orc && x->hook_after) x->hook_after(x->hook_ctx, &call);
+        if (!orc && pass == 0 && x->moe_local && !x->eval && op->kind == MGC_POP_MOE_DISPATCH &&
+            op->iattr[0] == 0 && op->n_out > 1 && count_experts(x, op, call.out[1]))
+            return -1;
         if (orc) {
             char what[300];
             snprintf(what, sizeof what, "%s '%s' (microbatch %d, chunk %d)",
@@ -2733,6 +2797,15 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     st->staged_bytes = x->fg->staged_bytes + (x->red ? reducer_staged(x) : 0);
     st->overlapped_buckets = x->overlapped;
     st->overlapped_sends = x->sends_queued;
+    if (x->moe_local && !x->eval) {
+        if (reduce_expert_counts(x)) {
+            job_abort(x, x->err);
+            return -1;
+        }
+        st->expert_counts = x->moe_counts;
+        st->moe_layers = x->moe_L, st->moe_experts = x->moe_E;
+        st->moe_assignments = st->tokens * x->moe_k;
+    }
     if (x->prof) {
         if (prof_clock(x, &t1)) {
             job_abort(x, x->err);

@@ -60,6 +60,14 @@ typedef struct mgc_step_stats {
                                    (mgc_exec_set_grad_overlap) */
     int64_t overlapped_sends;   /* pipeline sends that left beside the compute this step
                                    (mgc_exec_set_send_overlap) */
+    /* MoE models: the tokens each expert of each layer processed this step, over every rank
+     * and microbatch (after capacity drops): expert_counts[layer * moe_experts + e], layer
+     * 0 .. moe_layers-1 (all model layers; a dense layer's row is 0).  Owned by the executor,
+     * valid until its next step; NULL for a dense model.  moe_assignments: the step's
+     * token-to-expert assignments (tokens x top_k) a MoE layer routes; the difference from a
+     * layer's count total is what capacity dropped. */
+    const int64_t *expert_counts;
+    int64_t moe_layers, moe_experts, moe_assignments;
 } mgc_step_stats;
 
 /* What can be refused without starting: a precision the backend ("cpu") does

@@ -65,6 +65,28 @@ static int find_resume(mgc_comm *world, const char *dir, char *path, size_t n, c
     return 0;
 }
 
+/* MoE load: layer l's busiest expert over the mean expert's tokens this step (1: balanced;
+ * -1 for a dense layer), and the share of the step's assignments the MoE layers dropped
+ * (capacity mode; 0 dropless). */
+static double expert_imbalance(const mgc_step_stats *st, int64_t l) {
+    const int64_t *c = st->expert_counts + l * st->moe_experts;
+    int64_t most = 0, sum = 0;
+    for (int64_t e = 0; e < st->moe_experts; e++)
+        sum += c[e], most = c[e] > most ? c[e] : most;
+    return sum > 0 ? (double)most * (double)st->moe_experts / (double)sum : -1.0;
+}
+static double expert_dropped(const mgc_step_stats *st) {
+    int64_t layers = 0, kept = 0;
+    for (int64_t l = 0; l < st->moe_layers; l++) {
+        int64_t sum = 0;
+        for (int64_t e = 0; e < st->moe_experts; e++)
+            sum += st->expert_counts[l * st->moe_experts + e];
+        if (sum > 0) layers++, kept += sum;
+    }
+    int64_t all = layers * st->moe_assignments;
+    return all > 0 ? (double)(all - kept) / (double)all : 0.0;
+}
+
 /* The mean loss of `iters` global batches of `data` from its first sample, and the time it took:
  * 0, or -1 (mgc_exec_error says why). */
 static int evaluate(mgc_exec *x, mgc_train_data *data, int64_t iters, double *loss, double *ms) {
@@ -257,6 +279,10 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
         }
         double dt = now_s() - t0;
         if (own_out) { /* every rank has the same numbers: one writes the shared arrays */
+            if (o->expert_counts && st.expert_counts) {
+                size_t n = (size_t)(st.moe_layers * st.moe_experts);
+                memcpy(o->expert_counts + (size_t)it * n, st.expert_counts, n * sizeof(int64_t));
+            }
             if (o->losses) o->losses[it] = st.loss;
             if (o->grad_norms) o->grad_norms[it] = st.grad_norm;
             if (o->overlapped) o->overlapped[it] = st.overlapped_buckets;
@@ -308,6 +334,17 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
             if (st.loss_scale > 0)
                 fprintf(o->metrics, ", \"loss_scale\": %.9g, \"skipped\": %s", st.loss_scale,
                         st.skipped ? "true" : "false");
+            if (st.expert_counts) { /* each MoE layer's busiest expert over the mean */
+                fputs(", \"moe_max_over_mean\": [", o->metrics);
+                int first = 1;
+                for (int64_t l = 0; l < st.moe_layers; l++) {
+                    double r = expert_imbalance(&st, l);
+                    if (r < 0) continue;
+                    fprintf(o->metrics, "%s%.6g", first ? "" : ", ", r);
+                    first = 0;
+                }
+                fprintf(o->metrics, "], \"moe_dropped\": %.6g", expert_dropped(&st));
+            }
             if (st.staged_bytes > 0)
                 fprintf(o->metrics, ", \"staged_bytes\": %" PRId64, st.staged_bytes);
             if (st.overlapped_buckets > 0)
@@ -333,6 +370,13 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
                     mib(a, sizeof a, mgc_exec_arena_bytes(x)));
             if (st.aux_loss != 0 || st.z_loss != 0)
                 fprintf(o->log, " | aux %.4f | z %.5f", st.aux_loss, st.z_loss);
+            if (st.expert_counts) {
+                double worst = 0, dropped = expert_dropped(&st);
+                for (int64_t l = 0; l < st.moe_layers; l++)
+                    if (expert_imbalance(&st, l) > worst) worst = expert_imbalance(&st, l);
+                fprintf(o->log, " | experts max/mean %.2f", worst);
+                if (dropped > 0) fprintf(o->log, " | dropped %.1f%%", 100 * dropped);
+            }
             if (st.loss_scale > 0) fprintf(o->log, " | loss scale %.6g", st.loss_scale);
             if (st.skipped) fprintf(o->log, " | overflow: step skipped");
             fputc('\n', o->log);

@@ -79,6 +79,9 @@ typedef struct mgc_train_opts {
      * moves-only local world beside the host one -- how the tests run this path on the CPU and
      * the emulator), NULL or "none": every collective through the world. */
     const char *device_comm;
+    /* out, or NULL: (iterations x model.num_layers x moe.num_experts) the tokens each expert
+     * of each layer processed at each step (mgc_step_stats.expert_counts; MoE models only) */
+    int64_t *expert_counts;
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \

@@ -385,6 +385,167 @@ static void check_device_comm(const char *path, const char *const *sets) {
     mgc_plan_free(p);
 }
 
+/* MoE load (mgc_step_stats.expert_counts): on one rank, each step's counts against the
+ * router's choices read by an op hook (each route's expert ids counted per layer, capped at the
+ * dispatch's capacity per microbatch in capacity mode); dropless, every MoE layer's total is the
+ * step's tokens x top-k and a dense layer's is 0; with a capacity, some are dropped; and the
+ * first step's counts are the same under ep2, etp2 x ep2, pp2 x vp2, tp2 + SP and cp2 (the
+ * same router inputs up to rounding: the same choices). */
+typedef struct route_ref {
+    int64_t L, E;
+    int64_t *routed; /* (L x E) the current microbatch's routed counts */
+    int64_t *kept;   /* (L x E) the step's counts, capped per microbatch */
+} route_ref;
+
+static int64_t layer_of(const mgc_op_call *c) {
+    const char *p = strstr(mgc_plan_strat(c->plan, c->op->name), "layers.");
+    return p ? strtoll(p + 7, NULL, 10) : -1;
+}
+
+static void route_hook(void *ctx, const mgc_op_call *c) {
+    route_ref *r = ctx;
+    const mgc_plan_op *op = c->op;
+    int64_t l = layer_of(c);
+    if (l < 0 || l >= r->L || op->iattr[0] != 0) return;
+    if (op->kind == MGC_POP_MOE_ROUTE) { /* out[1]: (tokens, k) expert ids */
+        const mgc_plan_tensor *t = &c->chunk->tensors[op->out[1]];
+        int64_t n = 1;
+        for (int d = 0; d < t->rank; d++)
+            n *= t->dim[d];
+        const int32_t *ids = c->out[1];
+        for (int64_t e = 0; e < r->E; e++)
+            r->routed[l * r->E + e] = 0;
+        for (int64_t a = 0; a < n; a++)
+            r->routed[l * r->E + ids[a]]++;
+    } else if (op->kind == MGC_POP_MOE_DISPATCH) {
+        int64_t cap = op->iattr[2];
+        for (int64_t e = 0; e < r->E; e++) {
+            int64_t v = r->routed[l * r->E + e];
+            r->kept[l * r->E + e] += cap > 0 && v > cap ? cap : v;
+        }
+    }
+}
+
+static void check_expert_counts_one(const char *const *sets, int capped, int big) {
+    mgc_plan *p = compile("models/tiny-moe.yaml", NULL, sets);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    char err[4096];
+    mgc_backend *be = NULL;
+    mgc_comm *w[1];
+    mgc_exec *x = NULL;
+    mgc_train_data *data = NULL;
+    T_EQ_I64(mgc_backend_cpu_open(&be, err, sizeof err), 0);
+    T_EQ_I64(mgc_comm_local_world_create(1, NULL, w, err, sizeof err), MGC_COMM_OK);
+    int ok = mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0 &&
+             mgc_train_data_open(&data, p, 3, err, sizeof err) == 0;
+    T_CHECK(ok);
+    int64_t L = 0, E = 0, dropped = 0, moe_layers = 0, most = 0;
+    mgc_plan_config_int(p, "model.num_layers", &L);
+    mgc_plan_config_int(p, "moe.num_experts", &E);
+    route_ref r = {L, E, calloc((size_t)(L * E), 8), calloc((size_t)(L * E), 8)};
+    if (ok) mgc_exec_set_op_hooks(x, NULL, route_hook, &r);
+    int same = 1;
+    for (int it = 0; ok && it < 3; it++) {
+        memset(r.kept, 0, (size_t)(L * E) * 8);
+        mgc_step_stats st;
+        T_EQ_I64(mgc_exec_step(x, it, mgc_train_data_sample, data, &st), 0);
+        T_CHECK(st.expert_counts != NULL && st.moe_layers == L && st.moe_experts == E);
+        if (!st.expert_counts) break;
+        same = same && !memcmp(st.expert_counts, r.kept, (size_t)(L * E) * 8);
+        moe_layers = 0;
+        for (int64_t l = 0; l < L; l++) {
+            int64_t sum = 0;
+            for (int64_t e = 0; e < E; e++) {
+                sum += st.expert_counts[l * E + e];
+                if (st.expert_counts[l * E + e] > most) most = st.expert_counts[l * E + e];
+            }
+            if (!sum) continue; /* a dense layer */
+            moe_layers++;
+            if (capped) {
+                T_CHECK(sum <= st.moe_assignments);
+                dropped += st.moe_assignments - sum;
+            } else {
+                T_EQ_I64(sum, st.moe_assignments);
+            }
+        }
+        T_CHECK(moe_layers > 0);
+    }
+    T_CHECK(same);
+    if (capped) T_CHECK(dropped > 0);
+    if (big) T_CHECK(most > 4095); /* the all-reduce's high 12-bit digit is used */
+    printf("models/tiny-moe.yaml%s: expert counts of %lld MoE layers over 3 steps %s the router's "
+           "choices%s (%lld assignments dropped, busiest expert %lld)\n",
+           capped ? " (capacity 1.0)" : big ? " (global batch 512)" : "", (long long)moe_layers,
+           same ? "match" : "DIFFER from", capped ? " capped per microbatch" : "",
+           (long long)dropped, (long long)most);
+    mgc_exec_free(x);
+    mgc_comm_free(w[0]);
+    mgc_backend_close(be);
+    mgc_train_data_free(data);
+    mgc_plan_free(p);
+    free(r.routed), free(r.kept);
+}
+
+static void check_expert_counts(void) {
+    static const char *const cap[] = {"moe.capacity_factor=1.0", NULL};
+    /* 16,384 tokens a step (32,768 assignments, 4,096 an expert on average): the busiest
+     * expert takes more than 4,095 */
+    static const char *const big[] = {"training.global_batch_size=512",
+                                      "training.micro_batch_size=32", NULL};
+    check_expert_counts_one(NULL, 0, 0);
+    check_expert_counts_one(cap, 1, 0);
+    check_expert_counts_one(big, 0, 1);
+    /* the first step's counts in other layouts */
+    int64_t L = 0, E = 0;
+    mgc_plan *p1 = compile("models/tiny-moe.yaml", NULL, NULL);
+    T_CHECK(p1 != NULL);
+    if (!p1) return;
+    mgc_plan_config_int(p1, "model.num_layers", &L);
+    mgc_plan_config_int(p1, "moe.num_experts", &E);
+    size_t n = (size_t)(L * E);
+    int64_t *base = calloc(STEPS * n, 8), *got = calloc(STEPS * n, 8);
+    double loss[STEPS], norm[STEPS];
+    mgc_train_opts o = MGC_TRAIN_OPTS_INIT;
+    char err[4096];
+    mgc_train_data *data = NULL;
+    T_EQ_I64(mgc_train_data_open(&data, p1, STEPS, err, sizeof err), 0);
+    o.iterations = STEPS, o.losses = loss, o.grad_norms = norm, o.expert_counts = base;
+    T_EQ_I64(mgc_train_local(p1, data, 1, &o, err, sizeof err), 0);
+    mgc_train_data_free(data);
+    mgc_plan_free(p1);
+    static const struct {
+        const char *name;
+        const char *sets[8];
+    } lays[] = {
+        {"ep2", {"parallel.world_size=2", "parallel.data=2", "parallel.expert=2"}},
+        {"etp2 ep2", {"parallel.world_size=4", "parallel.tensor=2", "parallel.sequence_parallel=true",
+                      "parallel.data=2", "parallel.expert=2"}},
+        {"pp2 interleaved", {"parallel.world_size=2", "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+        {"tp2+sp", {"parallel.world_size=2", "parallel.tensor=2", "parallel.sequence_parallel=true",
+                    "parallel.expert_tensor=1"}},
+        {"cp2", {"parallel.world_size=2", "parallel.context=2"}},
+    };
+    for (size_t i = 0; i < sizeof lays / sizeof lays[0]; i++) {
+        mgc_plan *p = compile("models/tiny-moe.yaml", NULL, lays[i].sets);
+        T_CHECK(p != NULL);
+        if (!p) continue;
+        memset(got, 0xff, STEPS * n * 8); /* poisoned */
+        data = NULL;
+        T_EQ_I64(mgc_train_data_open(&data, p, STEPS, err, sizeof err), 0);
+        o.expert_counts = got;
+        int rc = mgc_train_local(p, data, (int)p->grid.world, &o, err, sizeof err);
+        T_EQ_I64(rc, 0);
+        int same = !memcmp(base, got, n * 8);
+        T_CHECK(same);
+        printf("models/tiny-moe.yaml %-16s: the first step's expert counts %s one rank's\n",
+               lays[i].name, same ? "equal" : "DIFFER from");
+        mgc_train_data_free(data);
+        mgc_plan_free(p);
+    }
+    free(base), free(got);
+}
+
 /* Every parameter receives a gradient: one step on one rank, then each
  * parameter's gradient must have a non-zero element.  (Equivalence across
  * layouts cannot see a gradient that is missing everywhere; this can.) */
@@ -1747,6 +1908,7 @@ int main(int argc, char **argv) {
         check_recompute_modules("models/tiny-moe.yaml", NULL);
     }
     if (only && !strcmp(only, "eval")) check_eval();
+    if (!only || !strcmp(only, "moeload")) check_expert_counts();
     if (only && !strcmp(only, "eod")) check_eod_mask();
     if (!only || !strcmp(only, "docs")) check_docs();
     if (!only || !strcmp(only, "docs")) check_doc_positions();
