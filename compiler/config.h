@@ -190,6 +190,10 @@ typedef struct mgc_blend {
       "Load-balancing loss coefficient (Switch-style).")                                                    \
     X(MOE_ZLOSS, "moe.z_loss_coeff", FLOAT, moe.z_loss_coeff, 0, 0, 1000, NULL, 0, NULL,                     \
       "Router z-loss coefficient (ST-MoE).")                                                                 \
+    X(MOE_TOPK_SCALE, "moe.router_topk_scaling_factor", FLOAT, moe.router_topk_scaling_factor, 1.0, 1e-6,    \
+      1000, NULL, 0, NULL,                                                                                   \
+      "Multiplies the chosen experts' weights after the score function (Megatron's "                          \
+      "--moe-router-topk-scaling-factor; DeepSeek's routed_scaling_factor).")                                 \
     X(MOE_CAPACITY, "moe.capacity_factor", FLOAT, moe.capacity_factor, 0, 1e-6, 1000, NULL, MGC_KF_OPTIONAL, \
       "unset: dropless", "Expert capacity = ceil(tokens * top_k / experts * factor); tokens beyond it are dropped.") \
     X(MOE_DROP_POLICY, "moe.drop_policy", ENUM, moe.drop_policy, MGC_DROP_PROBS, 0, 0, mgc_enum_drop_policy,  \
@@ -386,6 +390,7 @@ typedef struct mgc_moe_cfg {
     int router_score;                /* mgc_score */
     double aux_loss_coeff;
     double z_loss_coeff;
+    double router_topk_scaling_factor; /* the chosen experts' weights times it (1: as scored) */
     double capacity_factor;          /* 0 = dropless */
     int drop_policy;                 /* mgc_drop_policy */
 } mgc_moe_cfg;

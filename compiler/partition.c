@@ -703,6 +703,8 @@ static void op_moe_route(pctx *p, const mgc_ir_op *o) {
     io(&op, 1, &logits, n_out, out);
     op.fattr[0] = o->attr.moe.aux_coeff;
     op.fattr[1] = o->attr.moe.z_coeff;
+    /* the routed weights' factor; 0 (a plan of an older mgc) reads as 1 */
+    op.fattr[2] = o->attr.moe.topk_scale != 1.0 ? o->attr.moe.topk_scale : 0.0;
     op.iattr[0] = 0; /* phase 0: scores, top-k, z-loss, local counts */
     op.iattr[1] = z->E;
     op.iattr[2] = z->k;

@@ -97,13 +97,14 @@ __device__ __forceinline__ void moe_full_scores(float *p, const float *v, float 
 
 #if defined(MGC_ENTRY_moe_route_fwd)
 /* Router forward, one warp per token: top-k by logit (descending, ties to the
- * lower expert index), probabilities by `score`, zpart[t] = lse_t^2 (z-loss
- * partial; zpart may be NULL).  logits (n, E) mgc_t; probs (n, K) float;
- * ids (n, K) int.
+ * lower expert index), probabilities by `score` times `scale` (the top-k scaling
+ * factor), zpart[t] = lse_t^2 (z-loss partial; zpart may be NULL).  logits (n, E)
+ * mgc_t; probs (n, K) float; ids (n, K) int.
  * grid: ceil(n / 4), block: 128 (4 warps), no dynamic shared memory. */
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, float *__restrict__ probs,
-                   int *__restrict__ ids, float *__restrict__ zpart, int n, int score) {
+                   int *__restrict__ ids, float *__restrict__ zpart, int n, int score,
+                   float scale) {
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return; /* whole warps */
@@ -143,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(128)
         for (int j = 0; j < MGC_K; j++) {
             float p = pr[j];
             if (score == 0 || (score == 2 && MGC_K > 1)) p /= ss;
-            probs[(i64)t * MGC_K + j] = p;
+            probs[(i64)t * MGC_K + j] = p * scale;
             ids[(i64)t * MGC_K + j] = ex[j];
         }
         if (zpart) zpart[t] = lse * lse;
@@ -177,7 +178,8 @@ extern "C" __global__ void __launch_bounds__(128)
 #endif
 
 #if defined(MGC_ENTRY_moe_route_bwd)
-/* Router backward, one warp per token (mgc_cpu_moe_route_bwd with scale 1):
+/* Router backward, one warp per token (mgc_cpu_moe_route_bwd; `scale` the top-k
+ * scaling factor, which multiplies dprobs first):
  * dlogits = d/dlogits [dprobs . probs] + aux term (auxk = daux * coeff * E /
  * (k T^2), counts from `counts`; 0: none) + z term (zk = dz * z_coeff * 2 / n;
  * 0: none).  logits, dlogits (n, E) mgc_t; ids (n, K) int; dprobs (n, K) float.
@@ -185,7 +187,8 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, const int *__restrict__ ids,
                    const float *__restrict__ dprobs, const void *__restrict__ counts, int c64,
-                   mgc_t *__restrict__ dlogits, int n, int score, float auxk, float zk) {
+                   mgc_t *__restrict__ dlogits, int n, int score, float auxk, float zk,
+                   float scale) {
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return;
@@ -199,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int j = 0; j < MGC_K; j++) {
         ex[j] = ids[(i64)t * MGC_K + j];
-        dp[j] = dprobs[(i64)t * MGC_K + j];
+        dp[j] = scale * dprobs[(i64)t * MGC_K + j];
         lx[j] = mgc_ld(l[ex[j]]);
     }
     /* the probabilities */

@@ -584,6 +584,11 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
                     "causal attention",
                     WH, kn, w);
     }
+    if ((o->kind == MGC_POP_MOE_ROUTE || o->kind == MGC_POP_MOE_ROUTE_BWD) && o->iattr[0] == 0) {
+        double f = o->fattr[2]; /* the routed weights' factor, 0: 1 */
+        if (!(f >= 0 && f <= 1000))
+            INVALID("%s (%s): top-k scaling factor %g outside 0..1000", WH, kn, f);
+    }
     if (o->flags & MGC_POF_DOCS) {
         int need = (o->flags & MGC_POF_QKV ? 1 : 3) + (o->kind == MGC_POP_ATTENTION_BWD ? 3 : 0);
         if (o->kind == MGC_POP_ROPE || o->kind == MGC_POP_ROPE_BWD) need = 1;

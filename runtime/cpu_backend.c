@@ -531,6 +531,11 @@ static void sort_rows(float *dst, const float *src, const int64_t *counts, int64
     (void)src_off;
 }
 
+/* moe.router_topk_scaling_factor (the route op's fattr[2]; 0, as in older plans, is 1) */
+static double topk_scale(const mgc_plan_op *op) {
+    return op->fattr[2] > 0 ? op->fattr[2] : 1.0;
+}
+
 static int op_moe(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int64_t tp = c->grid_tp, cp = c->grid_cp;
@@ -559,7 +564,7 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
             else counts = c->out[i];
         }
         mgc_cpu_moe_route_fwd_f32(F(c->out[0]), ids, c32, z ? &zval : NULL, CF(c->in[0]), n, E, k,
-                                  router_score(op->iattr[3]), 1.0, op->fattr[1]);
+                                  router_score(op->iattr[3]), topk_scale(op), op->fattr[1]);
         if (z) *z = zval;
         if (counts) from_i32(counts, (mgc_dtype)MGC_DT_I64, c32, E);
         return 0;
@@ -575,7 +580,7 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
         /* the training loss adds the aux loss summed over tensor x context ranks and the
          * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
         mgc_cpu_moe_route_bwd_f32(F(c->out[0]), CF(c->in[2]), CF(c->in[0]), (const int32_t *)c->in[1],
-                                  c32, n, E, k, n * tp * cp, router_score(op->iattr[3]), 1.0,
+                                  c32, n, E, k, n * tp * cp, router_score(op->iattr[3]), topk_scale(op),
                                   has_aux ? op->fattr[0] : 0.0, c->dloss, op->fattr[1],
                                   c->dloss / (double)(tp * cp));
         return 0;

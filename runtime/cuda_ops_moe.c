@@ -19,6 +19,11 @@
 
 #define MOE_TILE MGC_KSPEC_MOE_TILE /* kernels/moe.cuh: assignments per map block */
 
+/* moe.router_topk_scaling_factor: the route op's fattr[2] (0, as in older plans: 1) */
+static float topk_scale(const mgc_plan_op *op) {
+    return op->fattr[2] > 0 ? (float)op->fattr[2] : 1.0f;
+}
+
 /* mgc_router_score (cpu_ops.h) from the plan's mgc_score: 1 sigmoid, 2 presoftmax (softmax over
  * every expert), else softmax over the chosen. */
 static int score_of(int64_t s) {
@@ -233,7 +238,8 @@ static int route(moe_ctx *x) {
     if (!w) return -1;
     float *zpart = carve(&w, (size_t)(n ? n : 1) * 4), *zp = z ? zpart : NULL;
     int score = score_of(op->iattr[3]);
-    void *ra[] = {&logits, &probs, &ids, &zp, &n, &score};
+    float scale = topk_scale(op);
+    void *ra[] = {&logits, &probs, &ids, &zp, &n, &score, &scale};
     if (launch(x, "moe_route_fwd", (uint64_t)(n + 3) / 4, 128, 0, ra)) return -1;
     if (z) { /* z_coeff * mean_t lse_t^2 */
         float mul = (float)op->fattr[1], div = n > 0 ? (float)n : 1.0f;
@@ -273,7 +279,8 @@ static int route_bwd(moe_ctx *x) { /* in: logits, ids, dprobs, (global counts); 
     int score = score_of(op->iattr[3]);
     const void *logits = c->in[0], *ids = c->in[1], *dprobs = c->in[2];
     void *dlogits = c->out[0];
-    void *a[] = {&logits, &ids, &dprobs, &counts, &c64, &dlogits, &n, &score, &auxk, &zk};
+    float scale = topk_scale(op);
+    void *a[] = {&logits, &ids, &dprobs, &counts, &c64, &dlogits, &n, &score, &auxk, &zk, &scale};
     return launch(x, "moe_route_bwd", (uint64_t)(n + 3) / 4, 128, 0, a);
 }
 

@@ -230,6 +230,11 @@ static int plan_hf(ctx *x) {
     if (experts > 0 && (!llama || shared || score == 1 || (score == 2 && !qk)))
         why = "a mixture of experts other than Mixtral's or Qwen3-MoE's (which need LLaMA's layers, no "
               "shared experts and a softmax router; the pre-softmax one is Qwen3-MoE's only)";
+    double topk_scale = 1.0;
+    mgc_plan_config_float(p, "moe.router_topk_scaling_factor", &topk_scale);
+    if (!why && experts > 0 && topk_scale != 1.0)
+        why = "a top-k scaling factor (moe.router_topk_scaling_factor): Mixtral's and Qwen3-MoE's "
+              "routed weights are not scaled";
     if (!why && experts > 0 && !qk && (first_dense || freq != 1 || listed))
         why = "dense layers in a mixture of experts without query and key norms (Mixtral routes every "
               "layer's MLP; Qwen3-MoE, with the norms, may keep some dense)";

@@ -1268,6 +1268,10 @@ int main(int argc, char **argv) {
         /* the pre-softmax router: the route kernels' softmax over every expert (score 1) */
         static const char *const pre[] = {"moe.router_score=presoftmax", NULL};
         check_ops("models/tiny-moe.yaml", pre);
+        /* the top-k scaling factor: the route kernels scale the weights and their gradient */
+        static const char *const scaled[] = {"moe.router_topk_scaling_factor=2.5",
+                                             "moe.router_score=sigmoid", NULL};
+        check_ops("models/tiny-moe.yaml", scaled);
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in

@@ -382,6 +382,21 @@ static void check_import_refusals(void) {
         }
         mgc_plan_free(lo);
     }
+    /* Mixtral with its routed weights scaled: no hf architecture scales them */
+    {
+        static const char *const scaled[] = {"moe.shared_experts=0", "moe.first_dense_layers=0",
+                                             "moe.router_topk_scaling_factor=2", NULL};
+        mgc_plan *ms = compile("models/tiny-moe.yaml", scaled);
+        T_CHECK(ms != NULL);
+        if (ms) {
+            char shf[300];
+            T_EQ_I64(export_random(ms, ck, "scaled", shf, sizeof shf, err, sizeof err), -1);
+            T_CHECK(strstr(err, "a top-k scaling factor") && strstr(err, "--format mgc"));
+            T_CHECK(count_files(shf) <= 0);
+            printf("export refused: %s\n", err);
+        }
+        mgc_plan_free(ms);
+    }
     /* Qwen3-MoE's router: norm_topk_prob true into a plan with the pre-softmax router */
     {
         mgc_plan *qm = compile("models/tiny-moe.yaml", qwen3moe), *qp = compile("models/tiny-moe.yaml", qwen3moe_pre);

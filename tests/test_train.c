@@ -1738,6 +1738,33 @@ static const layout moe_pre[] = {
                   "parallel.expert=2"}},
 };
 
+/* The top-k scaling factor (moe.router_topk_scaling_factor, DeepSeek's routed_scaling_factor):
+ * the routed experts' weights times 2.5 with the sigmoid router, under expert and expert-tensor
+ * parallelism; and it changes the model (the first step's loss moves). */
+static const char *const scaled[] = {"moe.router_topk_scaling_factor=2.5", "moe.router_score=sigmoid",
+                                     NULL};
+static const layout moe_scaled[] = {
+    {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
+    {"etp2 ep2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+                  "parallel.expert=2"}},
+    {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+};
+static void check_topk_scale(void) {
+    static const char *const sig[] = {"moe.router_score=sigmoid", NULL};
+    mgc_plan *a = compile("models/tiny-moe.yaml", sig, NULL), *b = compile("models/tiny-moe.yaml", scaled, NULL);
+    T_CHECK(a && b);
+    double la[STEPS], na[STEPS], lb[STEPS], nb[STEPS];
+    if (a && b) {
+        T_EQ_I64(train(a, la, na), 0);
+        T_EQ_I64(train(b, lb, nb), 0);
+        T_CHECK(fabs(la[0] - lb[0]) > 1e-4); /* the experts' outputs count 2.5 times */
+        printf("models/tiny-moe.yaml sigmoid router: first loss %.6f unscaled, %.6f with the top-k "
+               "weights x 2.5\n", la[0], lb[0]);
+    }
+    mgc_plan_free(a);
+    mgc_plan_free(b);
+}
+
 /* Sliding-window attention (model.window_size): every layout masks by the keys' positions
  * (context parallelism: the load-balanced chunks and the gathered keys), with documents too. */
 static const char *const win[] = {"model.window_size=12", NULL}; /* of 32 tokens */
@@ -1935,6 +1962,8 @@ int main(int argc, char **argv) {
     if (!only || strstr("window", only)) check_model("examples/tiny-gpt.yaml", win_docs, win_gpt, 3);
     if (!only || strstr("window", only)) check_model("models/tiny-llama.yaml", win_odd, win_mixed, 2);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", presoftmax, moe_pre, 2);
+    if (!only || strstr("moe", only)) check_topk_scale();
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", scaled, moe_scaled, 3);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
