@@ -40,7 +40,9 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
     int64_t d = 0, causal = op->iattr[0] ? 1 : 0, drop = op->fattr[1] > 0 ? 1 : 0,
             rowpos = op->iattr[3] <= 1 ? 1 : 0;
     int docs = (op->flags & MGC_POF_DOCS) != 0;
-    /* the sliding window: a whole number of keys on a causal attention (plan_io.c checks it) */
+    if (op->kind != MGC_POP_ATTENTION && op->kind != MGC_POP_ATTENTION_BWD) return 0;
+    /* the sliding window: a whole number of keys on a causal attention (plan_io.c checks it);
+     * fattr[2] means something else on other ops (the MoE router's top-k scaling factor) */
     double wf = op->fattr[2];
     if (!(wf >= 0 && wf <= 16777216.0) || wf != (double)(int64_t)wf || (wf > 0 && !causal)) return -1;
     int64_t win = (int64_t)wf;

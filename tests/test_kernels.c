@@ -168,5 +168,8 @@ int main(void) {
     check_file("models/tiny-llama.yaml", "bf16", "model.window_size=40");
     check_file("models/gpt2-124m.yaml", NULL, "model.window_size=256");
     check_file("models/llama2-7b.yaml", NULL, "model.window_size=1024");
+    /* a fractional top-k scaling factor on the router (its fattr[2], which the attention specs
+     * once read as a window and refused) */
+    check_file("models/qwen3-30b-a3b.yaml", NULL, "moe.router_topk_scaling_factor=2.5");
     return t_summary("test_kernels");
 }
