@@ -221,7 +221,7 @@ typedef union mgc_ir_attrs {
         int64_t max_rows_per_expert; /* T (dropless) or C */
         double aux_coeff;            /* load-balancing loss coefficient (0: no aux output) */
         double z_coeff;              /* z-loss coefficient (0: no z output) */
-        double topk_scale;           /* the routed weights times it (moe.router_topk_scaling_factor) */
+        double topk_scale;           /* routed weights times it: moe.router_topk_scaling_factor */
     } moe; /* MOE_ROUTE, MOE_DISPATCH, GROUPED_LINEAR (bias present when n_in == 4), MOE_COMBINE */
 } mgc_ir_attrs;
 

@@ -171,8 +171,8 @@ typedef struct mgc_backend_iface {
      * reduction on arena memory, queued in order with the compute -- dst[i] = op (0 sum,
      * 1 max) over j = 0 .. parts-1, in order, of src[j * stride + i], in fp32, rounded once
      * to dt (f32, bf16, f16); comm.h mgc_comm_fold_host's bits. */
-    int (*fold)(mgc_backend *be, void *dst, const void *src, int parts, size_t count,
-                size_t stride, int dt, int op);
+    int (*fold)(mgc_backend *be, void *dst, const void *src, int parts, size_t count, size_t stride,
+                int dt, int op);
     /* Optional: the compute queue a device communicator's operations join (CUDA: the compute
      * stream, a cudaStream_t); NULL: the backend runs everything at once (CPU, emulator). */
     void *(*queue)(mgc_backend *be);

@@ -274,9 +274,12 @@ int mgc_comm_fold_host(void *ctx, void *dst, const void *src, int parts, size_t 
                 memcpy(&u, p, 2);
                 v = dt == MGC_DT_BF16 ? mgc_bf16_to_f32(u) : mgc_f16_to_f32(u);
             }
-            if (j == 0) a = v;
-            else if (op == MGC_COMM_SUM) a += v;
-            else if (v > a || isnan(v)) a = isnan(a) ? a : v; /* NaN propagates */
+            if (j == 0)
+                a = v;
+            else if (op == MGC_COMM_SUM)
+                a += v;
+            else if (v > a || isnan(v))
+                a = isnan(a) ? a : v; /* NaN propagates */
         }
         if (dt == MGC_DT_F32) {
             memcpy(d + i * 4, &a, 4);
@@ -334,8 +337,10 @@ static mgc_comm_status folder_open(folder *f, mgc_comm *c, size_t scratch_bytes,
     } else if (scratch_bytes) {
         if (!(f->scratch = malloc(scratch_bytes))) {
             free(f->sc);
-            return mgc_comm_fail(c, MGC_COMM_ERR_NOMEM, "%s: out of memory for %zu bytes of fold "
-                                 "scratch", what, scratch_bytes);
+            return mgc_comm_fail(c, MGC_COMM_ERR_NOMEM,
+                                 "%s: out of memory for %zu bytes of fold "
+                                 "scratch",
+                                 what, scratch_bytes);
         }
         f->owned = 1;
     }
@@ -382,14 +387,15 @@ static mgc_comm_status folded_all_reduce(mgc_comm *c, const void *send, void *re
     unsigned char *out = recv;
     for (size_t o = 0; o < n && s == MGC_COMM_OK; o += (size_t)G * p) {
         size_t r = n - o < (size_t)G * p ? n - o : (size_t)G * p;
-#define SLICE(j) ((size_t)(j) * p >= r ? 0 : r - (size_t)(j) * p < p ? r - (size_t)(j) * p : p)
+#define SLICE(j) ((size_t)(j)*p >= r ? 0 : r - (size_t)(j)*p < p ? r - (size_t)(j)*p : p)
         size_t mine = SLICE(me);
         for (int j = 0; j < G; j++) {
             f.sc[j] = SLICE(j), f.sd[j] = o + (size_t)j * p;
             f.rc[j] = mine, f.rd[j] = (size_t)j * pad8(mine);
         }
         s = a2a(&f, in, f.scratch, dt);
-        if (s == MGC_COMM_OK) s = fold(&f, out + (o + (size_t)me * p) * es, G, mine, dt, op, "all_reduce");
+        if (s == MGC_COMM_OK)
+            s = fold(&f, out + (o + (size_t)me * p) * es, G, mine, dt, op, "all_reduce");
         for (int j = 0; j < G; j++) { /* the slices back; this rank's is in place */
             f.sc[j] = j == me ? 0 : mine, f.sd[j] = o + (size_t)me * p;
             f.rc[j] = j == me ? 0 : SLICE(j), f.rd[j] = o + (size_t)j * p;
@@ -442,8 +448,8 @@ mgc_comm_status mgc_comm_reduce_scatter_v(mgc_comm *c, const void *send, const s
     /* rounds over the largest block, so that every rank runs as many */
     size_t step = (size_t)mgc_fold_round(most, G, es, 1);
     folder f;
-    MGC_COMM_TRY(folder_open(&f, c, (size_t)mgc_fold_scratch_bytes(most, G, es, 1),
-                             "reduce_scatter_v"));
+    MGC_COMM_TRY(
+        folder_open(&f, c, (size_t)mgc_fold_scratch_bytes(most, G, es, 1), "reduce_scatter_v"));
     mgc_comm_status s = MGC_COMM_OK;
     for (size_t o = 0; o < most && s == MGC_COMM_OK; o += step) {
         size_t begin = 0, mine = per[me] > o ? per[me] - o : 0;

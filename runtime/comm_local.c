@@ -177,9 +177,10 @@ mgc_comm_status mgc_comm_local_world_create(int n, const mgc_comm_config *cfg, m
     int64_t timeout_ms = 0;
     if (cfg && cfg->size >= offsetof(mgc_comm_config, timeout_ms) + sizeof cfg->timeout_ms)
         timeout_ms = cfg->timeout_ms;
-    int moves_only = cfg && cfg->size >= offsetof(mgc_comm_config, moves_only) + sizeof cfg->moves_only
-                         ? cfg->moves_only != 0
-                         : 0;
+    int moves_only =
+        cfg && cfg->size >= offsetof(mgc_comm_config, moves_only) + sizeof cfg->moves_only
+            ? cfg->moves_only != 0
+            : 0;
     job *j = calloc(1, sizeof *j);
     team *t = NULL;
     int *members = malloc((size_t)n * sizeof *members);

@@ -43,10 +43,10 @@ typedef struct nccl_job nccl_job;
 typedef struct nccl_ctx {
     nccl_job *job;
     ncclComm_t nc;
-    mgc_comm *self;     /* the handle this context belongs to (names in messages) */
-    mgc_comm *boot;     /* the host twin */
-    int owns_boot;      /* the twin is a split of ours (the world's is the caller's) */
-    cudaEvent_t ev;     /* recorded after each queued operation */
+    mgc_comm *self; /* the handle this context belongs to (names in messages) */
+    mgc_comm *boot; /* the host twin */
+    int owns_boot;  /* the twin is a split of ours (the world's is the caller's) */
+    cudaEvent_t ev; /* recorded after each queued operation */
     int ev_ok;
     int pending;        /* ev recorded and not seen complete (the watchdog's) */
     double t_queued;    /* when it was recorded (CLOCK_MONOTONIC s) */
@@ -114,8 +114,9 @@ static void *watchdog(void *arg) {
             if (ncclCommGetAsyncError(x->nc, &ar) == ncclSuccess && ar != ncclSuccess &&
                 ar != ncclInProgress) {
                 mgc_comm_desc_format(&x->last, d, sizeof d);
-                snprintf(text, sizeof text, "%s rank %d (world %d): NCCL failed: %s (last queued: %s)",
-                         x->self->name, x->self->rank, x->self->world_rank, ncclGetErrorString(ar), d);
+                snprintf(text, sizeof text,
+                         "%s rank %d (world %d): NCCL failed: %s (last queued: %s)", x->self->name,
+                         x->self->rank, x->self->world_rank, ncclGetErrorString(ar), d);
                 job_fail_locked(j, text);
                 break;
             }
@@ -135,8 +136,8 @@ static void *watchdog(void *arg) {
                     job_fail_locked(j, text);
                 }
             } else {
-                snprintf(text, sizeof text, "%s rank %d (world %d): CUDA failed: %s",
-                         x->self->name, x->self->rank, x->self->world_rank, cudaGetErrorString(q));
+                snprintf(text, sizeof text, "%s rank %d (world %d): CUDA failed: %s", x->self->name,
+                         x->self->rank, x->self->world_rank, cudaGetErrorString(q));
                 job_fail_locked(j, text);
             }
         }
@@ -147,7 +148,8 @@ static void *watchdog(void *arg) {
 
 static mgc_comm_status aborted(mgc_comm *c) {
     nccl_ctx *x = c->context;
-    return mgc_comm_fail(c, MGC_COMM_ERR_ABORTED, "released because the job failed: %s", x->job->msg);
+    return mgc_comm_fail(c, MGC_COMM_ERR_ABORTED, "released because the job failed: %s",
+                         x->job->msg);
 }
 
 static mgc_comm_status nccl_fail(mgc_comm *c, ncclResult_t r, const char *what) {
@@ -171,7 +173,8 @@ static mgc_comm_status check_desc(mgc_comm *c, const mgc_comm_op *op) {
                    : mgc_comm_fail(c, MGC_COMM_ERR_ABORTED, "checking a send: %s",
                                    mgc_comm_error(x->boot));
     if (op->kind == MGC_COMM_OP_RECV) {
-        if ((s = mgc_comm_recv(x->boot, &theirs, sizeof theirs, MGC_DT_U8, op->root)) != MGC_COMM_OK)
+        if ((s = mgc_comm_recv(x->boot, &theirs, sizeof theirs, MGC_DT_U8, op->root)) !=
+            MGC_COMM_OK)
             return mgc_comm_fail(c, s, "checking a receive: %s", mgc_comm_error(x->boot));
         if (theirs.kind != MGC_COMM_OP_SEND || theirs.dt != mine.dt || theirs.count != mine.count) {
             mgc_comm_desc_format(&theirs, a, sizeof a);
@@ -188,7 +191,8 @@ static mgc_comm_status check_desc(mgc_comm *c, const mgc_comm_op *op) {
     if (!all) return mgc_comm_fail(c, MGC_COMM_ERR_NOMEM, "out of memory");
     s = mgc_comm_all_gather(x->boot, &mine, all, sizeof mine, MGC_DT_U8);
     if (s != MGC_COMM_OK) {
-        s = mgc_comm_fail(c, s, "checking %s: %s", mgc_comm_op_name(op->kind), mgc_comm_error(x->boot));
+        s = mgc_comm_fail(c, s, "checking %s: %s", mgc_comm_op_name(op->kind),
+                          mgc_comm_error(x->boot));
         goto out;
     }
     for (int j = 0; j < c->size; j++)
@@ -281,7 +285,8 @@ static mgc_comm_status nccl_run(mgc_comm *c, const mgc_comm_op *op) {
                                        : cudaMemcpyAsync(to, from, op->send_counts[c->rank] * es,
                                                          cudaMemcpyDeviceToDevice, st);
             if (e != cudaSuccess)
-                return mgc_comm_fail(c, MGC_COMM_ERR_SYSTEM, "all_to_all_v: %s", cudaGetErrorString(e));
+                return mgc_comm_fail(c, MGC_COMM_ERR_SYSTEM, "all_to_all_v: %s",
+                                     cudaGetErrorString(e));
         }
         r = ncclGroupStart();
         for (int j = 0; j < c->size && r == ncclSuccess; j++) {
@@ -317,7 +322,8 @@ static mgc_comm_status nccl_run(mgc_comm *c, const mgc_comm_op *op) {
     return queued(c, op, st);
 }
 
-/* ---- handles ----------------------------------------------------------------------------------- */
+/* ---- handles -----------------------------------------------------------------------------------
+ */
 
 static void nccl_free(mgc_comm *c);
 static mgc_comm_status nccl_split(mgc_comm *c, const mgc_comm_op *op, mgc_comm **out);
@@ -396,9 +402,12 @@ static void nccl_free(mgc_comm *c) {
         }
     int gone = x->aborted;
     pthread_mutex_unlock(&j->mu);
-    if (gone) ncclCommDestroy(x->nc); /* after an abort: releases what is left */
-    else if (ncclCommFinalize(x->nc) == ncclSuccess) ncclCommDestroy(x->nc);
-    else ncclCommAbort(x->nc);
+    if (gone)
+        ncclCommDestroy(x->nc); /* after an abort: releases what is left */
+    else if (ncclCommFinalize(x->nc) == ncclSuccess)
+        ncclCommDestroy(x->nc);
+    else
+        ncclCommAbort(x->nc);
     if (x->ev_ok) cudaEventDestroy(x->ev);
     if (x->owns_boot) mgc_comm_free(x->boot);
     mgc_comm_free_base(c);
@@ -445,8 +454,8 @@ static mgc_comm_status nccl_split(mgc_comm *c, const mgc_comm_op *op, mgc_comm *
     }
     for (int j = 0; j < mgc_comm_size(tw); j++)
         members[j] = mgc_comm_member(tw, j);
-    s = make_handle(x->job, nc, tw, 1, mgc_comm_rank(tw), mgc_comm_size(tw), c->world_rank,
-                    members, "split", out);
+    s = make_handle(x->job, nc, tw, 1, mgc_comm_rank(tw), mgc_comm_size(tw), c->world_rank, members,
+                    "split", out);
     free(members);
     if (s != MGC_COMM_OK) {
         mgc_comm_free(tw);
@@ -507,9 +516,9 @@ mgc_comm_status mgc_comm_nccl_world_create(mgc_comm *boot, int device, const mgc
         cfg->timeout_ms > 0)
         j->timeout_ms = cfg->timeout_ms;
     const char *ck = getenv("MGC_NCCL_CHECK");
-    j->check_ops = !ck || !*ck ? CHECK_OPS_DEFAULT
-                 : !strcmp(ck, "all") ? UINT64_MAX
-                                      : (uint64_t)strtoull(ck, NULL, 10);
+    j->check_ops = !ck || !*ck          ? CHECK_OPS_DEFAULT
+                   : !strcmp(ck, "all") ? UINT64_MAX
+                                        : (uint64_t)strtoull(ck, NULL, 10);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     ncclComm_t nc = NULL;
@@ -530,7 +539,8 @@ mgc_comm_status mgc_comm_nccl_world_create(mgc_comm *boot, int device, const mgc
         job_destroy_unused(j);
         return MGC_COMM_ERR_NOMEM;
     }
-    if (pthread_create(&j->th, NULL, watchdog, j) == 0) j->th_ok = 1;
+    if (pthread_create(&j->th, NULL, watchdog, j) == 0)
+        j->th_ok = 1;
     else {
         snprintf(err, err_size, "nccl world: cannot start the watchdog thread");
         mgc_comm_free(*world);

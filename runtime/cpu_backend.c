@@ -579,10 +579,10 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
         else memset(c32, 0, (size_t)E * 4);
         /* the training loss adds the aux loss summed over tensor x context ranks and the
          * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
-        mgc_cpu_moe_route_bwd_f32(F(c->out[0]), CF(c->in[2]), CF(c->in[0]), (const int32_t *)c->in[1],
-                                  c32, n, E, k, n * tp * cp, router_score(op->iattr[3]), topk_scale(op),
-                                  has_aux ? op->fattr[0] : 0.0, c->dloss, op->fattr[1],
-                                  c->dloss / (double)(tp * cp));
+        mgc_cpu_moe_route_bwd_f32(
+            F(c->out[0]), CF(c->in[2]), CF(c->in[0]), (const int32_t *)c->in[1], c32, n, E, k,
+            n * tp * cp, router_score(op->iattr[3]), topk_scale(op), has_aux ? op->fattr[0] : 0.0,
+            c->dloss, op->fattr[1], c->dloss / (double)(tp * cp));
         return 0;
     }
     case MGC_POP_MOE_DISPATCH: {

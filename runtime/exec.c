@@ -523,7 +523,9 @@ static int c_all_to_all(xcomm *k, mgc_comm *g, const void *in, void *out, const 
                         mgc_dtype dt, const char *what) {
     int size = mgc_comm_size(g);
     mgc_comm *d = devof(k, g);
-    if (d) return c_check(k, d, mgc_comm_all_to_all_v(d, in, cnt, NULL, out, cnt + size, NULL, dt), what);
+    if (d)
+        return c_check(k, d, mgc_comm_all_to_all_v(d, in, cnt, NULL, out, cnt + size, NULL, dt),
+                       what);
     if (!k->staged)
         return c_check(k, g, mgc_comm_all_to_all_v(g, in, cnt, NULL, out, cnt + size, NULL, dt), what);
     size_t es = mgc_dtype_size(dt), sb = 0, rb = 0;
@@ -581,7 +583,8 @@ static int c_reduce_scatter_v(xcomm *k, mgc_comm *g, const void *in, void *out, 
         sb += per[j] * es;
     unsigned char *h = stage(k, sb + per[me] * es);
     if (!h || stage_down(k, h, in, sb)) return -1;
-    if (c_check(k, g, mgc_comm_reduce_scatter_v(g, h, per, h + sb, dt, MGC_COMM_SUM), what)) return -1;
+    if (c_check(k, g, mgc_comm_reduce_scatter_v(g, h, per, h + sb, dt, MGC_COMM_SUM), what))
+        return -1;
     return stage_up(k, out, h + sb, per[me] * es);
 }
 
@@ -2179,22 +2182,30 @@ static int dev_fold(void *ctx, void *dst, const void *src, int parts, size_t cou
 int mgc_exec_set_device_comm(mgc_exec *x, mgc_comm *dworld) {
     const mgc_backend_iface *bi = x->be->iface;
     if (!dworld || !mgc_comm_moves_only(dworld))
-        return xfail(x, "rank %" PRId64 ": a device communicator must be a moves-only one "
-                        "(nccl, or a local world with moves_only)", x->rank);
+        return xfail(x,
+                     "rank %" PRId64 ": a device communicator must be a moves-only one "
+                     "(nccl, or a local world with moves_only)",
+                     x->rank);
     if (mgc_comm_size(dworld) != x->grid.world || mgc_comm_world_rank(dworld) != x->rank)
-        return xfail(x, "rank %" PRId64 ": the device communicator is rank %d of %d, the plan's "
-                        "world is %" PRId64 " ranks", x->rank, mgc_comm_world_rank(dworld),
-                     mgc_comm_size(dworld), x->grid.world);
+        return xfail(x,
+                     "rank %" PRId64 ": the device communicator is rank %d of %d, the plan's "
+                     "world is %" PRId64 " ranks",
+                     x->rank, mgc_comm_world_rank(dworld), mgc_comm_size(dworld), x->grid.world);
     if (!bi->fold)
-        return xfail(x, "rank %" PRId64 ": the %s backend has no fold kernel for a device "
-                        "communicator's reductions: run without one", x->rank, bi->name);
-    if (x->dworld) return xfail(x, "rank %" PRId64 ": a device communicator is set already", x->rank);
+        return xfail(x,
+                     "rank %" PRId64 ": the %s backend has no fold kernel for a device "
+                     "communicator's reductions: run without one",
+                     x->rank, bi->name);
+    if (x->dworld)
+        return xfail(x, "rank %" PRId64 ": a device communicator is set already", x->rank);
     int64_t sb = -1;
     for (int64_t b = 0; b < x->sp->n_buffers && sb < 0; b++)
         if (!strcmp(mgc_plan_strat(x->plan, x->sp->buffers[b].name), "kernel_scratch")) sb = b;
     if (sb < 0)
-        return xfail(x, "rank %" PRId64 ": the plan has no kernel_scratch buffer for the device "
-                        "communicator's folds: recompile it with this mgc", x->rank);
+        return xfail(x,
+                     "rank %" PRId64 ": the plan has no kernel_scratch buffer for the device "
+                     "communicator's folds: recompile it with this mgc",
+                     x->rank);
     mgc_comm_device dv = {.stream = bi->queue ? bi->queue(x->be) : NULL,
                           .fold = dev_fold,
                           .fold_ctx = x->be,
@@ -2206,8 +2217,8 @@ int mgc_exec_set_device_comm(mgc_exec *x, mgc_comm *dworld) {
         if (s != MGC_COMM_OK) return comm_fail(x, dworld, s, "creating the device process groups");
     }
     if (x->kv_share > 1) {
-        mgc_comm_status s = mgc_comm_split(x->dgroup[MGC_GROUP_TP], x->co.tp / x->kv_share,
-                                           x->co.tp, &x->d_kv);
+        mgc_comm_status s =
+            mgc_comm_split(x->dgroup[MGC_GROUP_TP], x->co.tp / x->kv_share, x->co.tp, &x->d_kv);
         if (s != MGC_COMM_OK)
             return comm_fail(x, x->dgroup[MGC_GROUP_TP], s, "joining a key/value device group");
     }

@@ -112,13 +112,17 @@ static int device_comm(mgc_exec *x, mgc_backend *be, mgc_comm *world, mgc_comm *
     int r = mgc_comm_world_rank(world);
     if (!strcmp(want, "local")) {
         if (!strcmp(be->iface->name, "cuda")) { /* the local transport reads the arena */
-            snprintf(err, errsz, "rank %d: --device-comm local needs an arena the host can read "
-                                 "(the cpu or emu backend); on GPUs use nccl", r);
+            snprintf(err, errsz,
+                     "rank %d: --device-comm local needs an arena the host can read "
+                     "(the cpu or emu backend); on GPUs use nccl",
+                     r);
             return -1;
         }
         if (!dlocal) {
-            snprintf(err, errsz, "rank %d: --device-comm local needs ranks that are threads of "
-                                 "this process (--local-ranks)", r);
+            snprintf(err, errsz,
+                     "rank %d: --device-comm local needs ranks that are threads of "
+                     "this process (--local-ranks)",
+                     r);
             return -1;
         }
         d = dlocal;
@@ -131,7 +135,8 @@ static int device_comm(mgc_exec *x, mgc_backend *be, mgc_comm *world, mgc_comm *
         mgc_comm_config cc = MGC_COMM_CONFIG_INIT;
         cc.timeout_ms = o->timeout_ms;
         char e[1024];
-        if (mgc_comm_nccl_world_create(world, device_of(world), &cc, &d, e, sizeof e) != MGC_COMM_OK) {
+        if (mgc_comm_nccl_world_create(world, device_of(world), &cc, &d, e, sizeof e) !=
+            MGC_COMM_OK) {
             snprintf(err, errsz, "rank %d: %s", r, e);
             return -1;
         }

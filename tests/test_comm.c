@@ -209,7 +209,8 @@ static void exercise(mgc_comm *c, const int64_t *members, int n, int me, uint64_
      * refused elsewhere */
     for (int dt16 = 0; dt16 < 2; dt16++) {
         mgc_dtype dt = dt16 ? MGC_DT_F16 : MGC_DT_BF16;
-        uint16_t *hx = malloc((big + 1) * 2), *hy = malloc((big + 1) * 2), *hr = malloc((big + 1) * 2);
+        uint16_t *hx = malloc((big + 1) * 2), *hy = malloc((big + 1) * 2),
+                 *hr = malloc((big + 1) * 2);
 #define TO16(v) (dt16 ? mgc_f32_to_f16(v) : mgc_f32_to_bf16(v))
 #define OF16(u) (dt16 ? mgc_f16_to_f32(u) : mgc_bf16_to_f32(u))
         for (size_t i = 0; i < big; i++)
@@ -427,7 +428,9 @@ static void rounds_rank(rank_arg *a) {
         free(x), free(y), free(scratch);
         return;
     }
-    mgc_comm_device d = {.fold = counting_fold, .fold_ctx = &fc->fold_calls, .scratch = scratch,
+    mgc_comm_device d = {.fold = counting_fold,
+                         .fold_ctx = &fc->fold_calls,
+                         .scratch = scratch,
                          .scratch_bytes = sb};
     TC_OK(mgc_comm_set_device(c, &d));
     for (size_t i = 0; i < N; i++)

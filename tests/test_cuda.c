@@ -727,18 +727,24 @@ static void check_fold(void) {
                         for (size_t i = 0; i < m; i++) {
                             float v = ofloat(4.0);
                             uint64_t r = onext() % 97;
-                            if (op && r == 0) v = NAN;
-                            else if (r == 1) v = INFINITY;
-                            else if (r == 2) v = -INFINITY;
-                            if (dt == MGC_DT_F32) memcpy(hs + i * 4, &v, 4);
+                            if (op && r == 0)
+                                v = NAN;
+                            else if (r == 1)
+                                v = INFINITY;
+                            else if (r == 2)
+                                v = -INFINITY;
+                            if (dt == MGC_DT_F32)
+                                memcpy(hs + i * 4, &v, 4);
                             else {
-                                uint16_t u = dt == MGC_DT_BF16 ? mgc_f32_to_bf16(v) : mgc_f32_to_f16(v);
+                                uint16_t u =
+                                    dt == MGC_DT_BF16 ? mgc_f32_to_bf16(v) : mgc_f32_to_f16(v);
                                 memcpy(hs + i * 2, &u, 2);
                             }
                         }
                         memset(hr, 0x5a, (n + off + 1) * es); /* the poison */
                         T_EQ_I64(mgc_comm_fold_host(NULL, hr + off * es, hs + off * es, parts, n,
-                                                    stride, dt, op ? MGC_COMM_MAX : MGC_COMM_SUM), 0);
+                                                    stride, dt, op ? MGC_COMM_MAX : MGC_COMM_SUM),
+                                 0);
                         memset(hd, 0x5a, (n + off + 1) * es);
                         if (be->iface->upload(be, ds, hs, m * es) ||
                             be->iface->upload(be, dd, hd, (n + off + 1) * es) ||
@@ -752,8 +758,9 @@ static void check_fold(void) {
                         cases++;
                         if (memcmp(hd, hr, (n + off + 1) * es)) {
                             if (bad++ < 5)
-                                fprintf(stderr, "fold %s parts %d count %zu stride %zu offset %zu "
-                                                "%s: differs from the host fold\n",
+                                fprintf(stderr,
+                                        "fold %s parts %d count %zu stride %zu offset %zu "
+                                        "%s: differs from the host fold\n",
                                         mgc_dtype_name(dt), parts, n, stride, off,
                                         op ? "max" : "sum");
                         }
@@ -761,7 +768,8 @@ static void check_fold(void) {
     }
     T_EQ_I64(bad, 0);
     printf("fold (kernels/comm.cuh) on %s: %d cases (3 types, 1-5 parts, vector and element "
-           "paths, sums and NaN maxima) bit-identical to the host fold\n", gpu_name(), cases);
+           "paths, sums and NaN maxima) bit-identical to the host fold\n",
+           gpu_name(), cases);
 out:
     if (arena) be->iface->arena_free(be, arena);
     mgc_backend_close(be);
@@ -1144,12 +1152,13 @@ static void check_device_comm(const char *path, const char *const *sets) {
     devcomm = 1;
     T_EQ_I64(train(p, gpu_name(), b, bn), 0);
     devcomm = 0;
-    int same = !memcmp(a, b, (size_t)steps * sizeof a[0]) && !memcmp(an, bn, (size_t)steps * sizeof an[0]);
+    int same =
+        !memcmp(a, b, (size_t)steps * sizeof a[0]) && !memcmp(an, bn, (size_t)steps * sizeof an[0]);
     T_CHECK(same);
     printf("%s bf16 world %lld: device communicator on %s: %d steps %s the host communicator's "
            "(loss %.5f -> %.5f)\n",
-           path, (long long)p->grid.world, gpu_name(), steps, same ? "bit-identical to" : "DIFFER from",
-           b[0], b[steps - 1]);
+           path, (long long)p->grid.world, gpu_name(), steps,
+           same ? "bit-identical to" : "DIFFER from", b[0], b[steps - 1]);
     mgc_plan_free(p);
 }
 

@@ -476,9 +476,11 @@ static void check_expert_counts_one(const char *const *sets, int capped, int big
     if (big) T_CHECK(most > 4095); /* the all-reduce's high 12-bit digit is used */
     printf("models/tiny-moe.yaml%s: expert counts of %lld MoE layers over 3 steps %s the router's "
            "choices%s (%lld assignments dropped, busiest expert %lld)\n",
-           capped ? " (capacity 1.0)" : big ? " (global batch 512)" : "", (long long)moe_layers,
-           same ? "match" : "DIFFER from", capped ? " capped per microbatch" : "",
-           (long long)dropped, (long long)most);
+           capped ? " (capacity 1.0)"
+           : big  ? " (global batch 512)"
+                  : "",
+           (long long)moe_layers, same ? "match" : "DIFFER from",
+           capped ? " capped per microbatch" : "", (long long)dropped, (long long)most);
     mgc_exec_free(x);
     mgc_comm_free(w[0]);
     mgc_backend_close(be);
@@ -519,11 +521,14 @@ static void check_expert_counts(void) {
         const char *sets[8];
     } lays[] = {
         {"ep2", {"parallel.world_size=2", "parallel.data=2", "parallel.expert=2"}},
-        {"etp2 ep2", {"parallel.world_size=4", "parallel.tensor=2", "parallel.sequence_parallel=true",
-                      "parallel.data=2", "parallel.expert=2"}},
-        {"pp2 interleaved", {"parallel.world_size=2", "parallel.pipeline=2", "parallel.virtual_stages=2"}},
-        {"tp2+sp", {"parallel.world_size=2", "parallel.tensor=2", "parallel.sequence_parallel=true",
-                    "parallel.expert_tensor=1"}},
+        {"etp2 ep2",
+         {"parallel.world_size=4", "parallel.tensor=2", "parallel.sequence_parallel=true",
+          "parallel.data=2", "parallel.expert=2"}},
+        {"pp2 interleaved",
+         {"parallel.world_size=2", "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+        {"tp2+sp",
+         {"parallel.world_size=2", "parallel.tensor=2", "parallel.sequence_parallel=true",
+          "parallel.expert_tensor=1"}},
         {"cp2", {"parallel.world_size=2", "parallel.context=2"}},
     };
     for (size_t i = 0; i < sizeof lays / sizeof lays[0]; i++) {
@@ -1741,17 +1746,19 @@ static const layout moe_pre[] = {
 /* The top-k scaling factor (moe.router_topk_scaling_factor, DeepSeek's routed_scaling_factor):
  * the routed experts' weights times 2.5 with the sigmoid router, under expert and expert-tensor
  * parallelism; and it changes the model (the first step's loss moves). */
-static const char *const scaled[] = {"moe.router_topk_scaling_factor=2.5", "moe.router_score=sigmoid",
-                                     NULL};
+static const char *const scaled[] = {"moe.router_topk_scaling_factor=2.5",
+                                     "moe.router_score=sigmoid", NULL};
 static const layout moe_scaled[] = {
     {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
-    {"etp2 ep2", {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
-                  "parallel.expert=2"}},
+    {"etp2 ep2",
+     {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+      "parallel.expert=2"}},
     {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
 };
 static void check_topk_scale(void) {
     static const char *const sig[] = {"moe.router_score=sigmoid", NULL};
-    mgc_plan *a = compile("models/tiny-moe.yaml", sig, NULL), *b = compile("models/tiny-moe.yaml", scaled, NULL);
+    mgc_plan *a = compile("models/tiny-moe.yaml", sig, NULL),
+             *b = compile("models/tiny-moe.yaml", scaled, NULL);
     T_CHECK(a && b);
     double la[STEPS], na[STEPS], lb[STEPS], nb[STEPS];
     if (a && b) {
@@ -1759,7 +1766,8 @@ static void check_topk_scale(void) {
         T_EQ_I64(train(b, lb, nb), 0);
         T_CHECK(fabs(la[0] - lb[0]) > 1e-4); /* the experts' outputs count 2.5 times */
         printf("models/tiny-moe.yaml sigmoid router: first loss %.6f unscaled, %.6f with the top-k "
-               "weights x 2.5\n", la[0], lb[0]);
+               "weights x 2.5\n",
+               la[0], lb[0]);
     }
     mgc_plan_free(a);
     mgc_plan_free(b);
@@ -1866,20 +1874,23 @@ int main(int argc, char **argv) {
          * context and tensor; pipeline x data with a sharded optimizer (reduce-scatter and
          * all-gather buckets); replicated key/value heads (their own group); experts with
          * expert tensor parallelism (all-to-alls, variable gather and reduce-scatter) */
-        static const char *const d1[] = {"parallel.world_size=4", "parallel.tensor=2",
+        static const char *const d1[] = {"parallel.world_size=4",           "parallel.tensor=2",
                                          "parallel.sequence_parallel=true", "parallel.pipeline=2",
                                          "parallel.grad_bucket_size=20000", NULL};
         static const char *const d2[] = {"parallel.world_size=4", "parallel.tensor=2",
                                          "parallel.context=2", NULL};
-        static const char *const d3[] = {"parallel.world_size=4", "parallel.data=2",
-                                         "parallel.pipeline=2", "parallel.virtual_stages=2",
+        static const char *const d3[] = {"parallel.world_size=4",
+                                         "parallel.data=2",
+                                         "parallel.pipeline=2",
+                                         "parallel.virtual_stages=2",
                                          "parallel.distributed_optimizer=true",
                                          "training.global_batch_size=8",
-                                         "parallel.grad_bucket_size=20000", NULL};
+                                         "parallel.grad_bucket_size=20000",
+                                         NULL};
         static const char *const d4[] = {"parallel.world_size=6", "parallel.tensor=6", NULL};
-        static const char *const d5[] = {"parallel.world_size=4", "parallel.tensor=2",
-                                         "parallel.sequence_parallel=true", "parallel.data=2",
-                                         "parallel.expert=2", NULL};
+        static const char *const d5[] = {
+            "parallel.world_size=4", "parallel.tensor=2", "parallel.sequence_parallel=true",
+            "parallel.data=2",       "parallel.expert=2", NULL};
         check_device_comm("examples/tiny-gpt.yaml", d1);
         check_device_comm("models/tiny-llama.yaml", d2);
         check_device_comm("models/tiny-llama.yaml", d3);

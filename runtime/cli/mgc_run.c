@@ -230,7 +230,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!strcmp(backend, "auto")) backend = mgc_backend_cuda_available() ? "cuda" : "cpu";
-    if (strcmp(device_comm, "none") && strcmp(device_comm, "nccl") && strcmp(device_comm, "local")) {
+    if (strcmp(device_comm, "none") && strcmp(device_comm, "nccl") &&
+        strcmp(device_comm, "local")) {
         fprintf(stderr, "mgc-run: --device-comm %s: choose none, nccl (cuda backend) or local "
                         "(--local-ranks on the cpu or emu backend)\n",
                 device_comm);
