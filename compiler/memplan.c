@@ -973,12 +973,15 @@ static int bind_buckets(builder *b, const param_layout *pl, int64_t grad, int64_
  * through kernel_scratch between ops: the most any reduction of this stage needs (plan.h
  * mgc_fold_scratch_bytes).  The gradient reductions (buckets, the embedding's, the partial
  * sums) each cover part of the `flat` fp32 gradients over a group of at most world ranks,
- * which needs at most min((flat + world) * 4, the round cap); the collective ops, exactly. */
+ * which needs at most min((flat + 8 world) * 4, the round cap); the collective ops, exactly. */
 static uint64_t fold_scratch(const builder *b, uint64_t flat) {
     const mgc_grid *g = b->g;
     if (g->world <= 1) return 0;
-    uint64_t f = flat ? (flat + (uint64_t)g->world) * 4 : 0;
-    if (f > MGC_FOLD_ROUND_BYTES) f = MGC_FOLD_ROUND_BYTES;
+    /* G slices of ceil(m / G) rounded up to 8 elements: at most (m + 8 G) elements; a round
+     * at the cap: at most the round bytes (or, past 2^21 ranks, G 8-element parts) */
+    uint64_t W = (uint64_t)g->world, cap = MGC_FOLD_ROUND_BYTES > W * 32 ? MGC_FOLD_ROUND_BYTES : W * 32;
+    uint64_t f = flat ? (flat + 8 * W) * 4 : 0;
+    if (f > cap) f = cap;
     mgc_coords co = {0};
     co.pp = b->sp->pp_rank;
     int64_t rank = mgc_grid_rank(g, &co);

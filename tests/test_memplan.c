@@ -796,6 +796,46 @@ static void pass_interval(const mgc_plan_op *ops, int64_t n, int32_t t, int64_t 
 
 /* Checks that hold for any stage program, synthetic or from the real
  * partitioner and scheduler. */
+/* What a device communicator's folds need (runtime/comm.c, plan.h mgc_fold_scratch_bytes):
+ * every reduction the executor may run on the stage -- the gradients (fp32, all of them or
+ * any part, as one all-reduce or a reduce-scatter of shards) over a group of any size up to
+ * the world, and each collective op over its group -- must fit kernel_scratch. */
+static uint64_t fold_need(const mgc_plan *p, const mgc_stage_program *sp) {
+    uint64_t need = 0, grads = 0;
+    if (p->grid.world <= 1) return 0;
+    for (int64_t i = 0; i < sp->n_buffers; i++)
+        if (sp->buffers[i].kind == MGC_BUF_GRAD) grads += sp->buffers[i].bytes / 4;
+#define NEED(x)                                                                                    \
+    do {                                                                                           \
+        uint64_t n_ = (x);                                                                         \
+        if (n_ > need) need = n_;                                                                  \
+    } while (0)
+    for (int64_t G = 2; G <= p->grid.world; G++) {
+        /* the largest parts: all the gradients, and every size just past a round's multiple */
+        NEED(mgc_fold_scratch_bytes(grads, G, 4, 0));
+        NEED(mgc_fold_scratch_bytes(grads / (uint64_t)G, G, 4, 1));
+        for (uint64_t m = 1; m <= 64 && m <= grads; m++)
+            NEED(mgc_fold_scratch_bytes(grads - m, G, 4, 0));
+    }
+    mgc_coords co = {0};
+    co.pp = sp->pp_rank;
+    int64_t rank = mgc_grid_rank(&p->grid, &co);
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd; i++) {
+            const mgc_plan_op *op = i < ch->n_fwd ? &ch->fwd[i] : &ch->bwd[i - ch->n_fwd];
+            if (op->kind != MGC_POP_ALL_REDUCE && op->kind != MGC_POP_REDUCE_SCATTER) continue;
+            uint64_t es = op->iattr[2] == MGC_DT_F32 ? 4 : op->iattr[2] == MGC_DT_I64 ? 0 : 2;
+            int64_t G = mgc_grid_group(&p->grid, (mgc_group_kind)op->group, rank, NULL, 0);
+            if (!es || G < 2) continue;
+            int sc = op->kind == MGC_POP_REDUCE_SCATTER;
+            NEED(mgc_fold_scratch_bytes((uint64_t)(sc ? op->iattr[1] : op->iattr[0]), G, es, sc));
+        }
+    }
+#undef NEED
+    return need;
+}
+
 /* What the CUDA launchers ask their kernel scratch for, derived here from the launchers
  * (runtime/cuda_*.c), not from codegen's sizes: the plan's kernel_scratch must hold the largest. */
 static uint64_t scratch_need(const mgc_stage_program *sp) {
@@ -865,6 +905,7 @@ static void check_generic(const mgc_plan *p, int64_t r, const mgc_memplan_info *
     T_EQ_I64(n_ks, 1);
     T_EQ_U64(sp->by_kind[MGC_BUF_WORKSPACE], MGC_MEMPLAN_GEMM_WORKSPACE_BYTES + ks);
     T_CHECK(ks >= scratch_need(sp));
+    T_CHECK(ks >= fold_need(p, sp));
     free(v);
 
     /* 2. a stash per (mb, chunk) with stash bytes, live exactly from its forward to the end of
