@@ -493,17 +493,24 @@ mgc_comm_status mgc_comm_nccl_world_create(mgc_comm *boot, int device, const mgc
         mgc_comm_abort(boot, err);
         return MGC_COMM_ERR_SYSTEM;
     }
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    ncclResult_t r = boot->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
-    /* every rank learns rank 0's outcome with the id (a zero id: rank 0 failed) */
-    mgc_comm_status s = mgc_comm_broadcast(boot, &id, sizeof id, MGC_DT_U8, 0);
+    /* every rank learns rank 0's outcome with the id, so none waits on a world that will not
+     * form */
+    struct {
+        int32_t result; /* rank 0's ncclGetUniqueId */
+        ncclUniqueId id;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    if (boot->rank == 0) msg.result = (int32_t)ncclGetUniqueId(&msg.id);
+    mgc_comm_status s = mgc_comm_broadcast(boot, &msg, sizeof msg, MGC_DT_U8, 0);
+    ncclResult_t r = (ncclResult_t)msg.result;
     if (s != MGC_COMM_OK || r != ncclSuccess) {
-        snprintf(err, err_size, "nccl world: sharing NCCL's unique id: %s",
-                 r != ncclSuccess ? ncclGetErrorString(r) : mgc_comm_error(boot));
+        snprintf(err, err_size, "nccl world: sharing NCCL's unique id: %s%s",
+                 s != MGC_COMM_OK ? mgc_comm_error(boot) : "rank 0: ",
+                 s != MGC_COMM_OK ? "" : ncclGetErrorString(r));
         mgc_comm_abort(boot, err);
         return s != MGC_COMM_OK ? s : MGC_COMM_ERR_SYSTEM;
     }
+    ncclUniqueId id = msg.id;
     nccl_job *j = calloc(1, sizeof *j);
     if (!j) {
         snprintf(err, err_size, "nccl world: out of memory");
