@@ -391,6 +391,34 @@ static void check_device_comm(const char *path, const char *const *sets) {
  * step's tokens x top-k and a dense layer's is 0; with a capacity, some are dropped; and the
  * first step's counts are the same under ep2, etp2 x ep2, pp2 x vp2, tp2 + SP and cp2 (the
  * same router inputs up to rounding: the same choices). */
+/* One rank of a plan on the CPU backend, stepped directly (mgc_exec_step), its parameters
+ * initialised and `steps` steps of training data open: 1, or 0 when something failed. */
+typedef struct one_rank {
+    mgc_backend *be;
+    mgc_comm *w;
+    mgc_exec *x;
+    mgc_train_data *data;
+} one_rank;
+
+static int one_rank_open(one_rank *r, const mgc_plan *p, int64_t steps) {
+    char err[4096];
+    memset(r, 0, sizeof *r);
+    int ok = mgc_backend_cpu_open(&r->be, err, sizeof err) == 0 &&
+             mgc_comm_local_world_create(1, NULL, &r->w, err, sizeof err) == MGC_COMM_OK &&
+             mgc_exec_open(&r->x, p, r->w, r->be, err, sizeof err) == 0 &&
+             mgc_exec_init_params(r->x) == 0 &&
+             mgc_train_data_open(&r->data, p, steps, err, sizeof err) == 0;
+    if (!ok) fprintf(stderr, "one rank: %s\n", err);
+    return ok;
+}
+
+static void one_rank_close(one_rank *r) {
+    mgc_exec_free(r->x);
+    mgc_train_data_free(r->data);
+    mgc_backend_close(r->be);
+    mgc_comm_free(r->w);
+}
+
 typedef struct route_ref {
     int64_t L, E;
     int64_t *routed; /* (L x E) the current microbatch's routed counts */
@@ -430,16 +458,10 @@ static void check_expert_counts_one(const char *const *sets, int capped, int big
     mgc_plan *p = compile("models/tiny-moe.yaml", NULL, sets);
     T_CHECK(p != NULL);
     if (!p) return;
-    char err[4096];
-    mgc_backend *be = NULL;
-    mgc_comm *w[1];
-    mgc_exec *x = NULL;
-    mgc_train_data *data = NULL;
-    T_EQ_I64(mgc_backend_cpu_open(&be, err, sizeof err), 0);
-    T_EQ_I64(mgc_comm_local_world_create(1, NULL, w, err, sizeof err), MGC_COMM_OK);
-    int ok = mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0 &&
-             mgc_train_data_open(&data, p, 3, err, sizeof err) == 0;
+    one_rank o;
+    int ok = one_rank_open(&o, p, 3);
     T_CHECK(ok);
+    mgc_exec *x = o.x;
     int64_t L = 0, E = 0, dropped = 0, moe_layers = 0, most = 0;
     mgc_plan_config_int(p, "model.num_layers", &L);
     mgc_plan_config_int(p, "moe.num_experts", &E);
@@ -449,7 +471,7 @@ static void check_expert_counts_one(const char *const *sets, int capped, int big
     for (int it = 0; ok && it < 3; it++) {
         memset(r.kept, 0, (size_t)(L * E) * 8);
         mgc_step_stats st;
-        T_EQ_I64(mgc_exec_step(x, it, mgc_train_data_sample, data, &st), 0);
+        T_EQ_I64(mgc_exec_step(x, it, mgc_train_data_sample, o.data, &st), 0);
         T_CHECK(st.expert_counts != NULL && st.moe_layers == L && st.moe_experts == E);
         if (!st.expert_counts) break;
         same = same && !memcmp(st.expert_counts, r.kept, (size_t)(L * E) * 8);
@@ -481,10 +503,7 @@ static void check_expert_counts_one(const char *const *sets, int capped, int big
                   : "",
            (long long)moe_layers, same ? "match" : "DIFFER from",
            capped ? " capped per microbatch" : "", (long long)dropped, (long long)most);
-    mgc_exec_free(x);
-    mgc_comm_free(w[0]);
-    mgc_backend_close(be);
-    mgc_train_data_free(data);
+    one_rank_close(&o);
     mgc_plan_free(p);
     free(r.routed), free(r.kept);
 }
@@ -558,18 +577,12 @@ static void check_all_grads(const char *path, const char *const *sets) {
     mgc_plan *p = compile(path, NULL, sets);
     T_CHECK(p != NULL);
     if (!p) return;
-    char err[4096];
-    mgc_backend *be = NULL;
-    mgc_comm *w[1];
-    mgc_exec *x = NULL;
-    mgc_train_data *data = NULL;
-    T_EQ_I64(mgc_backend_cpu_open(&be, err, sizeof err), 0);
-    T_EQ_I64(mgc_comm_local_world_create(1, NULL, w, err, sizeof err), MGC_COMM_OK);
-    int ok = mgc_exec_open(&x, p, w[0], be, err, sizeof err) == 0 && mgc_exec_init_params(x) == 0 &&
-             mgc_train_data_open(&data, p, 1, err, sizeof err) == 0;
+    one_rank o;
+    int ok = one_rank_open(&o, p, 1);
     T_CHECK(ok);
+    mgc_exec *x = o.x;
     mgc_step_stats st;
-    if (ok) T_EQ_I64(mgc_exec_step(x, 0, mgc_train_data_sample, data, &st), 0);
+    if (ok) T_EQ_I64(mgc_exec_step(x, 0, mgc_train_data_sample, o.data, &st), 0);
     int64_t zero = 0;
     for (int64_t i = 0; ok && i < mgc_exec_param_count(x); i++) {
         const mgc_exec_param *e = mgc_exec_param_at(x, i);
@@ -584,10 +597,7 @@ static void check_all_grads(const char *path, const char *const *sets) {
     T_EQ_I64(zero, 0);
     printf("%s%s%s: all %lld parameters receive a gradient\n", path, sets ? " " : "",
            sets ? sets[0] : "", (long long)(x ? mgc_exec_param_count(x) : 0));
-    mgc_exec_free(x);
-    mgc_train_data_free(data);
-    mgc_backend_close(be);
-    mgc_comm_free(w[0]);
+    one_rank_close(&o);
     mgc_plan_free(p);
 }
 
