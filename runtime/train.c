@@ -377,8 +377,10 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
                 fprintf(o->log, " | aux %.4f | z %.5f", st.aux_loss, st.z_loss);
             if (st.expert_counts) {
                 double worst = 0, dropped = expert_dropped(&st);
-                for (int64_t l = 0; l < st.moe_layers; l++)
-                    if (expert_imbalance(&st, l) > worst) worst = expert_imbalance(&st, l);
+                for (int64_t l = 0; l < st.moe_layers; l++) {
+                    double r = expert_imbalance(&st, l);
+                    if (r > worst) worst = r;
+                }
                 fprintf(o->log, " | experts max/mean %.2f", worst);
                 if (dropped > 0) fprintf(o->log, " | dropped %.1f%%", 100 * dropped);
             }
