@@ -101,6 +101,12 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
             break;
         }
         add_c(&l, "moe_route_fwd", storage(lg), "E", E, "K", K);
+        int64_t G = MGC_ROUTE_GROUPS(op->iattr[3]), GK = MGC_ROUTE_GROUP_TOPK(op->iattr[3]);
+        if (G > 0 && l.n > 0 && !l.bad) { /* group-limited routing */
+            if (G > 1024 || E % G || GK < 1 || GK > G || GK > K) return -1;
+            mgc_kspec_const(&l.out[l.n - 1], "G", G);
+            mgc_kspec_const(&l.out[l.n - 1], "GK", GK);
+        }
         int z = 0, counts = 0;
         for (int i = 2; i < op->n_out; i++) {
             const mgc_plan_tensor *t = tout(ch, op, i);

@@ -204,6 +204,73 @@ static int cp_fits(const mgc_check_ctx *k, int64_t v) {
     return 1;
 }
 
+static int group_fits(const mgc_check_ctx *k, int64_t v) {
+    return k->c->moe.num_experts % v == 0;
+}
+
+/* Group-limited routing: groups dividing the experts, of which a token may use group_topk,
+ * each contributing its top top_k / group_topk scores to its score. */
+static void check_groups(mgc_check_ctx *k) {
+    const mgc_moe_cfg *e = &k->c->moe;
+    int64_t G = e->router_num_groups, GK = e->router_group_topk, E = e->num_experts;
+    char a[KV_N], b[KV_N], hint[HINT_N], list[LIST_N];
+    if (G == 0 && GK == 0) return;
+    if (GK == 0) {
+        mgc_check_error(k, mgc_check_at(k, KEY(MOE_GROUPS)),
+                        "set moe.router_group_topk, or remove router_num_groups",
+                        "%s needs moe.router_group_topk: how many of the groups a token may use",
+                        mgc_check_kv(a, k, KEY(MOE_GROUPS), G));
+        return;
+    }
+    if (G == 0) {
+        mgc_check_error(k, mgc_check_at(k, KEY(MOE_GROUP_TOPK)),
+                        "set moe.router_num_groups (a divisor of moe.num_experts), or remove "
+                        "router_group_topk",
+                        "%s needs moe.router_num_groups: the groups the experts form",
+                        mgc_check_kv(a, k, KEY(MOE_GROUP_TOPK), GK));
+        return;
+    }
+    if (E % G) {
+        mgc_check_candidates(k, group_fits, 1, E, G, 8, list, sizeof list);
+        snprintf(hint, sizeof hint, "choose moe.router_num_groups from %s (divisors of %" PRId64
+                 " experts)", list, E);
+        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUPS), KEY(MOE_EXPERTS))),
+                        hint, "%s is not divisible by %s: the groups are equal",
+                        mgc_check_kv(a, k, KEY(MOE_EXPERTS), E),
+                        mgc_check_kv(b, k, KEY(MOE_GROUPS), G));
+        return;
+    }
+    if (GK > G) {
+        snprintf(hint, sizeof hint, "set moe.router_group_topk to at most %" PRId64, G);
+        mgc_check_error(k, mgc_check_at(k, KEY(MOE_GROUP_TOPK)), hint,
+                        "%s is more than %s: a token cannot use more groups than exist",
+                        mgc_check_kv(a, k, KEY(MOE_GROUP_TOPK), GK),
+                        mgc_check_kv(b, k, KEY(MOE_GROUPS), G));
+        return;
+    }
+    if (GK > e->top_k) {
+        snprintf(hint, sizeof hint, "set moe.router_group_topk to at most %" PRId64, e->top_k);
+        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUP_TOPK), KEY(MOE_TOPK))),
+                        hint,
+                        "%s is more than %s: a group's score is the sum of its top top_k / "
+                        "router_group_topk scores, which would be none",
+                        mgc_check_kv(a, k, KEY(MOE_GROUP_TOPK), GK),
+                        mgc_check_kv(b, k, KEY(MOE_TOPK), e->top_k));
+        return;
+    }
+    if (e->top_k > GK * (E / G)) {
+        int64_t need = (e->top_k + E / G - 1) / (E / G);
+        snprintf(hint, sizeof hint, "set moe.router_group_topk to at least %" PRId64 ", or lower moe.top_k",
+                 need);
+        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUP_TOPK), KEY(MOE_TOPK))),
+                        hint,
+                        "%s is more than the %" PRId64 " experts a token may choose from (%s "
+                        "groups of %" PRId64 ")",
+                        mgc_check_kv(a, k, KEY(MOE_TOPK), e->top_k), GK * (E / G),
+                        mgc_check_kv(b, k, KEY(MOE_GROUP_TOPK), GK), E / G);
+    }
+}
+
 static int ep_fits(const mgc_check_ctx *k, int64_t v) {
     const mgc_config *c = k->c;
     if (c->moe.num_experts % v) return 0;
@@ -632,6 +699,7 @@ static void check_moe(mgc_check_ctx *k) {
             mgc_check_kv(a, k, KEY(MOE_TOPK), e->top_k),
             mgc_check_kv(b, k, KEY(MOE_EXPERTS), e->num_experts));
     }
+    if (e->top_k <= e->num_experts) check_groups(k);
     if (e->num_experts % p->expert) {
         mgc_check_candidates(k, ep_fits, 1, e->num_experts, p->expert, 8, list, sizeof list);
         snprintf(hint, sizeof hint,

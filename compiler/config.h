@@ -194,6 +194,12 @@ typedef struct mgc_blend {
       1000, NULL, 0, NULL,                                                                                   \
       "Multiplies the chosen experts' weights after the score function (Megatron's "                          \
       "--moe-router-topk-scaling-factor; DeepSeek's routed_scaling_factor).")                                 \
+    X(MOE_GROUPS, "moe.router_num_groups", INT, moe.router_num_groups, 0, 0, 1024, NULL, 0, NULL,           \
+      "Group-limited routing (DeepSeek-V3's device-limited top-k; Megatron's --moe-router-num-groups): "    \
+      "the experts in this many equal groups, of which each token may use router_group_topk; 0 off.")      \
+    X(MOE_GROUP_TOPK, "moe.router_group_topk", INT, moe.router_group_topk, 0, 0, 1024, NULL, 0, NULL,       \
+      "Groups a token may use under group-limited routing: those with the largest sums of their top "       \
+      "top_k / router_group_topk scores (Megatron's --moe-router-group-topk).")                              \
     X(MOE_CAPACITY, "moe.capacity_factor", FLOAT, moe.capacity_factor, 0, 1e-6, 1000, NULL, MGC_KF_OPTIONAL, \
       "unset: dropless", "Expert capacity = ceil(tokens * top_k / experts * factor); tokens beyond it are dropped.") \
     X(MOE_DROP_POLICY, "moe.drop_policy", ENUM, moe.drop_policy, MGC_DROP_PROBS, 0, 0, mgc_enum_drop_policy,  \
@@ -391,6 +397,8 @@ typedef struct mgc_moe_cfg {
     double aux_loss_coeff;
     double z_loss_coeff;
     double router_topk_scaling_factor; /* the chosen experts' weights times it (1: as scored) */
+    int64_t router_num_groups;       /* group-limited routing: expert groups (0 off) */
+    int64_t router_group_topk;       /* groups a token may use */
     double capacity_factor;          /* 0 = dropless */
     int drop_policy;                 /* mgc_drop_policy */
 } mgc_moe_cfg;

@@ -566,6 +566,8 @@ static int32_t moe_block(bld *b, const char *P, int32_t xn) {
     at.moe.aux_coeff = c->moe.aux_loss_coeff;
     at.moe.z_coeff = c->moe.z_loss_coeff;
     at.moe.topk_scale = c->moe.router_topk_scaling_factor;
+    at.moe.groups = (int32_t)c->moe.router_num_groups;
+    at.moe.group_topk = (int32_t)c->moe.router_group_topk;
 
     /* router: logits [s,b,E] -> top-k probs and expert ids [T,k] */
     int32_t logits = linear(b, fmt(mod, sizeof mod, "%s.mlp.router", P), xn, 2,
@@ -1201,6 +1203,10 @@ static void json_attrs(mgc_json *j, const mgc_ir_op *op) {
         mgc_json_num(j, "aux_loss_coeff", a->moe.aux_coeff);
         mgc_json_num(j, "z_loss_coeff", a->moe.z_coeff);
         if (a->moe.topk_scale != 1.0) mgc_json_num(j, "topk_scaling_factor", a->moe.topk_scale);
+        if (a->moe.groups > 0) {
+            mgc_json_int(j, "groups", a->moe.groups);
+            mgc_json_int(j, "group_topk", a->moe.group_topk);
+        }
         break;
     default:
         break;

@@ -222,6 +222,8 @@ typedef union mgc_ir_attrs {
         double aux_coeff;            /* load-balancing loss coefficient (0: no aux output) */
         double z_coeff;              /* z-loss coefficient (0: no z output) */
         double topk_scale;           /* routed weights times it: moe.router_topk_scaling_factor */
+        int32_t groups;              /* group-limited routing: expert groups (0 off) */
+        int32_t group_topk;          /* groups a token may use */
     } moe; /* MOE_ROUTE, MOE_DISPATCH, GROUPED_LINEAR (bias present when n_in == 4), MOE_COMBINE */
 } mgc_ir_attrs;
 

@@ -708,7 +708,7 @@ static void op_moe_route(pctx *p, const mgc_ir_op *o) {
     op.iattr[0] = 0; /* phase 0: scores, top-k, z-loss, local counts */
     op.iattr[1] = z->E;
     op.iattr[2] = z->k;
-    op.iattr[3] = o->attr.moe.score;
+    op.iattr[3] = MGC_ROUTE_PACK(o->attr.moe.score, o->attr.moe.groups, o->attr.moe.group_topk);
     int32_t r0 = fwd(p, &op, -1);
     if (aux_ir < 0 || r0 < 0) return;
     /* The load-balancing loss needs the token counts of the whole sequence:

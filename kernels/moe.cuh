@@ -96,47 +96,138 @@ __device__ __forceinline__ void moe_full_scores(float *p, const float *v, float 
 #endif
 
 #if defined(MGC_ENTRY_moe_route_fwd)
+#ifndef MGC_G
+#define MGC_G 0 /* group-limited routing: expert groups (0: none) */
+#endif
+#ifndef MGC_GK
+#define MGC_GK 1 /* groups a token may use */
+#endif
+#if MGC_G > 0 && (MGC_E % MGC_G || MGC_GK < 1 || MGC_GK > MGC_G || MGC_GK > MGC_K)
+#error "moe_route_fwd: MGC_G groups must divide MGC_E, 1 <= MGC_GK <= MGC_G, MGC_GK <= MGC_K"
+#endif
+
+/* The warp's largest x[i] (expert e = lane + 32 i) over lo <= e < hi outside `skip` (bit i):
+ * its value in bv and expert in bi (ties to the lower expert; -1 when none), on every lane. */
+__device__ __forceinline__ void moe_argmax(const float *x, unsigned skip, int lo, int hi, int lane,
+                                           float &bv, int &bi) {
+    bv = MOE_NEG_INF;
+    bi = -1;
+#pragma unroll
+    for (int i = 0; i < MOE_NE; i++) {
+        int e = lane + 32 * i;
+        if (e >= lo && e < hi && !((skip >> i) & 1u) && (bi < 0 || x[i] > bv)) bv = x[i], bi = e;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+}
+
 /* Router forward, one warp per token: top-k by logit (descending, ties to the
  * lower expert index), probabilities by `score` times `scale` (the top-k scaling
  * factor), zpart[t] = lse_t^2 (z-loss partial; zpart may be NULL).  logits (n, E)
  * mgc_t; probs (n, K) float; ids (n, K) int.
- * grid: ceil(n / 4), block: 128 (4 warps), no dynamic shared memory. */
+ * The choice of mgc_cpu_moe_route_fwd's mgc_router_choice (cpu_ops.h): MGC_G > 0 limits a
+ * token to the experts of its MGC_GK best groups (a group's score: the sum of its top
+ * MGC_K / MGC_GK scores, descending); `bias` (E floats, NULL: none) is added to the scores
+ * top-k compares, which then orders the chosen by biased score.
+ * grid: ceil(n / 4), block: 128 (4 warps); 4 MGC_G floats of static shared memory. */
 extern "C" __global__ void __launch_bounds__(128)
-    MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, float *__restrict__ probs,
-                   int *__restrict__ ids, float *__restrict__ zpart, int n, int score,
-                   float scale) {
+    MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, const float *__restrict__ bias,
+                   float *__restrict__ probs, int *__restrict__ ids, float *__restrict__ zpart,
+                   int n, int score, float scale) {
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return; /* whole warps */
+    const mgc_t *row = logits + (i64)t * MGC_E;
     float v[MOE_NE];
-    float lse = moe_load_row(v, logits + (i64)t * MGC_E, lane);
+    float lse = moe_load_row(v, row, lane);
     unsigned taken = 0;
+    /* sv: the scores groups and the bias compare (top-k too with a bias; else the logits) */
+    float sv[MOE_NE];
+    if (MGC_G > 0 || bias) {
+#pragma unroll
+        for (int i = 0; i < MOE_NE; i++) {
+            int e = lane + 32 * i;
+            sv[i] = e >= MGC_E ? MOE_NEG_INF
+                    : score == 2 ? moe_sigm(v[i])
+                    : score == 1 ? expf(v[i] - lse)
+                                 : v[i];
+            if (bias && e < MGC_E) sv[i] += bias[e];
+        }
+    }
+#if MGC_G > 0
+    {
+        __shared__ float gsc[4][MGC_G];
+        const int EG = MGC_E / MGC_G, w = threadIdx.x >> 5;
+#pragma unroll 1
+        for (int g = 0; g < MGC_G; g++) {
+            unsigned tk = 0;
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < MGC_K / MGC_GK; j++) {
+                float bv;
+                int bi;
+                moe_argmax(sv, tk, g * EG, (g + 1) * EG, lane, bv, bi);
+                if ((bi & 31) == lane) tk |= 1u << (bi >> 5);
+                sum += bv;
+            }
+            if (lane == 0) gsc[w][g] = sum;
+        }
+        __syncwarp();
+        int cg[MGC_GK];
+        unsigned gt = 0;
+#pragma unroll
+        for (int r = 0; r < MGC_GK; r++) {
+            float bv = MOE_NEG_INF;
+            int bi = -1;
+#pragma unroll
+            for (int q = 0; q < (MGC_G + 31) / 32; q++) {
+                int g = lane + 32 * q;
+                if (g < MGC_G && !((gt >> q) & 1u) && (bi < 0 || gsc[w][g] > bv))
+                    bv = gsc[w][g], bi = g;
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+            }
+            if ((bi & 31) == lane) gt |= 1u << (bi >> 5);
+            cg[r] = bi;
+        }
+#pragma unroll
+        for (int i = 0; i < MOE_NE; i++) {
+            int grp = (lane + 32 * i) / EG, ok = 0;
+#pragma unroll
+            for (int r = 0; r < MGC_GK; r++) ok |= cg[r] == grp;
+            if (!ok) taken |= 1u << i;
+        }
+    }
+#endif
+    if (bias) { /* top-k by the biased scores; the chosen logits are read again below */
+#pragma unroll
+        for (int i = 0; i < MOE_NE; i++) v[i] = sv[i];
+    }
     float lv[MGC_K];
     int ex[MGC_K];
 #pragma unroll
     for (int j = 0; j < MGC_K; j++) {
-        float bv = MOE_NEG_INF;
-        int bi = -1;
-#pragma unroll
-        for (int i = 0; i < MOE_NE; i++) {
-            int e = lane + 32 * i;
-            if (e < MGC_E && !((taken >> i) & 1u) && (bi < 0 || v[i] > bv)) bv = v[i], bi = e;
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-        }
+        float bv;
+        int bi;
+        moe_argmax(v, taken, 0, MGC_E, lane, bv, bi);
         if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-        lv[j] = bv;
+        lv[j] = bias ? mgc_ld(row[bi]) : bv; /* the chosen logit */
         ex[j] = bi;
     }
-    float pr[MGC_K], ss = 0.0f;
+    float pr[MGC_K], ss = 0.0f, mc = lv[0];
+#pragma unroll
+    for (int j = 1; j < MGC_K; j++) mc = fmaxf(mc, lv[j]);
 #pragma unroll
     for (int j = 0; j < MGC_K; j++) {
         if (score == 1) pr[j] = expf(lv[j] - lse);
         else if (score == 2) pr[j] = moe_sigm(lv[j]);
-        else pr[j] = expf(lv[j] - lv[0]); /* lv[0] is the max of the chosen */
+        else pr[j] = expf(lv[j] - mc); /* mc: the max of the chosen */
         ss += pr[j];
     }
     if (lane == 0) {

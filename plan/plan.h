@@ -276,6 +276,16 @@ typedef enum mgc_plan_op_kind {
                                 tokens per local expert (E_l) int64, and only the first sum of
                                 it rows are live; the rest are neither read nor written */
 
+/* moe_route and moe_route_bwd of phase 0 keep three numbers in iattr[3]: the score function
+ * (config.h mgc_score) in bits 0-7, and group-limited routing's expert groups in bits 8-31 and
+ * groups a token may use in bits 32-55 (both 0 without a group limit, as in older plans). */
+#define MGC_ROUTE_SCORE(a) ((int)((uint64_t)(a) & 0xffu))
+#define MGC_ROUTE_GROUPS(a) ((int64_t)(((uint64_t)(a) >> 8) & 0xffffffu))
+#define MGC_ROUTE_GROUP_TOPK(a) ((int64_t)(((uint64_t)(a) >> 32) & 0xffffffu))
+#define MGC_ROUTE_PACK(score, groups, group_topk)                                                  \
+    ((int64_t)(((uint64_t)(score) & 0xffu) | ((uint64_t)(groups) & 0xffffffu) << 8 |              \
+               ((uint64_t)(group_topk) & 0xffffffu) << 32))
+
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
 /* The fattr index of op's dropout probability (dropout and dropout-add: 0; add-norm and

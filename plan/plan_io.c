@@ -588,6 +588,16 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
         double f = o->fattr[2]; /* the routed weights' factor, 0: 1 */
         if (!(f >= 0 && f <= 1000))
             INVALID("%s (%s): top-k scaling factor %g outside 0..1000", WH, kn, f);
+        int64_t a = o->iattr[3], E = o->iattr[1], K = o->iattr[2], G = MGC_ROUTE_GROUPS(a),
+                GK = MGC_ROUTE_GROUP_TOPK(a);
+        if (a < 0 || a != MGC_ROUTE_PACK(MGC_ROUTE_SCORE(a), G, GK) || MGC_ROUTE_SCORE(a) > 2)
+            INVALID("%s (%s): router attribute %" PRId64
+                    " is not a score function (0..2) with expert groups", WH, kn, a);
+        if (G == 0 ? GK != 0
+                   : E < 1 || E % G || GK < 1 || GK > G || GK > K || K > GK * (E / G))
+            INVALID("%s (%s): %" PRId64 " expert groups of which %" PRId64
+                    " are used do not serve %" PRId64 " experts with top-%" PRId64, WH, kn, G, GK,
+                    E, K);
     }
     if (o->flags & MGC_POF_DOCS) {
         int need = (o->flags & MGC_POF_QKV ? 1 : 3) + (o->kind == MGC_POP_ATTENTION_BWD ? 3 : 0);

@@ -563,8 +563,11 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
             if (tout(c, i)->dtype == MGC_DT_F32) z = F(c->out[i]);
             else counts = c->out[i];
         }
+        mgc_router_choice ch = {MGC_ROUTE_GROUPS(op->iattr[3]), MGC_ROUTE_GROUP_TOPK(op->iattr[3]),
+                                NULL};
         mgc_cpu_moe_route_fwd_f32(F(c->out[0]), ids, c32, z ? &zval : NULL, CF(c->in[0]), n, E, k,
-                                  router_score(op->iattr[3]), topk_scale(op), op->fattr[1]);
+                                  router_score(MGC_ROUTE_SCORE(op->iattr[3])), &ch, topk_scale(op),
+                                  op->fattr[1]);
         if (z) *z = zval;
         if (counts) from_i32(counts, (mgc_dtype)MGC_DT_I64, c32, E);
         return 0;
@@ -581,7 +584,7 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
          * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
         mgc_cpu_moe_route_bwd_f32(
             F(c->out[0]), CF(c->in[2]), CF(c->in[0]), (const int32_t *)c->in[1], c32, n, E, k,
-            n * tp * cp, router_score(op->iattr[3]), topk_scale(op), has_aux ? op->fattr[0] : 0.0,
+            n * tp * cp, router_score(MGC_ROUTE_SCORE(op->iattr[3])), topk_scale(op), has_aux ? op->fattr[0] : 0.0,
             c->dloss, op->fattr[1], c->dloss / (double)(tp * cp));
         return 0;
     }

@@ -34,6 +34,21 @@ typedef enum mgc_router_score {
     MGC_ROUTER_SIGMOID = 2,     /* sigmoid, top-k, normalised over the k chosen when k > 1 */
 } mgc_router_score;
 
+/* How the router chooses its experts beyond the plain top-k of the logits (moe_route):
+ * - groups > 0: group-limited routing. The E experts form `groups` equal groups of consecutive
+ *   indices; a group's score is the sum of its top k / group_topk scores (descending, added in
+ *   that order); a token chooses among the experts of its `group_topk` best groups only (ties
+ *   to the lower group index);
+ * - bias (E) not NULL: the aux-loss-free expert bias, added to the sigmoid scores for choosing
+ *   (groups and experts) and nowhere else: the weights stay the unbiased scores.
+ * The scores compared are the score function's: logits (softmax over the chosen), the
+ * probabilities exp(l - lse) (pre-softmax) or sigmoid(l) (+ bias). */
+typedef struct mgc_router_choice {
+    int64_t groups;     /* 0: no group limit */
+    int64_t group_topk; /* groups a token may use (1 <= group_topk <= groups, <= k) */
+    const float *bias;  /* (E) or NULL */
+} mgc_router_choice;
+
 /* Token-drop policy when a capacity is set (moe_dispatch). */
 typedef enum mgc_drop_policy {
     MGC_DROP_PROBS = 0,    /* each expert keeps its `capacity` highest-probability assignments */

@@ -208,12 +208,15 @@ void MGC_FN(mgc_cpu_ce_bwd)(MGC_REAL *dlogits /* (n,V_l) */, const MGC_REAL *log
 
 /* Router: logits (n,E) -> probs (n,k), experts (n,k), counts (E) = assignments per expert.
  * Top-k by logit, descending, ties to the lower expert index (the score functions are
- * monotone, so this is the top-k of the scores), probs scaled by `scale` (topk scaling
- * factor, 1 normally). z (if not NULL) gets z_coeff * mean_t lse_t^2 over these n tokens. */
+ * monotone, so this is the top-k of the scores); with `choice` (NULL: none) limited to groups
+ * and/or chosen by the biased scores, descending by those (cpu_ops.h mgc_router_choice).
+ * probs scaled by `scale` (topk scaling factor, 1 normally). z (if not NULL) gets
+ * z_coeff * mean_t lse_t^2 over these n tokens. */
 void MGC_FN(mgc_cpu_moe_route_fwd)(MGC_REAL *probs /* (n,k) */, int32_t *experts /* (n,k) */,
                                    int32_t *counts /* (E) */, MGC_REAL *z,
                                    const MGC_REAL *logits /* (n,E) */, int64_t n, int64_t E,
-                                   int64_t k, mgc_router_score score, double scale, double z_coeff);
+                                   int64_t k, mgc_router_score score,
+                                   const mgc_router_choice *choice, double scale, double z_coeff);
 /* Aux (load-balancing) loss from the (globally summed) counts:
  *   aux = coeff * E / (k T^2) * sum_i (sum_t p_{t,i}) c_i
  * with p the full-distribution scores (softmax over E; sigmoid normalised over E) of these

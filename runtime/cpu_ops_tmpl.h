@@ -623,12 +623,14 @@ static R FN(sigm)(R x) {
     return (R)1 / ((R)1 + exp(-x));
 }
 
-/* top-k of row l (E) into ex (k): descending logit, ties to the lower expert index */
-static void FN(topk)(int32_t *ex, const R *l, int64_t E, int64_t k) {
+/* top-k of row l (E) into ex (k): descending value, ties to the lower expert index; only the
+ * experts [lo, hi) with allow[e] (allow NULL: all) */
+static void FN(topk)(int32_t *ex, const R *l, int64_t lo, int64_t hi, int64_t k,
+                     const uint8_t *allow) {
     for (int64_t j = 0; j < k; j++) {
         int64_t best = -1;
-        for (int64_t e = 0; e < E; e++) {
-            int taken = 0;
+        for (int64_t e = lo; e < hi; e++) {
+            int taken = allow && !allow[e];
             for (int64_t u = 0; u < j; u++)
                 taken |= ex[u] == e;
             if (taken) continue;
@@ -636,6 +638,39 @@ static void FN(topk)(int32_t *ex, const R *l, int64_t E, int64_t k) {
         }
         ex[j] = (int32_t)best;
     }
+}
+
+/* The experts of row l (E; lse its log-sum-exp) under a mgc_router_choice (cpu_ops.h) */
+static void FN(choose)(int32_t *ex, const R *l, R lse, int64_t E, int64_t k,
+                       mgc_router_score score, const mgc_router_choice *ch) {
+    R sv[E > 0 ? E : 1];
+    for (int64_t e = 0; e < E; e++) {
+        sv[e] = score == MGC_ROUTER_SIGMOID       ? FN(sigm)(l[e])
+                : score == MGC_ROUTER_SOFTMAX_PRE ? (R)exp(l[e] - lse)
+                                                  : l[e];
+        if (ch->bias) sv[e] += (R)ch->bias[e];
+    }
+    uint8_t allow[E > 0 ? E : 1];
+    if (ch->groups > 0) {
+        int64_t G = ch->groups, EG = E / G, m = k / ch->group_topk;
+        R gs[G];
+        int32_t top[m > 0 ? m : 1];
+        for (int64_t g = 0; g < G; g++) {
+            FN(topk)(top, sv, g * EG, (g + 1) * EG, m, NULL);
+            gs[g] = 0;
+            for (int64_t j = 0; j < m; j++)
+                gs[g] += sv[top[j]];
+        }
+        int32_t gtop[ch->group_topk];
+        FN(topk)(gtop, gs, 0, G, ch->group_topk, NULL);
+        for (int64_t e = 0; e < E; e++) {
+            allow[e] = 0;
+            for (int64_t j = 0; j < ch->group_topk; j++)
+                allow[e] |= gtop[j] == e / EG;
+        }
+    }
+    /* without a bias the logits order the experts as the scores do */
+    FN(topk)(ex, ch->bias ? sv : l, 0, E, k, ch->groups > 0 ? allow : NULL);
 }
 
 /* full-distribution scores p (E) of row l: softmax, or sigmoid normalised over E */
@@ -662,29 +697,35 @@ static R FN(full_scores)(R *p, const R *l, int64_t E, mgc_router_score score) {
 
 void FN(mgc_cpu_moe_route_fwd)(R *probs, int32_t *experts, int32_t *counts, R *z, const R *logits,
                                int64_t n, int64_t E, int64_t k, mgc_router_score score,
-                               double scale, double z_coeff) {
+                               const mgc_router_choice *choice, double scale, double z_coeff) {
     R zs = 0;
     for (int64_t e = 0; e < E; e++)
         counts[e] = 0;
+    if (choice && choice->groups <= 0 && !choice->bias) choice = NULL;
     for (int64_t t = 0; t < n; t++) {
         const R *l = logits + t * E;
         int32_t *ex = experts + t * k;
         R *pr = probs + t * k;
-        FN(topk)(ex, l, E, k);
         R mx = -INFINITY, s = 0, lse = 0;
         for (int64_t e = 0; e < E; e++)
             if (l[e] > mx) mx = l[e];
         for (int64_t e = 0; e < E; e++)
             s += exp(l[e] - mx);
         lse = mx + log(s);
+        if (choice)
+            FN(choose)(ex, l, lse, E, k, score, choice);
+        else
+            FN(topk)(ex, l, 0, E, k, NULL);
         zs += lse * lse;
         if (score == MGC_ROUTER_SOFTMAX_PRE) {
             for (int64_t j = 0; j < k; j++)
                 pr[j] = exp(l[ex[j]] - lse);
         } else if (score == MGC_ROUTER_SOFTMAX) {
-            R ss = 0; /* l[ex[0]] is the max of the chosen */
+            R ss = 0, mc = l[ex[0]]; /* the max of the chosen */
+            for (int64_t j = 1; j < k; j++)
+                if (l[ex[j]] > mc) mc = l[ex[j]];
             for (int64_t j = 0; j < k; j++)
-                ss += (pr[j] = exp(l[ex[j]] - l[ex[0]]));
+                ss += (pr[j] = exp(l[ex[j]] - mc));
             for (int64_t j = 0; j < k; j++)
                 pr[j] /= ss;
         } else {

@@ -237,9 +237,10 @@ static int route(moe_ctx *x) {
     unsigned char *w = mgc_cuda_scratch(x->be, bytes);
     if (!w) return -1;
     float *zpart = carve(&w, (size_t)(n ? n : 1) * 4), *zp = z ? zpart : NULL;
-    int score = score_of(op->iattr[3]);
+    int score = score_of(MGC_ROUTE_SCORE(op->iattr[3]));
     float scale = topk_scale(op);
-    void *ra[] = {&logits, &probs, &ids, &zp, &n, &score, &scale};
+    const float *bias = NULL;
+    void *ra[] = {&logits, &bias, &probs, &ids, &zp, &n, &score, &scale};
     if (launch(x, "moe_route_fwd", (uint64_t)(n + 3) / 4, 128, 0, ra)) return -1;
     if (z) { /* z_coeff * mean_t lse_t^2 */
         float mul = (float)op->fattr[1], div = n > 0 ? (float)n : 1.0f;
@@ -276,7 +277,7 @@ static int route_bwd(moe_ctx *x) { /* in: logits, ids, dprobs, (global counts); 
                      : 0.0f;
     float zk =
         n > 0 ? (float)(c->dloss / (double)(tp * cp) * op->fattr[1] * 2.0 / (double)n) : 0.0f;
-    int score = score_of(op->iattr[3]);
+    int score = score_of(MGC_ROUTE_SCORE(op->iattr[3]));
     const void *logits = c->in[0], *ids = c->in[1], *dprobs = c->in[2];
     void *dlogits = c->out[0];
     float scale = topk_scale(op);

@@ -235,6 +235,9 @@ static int plan_hf(ctx *x) {
     if (!why && experts > 0 && topk_scale != 1.0)
         why = "a top-k scaling factor (moe.router_topk_scaling_factor): Mixtral's and Qwen3-MoE's "
               "routed weights are not scaled";
+    if (!why && experts > 0 && cfg_i(p, "moe.router_num_groups", 0) > 0)
+        why = "group-limited routing (moe.router_num_groups): Mixtral and Qwen3-MoE choose among "
+              "every expert";
     if (!why && experts > 0 && !qk && (first_dense || freq != 1 || listed))
         why = "dense layers in a mixture of experts without query and key norms (Mixtral routes every "
               "layer's MLP; Qwen3-MoE, with the norms, may keep some dense)";

@@ -1074,7 +1074,7 @@ typedef struct route_ctx {
 static void route_fwd(void *p) {
     route_ctx *c = p;
     mgc_cpu_moe_route_fwd_f64(c->probs, c->experts, c->counts, c->z, c->logits, c->n, c->E, c->k,
-                              c->score, c->scale, c->z_coeff);
+                              c->score, NULL, c->scale, c->z_coeff);
     c->aux[0] = mgc_cpu_moe_aux_loss_f64(c->logits, c->counts, c->n, c->E, c->k, c->T, c->score,
                                          c->aux_coeff);
 }
@@ -1145,7 +1145,7 @@ static void test_router(mgc_router_score score, int64_t k) {
     float *pf32 = Fn(n * k), *zf = Fn(1), *dlf = Fn(n * E), *lf = F(logits, n * E);
     int32_t *ef = I(n * k), *cf = I(E);
     pf(pf32, n * k), pf(dlf, n * E);
-    mgc_cpu_moe_route_fwd_f32(pf32, ef, cf, zf, lf, n, E, k, score, 1.3, 0.011);
+    mgc_cpu_moe_route_fwd_f32(pf32, ef, cf, zf, lf, n, E, k, score, NULL, 1.3, 0.011);
     mgc_cpu_moe_route_bwd_f32(dlf, F(rp, n * k), lf, ef, cf, n, E, k, T, score, 1.3, 0.07, ra[0],
                               0.011, rz[0]);
     same_bits(buf, ef, experts, (size_t)(n * k) * sizeof(int32_t));
@@ -1155,10 +1155,96 @@ static void test_router(mgc_router_score score, int64_t k) {
     tfree_all();
 }
 
+/* Index order of x (n) by value, descending, ties to the lower index (insertion sort). */
+static void order_desc(int64_t *idx, const double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = i;
+        for (; j > 0 && x[i] > x[idx[j - 1]]; j--)
+            idx[j] = idx[j - 1];
+        idx[j] = i;
+    }
+}
+
+/* Group-limited routing and the expert bias (mgc_router_choice) against a reference built
+ * from sorts: per token the group scores (the sum of each group's top k / group_topk scores),
+ * the groups by score, the allowed experts by (biased) score or logit; then the weights from
+ * the unbiased scores. f64 and f32 choose alike. */
+static void test_router_choice(mgc_router_score score, int biased) {
+    enum { n = 23, E = 12, k = 4, G = 3, GK = 2, EG = E / G, M = k / GK };
+    char buf[96];
+    snprintf(buf, sizeof buf, "router choice score %d bias %d", (int)score, biased);
+    double *logits = D(n * E), *probs = D(n * k), z;
+    for (int64_t i = 0; i < n * E; i++)
+        logits[i] = 2.5 * urand();
+    float bias[E];
+    for (int64_t e = 0; e < E; e++)
+        bias[e] = (float)(0.2 * urand());
+    mgc_router_choice ch = {G, GK, biased ? bias : NULL};
+    int32_t *ex = I(n * k), *cnt = I(E), *exf = I(n * k), *cntf = I(E);
+    for (int64_t i = 0; i < n * k; i++)
+        ex[i] = exf[i] = -5;
+    mgc_cpu_moe_route_fwd_f64(probs, ex, cnt, &z, logits, n, E, k, score, &ch, 1.5, 0.0);
+    int64_t bad = 0, bad_p = 0, differs = 0;
+    for (int64_t t = 0; t < n; t++) {
+        const double *l = logits + t * E;
+        double mx = l[0], se = 0, sv[E], gs[G], key[E];
+        for (int64_t e = 1; e < E; e++)
+            mx = fmax(mx, l[e]);
+        for (int64_t e = 0; e < E; e++)
+            se += exp(l[e] - mx);
+        for (int64_t e = 0; e < E; e++)
+            sv[e] = (score == MGC_ROUTER_SIGMOID       ? 1 / (1 + exp(-l[e]))
+                     : score == MGC_ROUTER_SOFTMAX_PRE ? exp(l[e] - mx) / se
+                                                       : l[e]) +
+                    (biased ? bias[e] : 0.0);
+        int64_t o[E], go[G], n_ok = 0, ok[E];
+        for (int64_t g = 0; g < G; g++) {
+            order_desc(o, sv + g * EG, EG);
+            gs[g] = 0;
+            for (int64_t j = 0; j < M; j++)
+                gs[g] += sv[g * EG + o[j]];
+        }
+        order_desc(go, gs, G);
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t j = 0; j < GK; j++)
+                if (e / EG == go[j]) key[n_ok] = biased ? sv[e] : l[e], ok[n_ok++] = e;
+        order_desc(o, key, n_ok);
+        double pw[k], ps = 0, lmax = -INFINITY;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t e = ok[o[j]];
+            bad += ex[t * k + j] != e;
+            lmax = fmax(lmax, l[e]);
+        }
+        for (int64_t j = 0; j < k; j++) {
+            double le = l[ok[o[j]]];
+            ps += (pw[j] = score == MGC_ROUTER_SIGMOID       ? 1 / (1 + exp(-le))
+                           : score == MGC_ROUTER_SOFTMAX_PRE ? exp(le - mx) / se
+                                                             : exp(le - lmax));
+        }
+        for (int64_t j = 0; j < k; j++) {
+            double want = 1.5 * (score == MGC_ROUTER_SOFTMAX_PRE ? pw[j] : pw[j] / ps);
+            bad_p += fabs(probs[t * k + j] - want) > 1e-14 * fabs(want);
+        }
+        /* the plain top-k by logit: the groups must change some token's choice */
+        order_desc(o, l, E);
+        for (int64_t j = 0; j < k; j++)
+            differs += ex[t * k + j] != o[j];
+    }
+    T_EQ_I64(bad, 0);
+    T_EQ_I64(bad_p, 0);
+    T_CHECK(differs > 0);
+    float *lf = F(logits, n * E), *pf32 = Fn(n * k), zf;
+    mgc_cpu_moe_route_fwd_f32(pf32, exf, cntf, &zf, lf, n, E, k, score, &ch, 1.5, 0.0);
+    same_bits(buf, exf, ex, (size_t)(n * k) * sizeof(int32_t));
+    same_bits(buf, cntf, cnt, (size_t)E * sizeof(int32_t));
+    tfree_all();
+}
+
 static void test_router_ties(void) {
     double l[8] = {0.5, 2.0, 2.0, 0.5, /* */ 1, 1, 1, 1}, probs[4], z;
     int32_t ex[4], counts[4];
-    mgc_cpu_moe_route_fwd_f64(probs, ex, counts, &z, l, 2, 4, 2, MGC_ROUTER_SOFTMAX, 1.0, 0.0);
+    mgc_cpu_moe_route_fwd_f64(probs, ex, counts, &z, l, 2, 4, 2, MGC_ROUTER_SOFTMAX, NULL, 1.0,
+                              0.0);
     T_CHECK(ex[0] == 1 && ex[1] == 2 && ex[2] == 0 && ex[3] == 1);
     T_CHECK(counts[0] == 1 && counts[1] == 2 && counts[2] == 1 && counts[3] == 0);
     T_NEAR_REL(probs[0], 0.5, 1e-15);
@@ -1209,8 +1295,8 @@ static void test_dispatch_combine(int64_t capacity, mgc_drop_policy policy) {
              (int)policy);
     double *logits = Drand(n * E), *probs = D(n * k), z;
     int32_t *ex = I(n * k), *cnt = I(E), *row_src = I(n * k), *row_of = I(n * k), *counts = I(E);
-    mgc_cpu_moe_route_fwd_f64(probs, ex, cnt, &z, logits, n, E, k, MGC_ROUTER_SOFTMAX_PRE, 1.0,
-                              0.0);
+    mgc_cpu_moe_route_fwd_f64(probs, ex, cnt, &z, logits, n, E, k, MGC_ROUTER_SOFTMAX_PRE, NULL,
+                              1.0, 0.0);
     int64_t R =
         mgc_cpu_moe_dispatch_map_f64(row_src, row_of, counts, ex, probs, n, k, E, capacity, policy);
     int64_t tot = 0, bad = 0;
@@ -1357,6 +1443,10 @@ int main(void) {
         test_router(MGC_ROUTER_SIGMOID, k);
     }
     test_router_ties();
+    test_router_choice(MGC_ROUTER_SOFTMAX, 0);
+    test_router_choice(MGC_ROUTER_SOFTMAX_PRE, 0);
+    test_router_choice(MGC_ROUTER_SIGMOID, 0);
+    test_router_choice(MGC_ROUTER_SIGMOID, 1);
     test_dispatch_map();
     test_dispatch_combine(0, MGC_DROP_PROBS);
     test_dispatch_combine(4, MGC_DROP_PROBS);

@@ -1281,6 +1281,15 @@ int main(int argc, char **argv) {
         static const char *const scaled[] = {"moe.router_topk_scaling_factor=2.5",
                                              "moe.router_score=sigmoid", NULL};
         check_ops("models/tiny-moe.yaml", scaled);
+        /* group-limited routing: the route kernel's group scores (shared memory) and masks,
+         * with probabilities (pre-softmax) and sigmoid scores compared */
+        static const char *const grouped[] = {"moe.router_num_groups=2", "moe.router_group_topk=1",
+                                              "moe.router_score=presoftmax", NULL};
+        static const char *const grouped_sig[] = {"moe.router_num_groups=4",
+                                                  "moe.router_group_topk=2",
+                                                  "moe.router_score=sigmoid", "moe.top_k=4", NULL};
+        check_ops("models/tiny-moe.yaml", grouped);
+        check_ops("models/tiny-moe.yaml", grouped_sig);
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in

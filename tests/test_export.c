@@ -390,6 +390,11 @@ static void check_import_refusals(void) {
     static const char *const scaled[] = {"moe.shared_experts=0", "moe.first_dense_layers=0",
                                          "moe.router_topk_scaling_factor=2", NULL};
     check_export_refused("models/tiny-moe.yaml", scaled, ck, "scaled", "a top-k scaling factor");
+    /* Mixtral with its experts in groups: no hf architecture limits the choice to groups */
+    static const char *const grouped[] = {"moe.shared_experts=0", "moe.first_dense_layers=0",
+                                          "moe.router_num_groups=2", "moe.router_group_topk=1",
+                                          NULL};
+    check_export_refused("models/tiny-moe.yaml", grouped, ck, "grouped", "group-limited routing");
     /* Qwen3-MoE's router: norm_topk_prob true into a plan with the pre-softmax router */
     {
         mgc_plan *qm = compile("models/tiny-moe.yaml", qwen3moe), *qp = compile("models/tiny-moe.yaml", qwen3moe_pre);

@@ -36,7 +36,13 @@ static int check_file(const char *path, const char *precision, const char *extra
         snprintf(set, sizeof set, "training.precision=%s", precision);
         mgc_config_set(c, set, "--set", &d);
     }
-    if (extra && d.errors == 0) mgc_config_set(c, extra, "--set", &d);
+    /* extra: settings separated by spaces */
+    for (const char *x = extra; x && *x && d.errors == 0;) {
+        size_t len = strcspn(x, " ");
+        snprintf(set, sizeof set, "%.*s", (int)len, x);
+        mgc_config_set(c, set, "--set", &d);
+        x += len + (x[len] == ' ');
+    }
     if (d.errors == 0) mgc_config_finalize(c, &d);
     int own = d.errors == 0 ? c->training.precision : -1;
     mgc_graph *g = d.errors == 0 ? mgc_ir_build(c, &d) : NULL;
@@ -171,5 +177,9 @@ int main(void) {
     /* a fractional top-k scaling factor on the router (its fattr[2], which the attention specs
      * once read as a window and refused) */
     check_file("models/qwen3-30b-a3b.yaml", NULL, "moe.router_topk_scaling_factor=2.5");
+    /* group-limited routing (moe_route_fwd's G and GK: 8 groups of 16 experts, 4 used) with
+     * sigmoid scores, as DeepSeek-V3 routes */
+    check_file("models/qwen3-30b-a3b.yaml", NULL,
+               "moe.router_num_groups=8 moe.router_group_topk=4 moe.router_score=sigmoid");
     return t_summary("test_kernels");
 }

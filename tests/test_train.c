@@ -1765,22 +1765,42 @@ static const layout moe_scaled[] = {
       "parallel.expert=2"}},
     {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
 };
-static void check_topk_scale(void) {
-    static const char *const sig[] = {"moe.router_score=sigmoid", NULL};
-    mgc_plan *a = compile("models/tiny-moe.yaml", sig, NULL),
-             *b = compile("models/tiny-moe.yaml", scaled, NULL);
+/* A router option changes the model: tiny MoE's first loss with `base` and with `changed`
+ * differ (`what` names the change). */
+static void check_moves(const char *const *base, const char *const *changed, const char *what) {
+    mgc_plan *a = compile("models/tiny-moe.yaml", base, NULL),
+             *b = compile("models/tiny-moe.yaml", changed, NULL);
     T_CHECK(a && b);
     double la[STEPS], na[STEPS], lb[STEPS], nb[STEPS];
     if (a && b) {
         T_EQ_I64(train(a, la, na), 0);
         T_EQ_I64(train(b, lb, nb), 0);
-        T_CHECK(fabs(la[0] - lb[0]) > 1e-4); /* the experts' outputs count 2.5 times */
-        printf("models/tiny-moe.yaml sigmoid router: first loss %.6f unscaled, %.6f with the top-k "
-               "weights x 2.5\n",
-               la[0], lb[0]);
+        T_CHECK(fabs(la[0] - lb[0]) > 1e-4);
+        printf("models/tiny-moe.yaml: first loss %.6f, %.6f %s\n", la[0], lb[0], what);
     }
     mgc_plan_free(a);
     mgc_plan_free(b);
+}
+static void check_topk_scale(void) {
+    static const char *const sig[] = {"moe.router_score=sigmoid", NULL};
+    check_moves(sig, scaled, "with the sigmoid router's top-k weights x 2.5");
+}
+
+/* Group-limited routing (moe.router_num_groups, moe.router_group_topk: DeepSeek-V3's): two
+ * groups of four experts, each token choosing within the one whose top two probabilities sum
+ * highest (pre-softmax router: groups compare probabilities, not logits). Every layout routes
+ * alike, and the grouped choice differs from the plain top-k. */
+static const char *const grouped[] = {"moe.router_num_groups=2", "moe.router_group_topk=1",
+                                      "moe.router_score=presoftmax", NULL};
+static const layout moe_grouped[] = {
+    {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
+    {"etp2 ep2",
+     {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+      "parallel.expert=2"}},
+    {"cp2 pp2", {W(4), "parallel.context=2", "parallel.pipeline=2"}},
+};
+static void check_groups(void) {
+    check_moves(presoftmax, grouped, "with the experts in two groups of which a token uses one");
 }
 
 /* Sliding-window attention (model.window_size): every layout masks by the keys' positions
@@ -1985,6 +2005,8 @@ int main(int argc, char **argv) {
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", presoftmax, moe_pre, 2);
     if (!only || strstr("moe", only)) check_topk_scale();
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", scaled, moe_scaled, 3);
+    if (!only || strstr("moe", only)) check_groups();
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", grouped, moe_grouped, 3);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }

@@ -191,6 +191,12 @@ template <class T> static inline unsigned mgc_emu_match_any(int line, unsigned m
     mgc_emu_coll(MGC_EMU_MATCH_ANY, line, mask, 0, &in, 8, &out, sizeof out);
     return out;
 }
+/* __syncwarp(mask): every lane of the mask arrives (a shuffle no value rides on) */
+struct mgc_emu_syncwarp_at {
+    int line;
+    void operator()(unsigned mask = 0xffffffffu) const { (void)mgc_emu_shfl_xor(line, mask, 0, 0); }
+};
+#define __syncwarp            mgc_emu_syncwarp_at{__LINE__}
 #define __syncthreads()       mgc_emu_syncthreads(__LINE__)
 #define __syncthreads_or(p)   mgc_emu_syncthreads_or(__LINE__, (p))
 #define __shfl_xor_sync(...)  mgc_emu_shfl_xor(__LINE__, __VA_ARGS__)
