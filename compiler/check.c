@@ -700,6 +700,16 @@ static void check_moe(mgc_check_ctx *k) {
             mgc_check_kv(b, k, KEY(MOE_EXPERTS), e->num_experts));
     }
     if (e->top_k <= e->num_experts) check_groups(k);
+    if (e->expert_bias_update_rate > 0 && e->router_score != MGC_SCORE_SIGMOID)
+        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_SCORE), KEY(MOE_BIAS_RATE))),
+                        "set moe.router_score: sigmoid (DeepSeek-V3's router), or "
+                        "moe.expert_bias_update_rate: 0",
+                        "%s needs the sigmoid router, but moe.router_score is %s%s: the bias is "
+                        "added to each expert's sigmoid score, which does not depend on the other "
+                        "experts' scores as a softmax does",
+                        kvf(a, k, KEY(MOE_BIAS_RATE), e->expert_bias_update_rate),
+                        mgc_enum_score[e->router_score],
+                        mgc_check_given(k, KEY(MOE_SCORE)) ? "" : " (default)");
     if (e->num_experts % p->expert) {
         mgc_check_candidates(k, ep_fits, 1, e->num_experts, p->expert, 8, list, sizeof list);
         snprintf(hint, sizeof hint,

@@ -200,6 +200,11 @@ typedef struct mgc_blend {
     X(MOE_GROUP_TOPK, "moe.router_group_topk", INT, moe.router_group_topk, 0, 0, 1024, NULL, 0, NULL,       \
       "Groups a token may use under group-limited routing: those with the largest sums of their top "       \
       "top_k / router_group_topk scores (Megatron's --moe-router-group-topk).")                              \
+    X(MOE_BIAS_RATE, "moe.expert_bias_update_rate", FLOAT, moe.expert_bias_update_rate, 0, 0, 1, NULL, 0,   \
+      NULL,                                                                                                  \
+      "Aux-loss-free load balancing (DeepSeek-V3; Megatron's --moe-router-enable-expert-bias with "          \
+      "--moe-router-bias-update-rate, 1e-3 there): each expert's bias, added to the sigmoid scores for "     \
+      "choosing only, moves by this rate towards balance after every step; 0 off.")                          \
     X(MOE_CAPACITY, "moe.capacity_factor", FLOAT, moe.capacity_factor, 0, 1e-6, 1000, NULL, MGC_KF_OPTIONAL, \
       "unset: dropless", "Expert capacity = ceil(tokens * top_k / experts * factor); tokens beyond it are dropped.") \
     X(MOE_DROP_POLICY, "moe.drop_policy", ENUM, moe.drop_policy, MGC_DROP_PROBS, 0, 0, mgc_enum_drop_policy,  \
@@ -399,6 +404,7 @@ typedef struct mgc_moe_cfg {
     double router_topk_scaling_factor; /* the chosen experts' weights times it (1: as scored) */
     int64_t router_num_groups;       /* group-limited routing: expert groups (0 off) */
     int64_t router_group_topk;       /* groups a token may use */
+    double expert_bias_update_rate;  /* aux-loss-free expert bias: its step (0 off) */
     double capacity_factor;          /* 0 = dropless */
     int drop_policy;                 /* mgc_drop_policy */
 } mgc_moe_cfg;

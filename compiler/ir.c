@@ -19,7 +19,7 @@ static const char *const axis_symbols[] = {"s", "b", "T",  "h", "a", "g", "d", "
                                            "q", "f", "2f", "V", "P", "E", "k", "R"};
 static const char *const role_names[] = {"param",      "tokens", "labels",   "loss_mask",
                                          "activation", "loss",   "aux_loss", "grad",
-                                         "doc_start"};
+                                         "doc_start", "expert_bias"};
 static const char *const pclass_names[] = {
     "none",   "word_embedding", "position_embedding", "norm",        "attention", "mlp",
     "router", "expert",         "shared_expert",      "output_layer"};
@@ -73,7 +73,7 @@ const char *mgc_ir_op_kind_name(mgc_ir_op_kind k) {
 
 int mgc_ir_role_is_input(mgc_ir_role r) {
     return r == MGC_IR_ROLE_PARAM || r == MGC_IR_ROLE_TOKENS || r == MGC_IR_ROLE_LABELS ||
-           r == MGC_IR_ROLE_LOSS_MASK || r == MGC_IR_ROLE_DOC_START;
+           r == MGC_IR_ROLE_LOSS_MASK || r == MGC_IR_ROLE_DOC_START || r == MGC_IR_ROLE_EXPERT_BIAS;
 }
 
 /* ---- graph storage ------------------------------------------------------- */
@@ -568,6 +568,7 @@ static int32_t moe_block(bld *b, const char *P, int32_t xn) {
     at.moe.topk_scale = c->moe.router_topk_scaling_factor;
     at.moe.groups = (int32_t)c->moe.router_num_groups;
     at.moe.group_topk = (int32_t)c->moe.router_group_topk;
+    at.moe.bias_rate = c->moe.expert_bias_update_rate;
 
     /* router: logits [s,b,E] -> top-k probs and expert ids [T,k] */
     int32_t logits = linear(b, fmt(mod, sizeof mod, "%s.mlp.router", P), xn, 2,
@@ -587,7 +588,12 @@ static int32_t moe_block(bld *b, const char *P, int32_t xn) {
     if (at.moe.z_coeff > 0)
         out[n_out++] =
             tensor(b, MGC_IR_ROLE_AUX_LOSS, MGC_IR_DTYPE_FP32, 0, NULL, 0, "%s.z_loss", mod);
-    emit(b, MGC_IR_OP_MOE_ROUTE, mod, &logits, 1, out, n_out, &at);
+    /* the aux-loss-free expert bias: an input the runtime keeps (not a parameter) */
+    int32_t rin[2] = {logits, -1};
+    if (at.moe.bias_rate > 0)
+        rin[1] = tensor(b, MGC_IR_ROLE_EXPERT_BIAS, MGC_IR_DTYPE_FP32, MGC_IR_TF_NODIFF,
+                        DIMS(D(EXPERTS, dm->E)), "%s.mlp.router.expert_bias", P);
+    emit(b, MGC_IR_OP_MOE_ROUTE, mod, rin, rin[1] >= 0 ? 2 : 1, out, n_out, &at);
 
     /* dispatch: token rows grouped by expert [R,h] and rows per expert [E] */
     fmt(mod, sizeof mod, "%s.mlp.token_dispatcher.dispatch", P);
@@ -1073,10 +1079,13 @@ static void print_attrs(FILE *out, const mgc_graph *g, const mgc_ir_op *op) {
             fprintf(out, " C=%" PRId64, a->moe.capacity);
         else
             fputs(" dropless", out);
-        if (op->kind == MGC_IR_OP_MOE_ROUTE)
-            fprintf(out, " %s aux=%g z=%g",
-                    mgc_enum_score[a->moe.score], a->moe.aux_coeff,
+        if (op->kind == MGC_IR_OP_MOE_ROUTE) {
+            fprintf(out, " %s aux=%g z=%g", mgc_enum_score[a->moe.score], a->moe.aux_coeff,
                     a->moe.z_coeff);
+            if (a->moe.groups > 0)
+                fprintf(out, " groups=%d/%d", (int)a->moe.group_topk, (int)a->moe.groups);
+            if (a->moe.bias_rate > 0) fprintf(out, " bias_rate=%g", a->moe.bias_rate);
+        }
         fputc('}', out);
         break;
     default:
@@ -1207,6 +1216,7 @@ static void json_attrs(mgc_json *j, const mgc_ir_op *op) {
             mgc_json_int(j, "groups", a->moe.groups);
             mgc_json_int(j, "group_topk", a->moe.group_topk);
         }
+        if (a->moe.bias_rate > 0) mgc_json_num(j, "expert_bias_update_rate", a->moe.bias_rate);
         break;
     default:
         break;

@@ -92,6 +92,8 @@ typedef enum mgc_ir_role {
     MGC_IR_ROLE_GRAD,       /* reserved for autodiff: a gradient */
     MGC_IR_ROLE_DOC_START,  /* per token, the position its document starts at (int32 [s,b]):
                                a graph input (data.reset_attention_mask) */
+    MGC_IR_ROLE_EXPERT_BIAS, /* a router's aux-loss-free expert bias (fp32 [E]): a graph input the
+                                runtime keeps and moves after every step, not trained */
     MGC_IR_ROLE__COUNT
 } mgc_ir_role;
 
@@ -224,6 +226,7 @@ typedef union mgc_ir_attrs {
         double topk_scale;           /* routed weights times it: moe.router_topk_scaling_factor */
         int32_t groups;              /* group-limited routing: expert groups (0 off) */
         int32_t group_topk;          /* groups a token may use */
+        double bias_rate;            /* moe.expert_bias_update_rate (0: no bias input) */
     } moe; /* MOE_ROUTE, MOE_DISPATCH, GROUPED_LINEAR (bias present when n_in == 4), MOE_COMBINE */
 } mgc_ir_attrs;
 

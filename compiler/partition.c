@@ -306,6 +306,16 @@ static int32_t tin(pctx *p, int32_t ir) {
         }
         return t;
     }
+    case MGC_IR_ROLE_EXPERT_BIAS: { /* [E] fp32, every rank the same: the runtime's */
+        int64_t dims[1] = {it->dim[0].size};
+        int32_t t = mgc_cb_tensor(b, it->name, MGC_TR_INPUT, MGC_DT_F32, 1, dims, NOS, NOG);
+        if (t >= 0) {
+            b->ti[t].ir = ir;
+            b->ti[t].nodiff = 1;
+            p->ir2t[ir] = t;
+        }
+        return t;
+    }
     default:
         /* an activation produced before this chunk: the residual stream
          * received from the previous stage, bound once */
@@ -679,8 +689,8 @@ static void op_activation(pctx *p, const mgc_ir_op *o, mgc_plan_op_kind kind) {
 static void op_moe_route(pctx *p, const mgc_ir_op *o) {
     mgc_cb *b = p->b;
     const lsz *z = &p->z;
-    int32_t logits = tin(p, o->in[0]);
-    if (logits < 0) return;
+    int32_t in[2] = {tin(p, o->in[0]), o->n_in > 1 ? tin(p, o->in[1]) : -1}, logits = in[0];
+    if (logits < 0 || (o->n_in > 1 && in[1] < 0)) return;
     int64_t tk[2] = {z->T_l, z->k};
     uint16_t ax = p->res_group == NOG ? NOS : 0;
     p->m_probs = act(p, o->out[0], MGC_DT_F32, 2, tk, ax, p->res_group);
@@ -700,7 +710,7 @@ static void op_moe_route(pctx *p, const mgc_ir_op *o) {
         out[n_out++] = counts =
             tmp(p, o->name, ".tokens_per_expert", MGC_DT_I64, 1, e1, NOS, NOG, 1);
     mgc_plan_op op = mkop(p, MGC_POP_MOE_ROUTE, o->name, NULL);
-    io(&op, 1, &logits, n_out, out);
+    io(&op, o->n_in > 1 ? 2 : 1, in, n_out, out); /* logits (, the expert bias) */
     op.fattr[0] = o->attr.moe.aux_coeff;
     op.fattr[1] = o->attr.moe.z_coeff;
     /* the routed weights' factor; 0 (a plan of an older mgc) reads as 1 */

@@ -34,13 +34,12 @@ void mgc_instr_format(const mgc_instr *in, char *buf, size_t bufsz) {
     const char *name = mgc_instr_op_name(in->op);
     switch (in->op) {
     case MGC_I_LOAD_BATCH:
-        snprintf(buf, bufsz, "%s mb %" PRId32 " chunk %u %s%s", name, in->mb, (unsigned)in->chunk,
-                 (in->arg & 3u) == (MGC_SCHED_LOAD_TOKENS | MGC_SCHED_LOAD_LABELS) ? "tokens+labels"
-                 : (in->arg & 3u) == MGC_SCHED_LOAD_TOKENS                         ? "tokens"
-                 : (in->arg & 3u) == MGC_SCHED_LOAD_LABELS                         ? "labels"
-                 : in->arg == MGC_SCHED_LOAD_DOCS                                  ? "docs"
-                                                                                   : "(bad arg)",
-                 (in->arg & 3u) && in->arg & MGC_SCHED_LOAD_DOCS ? "+docs" : "");
+        snprintf(buf, bufsz, "%s mb %" PRId32 " chunk %u %s%s%s%s%s", name, in->mb,
+                 (unsigned)in->chunk, in->arg & MGC_SCHED_LOAD_TOKENS ? "+tokens" + 1 : "",
+                 in->arg & MGC_SCHED_LOAD_LABELS ? "+labels" + !(in->arg & 1u) : "",
+                 in->arg & MGC_SCHED_LOAD_DOCS ? "+docs" + !(in->arg & 3u) : "",
+                 in->arg & MGC_SCHED_LOAD_BIAS ? "+bias" + !(in->arg & 7u) : "",
+                 !in->arg || in->arg > 15u ? "(bad arg)" : "");
         break;
     case MGC_I_FORWARD:
     case MGC_I_BACKWARD:
@@ -82,7 +81,8 @@ void mgc_schedule_params_from_config(const mgc_config *c, int64_t grad_buckets,
     out->grad_buckets = grad_buckets;
     out->distributed_optimizer = c->parallel.distributed_optimizer;
     out->tied_embeddings = c->model.tie_embeddings;
-    out->load_docs = c->data.reset_attention_mask || c->data.reset_position_ids;
+    out->load_every = (c->data.reset_attention_mask || c->data.reset_position_ids ? MGC_SCHED_LOAD_DOCS : 0) |
+                      (c->moe.num_experts > 0 && c->moe.expert_bias_update_rate > 0 ? MGC_SCHED_LOAD_BIAS : 0);
     out->loc = mgc_config_loc(c, MGC_KEY_PAR_SCHEDULE);
 }
 
@@ -493,7 +493,7 @@ static int build_rank(bctx *k, int64_t r, const mgc_schedule_params *p, ev *evs,
 
     int64_t nb = p->rank_buckets ? p->rank_buckets[r] : p->grad_buckets;
     int embed = p->tied_embeddings && pp > 1 && (r == 0 || r == pp - 1);
-    int64_t loads = p->load_docs ? S / pp * m : (r == 0 ? m : 0) + (r == (S - 1) % pp && S > 1 ? m : 0);
+    int64_t loads = p->load_every ? S / pp * m : (r == 0 ? m : 0) + (r == (S - 1) % pp && S > 1 ? m : 0);
     int64_t cap = ne + loads + embed + nb + 1 + (p->distributed_optimizer ? nb : 0);
     mgc_instr *v = malloc((size_t)cap * sizeof *v);
     if (!v) return -1;
@@ -506,7 +506,7 @@ static int build_rank(bctx *k, int64_t r, const mgc_schedule_params *p, ev *evs,
         case MGC_I_FORWARD: {
             uint32_t what =
                 (s == 0 ? MGC_SCHED_LOAD_TOKENS : 0) | (s == S - 1 ? MGC_SCHED_LOAD_LABELS : 0) |
-                (p->load_docs ? MGC_SCHED_LOAD_DOCS : 0);
+                p->load_every;
             if (what) v[j++] = mk(MGC_I_LOAD_BATCH, in.chunk, in.mb, -1, what);
             break;
         }
@@ -589,7 +589,7 @@ int mgc_schedule_build(const mgc_schedule_params *p, mgc_schedule **out, mgc_dia
     s->n_stages = k.S;
     s->distributed_optimizer = p->distributed_optimizer != 0;
     s->tied_embeddings = p->tied_embeddings != 0;
-    s->load_docs = p->load_docs != 0;
+    s->load_every = p->load_every;
     s->loc = p->loc;
 
     fill_table(&k);

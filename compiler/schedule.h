@@ -62,6 +62,8 @@ extern "C" {
 #define MGC_SCHED_LOAD_LABELS 2u /* last virtual stage: labels and loss mask */
 #define MGC_SCHED_LOAD_DOCS   4u /* every virtual stage with data.reset_attention_mask: the
                                     documents' start positions its attention reads */
+#define MGC_SCHED_LOAD_BIAS   8u /* every virtual stage with moe.expert_bias_update_rate: the
+                                    routers' expert biases (the runtime's, per step) */
 
 typedef struct mgc_schedule_params {
     int schedule;                /* mgc_sched (config.h): GPIPE, 1F1B or INTERLEAVED */
@@ -75,7 +77,8 @@ typedef struct mgc_schedule_params {
     int distributed_optimizer;   /* REDUCE_GRADS is a reduce-scatter; GATHER_PARAMS per bucket
                                     follows OPTIMIZER */
     int tied_embeddings;         /* EMBED_GRADS on ranks 0 and pp-1 when pp > 1 */
-    int load_docs;               /* every forward loads the document starts (MGC_SCHED_LOAD_DOCS) */
+    uint32_t load_every;         /* what every forward loads: MGC_SCHED_LOAD_DOCS (the document
+                                    starts), MGC_SCHED_LOAD_BIAS (the expert biases), or 0 */
     mgc_loc loc;                 /* where diagnostics point (the config's schedule key) */
 } mgc_schedule_params;
 
@@ -116,7 +119,7 @@ typedef struct mgc_schedule {
     int64_t n_stages;         /* pp * vp */
     int distributed_optimizer;
     int tied_embeddings;
-    int load_docs;
+    uint32_t load_every;
     mgc_loc loc;                /* from the parameters */
     mgc_schedule_stream *ranks; /* (pp) */
 } mgc_schedule;

@@ -175,7 +175,8 @@ static int check_fields(sim *x, int64_t r, int64_t i) {
         break;
     case MGC_I_LOAD_BATCH:
         if (in->arg == 0 ||
-            (in->arg & ~(MGC_SCHED_LOAD_TOKENS | MGC_SCHED_LOAD_LABELS | MGC_SCHED_LOAD_DOCS)) ||
+            (in->arg & ~(MGC_SCHED_LOAD_TOKENS | MGC_SCHED_LOAD_LABELS | MGC_SCHED_LOAD_DOCS |
+                         MGC_SCHED_LOAD_BIAS)) ||
             ((in->arg & MGC_SCHED_LOAD_TOKENS) && s != 0) ||
             ((in->arg & MGC_SCHED_LOAD_LABELS) && s != S - 1)) {
             desc(in, b, sizeof b);

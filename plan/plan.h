@@ -323,7 +323,8 @@ int mgc_plan_attn_geom(const mgc_plan_chunk *ch, const mgc_plan_op *op, mgc_attn
 /* ---- the schedule: instruction stream of one pipeline rank ---------------- */
 
 typedef enum mgc_instr_op {
-    MGC_I_LOAD_BATCH = 0, /* read microbatch mb's inputs; arg: 1 tokens, 2 labels + loss mask */
+    MGC_I_LOAD_BATCH = 0, /* read microbatch mb's inputs; arg: 1 tokens, 2 labels + loss mask,
+                             4 document starts, 8 the routers' expert biases */
     MGC_I_FORWARD,        /* run chunk's fwd program for mb */
     MGC_I_BACKWARD,       /* run chunk's bwd program for mb (recompute first when planned) */
     MGC_I_SEND_ACT,       /* send (mb, chunk)'s output activation to pipeline rank `peer` */

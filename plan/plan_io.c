@@ -598,6 +598,15 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
             INVALID("%s (%s): %" PRId64 " expert groups of which %" PRId64
                     " are used do not serve %" PRId64 " experts with top-%" PRId64, WH, kn, G, GK,
                     E, K);
+        if (o->kind == MGC_POP_MOE_ROUTE && o->n_in > 1) { /* the expert bias */
+            const mgc_plan_tensor *b =
+                o->n_in == 2 && o->in[1] >= 0 && o->in[1] < c->n_tensors ? &c->tensors[o->in[1]] : NULL;
+            if (!b || b->role != MGC_TR_INPUT || b->dtype != MGC_DT_F32 || b->rank != 1 ||
+                b->dim[0] != E)
+                INVALID("%s (%s): its second input must be the expert bias, an fp32 input of the "
+                        "%" PRId64 " experts",
+                        WH, kn, E);
+        }
     }
     if (o->flags & MGC_POF_DOCS) {
         int need = (o->flags & MGC_POF_QKV ? 1 : 3) + (o->kind == MGC_POP_ATTENTION_BWD ? 3 : 0);

@@ -84,9 +84,14 @@ int mgc_ckpt_model_of(const mgc_plan *plan, mgc_ckpt_model *out, char *err, size
             const mgc_plan_chunk *ch = &plan->stages[s].chunks[c];
             for (int64_t i = 0; i < ch->n_tensors; i++) {
                 const mgc_plan_tensor *T = &ch->tensors[i];
-                if (T->role != MGC_TR_PARAM || T->buffer < 0) continue;
-                mgc_ckpt_tensor *t = &out->t[out->n];
                 const char *nm = mgc_plan_strat(plan, T->name);
+                /* the parameters, and the routers' expert biases (inputs the runtime keeps:
+                 * the parameter array holds them, the moments zeros) */
+                size_t nl0 = nm ? strlen(nm) : 0;
+                int bias = T->role == MGC_TR_INPUT && !T->view && T->rank == 1 && nl0 > 12 &&
+                           !strcmp(nm + nl0 - 12, ".expert_bias");
+                if ((T->role != MGC_TR_PARAM || T->buffer < 0) && !bias) continue;
+                mgc_ckpt_tensor *t = &out->t[out->n];
                 t->name = strdup(nm ? nm : "");
                 if (!t->name) goto oom;
                 out->n++;

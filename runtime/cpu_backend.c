@@ -563,8 +563,9 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
             if (tout(c, i)->dtype == MGC_DT_F32) z = F(c->out[i]);
             else counts = c->out[i];
         }
+        /* the second input, when there is one: the expert bias (fp32, E) */
         mgc_router_choice ch = {MGC_ROUTE_GROUPS(op->iattr[3]), MGC_ROUTE_GROUP_TOPK(op->iattr[3]),
-                                NULL};
+                                op->n_in > 1 ? CF(c->in[1]) : NULL};
         mgc_cpu_moe_route_fwd_f32(F(c->out[0]), ids, c32, z ? &zval : NULL, CF(c->in[0]), n, E, k,
                                   router_score(MGC_ROUTE_SCORE(op->iattr[3])), &ch, topk_scale(op),
                                   op->fattr[1]);

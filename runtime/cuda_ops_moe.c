@@ -239,7 +239,7 @@ static int route(moe_ctx *x) {
     float *zpart = carve(&w, (size_t)(n ? n : 1) * 4), *zp = z ? zpart : NULL;
     int score = score_of(MGC_ROUTE_SCORE(op->iattr[3]));
     float scale = topk_scale(op);
-    const float *bias = NULL;
+    const float *bias = op->n_in > 1 ? c->in[1] : NULL; /* the expert bias (fp32, E) */
     void *ra[] = {&logits, &bias, &probs, &ids, &zp, &n, &score, &scale};
     if (launch(x, "moe_route_fwd", (uint64_t)(n + 3) / 4, 128, 0, ra)) return -1;
     if (z) { /* z_coeff * mean_t lse_t^2 */

@@ -106,6 +106,15 @@ struct mgc_exec {
      * ones; NULL for a dense model */
     int64_t moe_E, moe_L, moe_k;
     int64_t *moe_local, *moe_counts;
+    /* moe.expert_bias_update_rate: the routers' expert biases (moe_L x moe_E, every layer's on
+     * every rank: the updates come from the world's counts), the rate, and this stage's input
+     * slots for them (byte offset in an input buffer and layer); the plan's bias names by
+     * layer (NULL: a layer without) for checkpoints */
+    double bias_rate;
+    float *moe_bias;
+    int64_t n_bias_slots;
+    int64_t (*bias_slot)[2];
+    const char **bias_name;
     int eod_mask;              /* data.eod_mask_loss: no loss on tokens predicted from eod */
     int64_t eod;               /* data.eod_token */
     /* dynamic loss scaling (fp16; tests switch it on in any precision) */
@@ -295,6 +304,17 @@ static uint64_t tnumel(const mgc_plan_tensor *t) {
 static const char *sname(const mgc_exec *x, uint32_t off) {
     const char *s = mgc_plan_strat(x->plan, off);
     return s ? s : "?";
+}
+
+/* The layer of an expert-bias input ("...layers.N.mlp.router.expert_bias"), else -1. */
+static int64_t bias_layer(const mgc_exec *x, const mgc_plan_tensor *T) {
+    const char *n = T->role == MGC_TR_INPUT && !T->view ? sname(x, T->name) : NULL;
+    size_t len = n ? strlen(n) : 0;
+    if (len < 12 || strcmp(n + len - 12, ".expert_bias")) return -1;
+    const char *p = strstr(n, "layers.");
+    char *end;
+    long long l = p ? strtoll(p + 7, &end, 10) : -1;
+    return p && end != p + 7 && l >= 0 && l < x->moe_L ? (int64_t)l : -1;
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -765,6 +785,12 @@ static int setup_buffers(mgc_exec *x) {
             else if (!strcmp(n, "labels")) x->slot_labels = off;
             else if (!strcmp(n, "loss_mask")) x->slot_mask = off;
             else if (!strcmp(n, "doc_start")) x->slot_docs = off;
+            else if (x->moe_bias && bias_layer(x, T) >= 0) {
+                int64_t (*g)[2] = realloc(x->bias_slot, (size_t)(x->n_bias_slots + 1) * sizeof *g);
+                if (!g) return xfail(x, "out of memory");
+                x->bias_slot = g;
+                g[x->n_bias_slots][0] = off, g[x->n_bias_slots++][1] = bias_layer(x, T);
+            }
         }
     }
     return 0;
@@ -1078,6 +1104,24 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
             xfail(x, "out of memory");
             goto done;
         }
+        double rate = 0;
+        if (mgc_plan_config_float(plan, "moe.expert_bias_update_rate", &rate) && rate > 0) {
+            x->bias_rate = rate;
+            x->moe_bias = calloc(n, sizeof *x->moe_bias);
+            x->bias_name = calloc((size_t)x->moe_L, sizeof *x->bias_name);
+            if (!x->moe_bias || !x->bias_name) {
+                xfail(x, "out of memory");
+                goto done;
+            }
+            for (int64_t s = 0; s < plan->n_stages; s++)
+                for (int64_t c = 0; c < plan->stages[s].n_chunks; c++) {
+                    const mgc_plan_chunk *ch = &plan->stages[s].chunks[c];
+                    for (int64_t t = 0; t < ch->n_tensors; t++) {
+                        int64_t l = bias_layer(x, &ch->tensors[t]);
+                        if (l >= 0) x->bias_name[l] = mgc_plan_strat(plan, ch->tensors[t].name);
+                    }
+                }
+        }
     }
     x->tok = malloc((size_t)(x->seq_length + 1) * sizeof *x->tok);
     if (!x->tok) {
@@ -1133,6 +1177,9 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->ready_op);
     free(x->moe_local);
     free(x->moe_counts);
+    free(x->moe_bias);
+    free(x->bias_slot);
+    free(x->bias_name);
     for (int k = 0; k < MGC_GROUP__COUNT; k++)
         mgc_comm_free(x->group[k]), mgc_comm_free(x->dgroup[k]);
     mgc_comm_free(x->kv_comm);
@@ -1392,6 +1439,11 @@ int mgc_exec_ckpt_save(mgc_exec *x, const mgc_exec_ckpt_io *io) {
             }
         }
     }
+    /* the expert biases: every rank holds them all, the world's rank 0 writes them */
+    for (int64_t l = 0; x->rank == 0 && x->bias_name && l < x->moe_L && !rc; l++)
+        if (x->bias_name[l] &&
+            io->put(io->ctx, x->bias_name[l], MGC_CKPT_PARAM, 0, x->moe_bias + l * x->moe_E, x->moe_E))
+            rc = -1;
     free(host);
     return rc;
 }
@@ -1444,6 +1496,11 @@ int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io, int params_only)
             }
         }
     }
+    /* the expert biases, every layer's on every rank (model state: --init-from takes them too) */
+    for (int64_t l = 0; x->bias_name && l < x->moe_L && !rc; l++)
+        if (x->bias_name[l] &&
+            io->get(io->ctx, x->bias_name[l], MGC_CKPT_PARAM, 0, x->moe_bias + l * x->moe_E, x->moe_E))
+            rc = -1;
     free(host);
     return rc;
 }
@@ -1468,9 +1525,23 @@ void mgc_exec_set_resume(mgc_exec *x, const mgc_exec_resume *r) {
 
 /* ---- data -------------------------------------------------------------------------------- */
 
+/* The routers' expert biases of this stage into microbatch mb's input buffer b. */
+static int load_biases(mgc_exec *x, int32_t b) {
+    unsigned char *base = buf_addr(x, b);
+    for (int64_t i = 0; i < x->n_bias_slots; i++)
+        if (x->be->iface->upload(x->be, base + x->bias_slot[i][0],
+                                 x->moe_bias + x->bias_slot[i][1] * x->moe_E,
+                                 (size_t)x->moe_E * sizeof *x->moe_bias))
+            return be_fail(x, "loading the expert biases");
+    return 0;
+}
+
 static int load_batch(mgc_exec *x, int32_t mb, uint32_t what, mgc_sample_fn fn, void *ctx) {
     int32_t b = x->input_buf[mb];
+    if (!(what & 7u) && !x->n_bias_slots) return 0; /* the biases, on a stage without routers */
     if (b < 0) return xfail(x, "stage %" PRId64 ": no input buffer for microbatch %d", x->sp->pp_rank, mb);
+    if ((what & 8u) && load_biases(x, b)) return -1;
+    if (!(what & 7u)) return 0;
     int64_t s = x->seq_length, cp = x->grid.cp, sc = s / cp, half = s / (2 * cp), B = x->mbs;
     int64_t *tok = NULL, *lab = NULL;
     float *mask = NULL;
@@ -1767,6 +1838,28 @@ static int reduce_expert_counts(mgc_exec *x) {
         x->moe_counts[i] = (int64_t)f[n + i] * 4096 + (int64_t)f[i], x->moe_local[i] = 0;
     free(f);
     return 0;
+}
+
+/* Aux-loss-free balancing (moe.expert_bias_update_rate; DeepSeek-V3, Megatron's
+ * get_updated_expert_bias): each MoE layer's expert biases move by the rate towards the step's
+ * mean count, up for an expert below it and down above it, none at it. The counts are the
+ * world's, exact, so every rank moves its copy alike; the comparison is in integers
+ * (sum - E c_e against 0), so no rounding of the mean decides a sign. */
+static void update_biases(mgc_exec *x) {
+    int64_t E = x->moe_E;
+    float rate = (float)x->bias_rate;
+    for (int64_t l = 0; l < x->moe_L; l++) {
+        if (!x->bias_name[l]) continue;
+        const int64_t *c = x->moe_counts + l * E;
+        float *b = x->moe_bias + l * E;
+        int64_t sum = 0;
+        for (int64_t e = 0; e < E; e++)
+            sum += c[e];
+        for (int64_t e = 0; e < E; e++) {
+            int64_t d = sum - E * c[e];
+            b[e] += d > 0 ? rate : d < 0 ? -rate : 0.0f;
+        }
+    }
 }
 
 /* Issues the ops one by one to the backend (collectives to the communicator). */
@@ -2815,6 +2908,8 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         }
         st->expert_counts = x->moe_counts;
         st->moe_layers = x->moe_L, st->moe_experts = x->moe_E;
+        if (x->moe_bias) update_biases(x);
+        st->expert_bias = x->moe_bias;
         st->moe_assignments = st->tokens * x->moe_k;
     }
     if (x->prof) {

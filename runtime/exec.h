@@ -68,6 +68,10 @@ typedef struct mgc_step_stats {
      * layer's count total is what capacity dropped. */
     const int64_t *expert_counts;
     int64_t moe_layers, moe_experts, moe_assignments;
+    /* moe.expert_bias_update_rate: each layer's expert biases after this step's update
+     * (expert_bias[layer * moe_experts + e], as expert_counts; the next step routes with them);
+     * NULL without the bias */
+    const float *expert_bias;
 } mgc_step_stats;
 
 /* What can be refused without starting: a precision the backend ("cpu") does

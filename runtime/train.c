@@ -349,6 +349,19 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
                     first = 0;
                 }
                 fprintf(o->metrics, "], \"moe_dropped\": %.6g", expert_dropped(&st));
+                if (st.expert_bias) { /* each MoE layer's largest expert bias, in magnitude */
+                    fputs(", \"moe_bias_absmax\": [", o->metrics);
+                    first = 1;
+                    for (int64_t l = 0; l < st.moe_layers; l++) {
+                        if (expert_imbalance(&st, l) < 0) continue;
+                        double m = 0;
+                        for (int64_t e = 0; e < st.moe_experts; e++)
+                            m = fmax(m, fabs(st.expert_bias[l * st.moe_experts + e]));
+                        fprintf(o->metrics, "%s%.6g", first ? "" : ", ", m);
+                        first = 0;
+                    }
+                    fputc(']', o->metrics);
+                }
             }
             if (st.staged_bytes > 0)
                 fprintf(o->metrics, ", \"staged_bytes\": %" PRId64, st.staged_bytes);

@@ -47,8 +47,9 @@ static const char *const common[] = {
     "training.iterations=10", "optimizer.warmup_iterations=2", "model.seq_length=32",
     "training.micro_batch_size=2", "training.global_batch_size=4", NULL};
 
+static const char *const *model_sets; /* compile(): settings of the model every plan takes */
 static mgc_plan *compile(const char *path, const char *const *sets) {
-    return t_compile(path, (const char *const *const[]){common, sets}, 2);
+    return t_compile(path, (const char *const *const[]){common, model_sets, sets}, 3);
 }
 
 static const char *init_from; /* run(): mgc_train_opts.init_from */
@@ -526,6 +527,17 @@ int main(void) {
     static const char *const kv6[] = {W(6), "parallel.tensor=6", NULL};
     check_across("models/tiny-llama.yaml", kv6, tp2, "tp6 (kv replicated) -> tp2");
     check_across("models/tiny-llama.yaml", tp2, kv6, "tp2 -> tp6 (kv replicated)");
+    /* the routers' expert biases (moe.expert_bias_update_rate): state beside the parameters,
+     * every layer's on every rank, written once; resumed bit for bit (a resume that restarted
+     * them at zero would route differently) and across layouts */
+    static const char *const biased[] = {"moe.router_score=sigmoid",
+                                         "moe.expert_bias_update_rate=0.01", NULL};
+    static const char *const pp2[] = {W(2), "parallel.pipeline=2", NULL};
+    model_sets = biased;
+    check_resume("models/tiny-moe.yaml", "pp2 expert bias", pp2);
+    check_resume("models/tiny-moe.yaml", "ep2 dist-opt expert bias", moe);
+    check_across("models/tiny-moe.yaml", moe, pp2, "expert bias ep2 dist-opt -> pp2");
+    model_sets = NULL;
     check_retention();
     check_refusals();
     check_every_flip();

@@ -1290,6 +1290,16 @@ int main(int argc, char **argv) {
                                                   "moe.router_score=sigmoid", "moe.top_k=4", NULL};
         check_ops("models/tiny-moe.yaml", grouped);
         check_ops("models/tiny-moe.yaml", grouped_sig);
+        /* DeepSeek-V3's routing: sigmoid scores, the expert bias (zero at the first step, moved
+         * after each: the kernel compares biased scores from the second on) and groups whose
+         * scores include it, trained over ep2 against the CPU */
+        static const char *const biased_ep2[] = {
+            "parallel.world_size=2",        "parallel.data=2",
+            "parallel.expert=2",            "moe.router_score=sigmoid",
+            "moe.expert_bias_update_rate=0.05", "moe.router_num_groups=2",
+            "moe.router_group_topk=1",      NULL};
+        /* within 1e-5: the kernel ignoring the bias misses by 2e-4 */
+        check_layout("models/tiny-moe.yaml", "fp32", biased_ep2, 1e-5, 0);
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in

@@ -1803,6 +1803,132 @@ static void check_groups(void) {
     check_moves(presoftmax, grouped, "with the experts in two groups of which a token uses one");
 }
 
+/* Aux-loss-free balancing (moe.expert_bias_update_rate, DeepSeek-V3's): on one rank, an op hook
+ * reads every router's bias input and its choices. Each step the bias is what the steps before
+ * made of it (starting at 0: rate x sign(mean - count) per expert, from the step's counts
+ * summed), the same in every microbatch; each token's experts are the top k of sigmoid(logit) +
+ * bias; some choice differs from the unbiased top k (the bias acts); and the biases spread the
+ * load: the busiest expert over the mean, averaged over the later steps, is lower than without
+ * them (at this rate; 0.05 overshoots on this model and spreads nothing). */
+static const char *const biased_router[] = {"moe.router_score=sigmoid",
+                                            "moe.expert_bias_update_rate=0.01", NULL};
+static const layout moe_biased[] = {
+    {"ep2", {W(2), "parallel.data=2", "parallel.expert=2"}},
+    {"etp2 ep2",
+     {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+      "parallel.expert=2"}},
+    {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+    {"cp2 dp2 dist-opt",
+     {W(4), "parallel.context=2", "parallel.data=2", "parallel.distributed_optimizer=true"}},
+    {"recompute full", {"training.recompute=full"}},
+};
+typedef struct bias_ref {
+    int64_t L, E, k;
+    double rate;
+    double *want;            /* (L x E) the bias the step routes with */
+    int64_t bad_bias, bad_choice, changed, routes;
+} bias_ref;
+static void bias_hook(void *ctx, const mgc_op_call *c) {
+    bias_ref *r = ctx;
+    const mgc_plan_op *op = c->op;
+    int64_t l = layer_of(c);
+    if (op->kind != MGC_POP_MOE_ROUTE || op->iattr[0] != 0 || l < 0 || l >= r->L) return;
+    r->routes++;
+    if (op->n_in < 2) {
+        r->bad_bias++;
+        return;
+    }
+    const float *b = c->in[1], *lg = c->in[0];
+    const int32_t *ids = c->out[1];
+    for (int64_t e = 0; e < r->E; e++)
+        r->bad_bias += fabs(b[e] - r->want[l * r->E + e]) > 1e-6;
+    const mgc_plan_tensor *t = &c->chunk->tensors[op->out[1]];
+    int64_t n = t->dim[0], E = r->E, k = r->k;
+    for (int64_t i = 0; i < n; i++) {
+        double s[64], u[64];
+        for (int64_t e = 0; e < E; e++)
+            u[e] = 1 / (1 + exp(-(double)lg[i * E + e])), s[e] = u[e] + b[e];
+        for (int64_t j = 0; j < k; j++) { /* the j-th largest biased score, ties to lower */
+            int64_t best = -1, plain = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int above = 0, above_u = 0;
+                for (int64_t f = 0; f < E; f++) {
+                    above += s[f] > s[e] || (s[f] == s[e] && f < e);
+                    above_u += u[f] > u[e] || (u[f] == u[e] && f < e);
+                }
+                if (above == j) best = e;
+                if (above_u == j) plain = e;
+            }
+            r->bad_choice += ids[i * k + j] != best;
+            r->changed += best != plain;
+        }
+    }
+}
+static double busiest(const int64_t *c, int64_t L, int64_t E) {
+    double worst = 0;
+    for (int64_t l = 0; l < L; l++) {
+        int64_t sum = 0, most = 0;
+        for (int64_t e = 0; e < E; e++)
+            sum += c[l * E + e], most = c[l * E + e] > most ? c[l * E + e] : most;
+        if (sum) worst = fmax(worst, (double)most * (double)E / (double)sum);
+    }
+    return worst;
+}
+static void check_expert_bias(void) {
+    enum { N = 12 };
+    static const char *const unbiased[] = {"moe.router_score=sigmoid", NULL};
+    double worst[2] = {0, 0};
+    for (int with = 0; with < 2; with++) {
+        mgc_plan *p = compile("models/tiny-moe.yaml", with ? biased_router : unbiased, NULL);
+        T_CHECK(p != NULL);
+        if (!p) return;
+        one_rank o;
+        int ok = one_rank_open(&o, p, N);
+        T_CHECK(ok);
+        bias_ref r = {0, 0, 0, 0.01, NULL, 0, 0, 0, 0};
+        mgc_plan_config_int(p, "model.num_layers", &r.L);
+        mgc_plan_config_int(p, "moe.num_experts", &r.E);
+        mgc_plan_config_int(p, "moe.top_k", &r.k);
+        r.want = calloc((size_t)(r.L * r.E), sizeof *r.want);
+        if (ok && with) mgc_exec_set_op_hooks(o.x, NULL, bias_hook, &r);
+        for (int it = 0; ok && it < N; it++) {
+            mgc_step_stats st;
+            T_EQ_I64(mgc_exec_step(o.x, it, mgc_train_data_sample, o.data, &st), 0);
+            if (!st.expert_counts) break;
+            T_CHECK(with ? st.expert_bias != NULL : st.expert_bias == NULL);
+            if (it >= N / 2) worst[with] += busiest(st.expert_counts, r.L, r.E) / (N - N / 2);
+            if (!with || !st.expert_bias) continue;
+            for (int64_t l = 0; l < r.L; l++) { /* the update, from its definition */
+                double sum = 0;
+                for (int64_t e = 0; e < r.E; e++)
+                    sum += (double)st.expert_counts[l * r.E + e];
+                for (int64_t e = 0; e < r.E && sum > 0; e++) {
+                    double off = sum / (double)r.E - (double)st.expert_counts[l * r.E + e];
+                    r.want[l * r.E + e] += off > 0 ? r.rate : off < 0 ? -r.rate : 0;
+                    r.bad_bias += fabs(st.expert_bias[l * r.E + e] - r.want[l * r.E + e]) > 1e-6;
+                }
+            }
+        }
+        if (with) {
+            T_EQ_I64(r.bad_bias, 0);
+            T_EQ_I64(r.bad_choice, 0);
+            T_CHECK(r.changed > 0);
+            T_CHECK(r.routes > 0);
+            printf("models/tiny-moe.yaml expert bias (rate 0.01): %lld routes over %d steps with "
+                   "the bias expected, every choice the biased top-k (%lld differ from the "
+                   "unbiased)\n",
+                   (long long)r.routes, N, (long long)r.changed);
+        }
+        one_rank_close(&o);
+        mgc_plan_free(p);
+        free(r.want);
+    }
+    T_CHECK(worst[1] < worst[0]);
+    printf("models/tiny-moe.yaml: busiest expert over the mean in steps %d-%d %.2f without the "
+           "bias, %.2f with it\n",
+           N / 2 + 1, N, worst[0], worst[1]);
+}
+
 /* Sliding-window attention (model.window_size): every layout masks by the keys' positions
  * (context parallelism: the load-balanced chunks and the gathered keys), with documents too. */
 static const char *const win[] = {"model.window_size=12", NULL}; /* of 32 tokens */
@@ -2007,6 +2133,8 @@ int main(int argc, char **argv) {
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", scaled, moe_scaled, 3);
     if (!only || strstr("moe", only)) check_groups();
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", grouped, moe_grouped, 3);
+    if (!only || strstr("moe", only)) check_expert_bias();
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", biased_router, moe_biased, 5);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
