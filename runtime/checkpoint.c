@@ -552,7 +552,14 @@ typedef struct io_ctx {
     uint64_t data_offset;
     const char *path;
     char err[MSG];
+    int fresh_biases;           /* --init-from: expert biases the file lacks read as zeros */
 } io_ctx;
+
+/* A router's expert bias (moe.expert_bias_update_rate): state, not a parameter. */
+static int is_bias(const char *name) {
+    size_t n = strlen(name);
+    return n > 12 && !strcmp(name + n - 12, ".expert_bias");
+}
 
 static const mgc_ckpt_tensor *io_find(io_ctx *c, const char *name, uint64_t gi, int64_t n, uint64_t limit) {
     const mgc_ckpt_tensor *t = find(c->m, name);
@@ -581,6 +588,10 @@ static int io_put(void *ctx, const char *name, int array, uint64_t gi, const flo
 static int io_get(void *ctx, const char *name, int array, uint64_t gi, float *v, int64_t n) {
     io_ctx *c = ctx;
     const mgc_ckpt_tensor *t = find(c->m, name);
+    if (!t && c->fresh_biases && is_bias(name)) { /* a model trained without them */
+        memset(v, 0, (size_t)(n > 0 ? n : 0) * 4);
+        return 0;
+    }
     uint64_t have = t ? t->numel : 0;
     if (t && t->vocab) {
         if (!(t = io_find(c, name, gi, n, UINT64_MAX / 2))) return -1;
@@ -730,15 +741,19 @@ int mgc_ckpt_write_model(const mgc_plan *plan, const char *path, mgc_ckpt_fill_f
 /* ---- load ------------------------------------------------------------------------------------ */
 
 /* The file holds the plan's model: the same tensors and shapes, but for the vocabulary
- * padding rows. */
-static int match(const char *path, const mgc_ckpt_model *have, const mgc_ckpt_model *want, char *err,
-                 size_t errsz) {
+ * padding rows; params_only (--init-from): the expert biases may be absent on either side (a
+ * model fine-tuned with or without them). */
+static int match(const char *path, const mgc_ckpt_model *have, const mgc_ckpt_model *want,
+                 int params_only, char *err, size_t errsz) {
     const char *hint = "resume with the model it was saved for, or give this model a checkpoint "
                        "directory of its own";
     char a[128], b[128];
     for (int64_t i = 0; i < want->n; i++) {
         const mgc_ckpt_tensor *w = &want->t[i], *h = find(have, w->name);
-        if (!h) return BAD("%s has no parameter '%s', which this plan's model has: %s", path, w->name, hint);
+        if (!h && params_only && is_bias(w->name)) continue;
+        if (!h)
+            return BAD("%s has no %s '%s', which this plan's model has: %s", path,
+                       is_bias(w->name) ? "expert bias" : "parameter", w->name, hint);
         int same = h->rank == w->rank && h->vocab == w->vocab;
         for (int d = 0; d < w->rank && same; d++)
             same = h->dim[d] == w->dim[d] || (d == 0 && w->vocab);
@@ -747,8 +762,10 @@ static int match(const char *path, const mgc_ckpt_model *have, const mgc_ckpt_mo
                        path, shape(w, b, sizeof b), hint);
     }
     for (int64_t i = 0; i < have->n; i++)
-        if (!find(want, have->t[i].name))
-            return BAD("%s has a parameter '%s' that this plan's model lacks: %s", path, have->t[i].name, hint);
+        if (!find(want, have->t[i].name) && !(params_only && is_bias(have->t[i].name)))
+            return BAD("%s has %s '%s' that this plan's model lacks: %s", path,
+                       is_bias(have->t[i].name) ? "an expert bias" : "a parameter", have->t[i].name,
+                       hint);
     return 0;
 }
 
@@ -766,13 +783,13 @@ int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
                  ": resume with the model it was saved for, or give this model a checkpoint "
                  "directory of its own",
                  path, info.vocab_size, vocab);
-    if (!rc) rc = match(path, &info.model, &want, err, errsz);
+    if (!rc) rc = match(path, &info.model, &want, params_only, err, errsz);
     if (!rc && mgc_comm_rank(world) == 0) rc = mgc_ckpt_verify(path, &info, err, errsz);
     if (agree(world, rc, err, errsz)) {
         rc = -1;
         goto done;
     }
-    io_ctx c = {open(path, O_RDONLY), &info.model, info.data_offset, path, ""};
+    io_ctx c = {open(path, O_RDONLY), &info.model, info.data_offset, path, "", params_only};
     if (c.fd < 0) {
         rc = BAD("cannot open the checkpoint %s: %s", path, strerror(errno));
     } else {

@@ -483,6 +483,48 @@ out:
     mgc_plan_free(p), mgc_plan_free(f[0]), mgc_plan_free(f[1]);
 }
 
+/* --init-from between models with and without the routers' expert biases: the biases start at
+ * zero when the source has none and are left out when the plan has none; resuming (not
+ * --init-from) a checkpoint without them is refused. */
+static void check_init_bias(void) {
+    static const char *const plain[] = {"moe.router_score=sigmoid", NULL};
+    static const char *const biased[] = {"moe.router_score=sigmoid",
+                                         "moe.expert_bias_update_rate=0.01", NULL};
+    mgc_plan *p[2] = {compile("models/tiny-moe.yaml", plain), compile("models/tiny-moe.yaml", biased)};
+    T_CHECK(p[0] && p[1]);
+    char dir[2][64], src[2][512], err[4096];
+    double l[STEPS], n[STEPS];
+    int64_t r;
+    for (int k = 0; k < 2 && p[0] && p[1]; k++) {
+        make_dir(dir[k]);
+        T_EQ_I64(run(p[k], dir[k], STOP, l, n, &r, err, sizeof err), 0);
+        ckpt_path(src[k], dir[k], STOP);
+    }
+    for (int k = 0; k < 2 && p[0] && p[1]; k++) { /* source k into plan 1 - k */
+        char d[64];
+        make_dir(d);
+        init_from = src[k];
+        int rc = run(p[1 - k], d, 2, l, n, &r, err, sizeof err);
+        init_from = NULL;
+        if (rc) fprintf(stderr, "--init-from %s: %s\n", k ? "biased" : "plain", err);
+        T_EQ_I64(rc, 0);
+        T_EQ_I64(r, 0);
+        t_remove_dir(d);
+    }
+    if (p[0] && p[1]) { /* resuming the plain model's checkpoint with the biases: refused */
+        char d[64], cmd[1200];
+        make_dir(d);
+        snprintf(cmd, sizeof cmd, "cp %s %s/", src[0], d);
+        T_EQ_I64(system(cmd), 0);
+        T_CHECK(run(p[1], d, STEPS, l, n, &r, err, sizeof err) != 0 &&
+                strstr(err, "expert_bias") != NULL);
+        printf("--init-from across the expert biases: both ways; resumed without them: %s\n", err);
+        t_remove_dir(d);
+        t_remove_dir(dir[0]), t_remove_dir(dir[1]);
+    }
+    mgc_plan_free(p[0]), mgc_plan_free(p[1]);
+}
+
 int main(void) {
     static const char *const one_drop[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1",
                                            "training.eval_interval=3", "training.eval_iters=2", NULL};
@@ -542,5 +584,6 @@ int main(void) {
     check_refusals();
     check_every_flip();
     check_init_from();
+    check_init_bias();
     return t_summary("test_checkpoint");
 }
