@@ -81,8 +81,9 @@ void mgc_schedule_params_from_config(const mgc_config *c, int64_t grad_buckets,
     out->grad_buckets = grad_buckets;
     out->distributed_optimizer = c->parallel.distributed_optimizer;
     out->tied_embeddings = c->model.tie_embeddings;
-    out->load_every = (c->data.reset_attention_mask || c->data.reset_position_ids ? MGC_SCHED_LOAD_DOCS : 0) |
-                      (c->moe.num_experts > 0 && c->moe.expert_bias_update_rate > 0 ? MGC_SCHED_LOAD_BIAS : 0);
+    int docs = c->data.reset_attention_mask || c->data.reset_position_ids;
+    int bias = c->moe.num_experts > 0 && c->moe.expert_bias_update_rate > 0;
+    out->load_every = (docs ? MGC_SCHED_LOAD_DOCS : 0) | (bias ? MGC_SCHED_LOAD_BIAS : 0);
     out->loc = mgc_config_loc(c, MGC_KEY_PAR_SCHEDULE);
 }
 

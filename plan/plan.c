@@ -96,6 +96,15 @@ int mgc_plan_op_dropout_attr(const mgc_plan_op *op) {
     }
 }
 
+int64_t mgc_plan_expert_bias_layer(const char *name) {
+    static const char suffix[] = ".mlp.router.expert_bias";
+    size_t n = name ? strlen(name) : 0, k = sizeof suffix - 1;
+    const char *p = n > k && !strcmp(name + n - k, suffix) ? strstr(name, "layers.") : NULL;
+    char *end = NULL;
+    long long l = p ? strtoll(p + 7, &end, 10) : -1;
+    return p && end == name + n - k && l >= 0 ? (int64_t)l : -1;
+}
+
 const char *mgc_plan_op_name(mgc_plan_op_kind k) {
     return NAME_OF(op_names, k);
 }

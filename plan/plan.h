@@ -286,6 +286,10 @@ typedef enum mgc_plan_op_kind {
     ((int64_t)(((uint64_t)(score) & 0xffu) | ((uint64_t)(groups) & 0xffffffu) << 8 |              \
                ((uint64_t)(group_topk) & 0xffffffu) << 32))
 
+/* The layer N of a router's expert bias, an input named "...layers.N.mlp.router.expert_bias"
+ * (moe.expert_bias_update_rate; the runtime keeps its values), or -1 for any other name. */
+int64_t mgc_plan_expert_bias_layer(const char *name);
+
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
 /* The fattr index of op's dropout probability (dropout and dropout-add: 0; add-norm and

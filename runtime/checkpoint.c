@@ -87,9 +87,8 @@ int mgc_ckpt_model_of(const mgc_plan *plan, mgc_ckpt_model *out, char *err, size
                 const char *nm = mgc_plan_strat(plan, T->name);
                 /* the parameters, and the routers' expert biases (inputs the runtime keeps:
                  * the parameter array holds them, the moments zeros) */
-                size_t nl0 = nm ? strlen(nm) : 0;
-                int bias = T->role == MGC_TR_INPUT && !T->view && T->rank == 1 && nl0 > 12 &&
-                           !strcmp(nm + nl0 - 12, ".expert_bias");
+                int bias = T->role == MGC_TR_INPUT && !T->view && T->rank == 1 &&
+                           mgc_plan_expert_bias_layer(nm) >= 0;
                 if ((T->role != MGC_TR_PARAM || T->buffer < 0) && !bias) continue;
                 mgc_ckpt_tensor *t = &out->t[out->n];
                 t->name = strdup(nm ? nm : "");
@@ -557,8 +556,7 @@ typedef struct io_ctx {
 
 /* A router's expert bias (moe.expert_bias_update_rate): state, not a parameter. */
 static int is_bias(const char *name) {
-    size_t n = strlen(name);
-    return n > 12 && !strcmp(name + n - 12, ".expert_bias");
+    return mgc_plan_expert_bias_layer(name) >= 0;
 }
 
 static const mgc_ckpt_tensor *io_find(io_ctx *c, const char *name, uint64_t gi, int64_t n, uint64_t limit) {

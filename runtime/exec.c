@@ -306,15 +306,12 @@ static const char *sname(const mgc_exec *x, uint32_t off) {
     return s ? s : "?";
 }
 
-/* The layer of an expert-bias input ("...layers.N.mlp.router.expert_bias"), else -1. */
+/* The layer of an expert-bias input (plan.h mgc_plan_expert_bias_layer), else -1. */
 static int64_t bias_layer(const mgc_exec *x, const mgc_plan_tensor *T) {
-    const char *n = T->role == MGC_TR_INPUT && !T->view ? sname(x, T->name) : NULL;
-    size_t len = n ? strlen(n) : 0;
-    if (len < 12 || strcmp(n + len - 12, ".expert_bias")) return -1;
-    const char *p = strstr(n, "layers.");
-    char *end;
-    long long l = p ? strtoll(p + 7, &end, 10) : -1;
-    return p && end != p + 7 && l >= 0 && l < x->moe_L ? (int64_t)l : -1;
+    int64_t l = T->role == MGC_TR_INPUT && !T->view && T->rank == 1 && T->dim[0] == x->moe_E
+                    ? mgc_plan_expert_bias_layer(sname(x, T->name))
+                    : -1;
+    return l < x->moe_L ? l : -1;
 }
 
 static int ends_with(const char *s, const char *suffix) {
