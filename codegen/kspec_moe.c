@@ -4,8 +4,9 @@
  * entry and may launch a spec more than once: the dispatch map's second pass
  * with the "probs" drop policy):
  *
- *   moe_route      phase 0   moe_route_fwd{E,K}, [moe_sum if a z-loss output],
- *                            [moe_map_hist, moe_map_scan if a counts output]
+ *   moe_route      phase 0   moe_route_fwd{E,K[,G,GK]}, [moe_sum if a z-loss output],
+ *                            [moe_map_hist, moe_map_scan if a counts output (E); moe_col_counts
+ *                            if (C, E): the sequence-wise aux loss's]
  *                  phase 1   moe_aux_part{E}, moe_sum
  *   moe_route_bwd            moe_route_bwd{E,K}
  *   moe_dispatch   phase 0   map, moe_permute{H,K}
@@ -107,17 +108,19 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
             mgc_kspec_const(&l.out[l.n - 1], "G", G);
             mgc_kspec_const(&l.out[l.n - 1], "GK", GK);
         }
-        int z = 0, counts = 0;
+        int z = 0, counts = 0, per_seq = 0;
         for (int i = 2; i < op->n_out; i++) {
             const mgc_plan_tensor *t = tout(ch, op, i);
             if (!t) return -1;
             if (t->dtype == MGC_DT_F32)
                 z = 1;
             else
-                counts = 1;
+                counts = 1, per_seq = t->rank == 2; /* the sequence-wise aux loss's (C, E) */
         }
         if (z) add(&l, "moe_sum", 0);
-        if (counts) {
+        if (counts && per_seq) {
+            add(&l, "moe_col_counts", 0);
+        } else if (counts) {
             add(&l, "moe_map_hist", 0);
             add(&l, "moe_map_scan", 0);
         }

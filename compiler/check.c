@@ -700,6 +700,12 @@ static void check_moe(mgc_check_ctx *k) {
             mgc_check_kv(b, k, KEY(MOE_EXPERTS), e->num_experts));
     }
     if (e->top_k <= e->num_experts) check_groups(k);
+    if (mgc_check_given(k, KEY(MOE_AUX_SCOPE)) && e->aux_loss_coeff == 0)
+        mgc_check_warning(k, mgc_check_at(k, KEY(MOE_AUX_SCOPE)),
+                          "set moe.aux_loss_coeff (DeepSeek-V3's sequence-wise loss: 1e-4), or "
+                          "remove aux_loss_scope",
+                          "moe.aux_loss_scope has no effect: moe.aux_loss_coeff is 0, so there is "
+                          "no load-balancing loss");
     if (e->expert_bias_update_rate > 0 && e->router_score != MGC_SCORE_SIGMOID)
         mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_SCORE), KEY(MOE_BIAS_RATE))),
                         "set moe.router_score: sigmoid (DeepSeek-V3's router), or "

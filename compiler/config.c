@@ -19,6 +19,7 @@ const char *const mgc_enum_act[] = {"gelu", "swiglu", NULL};
 const char *const mgc_enum_pos[] = {"learned", "rotary", "none", NULL};
 const char *const mgc_enum_score[] = {"softmax", "sigmoid", "presoftmax", NULL};
 const char *const mgc_enum_drop_policy[] = {"probs", "position", NULL};
+const char *const mgc_enum_aux_scope[] = {"microbatch", "sequence", NULL};
 const char *const mgc_enum_sched[] = {"gpipe", "1f1b", "interleaved-1f1b", NULL};
 const char *const mgc_enum_precision[] = {"fp32", "bf16", "fp16", NULL};
 const char *const mgc_enum_recompute[] = {"none", "selective", "full", NULL};

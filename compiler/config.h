@@ -32,6 +32,7 @@ typedef enum { MGC_ACT_GELU, MGC_ACT_SWIGLU } mgc_act;
 typedef enum { MGC_POS_LEARNED, MGC_POS_ROTARY, MGC_POS_NONE } mgc_pos;
 typedef enum { MGC_SCORE_SOFTMAX, MGC_SCORE_SIGMOID, MGC_SCORE_PRESOFTMAX } mgc_score;
 typedef enum { MGC_DROP_PROBS, MGC_DROP_POSITION } mgc_drop_policy;
+typedef enum { MGC_AUX_MICROBATCH, MGC_AUX_SEQUENCE } mgc_aux_scope;
 typedef enum { MGC_SCHED_GPIPE, MGC_SCHED_1F1B, MGC_SCHED_INTERLEAVED } mgc_sched;
 typedef enum { MGC_PREC_FP32, MGC_PREC_BF16, MGC_PREC_FP16 } mgc_precision;
 typedef enum { MGC_RECOMPUTE_NONE, MGC_RECOMPUTE_SELECTIVE, MGC_RECOMPUTE_FULL } mgc_recompute;
@@ -45,6 +46,7 @@ extern const char *const mgc_enum_act[];
 extern const char *const mgc_enum_pos[];
 extern const char *const mgc_enum_score[];
 extern const char *const mgc_enum_drop_policy[];
+extern const char *const mgc_enum_aux_scope[];
 extern const char *const mgc_enum_sched[];
 extern const char *const mgc_enum_precision[];
 extern const char *const mgc_enum_recompute[];
@@ -188,6 +190,10 @@ typedef struct mgc_blend {
       "probabilities as they are (Megatron's --moe-router-pre-softmax; norm_topk_prob false).")              \
     X(MOE_AUX, "moe.aux_loss_coeff", FLOAT, moe.aux_loss_coeff, 0, 0, 1000, NULL, 0, NULL,                   \
       "Load-balancing loss coefficient (Switch-style).")                                                    \
+    X(MOE_AUX_SCOPE, "moe.aux_loss_scope", ENUM, moe.aux_loss_scope, MGC_AUX_MICROBATCH, 0, 0,              \
+      mgc_enum_aux_scope, 0, NULL,                                                                           \
+      "What the load-balancing loss balances: each microbatch's tokens (Megatron's aux_loss), or each "      \
+      "sequence's (Megatron's seq_aux_loss; DeepSeek-V3's sequence-wise balance loss).")                    \
     X(MOE_ZLOSS, "moe.z_loss_coeff", FLOAT, moe.z_loss_coeff, 0, 0, 1000, NULL, 0, NULL,                     \
       "Router z-loss coefficient (ST-MoE).")                                                                 \
     X(MOE_TOPK_SCALE, "moe.router_topk_scaling_factor", FLOAT, moe.router_topk_scaling_factor, 1.0, 1e-6,    \
@@ -400,6 +406,7 @@ typedef struct mgc_moe_cfg {
     mgc_int_list layers;             /* explicit MoE layer list */
     int router_score;                /* mgc_score */
     double aux_loss_coeff;
+    int aux_loss_scope;              /* mgc_aux_scope */
     double z_loss_coeff;
     double router_topk_scaling_factor; /* the chosen experts' weights times it (1: as scored) */
     int64_t router_num_groups;       /* group-limited routing: expert groups (0 off) */

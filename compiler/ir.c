@@ -564,6 +564,7 @@ static int32_t moe_block(bld *b, const char *P, int32_t xn) {
     at.moe.rows = dm->R;
     at.moe.max_rows_per_expert = dm->C > 0 ? dm->C : dm->T;
     at.moe.aux_coeff = c->moe.aux_loss_coeff;
+    at.moe.aux_scope = c->moe.aux_loss_scope;
     at.moe.z_coeff = c->moe.z_loss_coeff;
     at.moe.topk_scale = c->moe.router_topk_scaling_factor;
     at.moe.groups = (int32_t)c->moe.router_num_groups;
@@ -1085,6 +1086,8 @@ static void print_attrs(FILE *out, const mgc_graph *g, const mgc_ir_op *op) {
             if (a->moe.groups > 0)
                 fprintf(out, " groups=%d/%d", (int)a->moe.group_topk, (int)a->moe.groups);
             if (a->moe.bias_rate > 0) fprintf(out, " bias_rate=%g", a->moe.bias_rate);
+            if (a->moe.aux_scope != MGC_AUX_MICROBATCH)
+                fprintf(out, " aux_scope=%s", mgc_enum_aux_scope[a->moe.aux_scope]);
         }
         fputc('}', out);
         break;
@@ -1210,6 +1213,8 @@ static void json_attrs(mgc_json *j, const mgc_ir_op *op) {
         mgc_json_int(j, "rows", a->moe.rows);
         mgc_json_int(j, "max_rows_per_expert", a->moe.max_rows_per_expert);
         mgc_json_num(j, "aux_loss_coeff", a->moe.aux_coeff);
+        if (a->moe.aux_scope != MGC_AUX_MICROBATCH)
+            mgc_json_str(j, "aux_loss_scope", mgc_enum_aux_scope[a->moe.aux_scope]);
         mgc_json_num(j, "z_loss_coeff", a->moe.z_coeff);
         if (a->moe.topk_scale != 1.0) mgc_json_num(j, "topk_scaling_factor", a->moe.topk_scale);
         if (a->moe.groups > 0) {

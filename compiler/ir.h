@@ -222,6 +222,7 @@ typedef union mgc_ir_attrs {
         int64_t rows;                /* R: T*k (dropless) or E*C (capacity, padded) */
         int64_t max_rows_per_expert; /* T (dropless) or C */
         double aux_coeff;            /* load-balancing loss coefficient (0: no aux output) */
+        int32_t aux_scope;           /* mgc_aux_scope: what it balances (microbatch, sequence) */
         double z_coeff;              /* z-loss coefficient (0: no z output) */
         double topk_scale;           /* routed weights times it: moe.router_topk_scaling_factor */
         int32_t groups;              /* group-limited routing: expert groups (0 off) */

@@ -704,11 +704,14 @@ static void op_moe_route(pctx *p, const mgc_ir_op *o) {
         else
             out[n_out++] = act(p, o->out[i], MGC_DT_F32, 0, NULL, NOS, NOG); /* z-loss */
     }
+    /* the aux loss's counts: per expert, or per (sequence, expert) when it balances each
+     * sequence (moe.aux_loss_scope) */
     int32_t counts = -1;
-    int64_t e1[1] = {z->E};
+    int seq = o->attr.moe.aux_scope == MGC_AUX_SEQUENCE;
+    int64_t e1[2] = {seq ? z->b : z->E, z->E};
     if (aux_ir >= 0)
         out[n_out++] = counts =
-            tmp(p, o->name, ".tokens_per_expert", MGC_DT_I64, 1, e1, NOS, NOG, 1);
+            tmp(p, o->name, ".tokens_per_expert", MGC_DT_I64, seq ? 2 : 1, e1, NOS, NOG, 1);
     mgc_plan_op op = mkop(p, MGC_POP_MOE_ROUTE, o->name, NULL);
     io(&op, o->n_in > 1 ? 2 : 1, in, n_out, out); /* logits (, the expert bias) */
     op.fattr[0] = o->attr.moe.aux_coeff;
@@ -725,7 +728,8 @@ static void op_moe_route(pctx *p, const mgc_ir_op *o) {
      * sum them over tensor x context ranks (Megatron's tp_cp group). */
     int32_t cg = counts;
     if (b->tp * b->cp > 1) {
-        cg = tmp(p, o->name, ".tokens_per_expert.global", MGC_DT_I64, 1, e1, NOS, NOG, 1);
+        cg = tmp(p, o->name, ".tokens_per_expert.global", MGC_DT_I64, seq ? 2 : 1, e1, NOS, NOG,
+                 1);
         coll(p, MGC_POP_ALL_REDUCE, MGC_GROUP_TPCP, o->name, ".all_reduce", counts, cg, -1, -1, 0,
              0);
     }

@@ -47,6 +47,11 @@ __device__ __forceinline__ float moe_sigm(float x) {
 __device__ __forceinline__ float moe_cnt(const void *c, int i64, int e) {
     return i64 ? (float)((const long long *)c)[e] : (float)((const int *)c)[e];
 }
+/* Row `row` of (rows, E) counts (the sequence-wise aux loss's: token t's sequence t mod rows). */
+__device__ __forceinline__ const void *moe_cnt_row(const void *c, int wide, int row, int E) {
+    return wide ? (const void *)((const long long *)c + (long long)row * E)
+                : (const void *)((const int *)c + (long long)row * E);
+}
 
 /* ---- router -------------------------------------------------------------------- */
 
@@ -246,14 +251,16 @@ extern "C" __global__ void __launch_bounds__(128)
 #if defined(MGC_ENTRY_moe_aux_part)
 /* Aux-loss partial per token, one warp per token:
  * part[t] = sum_e p_{t,e} c_e with p the full-distribution scores.
- * counts (E): long long when c64, else int.
+ * counts (ncol, E): long long when c64, else int; token t reads row t mod ncol (1: the
+ * microbatch's counts; the sequences': moe.aux_loss_scope sequence).
  * grid: ceil(n / 4), block: 128, no dynamic shared memory. */
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, const void *__restrict__ counts, int c64,
-                   float *__restrict__ part, int n, int score) {
+                   float *__restrict__ part, int n, int score, int ncol) {
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return;
+    counts = moe_cnt_row(counts, c64, t % ncol, MGC_E);
     float v[MOE_NE], p[MOE_NE];
     float lse = moe_load_row(v, logits + (i64)t * MGC_E, lane);
     moe_full_scores(p, v, lse, score, lane);
@@ -271,18 +278,20 @@ extern "C" __global__ void __launch_bounds__(128)
 #if defined(MGC_ENTRY_moe_route_bwd)
 /* Router backward, one warp per token (mgc_cpu_moe_route_bwd; `scale` the top-k
  * scaling factor, which multiplies dprobs first):
- * dlogits = d/dlogits [dprobs . probs] + aux term (auxk = daux * coeff * E /
- * (k T^2), counts from `counts`; 0: none) + z term (zk = dz * z_coeff * 2 / n;
- * 0: none).  logits, dlogits (n, E) mgc_t; ids (n, K) int; dprobs (n, K) float.
+ * dlogits = d/dlogits [dprobs . probs] + aux term (auxk = daux * coeff * E ncol /
+ * (k T^2), counts from `counts`, row t mod ncol as moe_aux_part reads them; 0: none) + z term
+ * (zk = dz * z_coeff * 2 / n; 0: none).  logits, dlogits (n, E) mgc_t; ids (n, K) int; dprobs
+ * (n, K) float.
  * grid: ceil(n / 4), block: 128, no dynamic shared memory. */
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, const int *__restrict__ ids,
                    const float *__restrict__ dprobs, const void *__restrict__ counts, int c64,
                    mgc_t *__restrict__ dlogits, int n, int score, float auxk, float zk,
-                   float scale) {
+                   float scale, int ncol) {
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return;
+    if (counts) counts = moe_cnt_row(counts, c64, t % ncol, MGC_E);
     const mgc_t *l = logits + (i64)t * MGC_E;
     float v[MOE_NE], dl[MOE_NE];
     float lse = moe_load_row(v, l, lane);
@@ -405,6 +414,36 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += part[i];
     s = mgc_block_sum(s, sh);
     if (threadIdx.x == 0) out[0] = mul * s / div;
+}
+#endif
+
+/* ---- the sequence-wise aux loss's counts ---------------------------------------- */
+
+#if defined(MGC_ENTRY_moe_col_counts)
+/* counts[j][e] = the assignments of sequence j's tokens (t = j, j + ncol, ...: rows of ncol
+ * tokens) to expert e, of n tokens' ids (n, K).  Block b takes sequence b / ceil(E / 32) and
+ * the 32 experts of slice b mod ceil(E / 32), one a lane; warp w counts the tokens w, w + 8,
+ * ... of the sequence (every lane reads the same ids), and warp 0 adds the warps' counts in
+ * warp order.  counts: long long when c64, else int.  No atomics.
+ * grid: ncol * ceil(E / 32), block: 256; 1 KiB of static shared memory. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(const int *__restrict__ ids, int n, int K, int ncol, int E,
+                   void *__restrict__ counts, int c64) {
+    __shared__ int part[8][32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, eb = (E + 31) / 32;
+    int j = blockIdx.x / eb, e = (blockIdx.x % eb) * 32 + lane, cnt = 0;
+    for (i64 t = j + (i64)ncol * w; t < n; t += (i64)ncol * 8)
+        for (int a = 0; a < K; a++) cnt += ids[t * K + a] == e;
+    part[w][lane] = cnt;
+    __syncthreads();
+    if (w == 0 && e < E) {
+        long long sum = 0;
+        for (int q = 0; q < 8; q++) sum += part[q][lane];
+        if (c64)
+            ((long long *)counts)[(i64)j * E + e] = sum;
+        else
+            ((int *)counts)[(i64)j * E + e] = (int)sum;
+    }
 }
 #endif
 

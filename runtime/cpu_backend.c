@@ -536,6 +536,13 @@ static double topk_scale(const mgc_plan_op *op) {
     return op->fattr[2] > 0 ? op->fattr[2] : 1.0;
 }
 
+/* The rows of an aux loss's counts tensor t: 1 (E counts), or the sequences C of (C, E) counts
+ * (moe.aux_loss_scope sequence); -1 when they do not divide the n tokens. */
+static int64_t count_rows(const mgc_plan_tensor *t, int64_t E, int64_t n) {
+    int64_t C = t->rank == 2 && E > 0 ? (int64_t)(numel(t) / (uint64_t)E) : 1;
+    return C >= 1 && n % C == 0 ? C : -1;
+}
+
 static int op_moe(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int64_t tp = c->grid_tp, cp = c->grid_cp;
@@ -545,13 +552,16 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
         const mgc_plan_tensor *lg = tin(c, 0);
         int64_t n = (int64_t)(numel(lg) / (uint64_t)E);
         if (op->iattr[0] == 1) { /* aux loss from the global counts */
-            int32_t *c32 = scratch(be, (size_t)E * 4);
+            int64_t C = count_rows(tin(c, 1), E, n);
+            int32_t *c32 = C > 0 ? scratch(be, (size_t)(C * E) * 4) : NULL;
+            if (C < 0) return fail(be, "the aux loss's counts do not divide its tokens");
             if (!c32) return fail(be, "out of memory");
-            to_i32(c32, c->in[1], (mgc_dtype)tin(c, 1)->dtype, E);
+            to_i32(c32, c->in[1], (mgc_dtype)tin(c, 1)->dtype, C * E);
             /* the score function of the route op is not repeated here: softmax unless the
              * model says sigmoid (the exec passes it) */
-            F(c->out[0])[0] = mgc_cpu_moe_aux_loss_f32(CF(c->in[0]), c32, n, E, k, op->iattr[3],
-                                                       router_score(c->router_score), op->fattr[0]);
+            F(c->out[0])[0] =
+                mgc_cpu_moe_aux_loss_f32(CF(c->in[0]), c32, n, E, k, op->iattr[3], C,
+                                         router_score(c->router_score), op->fattr[0]);
             return 0;
         }
         unsigned char *w = scratch(be, (size_t)(n * k + E) * 4 + 64);
@@ -559,10 +569,12 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
         int32_t *ids = (int32_t *)c->out[1], *c32 = (int32_t *)w;
         float *z = NULL, zval = 0;
         void *counts = NULL;
+        int64_t C = 1;
         for (int i = 2; i < op->n_out; i++) {
             if (tout(c, i)->dtype == MGC_DT_F32) z = F(c->out[i]);
-            else counts = c->out[i];
+            else counts = c->out[i], C = count_rows(tout(c, i), E, n);
         }
+        if (C < 0) return fail(be, "the aux loss's counts do not divide its tokens");
         /* the second input, when there is one: the expert bias (fp32, E) */
         mgc_router_choice ch = {MGC_ROUTE_GROUPS(op->iattr[3]), MGC_ROUTE_GROUP_TOPK(op->iattr[3]),
                                 op->n_in > 1 ? CF(c->in[1]) : NULL};
@@ -570,22 +582,32 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
                                   router_score(MGC_ROUTE_SCORE(op->iattr[3])), &ch, topk_scale(op),
                                   op->fattr[1]);
         if (z) *z = zval;
-        if (counts) from_i32(counts, (mgc_dtype)MGC_DT_I64, c32, E);
+        if (counts && C == 1) from_i32(counts, (mgc_dtype)MGC_DT_I64, c32, E);
+        if (counts && C > 1) { /* each sequence's: token t is of sequence t mod C */
+            int64_t *c64 = counts;
+            memset(c64, 0, (size_t)(C * E) * sizeof *c64);
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t j = 0; j < k; j++)
+                    c64[(t % C) * E + ids[t * k + j]]++;
+        }
         return 0;
     }
     case MGC_POP_MOE_ROUTE_BWD: { /* in: logits, ids, dprobs, (global counts); out: dlogits */
         int64_t E = op->iattr[1], k = op->iattr[2];
         int64_t n = (int64_t)(numel(tin(c, 0)) / (uint64_t)E);
-        int32_t *c32 = scratch(be, (size_t)E * 4);
-        if (!c32) return fail(be, "out of memory");
         int has_aux = op->n_in > 3;
-        if (has_aux) to_i32(c32, c->in[3], (mgc_dtype)tin(c, 3)->dtype, E);
+        int64_t C = has_aux ? count_rows(tin(c, 3), E, n) : 1;
+        int32_t *c32 = C > 0 ? scratch(be, (size_t)(C * E) * 4) : NULL;
+        if (C < 0) return fail(be, "the aux loss's counts do not divide its tokens");
+        if (!c32) return fail(be, "out of memory");
+        if (has_aux) to_i32(c32, c->in[3], (mgc_dtype)tin(c, 3)->dtype, C * E);
         else memset(c32, 0, (size_t)E * 4);
         /* the training loss adds the aux loss summed over tensor x context ranks and the
          * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
         mgc_cpu_moe_route_bwd_f32(
             F(c->out[0]), CF(c->in[2]), CF(c->in[0]), (const int32_t *)c->in[1], c32, n, E, k,
-            n * tp * cp, router_score(MGC_ROUTE_SCORE(op->iattr[3])), topk_scale(op), has_aux ? op->fattr[0] : 0.0,
+            n * tp * cp, C, router_score(MGC_ROUTE_SCORE(op->iattr[3])), topk_scale(op),
+            has_aux ? op->fattr[0] : 0.0,
             c->dloss, op->fattr[1], c->dloss / (double)(tp * cp));
         return 0;
     }

@@ -220,15 +220,20 @@ void MGC_FN(mgc_cpu_moe_route_fwd)(MGC_REAL *probs /* (n,k) */, int32_t *experts
 /* Aux (load-balancing) loss from the (globally summed) counts:
  *   aux = coeff * E / (k T^2) * sum_i (sum_t p_{t,i}) c_i
  * with p the full-distribution scores (softmax over E; sigmoid normalised over E) of these
- * n tokens and T the total token count the counts cover. */
+ * n tokens and T the total token count the counts cover. C > 1 (the sequence-wise loss,
+ * moe.aux_loss_scope sequence): counts (C, E) are per sequence, token t (rows of C tokens,
+ * one a sequence) is weighed by its sequence's row c_{t mod C}, and the factor is
+ * coeff E C / (k T^2): the mean over the C sequences of their own losses. */
 MGC_REAL MGC_FN(mgc_cpu_moe_aux_loss)(const MGC_REAL *logits /* (n,E) */,
-                                      const int32_t *counts /* (E) */, int64_t n, int64_t E,
-                                      int64_t k, int64_t T, mgc_router_score score, double coeff);
+                                      const int32_t *counts /* (C,E) */, int64_t n, int64_t E,
+                                      int64_t k, int64_t T, int64_t C, mgc_router_score score,
+                                      double coeff);
 /* dlogits (written) = d/dlogits [ sum dprobs.probs + daux * aux + dz * z ]. */
 void MGC_FN(mgc_cpu_moe_route_bwd)(MGC_REAL *dlogits /* (n,E) */,
                                    const MGC_REAL *dprobs /* (n,k) */, const MGC_REAL *logits,
-                                   const int32_t *experts, const int32_t *counts, int64_t n,
-                                   int64_t E, int64_t k, int64_t T, mgc_router_score score,
+                                   const int32_t *experts, const int32_t *counts /* (C,E) */,
+                                   int64_t n, int64_t E, int64_t k, int64_t T, int64_t C,
+                                   mgc_router_score score,
                                    double scale, double aux_coeff, double daux, double z_coeff,
                                    double dz);
 /* The dispatch map: assignment a = t*k + j (token t, choice j) goes to expert experts[a].

@@ -745,22 +745,25 @@ void FN(mgc_cpu_moe_route_fwd)(R *probs, int32_t *experts, int32_t *counts, R *z
 }
 
 R FN(mgc_cpu_moe_aux_loss)(const R *logits, const int32_t *counts, int64_t n, int64_t E, int64_t k,
-                           int64_t T, mgc_router_score score, double coeff) {
+                           int64_t T, int64_t C, mgc_router_score score, double coeff) {
     R acc = 0;
     for (int64_t t = 0; t < n; t++) {
         R p[E > 0 ? E : 1];
+        const int32_t *c = counts + (C > 1 ? t % C : 0) * E;
         FN(full_scores)(p, logits + t * E, E, score);
         for (int64_t e = 0; e < E; e++)
-            acc += p[e] * (R)counts[e];
+            acc += p[e] * (R)c[e];
     }
-    return (R)(coeff * (double)E / ((double)k * (double)T * (double)T)) * acc;
+    return (R)(coeff * (double)E * (double)(C > 1 ? C : 1) / ((double)k * (double)T * (double)T)) *
+           acc;
 }
 
 void FN(mgc_cpu_moe_route_bwd)(R *dlogits, const R *dprobs, const R *logits, const int32_t *experts,
                                const int32_t *counts, int64_t n, int64_t E, int64_t k, int64_t T,
-                               mgc_router_score score, double scale, double aux_coeff, double daux,
-                               double z_coeff, double dz) {
-    R K = (R)(daux * aux_coeff * (double)E / ((double)k * (double)T * (double)T));
+                               int64_t C, mgc_router_score score, double scale, double aux_coeff,
+                               double daux, double z_coeff, double dz) {
+    R K = (R)(daux * aux_coeff * (double)E * (double)(C > 1 ? C : 1) /
+              ((double)k * (double)T * (double)T));
     R zk = n > 0 ? (R)(dz * z_coeff * 2.0 / (double)n) : (R)0;
     for (int64_t t = 0; t < n; t++) {
         const R *l = logits + t * E;
@@ -804,23 +807,25 @@ void FN(mgc_cpu_moe_route_bwd)(R *dlogits, const R *dprobs, const R *logits, con
                     dl[ex[j]] += (R)scale * dp[j] * sg[j] * ((R)1 - sg[j]);
             }
         }
-        /* the aux loss: d/dp_{t,e} = K c_e through the full-distribution scores */
+        /* the aux loss: d/dp_{t,e} = K c_e through the full-distribution scores (c: the
+         * token's sequence's counts when C > 1) */
         if (K != 0) {
+            const int32_t *cnt = counts + (C > 1 ? t % C : 0) * E;
             FN(full_scores)(p, l, E, score);
             R dot = 0;
             for (int64_t e = 0; e < E; e++)
-                dot += p[e] * K * (R)counts[e];
+                dot += p[e] * K * (R)cnt[e];
             if (score == MGC_ROUTER_SIGMOID) {
                 R s = 0;
                 for (int64_t e = 0; e < E; e++)
                     s += FN(sigm)(l[e]);
                 for (int64_t e = 0; e < E; e++) {
                     R se = FN(sigm)(l[e]);
-                    dl[e] += (K * (R)counts[e] - dot) / s * se * ((R)1 - se);
+                    dl[e] += (K * (R)cnt[e] - dot) / s * se * ((R)1 - se);
                 }
             } else {
                 for (int64_t e = 0; e < E; e++)
-                    dl[e] += p[e] * (K * (R)counts[e] - dot);
+                    dl[e] += p[e] * (K * (R)cnt[e] - dot);
             }
         }
         /* the z-loss: d/dl = zk lse softmax */

@@ -194,6 +194,13 @@ static int sort_rows(moe_ctx *x, const void *src, void *dst, const mgc_plan_tens
 
 /* ---- the ops ------------------------------------------------------------------------- */
 
+/* The rows of an aux loss's counts tensor t: 1 (E counts), or the sequences of (C, E) counts
+ * (moe.aux_loss_scope sequence); -1 when they do not divide the n tokens. */
+static int count_rows(const mgc_plan_tensor *t, int64_t E, int64_t n) {
+    int64_t C = t->rank == 2 && E > 0 ? numel(t) / E : 1;
+    return C >= 1 && C <= 0x7fffffff && n % C == 0 ? (int)C : -1;
+}
+
 static int route(moe_ctx *x) {
     const mgc_op_call *c = x->c;
     const mgc_plan_op *op = c->op;
@@ -206,13 +213,18 @@ static int route(moe_ctx *x) {
     const void *logits = c->in[0];
     if (op->iattr[0] == 1) { /* aux loss from the global counts */
         int score = score_of(c->router_score), c64 = tin(c, 1)->dtype == MGC_DT_I64;
+        int ncol = count_rows(tin(c, 1), E, n64);
+        if (ncol < 0)
+            return mgc_cuda_fail(x->be, "cuda moe: op '%s': its counts do not divide its tokens",
+                                 op_name(x));
         const void *counts = c->in[1];
         float *part = mgc_cuda_scratch(x->be, al((size_t)(n ? n : 1) * 4));
         if (!part) return -1;
-        void *pa[] = {&logits, &counts, &c64, &part, &n, &score};
+        void *pa[] = {&logits, &counts, &c64, &part, &n, &score, &ncol};
         if (launch(x, "moe_aux_part", (uint64_t)(n + 3) / 4, 128, 0, pa)) return -1;
         int64_t T = op->iattr[3];
-        float mul = (float)(op->fattr[0] * (double)E / ((double)K * (double)T * (double)T));
+        float mul = (float)(op->fattr[0] * (double)E * (double)ncol /
+                            ((double)K * (double)T * (double)T));
         float div = 1.0f;
         float *out = c->out[0];
         void *sa[] = {&part, &n, &mul, &div, &out};
@@ -224,13 +236,17 @@ static int route(moe_ctx *x) {
     float *probs = c->out[0], *z = NULL;
     int *ids = c->out[1];
     void *counts = NULL;
-    int c64 = 1;
+    int c64 = 1, ncol = 1, per_seq = 0;
     for (int i = 2; i < op->n_out; i++) {
         if (tout(c, i)->dtype == MGC_DT_F32)
             z = c->out[i];
         else
-            counts = c->out[i], c64 = tout(c, i)->dtype == MGC_DT_I64;
+            counts = c->out[i], c64 = tout(c, i)->dtype == MGC_DT_I64,
+            ncol = count_rows(tout(c, i), E, n64), per_seq = tout(c, i)->rank == 2;
     }
+    if (ncol < 0)
+        return mgc_cuda_fail(x->be, "cuda moe: op '%s': its counts do not divide its tokens",
+                             op_name(x));
     int64_t nk = n64 * K;
     if (counts && map_check(x, tout(c, 1), nk, E)) return -1;
     size_t bytes = al((size_t)(n ? n : 1) * 4) + (counts ? map_bytes(nk, E, 0, 0) : 0);
@@ -246,6 +262,11 @@ static int route(moe_ctx *x) {
         float mul = (float)op->fattr[1], div = n > 0 ? (float)n : 1.0f;
         void *sa[] = {&zpart, &n, &mul, &div, &z};
         if (launch(x, "moe_sum", 1, 256, 0, sa)) return -1;
+    }
+    if (counts && per_seq) { /* each sequence's local assignments per expert (kspec_moe.c) */
+        int Ki = (int)K, Ei = (int)E;
+        void *ca[] = {&ids, &n, &Ki, &ncol, &Ei, &counts, &c64};
+        return launch(x, "moe_col_counts", (uint64_t)ncol * (uint64_t)((E + 31) / 32), 256, 0, ca);
     }
     if (counts) { /* local assignments per expert (dropless) */
         moe_map m;
@@ -269,11 +290,16 @@ static int route_bwd(moe_ctx *x) { /* in: logits, ids, dprobs, (global counts); 
     int has_aux = op->n_in > 3;
     const void *counts = has_aux ? c->in[3] : NULL;
     int c64 = has_aux ? tin(c, 3)->dtype == MGC_DT_I64 : 1;
+    int ncol = has_aux ? count_rows(tin(c, 3), E, n64) : 1;
+    if (ncol < 0)
+        return mgc_cuda_fail(x->be, "cuda moe: op '%s': its counts do not divide its tokens",
+                             op_name(x));
     /* the training loss adds the aux loss summed over tensor x context ranks and the
      * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
     double T = (double)(n64 * tp * cp);
     float auxk = has_aux && T > 0
-                     ? (float)(c->dloss * op->fattr[0] * (double)E / ((double)K * T * T))
+                     ? (float)(c->dloss * op->fattr[0] * (double)E * (double)ncol /
+                               ((double)K * T * T))
                      : 0.0f;
     float zk =
         n > 0 ? (float)(c->dloss / (double)(tp * cp) * op->fattr[1] * 2.0 / (double)n) : 0.0f;
@@ -281,7 +307,8 @@ static int route_bwd(moe_ctx *x) { /* in: logits, ids, dprobs, (global counts); 
     const void *logits = c->in[0], *ids = c->in[1], *dprobs = c->in[2];
     void *dlogits = c->out[0];
     float scale = topk_scale(op);
-    void *a[] = {&logits, &ids, &dprobs, &counts, &c64, &dlogits, &n, &score, &auxk, &zk, &scale};
+    void *a[] = {&logits, &ids,  &dprobs, &counts, &c64,  &dlogits,
+                 &n,      &score, &auxk,  &zk,     &scale, &ncol};
     return launch(x, "moe_route_bwd", (uint64_t)(n + 3) / 4, 128, 0, a);
 }
 

@@ -1070,17 +1070,22 @@ typedef struct route_ctx {
     int64_t n, E, k, T;
     mgc_router_score score;
     double scale, aux_coeff, z_coeff;
+    int64_t C;          /* > 1: the sequence-wise aux loss over C sequences ... */
+    int32_t *seq_counts; /* ... with these (C, E) summed counts */
 } route_ctx;
 static void route_fwd(void *p) {
     route_ctx *c = p;
     mgc_cpu_moe_route_fwd_f64(c->probs, c->experts, c->counts, c->z, c->logits, c->n, c->E, c->k,
                               c->score, NULL, c->scale, c->z_coeff);
-    c->aux[0] = mgc_cpu_moe_aux_loss_f64(c->logits, c->counts, c->n, c->E, c->k, c->T, c->score,
-                                         c->aux_coeff);
+    c->aux[0] = mgc_cpu_moe_aux_loss_f64(c->logits, c->C > 1 ? c->seq_counts : c->counts, c->n,
+                                         c->E, c->k, c->T, c->C, c->score, c->aux_coeff);
 }
 
-static void test_router(mgc_router_score score, int64_t k) {
-    int64_t n = 13, E = 7, T = 29; /* T: the tokens the (summed) counts cover */
+/* C > 1: the sequence-wise aux loss (moe.aux_loss_scope sequence) over C sequences, token t of
+ * sequence t mod C, from random summed counts (C, E), against Megatron's form of it: the mean
+ * over sequences j of sum_i (c_ji E / (s k)) (sum_{t in j} p_ti / s), s = T / C. */
+static void test_router(mgc_router_score score, int64_t k, int64_t C) {
+    int64_t n = 12, E = 7, T = 30; /* T: the tokens the (summed) counts cover */
     char buf[96];
     const char *sn = score == MGC_ROUTER_SOFTMAX       ? "softmax"
                      : score == MGC_ROUTER_SOFTMAX_PRE ? "pre-softmax"
@@ -1097,8 +1102,11 @@ static void test_router(mgc_router_score score, int64_t k) {
                     again |= fabs(l[e] - l[e2]) < 1e-3;
         }
     }
-    int32_t *experts = I(n * k), *counts = I(E);
-    route_ctx c = {probs, aux, z, logits, experts, counts, n, E, k, T, score, 1.3, 0.07, 0.011};
+    int32_t *experts = I(n * k), *counts = I(E), *seq_counts = I(C * E);
+    for (int64_t i = 0; i < C * E; i++)
+        seq_counts[i] = (int32_t)irand(2 * T * k / (C * E) + 1);
+    route_ctx c = {probs,  aux, z,     logits, experts, counts, n, E, k, T, score, 1.3, 0.07, 0.011,
+                   C, seq_counts};
     double *rp = Drand(n * k), ra[1] = {urand()}, rz[1] = {urand()};
     fd_case fc = {route_fwd, &c, {{probs, rp, n * k}, {aux, ra, 1}, {z, rz, 1}}, 3};
     for (int64_t i = 0; i < n * k; i++)
@@ -1106,7 +1114,7 @@ static void test_router(mgc_router_score score, int64_t k) {
     for (int64_t e = 0; e < E; e++)
         counts[e] = -7;
     fd_loss(&fc);
-    snprintf(buf, sizeof buf, "router %s k=%lld", sn, (long long)k);
+    snprintf(buf, sizeof buf, "router %s k=%lld C=%lld", sn, (long long)k, (long long)C);
     no_nan_d(buf, probs, n * k);
     int64_t total = 0, bad = 0;
     for (int64_t e = 0; e < E; e++)
@@ -1125,20 +1133,30 @@ static void test_router(mgc_router_score score, int64_t k) {
             }
         }
     T_EQ_I64(bad, 0);
-    /* aux loss by its definition: coeff E/(k T^2) sum_i (sum_t p_ti) c_i */
-    double acc = 0;
+    /* aux loss by its definition: coeff E/(k T^2) sum_i (sum_t p_ti) c_i; per sequence, the
+     * mean of coeff sum_i (c_ji E / (s k)) (sum_{t in j} p_ti / s) */
+    double acc = 0, sl = (double)T / (double)C, P[8][16] = {{0}};
     for (int64_t t = 0; t < n; t++) {
         double s = 0, pe[16];
         for (int64_t e = 0; e < E; e++)
             s += (pe[e] = score == MGC_ROUTER_SIGMOID ? 1 / (1 + exp(-logits[t * E + e]))
                                                       : exp(logits[t * E + e]));
         for (int64_t e = 0; e < E; e++)
-            acc += pe[e] / s * counts[e];
+            acc += pe[e] / s * counts[e], P[t % C][e] += pe[e] / s / sl;
     }
-    T_NEAR_REL(aux[0], 0.07 * (double)E / ((double)k * T * T) * acc, 1e-13);
+    double want = 0.07 * (double)E / ((double)k * T * T) * acc;
+    if (C > 1) {
+        want = 0;
+        for (int64_t j = 0; j < C; j++)
+            for (int64_t e = 0; e < E; e++)
+                want += seq_counts[j * E + e] * (double)E / (sl * (double)k) * P[j][e];
+        want *= 0.07 / (double)C;
+    }
+    T_NEAR_REL(aux[0], want, 1e-13);
+    const int32_t *ac = C > 1 ? seq_counts : counts;
     double *dl = D(n * E);
     pd(dl, n * E);
-    mgc_cpu_moe_route_bwd_f64(dl, rp, logits, experts, counts, n, E, k, T, score, 1.3, 0.07, ra[0],
+    mgc_cpu_moe_route_bwd_f64(dl, rp, logits, experts, ac, n, E, k, T, C, score, 1.3, 0.07, ra[0],
                               0.011, rz[0]);
     fd_check(buf, &fc, logits, n * E, dl);
     /* f32 */
@@ -1146,8 +1164,8 @@ static void test_router(mgc_router_score score, int64_t k) {
     int32_t *ef = I(n * k), *cf = I(E);
     pf(pf32, n * k), pf(dlf, n * E);
     mgc_cpu_moe_route_fwd_f32(pf32, ef, cf, zf, lf, n, E, k, score, NULL, 1.3, 0.011);
-    mgc_cpu_moe_route_bwd_f32(dlf, F(rp, n * k), lf, ef, cf, n, E, k, T, score, 1.3, 0.07, ra[0],
-                              0.011, rz[0]);
+    mgc_cpu_moe_route_bwd_f32(dlf, F(rp, n * k), lf, ef, C > 1 ? seq_counts : cf, n, E, k, T, C,
+                              score, 1.3, 0.07, ra[0], 0.011, rz[0]);
     same_bits(buf, ef, experts, (size_t)(n * k) * sizeof(int32_t));
     near_fd(buf, pf32, probs, n * k, F32_TOL);
     near_fd(buf, zf, z, 1, F32_TOL);
@@ -1438,10 +1456,12 @@ int main(void) {
     test_attention(seed);
     test_cross_entropy();
     for (int k = 1; k <= 3; k++) {
-        test_router(MGC_ROUTER_SOFTMAX, k);
-        test_router(MGC_ROUTER_SOFTMAX_PRE, k);
-        test_router(MGC_ROUTER_SIGMOID, k);
+        test_router(MGC_ROUTER_SOFTMAX, k, 1);
+        test_router(MGC_ROUTER_SOFTMAX_PRE, k, 1);
+        test_router(MGC_ROUTER_SIGMOID, k, 1);
     }
+    test_router(MGC_ROUTER_SOFTMAX, 2, 3); /* the sequence-wise aux loss */
+    test_router(MGC_ROUTER_SIGMOID, 2, 4);
     test_router_ties();
     test_router_choice(MGC_ROUTER_SOFTMAX, 0);
     test_router_choice(MGC_ROUTER_SOFTMAX_PRE, 0);

@@ -1300,6 +1300,10 @@ int main(int argc, char **argv) {
             "moe.router_group_topk=1",      NULL};
         /* within 1e-5: the kernel ignoring the bias misses by 2e-4 */
         check_layout("models/tiny-moe.yaml", "fp32", biased_ep2, 1e-5, 0);
+        /* the sequence-wise aux loss: each sequence's counts (moe_col_counts), the aux and
+         * backward kernels reading the token's sequence's row */
+        static const char *const seq_aux[] = {"moe.aux_loss_scope=sequence", NULL};
+        check_ops("models/tiny-moe.yaml", seq_aux);
     }
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in

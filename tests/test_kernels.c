@@ -181,5 +181,11 @@ int main(void) {
      * sigmoid scores, as DeepSeek-V3 routes */
     check_file("models/qwen3-30b-a3b.yaml", NULL,
                "moe.router_num_groups=8 moe.router_group_topk=4 moe.router_score=sigmoid");
+    /* and the rest of DeepSeek-V3's routing: the expert bias (the route kernel's bias input)
+     * and the sequence-wise aux loss (moe_col_counts; its aux and backward kernels' rows) */
+    check_file("models/qwen3-30b-a3b.yaml", NULL,
+               "moe.router_num_groups=8 moe.router_group_topk=4 moe.router_score=sigmoid "
+               "moe.expert_bias_update_rate=1e-3 moe.aux_loss_scope=sequence "
+               "training.micro_batch_size=2 training.global_batch_size=256");
     return t_summary("test_kernels");
 }

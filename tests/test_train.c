@@ -1765,8 +1765,8 @@ static const layout moe_scaled[] = {
       "parallel.expert=2"}},
     {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
 };
-/* A router option changes the model: tiny MoE's first loss with `base` and with `changed`
- * differ (`what` names the change). */
+/* A router option changes the model: tiny MoE's first step with `base` and with `changed`
+ * differ, in its loss or its gradient norm (`what` names the change). */
 static void check_moves(const char *const *base, const char *const *changed, const char *what) {
     mgc_plan *a = compile("models/tiny-moe.yaml", base, NULL),
              *b = compile("models/tiny-moe.yaml", changed, NULL);
@@ -1775,8 +1775,9 @@ static void check_moves(const char *const *base, const char *const *changed, con
     if (a && b) {
         T_EQ_I64(train(a, la, na), 0);
         T_EQ_I64(train(b, lb, nb), 0);
-        T_CHECK(fabs(la[0] - lb[0]) > 1e-4);
-        printf("models/tiny-moe.yaml: first loss %.6f, %.6f %s\n", la[0], lb[0], what);
+        T_CHECK(fabs(la[0] - lb[0]) > 1e-4 || fabs(na[0] - nb[0]) > 1e-4 * na[0]);
+        printf("models/tiny-moe.yaml: first loss %.6f, %.6f, gradient norm %.6f, %.6f %s\n",
+               la[0], lb[0], na[0], nb[0], what);
     }
     mgc_plan_free(a);
     mgc_plan_free(b);
@@ -1802,6 +1803,24 @@ static const layout moe_grouped[] = {
 static void check_groups(void) {
     check_moves(presoftmax, grouped, "with the experts in two groups of which a token uses one");
 }
+
+/* The sequence-wise aux loss (moe.aux_loss_scope: sequence; Megatron's seq_aux_loss): each
+ * sequence's counts, summed over the tensor and context ranks that hold parts of it, weigh that
+ * sequence's tokens; the loss differs from the microbatch's (step 1's gradient norm moves), and
+ * every layout computes it alike (the CPU kernels against Megatron's form: test_cpu_ops). Seed
+ * 7: with the default seed one router's near tie (logits equal to about 1e-7) falls the other
+ * way under context parallelism's rounding at step 4, which moves the later norms by 3e-4. */
+static const char *const seq_aux[] = {"moe.aux_loss_scope=sequence", "training.seed=7", NULL};
+static const char *const seq_aux_base[] = {"training.seed=7", NULL};
+static const layout moe_seq_aux[] = {
+    {"tp2+sp cp2",
+     {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.context=2"}},
+    {"etp2 ep2",
+     {W(4), "parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.data=2",
+      "parallel.expert=2"}},
+    {"pp2 interleaved", {W(2), "parallel.pipeline=2", "parallel.virtual_stages=2"}},
+    {"recompute full", {"training.recompute=full"}},
+};
 
 /* Aux-loss-free balancing (moe.expert_bias_update_rate, DeepSeek-V3's): on one rank, an op hook
  * reads every router's bias input and its choices. Each step the bias is what the steps before
@@ -2134,6 +2153,8 @@ int main(int argc, char **argv) {
     if (!only || strstr("moe", only)) check_groups();
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", grouped, moe_grouped, 3);
     if (!only || strstr("moe", only)) check_expert_bias();
+    if (!only || strstr("moe", only)) check_moves(seq_aux_base, seq_aux, "with the aux loss balancing each sequence");
+    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", seq_aux, moe_seq_aux, 4);
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", biased_router, moe_biased, 5);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
