@@ -245,6 +245,24 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
             fprintf(out, ", capacity factor %g\n", c->moe.capacity_factor);
         else
             fputs(", dropless\n", out);
+        /* how it routes and balances */
+        const mgc_moe_cfg *e = &c->moe;
+        fprintf(out, "  router: %s",
+                e->router_score == MGC_SCORE_SIGMOID       ? "sigmoid scores"
+                : e->router_score == MGC_SCORE_PRESOFTMAX ? "softmax over every expert"
+                                                          : "softmax over the chosen");
+        if (e->router_topk_scaling_factor != 1.0)
+            fprintf(out, ", weights x %g", e->router_topk_scaling_factor);
+        if (e->router_num_groups > 0)
+            fprintf(out, ", %" PRId64 " of %" PRId64 " expert groups a token", e->router_group_topk,
+                    e->router_num_groups);
+        if (e->expert_bias_update_rate > 0)
+            fprintf(out, ", expert bias (rate %g)", e->expert_bias_update_rate);
+        if (e->aux_loss_coeff > 0)
+            fprintf(out, ", aux loss %g per %s", e->aux_loss_coeff,
+                    e->aux_loss_scope == MGC_AUX_SEQUENCE ? "sequence" : "microbatch");
+        if (e->z_loss_coeff > 0) fprintf(out, ", z-loss %g", e->z_loss_coeff);
+        fputc('\n', out);
     }
     fprintf(out, "  vocabulary %" PRId64 ", padded to %" PRId64 "\n", f->vocab_size,
             f->padded_vocab_size);
