@@ -248,7 +248,7 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
         /* how it routes and balances */
         const mgc_moe_cfg *e = &c->moe;
         fprintf(out, "  router: %s",
-                e->router_score == MGC_SCORE_SIGMOID       ? "sigmoid scores"
+                e->router_score == MGC_SCORE_SIGMOID      ? "sigmoid scores"
                 : e->router_score == MGC_SCORE_PRESOFTMAX ? "softmax over every expert"
                                                           : "softmax over the chosen");
         if (e->router_topk_scaling_factor != 1.0)
