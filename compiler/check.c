@@ -232,8 +232,8 @@ static void check_groups(mgc_check_ctx *k) {
     }
     if (E % G) {
         mgc_check_candidates(k, group_fits, 1, E, G, 8, list, sizeof list);
-        snprintf(hint, sizeof hint, "choose moe.router_num_groups from %s (divisors of %" PRId64
-                 " experts)", list, E);
+        snprintf(hint, sizeof hint,
+                 "choose moe.router_num_groups from %s (divisors of %" PRId64 " experts)", list, E);
         mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUPS), KEY(MOE_EXPERTS))),
                         hint, "%s is not divisible by %s: the groups are equal",
                         mgc_check_kv(a, k, KEY(MOE_EXPERTS), E),
@@ -250,24 +250,24 @@ static void check_groups(mgc_check_ctx *k) {
     }
     if (GK > e->top_k) {
         snprintf(hint, sizeof hint, "set moe.router_group_topk to at most %" PRId64, e->top_k);
-        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUP_TOPK), KEY(MOE_TOPK))),
-                        hint,
-                        "%s is more than %s: a group's score is the sum of its top top_k / "
-                        "router_group_topk scores, which would be none",
-                        mgc_check_kv(a, k, KEY(MOE_GROUP_TOPK), GK),
-                        mgc_check_kv(b, k, KEY(MOE_TOPK), e->top_k));
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUP_TOPK), KEY(MOE_TOPK))), hint,
+            "%s is more than %s: a group's score is the sum of its top top_k / "
+            "router_group_topk scores, which would be none",
+            mgc_check_kv(a, k, KEY(MOE_GROUP_TOPK), GK),
+            mgc_check_kv(b, k, KEY(MOE_TOPK), e->top_k));
         return;
     }
     if (e->top_k > GK * (E / G)) {
         int64_t need = (e->top_k + E / G - 1) / (E / G);
-        snprintf(hint, sizeof hint, "set moe.router_group_topk to at least %" PRId64 ", or lower moe.top_k",
-                 need);
-        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUP_TOPK), KEY(MOE_TOPK))),
-                        hint,
-                        "%s is more than the %" PRId64 " experts a token may choose from (%s "
-                        "groups of %" PRId64 ")",
-                        mgc_check_kv(a, k, KEY(MOE_TOPK), e->top_k), GK * (E / G),
-                        mgc_check_kv(b, k, KEY(MOE_GROUP_TOPK), GK), E / G);
+        snprintf(hint, sizeof hint,
+                 "set moe.router_group_topk to at least %" PRId64 ", or lower moe.top_k", need);
+        mgc_check_error(
+            k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_GROUP_TOPK), KEY(MOE_TOPK))), hint,
+            "%s is more than the %" PRId64 " experts a token may choose from (%s "
+            "groups of %" PRId64 ")",
+            mgc_check_kv(a, k, KEY(MOE_TOPK), e->top_k), GK * (E / G),
+            mgc_check_kv(b, k, KEY(MOE_GROUP_TOPK), GK), E / G);
     }
 }
 
@@ -707,7 +707,8 @@ static void check_moe(mgc_check_ctx *k) {
                           "moe.aux_loss_scope has no effect: moe.aux_loss_coeff is 0, so there is "
                           "no load-balancing loss");
     if (e->expert_bias_update_rate > 0 && e->router_score != MGC_SCORE_SIGMOID)
-        mgc_check_error(k, mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_SCORE), KEY(MOE_BIAS_RATE))),
+        mgc_check_error(k,
+                        mgc_check_at(k, mgc_check_pick(k, 2, KEY(MOE_SCORE), KEY(MOE_BIAS_RATE))),
                         "set moe.router_score: sigmoid (DeepSeek-V3's router), or "
                         "moe.expert_bias_update_rate: 0",
                         "%s needs the sigmoid router, but moe.router_score is %s%s: the bias is "

@@ -17,9 +17,8 @@ static const char *const axis_names[] = {
     "qproj", "ffn",   "ffn_glu", "vocab",  "position", "experts",  "topk",     "rows"};
 static const char *const axis_symbols[] = {"s", "b", "T",  "h", "a", "g", "d", "qkv",
                                            "q", "f", "2f", "V", "P", "E", "k", "R"};
-static const char *const role_names[] = {"param",      "tokens", "labels",   "loss_mask",
-                                         "activation", "loss",   "aux_loss", "grad",
-                                         "doc_start", "expert_bias"};
+static const char *const role_names[] = {"param", "tokens",   "labels", "loss_mask", "activation",
+                                         "loss",  "aux_loss", "grad",   "doc_start", "expert_bias"};
 static const char *const pclass_names[] = {
     "none",   "word_embedding", "position_embedding", "norm",        "attention", "mlp",
     "router", "expert",         "shared_expert",      "output_layer"};

@@ -82,16 +82,16 @@ typedef enum mgc_ir_axis {
 } mgc_ir_axis;
 
 typedef enum mgc_ir_role {
-    MGC_IR_ROLE_PARAM,      /* trainable weight or bias: a graph input */
-    MGC_IR_ROLE_TOKENS,     /* input token ids: a graph input */
-    MGC_IR_ROLE_LABELS,     /* target token ids: a graph input */
-    MGC_IR_ROLE_LOSS_MASK,  /* 1 for tokens that count in the loss: a graph input */
-    MGC_IR_ROLE_ACTIVATION, /* produced by an op */
-    MGC_IR_ROLE_LOSS,       /* the training loss (scalar, fp32) */
-    MGC_IR_ROLE_AUX_LOSS,   /* an extra loss term (MoE load balancing, z-loss) */
-    MGC_IR_ROLE_GRAD,       /* reserved for autodiff: a gradient */
-    MGC_IR_ROLE_DOC_START,  /* per token, the position its document starts at (int32 [s,b]):
-                               a graph input (data.reset_attention_mask) */
+    MGC_IR_ROLE_PARAM,       /* trainable weight or bias: a graph input */
+    MGC_IR_ROLE_TOKENS,      /* input token ids: a graph input */
+    MGC_IR_ROLE_LABELS,      /* target token ids: a graph input */
+    MGC_IR_ROLE_LOSS_MASK,   /* 1 for tokens that count in the loss: a graph input */
+    MGC_IR_ROLE_ACTIVATION,  /* produced by an op */
+    MGC_IR_ROLE_LOSS,        /* the training loss (scalar, fp32) */
+    MGC_IR_ROLE_AUX_LOSS,    /* an extra loss term (MoE load balancing, z-loss) */
+    MGC_IR_ROLE_GRAD,        /* reserved for autodiff: a gradient */
+    MGC_IR_ROLE_DOC_START,   /* per token, the position its document starts at (int32 [s,b]):
+                                a graph input (data.reset_attention_mask) */
     MGC_IR_ROLE_EXPERT_BIAS, /* a router's aux-loss-free expert bias (fp32 [E]): a graph input the
                                 runtime keeps and moves after every step, not trained */
     MGC_IR_ROLE__COUNT

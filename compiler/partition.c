@@ -728,8 +728,7 @@ static void op_moe_route(pctx *p, const mgc_ir_op *o) {
      * sum them over tensor x context ranks (Megatron's tp_cp group). */
     int32_t cg = counts;
     if (b->tp * b->cp > 1) {
-        cg = tmp(p, o->name, ".tokens_per_expert.global", MGC_DT_I64, seq ? 2 : 1, e1, NOS, NOG,
-                 1);
+        cg = tmp(p, o->name, ".tokens_per_expert.global", MGC_DT_I64, seq ? 2 : 1, e1, NOS, NOG, 1);
         coll(p, MGC_POP_ALL_REDUCE, MGC_GROUP_TPCP, o->name, ".all_reduce", counts, cg, -1, -1, 0,
              0);
     }

@@ -494,7 +494,8 @@ static int build_rank(bctx *k, int64_t r, const mgc_schedule_params *p, ev *evs,
 
     int64_t nb = p->rank_buckets ? p->rank_buckets[r] : p->grad_buckets;
     int embed = p->tied_embeddings && pp > 1 && (r == 0 || r == pp - 1);
-    int64_t loads = p->load_every ? S / pp * m : (r == 0 ? m : 0) + (r == (S - 1) % pp && S > 1 ? m : 0);
+    int64_t loads =
+        p->load_every ? S / pp * m : (r == 0 ? m : 0) + (r == (S - 1) % pp && S > 1 ? m : 0);
     int64_t cap = ne + loads + embed + nb + 1 + (p->distributed_optimizer ? nb : 0);
     mgc_instr *v = malloc((size_t)cap * sizeof *v);
     if (!v) return -1;
@@ -505,9 +506,8 @@ static int build_rank(bctx *k, int64_t r, const mgc_schedule_params *p, ev *evs,
         int64_t s = (int64_t)in.chunk * pp + r;
         switch (in.op) {
         case MGC_I_FORWARD: {
-            uint32_t what =
-                (s == 0 ? MGC_SCHED_LOAD_TOKENS : 0) | (s == S - 1 ? MGC_SCHED_LOAD_LABELS : 0) |
-                p->load_every;
+            uint32_t what = (s == 0 ? MGC_SCHED_LOAD_TOKENS : 0) |
+                            (s == S - 1 ? MGC_SCHED_LOAD_LABELS : 0) | p->load_every;
             if (what) v[j++] = mk(MGC_I_LOAD_BATCH, in.chunk, in.mb, -1, what);
             break;
         }

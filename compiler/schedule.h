@@ -63,7 +63,7 @@ extern "C" {
 #define MGC_SCHED_LOAD_DOCS   4u /* every virtual stage with data.reset_attention_mask: the
                                     documents' start positions its attention reads */
 #define MGC_SCHED_LOAD_BIAS   8u /* every virtual stage with moe.expert_bias_update_rate: the
-                                    routers' expert biases (the runtime's, per step) */
+                                    routers' expert biases (the runtime keeps them) */
 
 typedef struct mgc_schedule_params {
     int schedule;                /* mgc_sched (config.h): GPIPE, 1F1B or INTERLEAVED */

@@ -592,15 +592,16 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
                 GK = MGC_ROUTE_GROUP_TOPK(a);
         if (a < 0 || a != MGC_ROUTE_PACK(MGC_ROUTE_SCORE(a), G, GK) || MGC_ROUTE_SCORE(a) > 2)
             INVALID("%s (%s): router attribute %" PRId64
-                    " is not a score function (0..2) with expert groups", WH, kn, a);
-        if (G == 0 ? GK != 0
-                   : E < 1 || E % G || GK < 1 || GK > G || GK > K || K > GK * (E / G))
+                    " is not a score function (0..2) with expert groups",
+                    WH, kn, a);
+        if (G == 0 ? GK != 0 : E < 1 || E % G || GK < 1 || GK > G || GK > K || K > GK * (E / G))
             INVALID("%s (%s): %" PRId64 " expert groups of which %" PRId64
-                    " are used do not serve %" PRId64 " experts with top-%" PRId64, WH, kn, G, GK,
-                    E, K);
+                    " are used do not serve %" PRId64 " experts with top-%" PRId64,
+                    WH, kn, G, GK, E, K);
         if (o->kind == MGC_POP_MOE_ROUTE && o->n_in > 1) { /* the expert bias */
-            const mgc_plan_tensor *b =
-                o->n_in == 2 && o->in[1] >= 0 && o->in[1] < c->n_tensors ? &c->tensors[o->in[1]] : NULL;
+            const mgc_plan_tensor *b = o->n_in == 2 && o->in[1] >= 0 && o->in[1] < c->n_tensors
+                                           ? &c->tensors[o->in[1]]
+                                           : NULL;
             if (!b || b->role != MGC_TR_INPUT || b->dtype != MGC_DT_F32 || b->rank != 1 ||
                 b->dim[0] != E)
                 INVALID("%s (%s): its second input must be the expert bias, an fp32 input of the "

@@ -551,7 +551,7 @@ typedef struct io_ctx {
     uint64_t data_offset;
     const char *path;
     char err[MSG];
-    int fresh_biases;           /* --init-from: expert biases the file lacks read as zeros */
+    int fresh_biases; /* --init-from: expert biases the file lacks read as zeros */
 } io_ctx;
 
 /* A router's expert bias (moe.expert_bias_update_rate): state, not a parameter. */

@@ -559,9 +559,9 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
             to_i32(c32, c->in[1], (mgc_dtype)tin(c, 1)->dtype, C * E);
             /* the score function of the route op is not repeated here: softmax unless the
              * model says sigmoid (the exec passes it) */
-            F(c->out[0])[0] =
-                mgc_cpu_moe_aux_loss_f32(CF(c->in[0]), c32, n, E, k, op->iattr[3], C,
-                                         router_score(c->router_score), op->fattr[0]);
+            F(c->out[0])
+            [0] = mgc_cpu_moe_aux_loss_f32(CF(c->in[0]), c32, n, E, k, op->iattr[3], C,
+                                           router_score(c->router_score), op->fattr[0]);
             return 0;
         }
         unsigned char *w = scratch(be, (size_t)(n * k + E) * 4 + 64);
@@ -572,7 +572,8 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
         int64_t C = 1;
         for (int i = 2; i < op->n_out; i++) {
             if (tout(c, i)->dtype == MGC_DT_F32) z = F(c->out[i]);
-            else counts = c->out[i], C = count_rows(tout(c, i), E, n);
+            else
+                counts = c->out[i], C = count_rows(tout(c, i), E, n);
         }
         if (C < 0) return fail(be, "the aux loss's counts do not divide its tokens");
         /* the second input, when there is one: the expert bias (fp32, E) */
@@ -600,15 +601,15 @@ static int op_moe(mgc_backend *be, const mgc_op_call *c) {
         int32_t *c32 = C > 0 ? scratch(be, (size_t)(C * E) * 4) : NULL;
         if (C < 0) return fail(be, "the aux loss's counts do not divide its tokens");
         if (!c32) return fail(be, "out of memory");
-        if (has_aux) to_i32(c32, c->in[3], (mgc_dtype)tin(c, 3)->dtype, C * E);
+        if (has_aux)
+            to_i32(c32, c->in[3], (mgc_dtype)tin(c, 3)->dtype, C * E);
         else memset(c32, 0, (size_t)E * 4);
         /* the training loss adds the aux loss summed over tensor x context ranks and the
          * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
         mgc_cpu_moe_route_bwd_f32(
             F(c->out[0]), CF(c->in[2]), CF(c->in[0]), (const int32_t *)c->in[1], c32, n, E, k,
             n * tp * cp, C, router_score(MGC_ROUTE_SCORE(op->iattr[3])), topk_scale(op),
-            has_aux ? op->fattr[0] : 0.0,
-            c->dloss, op->fattr[1], c->dloss / (double)(tp * cp));
+            has_aux ? op->fattr[0] : 0.0, c->dloss, op->fattr[1], c->dloss / (double)(tp * cp));
         return 0;
     }
     case MGC_POP_MOE_DISPATCH: {

@@ -233,9 +233,8 @@ void MGC_FN(mgc_cpu_moe_route_bwd)(MGC_REAL *dlogits /* (n,E) */,
                                    const MGC_REAL *dprobs /* (n,k) */, const MGC_REAL *logits,
                                    const int32_t *experts, const int32_t *counts /* (C,E) */,
                                    int64_t n, int64_t E, int64_t k, int64_t T, int64_t C,
-                                   mgc_router_score score,
-                                   double scale, double aux_coeff, double daux, double z_coeff,
-                                   double dz);
+                                   mgc_router_score score, double scale, double aux_coeff,
+                                   double daux, double z_coeff, double dz);
 /* The dispatch map: assignment a = t*k + j (token t, choice j) goes to expert experts[a].
  * Rows are ordered by expert, then token, then choice. capacity <= 0: dropless; else each
  * expert keeps at most `capacity` assignments chosen by `policy` (probs: highest prob,

@@ -641,8 +641,8 @@ static void FN(topk)(int32_t *ex, const R *l, int64_t lo, int64_t hi, int64_t k,
 }
 
 /* The experts of row l (E; lse its log-sum-exp) under a mgc_router_choice (cpu_ops.h) */
-static void FN(choose)(int32_t *ex, const R *l, R lse, int64_t E, int64_t k,
-                       mgc_router_score score, const mgc_router_choice *ch) {
+static void FN(choose)(int32_t *ex, const R *l, R lse, int64_t E, int64_t k, mgc_router_score score,
+                       const mgc_router_choice *ch) {
     R sv[E > 0 ? E : 1];
     for (int64_t e = 0; e < E; e++) {
         sv[e] = score == MGC_ROUTER_SIGMOID       ? FN(sigm)(l[e])

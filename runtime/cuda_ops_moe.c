@@ -223,8 +223,8 @@ static int route(moe_ctx *x) {
         void *pa[] = {&logits, &counts, &c64, &part, &n, &score, &ncol};
         if (launch(x, "moe_aux_part", (uint64_t)(n + 3) / 4, 128, 0, pa)) return -1;
         int64_t T = op->iattr[3];
-        float mul = (float)(op->fattr[0] * (double)E * (double)ncol /
-                            ((double)K * (double)T * (double)T));
+        float mul =
+            (float)(op->fattr[0] * (double)E * (double)ncol / ((double)K * (double)T * (double)T));
         float div = 1.0f;
         float *out = c->out[0];
         void *sa[] = {&part, &n, &mul, &div, &out};
@@ -297,18 +297,18 @@ static int route_bwd(moe_ctx *x) { /* in: logits, ids, dprobs, (global counts); 
     /* the training loss adds the aux loss summed over tensor x context ranks and the
      * z-loss averaged over them; both per microbatch like the LM loss (c->dloss) */
     double T = (double)(n64 * tp * cp);
-    float auxk = has_aux && T > 0
-                     ? (float)(c->dloss * op->fattr[0] * (double)E * (double)ncol /
-                               ((double)K * T * T))
-                     : 0.0f;
+    float auxk =
+        has_aux && T > 0
+            ? (float)(c->dloss * op->fattr[0] * (double)E * (double)ncol / ((double)K * T * T))
+            : 0.0f;
     float zk =
         n > 0 ? (float)(c->dloss / (double)(tp * cp) * op->fattr[1] * 2.0 / (double)n) : 0.0f;
     int score = score_of(MGC_ROUTE_SCORE(op->iattr[3]));
     const void *logits = c->in[0], *ids = c->in[1], *dprobs = c->in[2];
     void *dlogits = c->out[0];
     float scale = topk_scale(op);
-    void *a[] = {&logits, &ids,  &dprobs, &counts, &c64,  &dlogits,
-                 &n,      &score, &auxk,  &zk,     &scale, &ncol};
+    void *a[] = {&logits, &ids,   &dprobs, &counts, &c64,   &dlogits,
+                 &n,      &score, &auxk,   &zk,     &scale, &ncol};
     return launch(x, "moe_route_bwd", (uint64_t)(n + 3) / 4, 128, 0, a);
 }
 

@@ -783,7 +783,7 @@ static int setup_buffers(mgc_exec *x) {
             else if (!strcmp(n, "loss_mask")) x->slot_mask = off;
             else if (!strcmp(n, "doc_start")) x->slot_docs = off;
             else if (x->moe_bias && bias_layer(x, T) >= 0) {
-                int64_t (*g)[2] = realloc(x->bias_slot, (size_t)(x->n_bias_slots + 1) * sizeof *g);
+                int64_t(*g)[2] = realloc(x->bias_slot, (size_t)(x->n_bias_slots + 1) * sizeof *g);
                 if (!g) return xfail(x, "out of memory");
                 x->bias_slot = g;
                 g[x->n_bias_slots][0] = off, g[x->n_bias_slots++][1] = bias_layer(x, T);
@@ -1438,8 +1438,8 @@ int mgc_exec_ckpt_save(mgc_exec *x, const mgc_exec_ckpt_io *io) {
     }
     /* the expert biases: every rank holds them all, the world's rank 0 writes them */
     for (int64_t l = 0; x->rank == 0 && x->bias_name && l < x->moe_L && !rc; l++)
-        if (x->bias_name[l] &&
-            io->put(io->ctx, x->bias_name[l], MGC_CKPT_PARAM, 0, x->moe_bias + l * x->moe_E, x->moe_E))
+        if (x->bias_name[l] && io->put(io->ctx, x->bias_name[l], MGC_CKPT_PARAM, 0,
+                                       x->moe_bias + l * x->moe_E, x->moe_E))
             rc = -1;
     free(host);
     return rc;
@@ -1495,8 +1495,8 @@ int mgc_exec_ckpt_load(mgc_exec *x, const mgc_exec_ckpt_io *io, int params_only)
     }
     /* the expert biases, every layer's on every rank (model state: --init-from takes them too) */
     for (int64_t l = 0; x->bias_name && l < x->moe_L && !rc; l++)
-        if (x->bias_name[l] &&
-            io->get(io->ctx, x->bias_name[l], MGC_CKPT_PARAM, 0, x->moe_bias + l * x->moe_E, x->moe_E))
+        if (x->bias_name[l] && io->get(io->ctx, x->bias_name[l], MGC_CKPT_PARAM, 0,
+                                       x->moe_bias + l * x->moe_E, x->moe_E))
             rc = -1;
     free(host);
     return rc;

@@ -490,7 +490,8 @@ static void check_init_bias(void) {
     static const char *const plain[] = {"moe.router_score=sigmoid", NULL};
     static const char *const biased[] = {"moe.router_score=sigmoid",
                                          "moe.expert_bias_update_rate=0.01", NULL};
-    mgc_plan *p[2] = {compile("models/tiny-moe.yaml", plain), compile("models/tiny-moe.yaml", biased)};
+    mgc_plan *p[2] = {compile("models/tiny-moe.yaml", plain),
+                      compile("models/tiny-moe.yaml", biased)};
     T_CHECK(p[0] && p[1]);
     char dir[2][64], src[2][512], err[4096];
     double l[STEPS], n[STEPS];

@@ -1070,7 +1070,7 @@ typedef struct route_ctx {
     int64_t n, E, k, T;
     mgc_router_score score;
     double scale, aux_coeff, z_coeff;
-    int64_t C;          /* > 1: the sequence-wise aux loss over C sequences ... */
+    int64_t C;           /* > 1: the sequence-wise aux loss over C sequences ... */
     int32_t *seq_counts; /* ... with these (C, E) summed counts */
 } route_ctx;
 static void route_fwd(void *p) {
@@ -1105,8 +1105,8 @@ static void test_router(mgc_router_score score, int64_t k, int64_t C) {
     int32_t *experts = I(n * k), *counts = I(E), *seq_counts = I(C * E);
     for (int64_t i = 0; i < C * E; i++)
         seq_counts[i] = (int32_t)irand(2 * T * k / (C * E) + 1);
-    route_ctx c = {probs,  aux, z,     logits, experts, counts, n, E, k, T, score, 1.3, 0.07, 0.011,
-                   C, seq_counts};
+    route_ctx c = {probs, aux, z,     logits, experts, counts, n, E,
+                   k,     T,   score, 1.3,    0.07,    0.011,  C, seq_counts};
     double *rp = Drand(n * k), ra[1] = {urand()}, rz[1] = {urand()};
     fd_case fc = {route_fwd, &c, {{probs, rp, n * k}, {aux, ra, 1}, {z, rz, 1}}, 3};
     for (int64_t i = 0; i < n * k; i++)

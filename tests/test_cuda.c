@@ -1293,11 +1293,14 @@ int main(int argc, char **argv) {
         /* DeepSeek-V3's routing: sigmoid scores, the expert bias (zero at the first step, moved
          * after each: the kernel compares biased scores from the second on) and groups whose
          * scores include it, trained over ep2 against the CPU */
-        static const char *const biased_ep2[] = {
-            "parallel.world_size=2",        "parallel.data=2",
-            "parallel.expert=2",            "moe.router_score=sigmoid",
-            "moe.expert_bias_update_rate=0.05", "moe.router_num_groups=2",
-            "moe.router_group_topk=1",      NULL};
+        static const char *const biased_ep2[] = {"parallel.world_size=2",
+                                                 "parallel.data=2",
+                                                 "parallel.expert=2",
+                                                 "moe.router_score=sigmoid",
+                                                 "moe.expert_bias_update_rate=0.05",
+                                                 "moe.router_num_groups=2",
+                                                 "moe.router_group_topk=1",
+                                                 NULL};
         /* within 1e-5: the kernel ignoring the bias misses by 2e-4 */
         check_layout("models/tiny-moe.yaml", "fp32", biased_ep2, 1e-5, 0);
         /* the sequence-wise aux loss: each sequence's counts (moe_col_counts), the aux and

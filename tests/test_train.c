@@ -1776,8 +1776,8 @@ static void check_moves(const char *const *base, const char *const *changed, con
         T_EQ_I64(train(a, la, na), 0);
         T_EQ_I64(train(b, lb, nb), 0);
         T_CHECK(fabs(la[0] - lb[0]) > 1e-4 || fabs(na[0] - nb[0]) > 1e-4 * na[0]);
-        printf("models/tiny-moe.yaml: first loss %.6f, %.6f, gradient norm %.6f, %.6f %s\n",
-               la[0], lb[0], na[0], nb[0], what);
+        printf("models/tiny-moe.yaml: first loss %.6f, %.6f, gradient norm %.6f, %.6f %s\n", la[0],
+               lb[0], na[0], nb[0], what);
     }
     mgc_plan_free(a);
     mgc_plan_free(b);
@@ -1844,7 +1844,7 @@ static const layout moe_biased[] = {
 typedef struct bias_ref {
     int64_t L, E, k;
     double rate;
-    double *want;            /* (L x E) the bias the step routes with */
+    double *want; /* (L x E) the bias the step routes with */
     int64_t bad_bias, bad_choice, changed, routes;
 } bias_ref;
 static void bias_hook(void *ctx, const mgc_op_call *c) {
@@ -2153,9 +2153,11 @@ int main(int argc, char **argv) {
     if (!only || strstr("moe", only)) check_groups();
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", grouped, moe_grouped, 3);
     if (!only || strstr("moe", only)) check_expert_bias();
-    if (!only || strstr("moe", only)) check_moves(seq_aux_base, seq_aux, "with the aux loss balancing each sequence");
+    if (!only || strstr("moe", only))
+        check_moves(seq_aux_base, seq_aux, "with the aux loss balancing each sequence");
     if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", seq_aux, moe_seq_aux, 4);
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", biased_router, moe_biased, 5);
+    if (!only || strstr("moe", only))
+        check_model("models/tiny-moe.yaml", biased_router, moe_biased, 5);
     if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
