@@ -32,13 +32,15 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 6u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+#define MGC_PLAN_VERSION 7u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
                               4: row views (tensor view); 5: a second split (tensor split2_*);
                               6: the attention kernels' dropout numbering (their argument
                               lists, so the cubins of older plans do not fit), 8 inputs and
                               outputs an op (160-byte op records), the document flag
-                              (MGC_POF_DOCS);
+                              (MGC_POF_DOCS); 7: the router kernels' arguments (the top-k
+                              scale, the expert bias, the counts' rows), the router's packed
+                              iattr[3] and expert-bias input, LOAD_BATCH's bias bit;
                               docs/plan-format.md */
 
 typedef enum mgc_plan_status {

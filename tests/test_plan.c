@@ -814,18 +814,23 @@ static void test_hostile(void) {
     wr32(b + 8, 2); /* a version-2 plan (no row pitch: its reserved word could be garbage) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 2, this mgc-run reads 6: recompile with mgc compile");
+                  "plan format version 2, this mgc-run reads 7: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 5); /* version 5: the attention kernels it carries take other arguments */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 5, this mgc-run reads 6: recompile with mgc compile");
+                  "plan format version 5, this mgc-run reads 7: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 7);
+    wr32(b + 8, 6); /* version 6: its router kernels take other arguments */
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 7, this mgc-run reads 6");
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION,
+                  "plan format version 6, this mgc-run reads 7: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 7); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 8);
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 8, this mgc-run reads 7");
+    memcpy(b, orig, len);
+    wr32(b + 8, 8); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
