@@ -33,14 +33,17 @@ void mgc_instr_format(const mgc_instr *in, char *buf, size_t bufsz) {
     if (!bufsz) return;
     const char *name = mgc_instr_op_name(in->op);
     switch (in->op) {
-    case MGC_I_LOAD_BATCH:
-        snprintf(buf, bufsz, "%s mb %" PRId32 " chunk %u %s%s%s%s%s", name, in->mb,
-                 (unsigned)in->chunk, in->arg & MGC_SCHED_LOAD_TOKENS ? "+tokens" + 1 : "",
-                 in->arg & MGC_SCHED_LOAD_LABELS ? "+labels" + !(in->arg & 1u) : "",
-                 in->arg & MGC_SCHED_LOAD_DOCS ? "+docs" + !(in->arg & 3u) : "",
-                 in->arg & MGC_SCHED_LOAD_BIAS ? "+bias" + !(in->arg & 7u) : "",
-                 !in->arg || in->arg > 15u ? "(bad arg)" : "");
+    case MGC_I_LOAD_BATCH: { /* the loaded parts joined by '+' */
+        static const char *const part[4] = {"tokens", "labels", "docs", "bias"};
+        char what[32] = "";
+        for (int b = 0; b < 4; b++)
+            if (in->arg & (1u << b))
+                snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s",
+                         *what ? "+" : "", part[b]);
+        snprintf(buf, bufsz, "%s mb %" PRId32 " chunk %u %s", name, in->mb, (unsigned)in->chunk,
+                 !in->arg || in->arg > 15u ? "(bad arg)" : what);
         break;
+    }
     case MGC_I_FORWARD:
     case MGC_I_BACKWARD:
         snprintf(buf, bufsz, "%s mb %" PRId32 " chunk %u", name, in->mb, (unsigned)in->chunk);
