@@ -522,15 +522,7 @@ int mgc_cost_plan(const mgc_plan *p, const mgc_cost_options *o, mgc_cost_report 
     s.n_stages = pp * s.vp;
     s.distributed_optimizer = p->distributed_optimizer;
     s.tied_embeddings = mgc_plan_config_int(p, "model.tie_embeddings", &tied) ? (int)tied : 0;
-    int64_t docs = 0, pos = 0;
-    double rate = 0;
-    s.load_every = ((mgc_plan_config_int(p, "data.reset_attention_mask", &docs) && docs) ||
-                            (mgc_plan_config_int(p, "data.reset_position_ids", &pos) && pos)
-                        ? MGC_SCHED_LOAD_DOCS
-                        : 0) |
-                   (mgc_plan_config_float(p, "moe.expert_bias_update_rate", &rate) && rate > 0
-                        ? MGC_SCHED_LOAD_BIAS
-                        : 0);
+    s.load_every = mgc_schedule_plan_load_every(p);
     s.loc = (mgc_loc){"plan", 0, 0};
     for (int64_t r = 0; r < pp; r++) {
         s.ranks[r].n = p->stages[r].n_instrs;

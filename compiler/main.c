@@ -509,15 +509,7 @@ static int write_timeline(const mgc_plan *p, const char *path) {
     s.n_stages = s.pp * s.vp;
     s.distributed_optimizer = p->distributed_optimizer;
     s.tied_embeddings = mgc_plan_config_int(p, "model.tie_embeddings", &tied) ? (int)tied : 0;
-    int64_t docs = 0, pos = 0;
-    double rate = 0;
-    s.load_every = ((mgc_plan_config_int(p, "data.reset_attention_mask", &docs) && docs) ||
-                            (mgc_plan_config_int(p, "data.reset_position_ids", &pos) && pos)
-                        ? MGC_SCHED_LOAD_DOCS
-                        : 0) |
-                   (mgc_plan_config_float(p, "moe.expert_bias_update_rate", &rate) && rate > 0
-                        ? MGC_SCHED_LOAD_BIAS
-                        : 0);
+    s.load_every = mgc_schedule_plan_load_every(p);
     s.loc = (mgc_loc){path, 0, 0};
     s.ranks = calloc((size_t)s.pp, sizeof *s.ranks);
     if (!s.ranks) return fprintf(stderr, "mgc: out of memory\n"), 1;

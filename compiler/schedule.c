@@ -90,6 +90,15 @@ void mgc_schedule_params_from_config(const mgc_config *c, int64_t grad_buckets,
     out->loc = mgc_config_loc(c, MGC_KEY_PAR_SCHEDULE);
 }
 
+uint32_t mgc_schedule_plan_load_every(const mgc_plan *p) {
+    int64_t docs = 0, pos = 0;
+    double rate = 0;
+    int d = (mgc_plan_config_int(p, "data.reset_attention_mask", &docs) && docs) ||
+            (mgc_plan_config_int(p, "data.reset_position_ids", &pos) && pos);
+    int b = mgc_plan_config_float(p, "moe.expert_bias_update_rate", &rate) && rate > 0;
+    return (d ? MGC_SCHED_LOAD_DOCS : 0) | (b ? MGC_SCHED_LOAD_BIAS : 0);
+}
+
 static const char *sched_name(int s) {
     static const char *const n[] = {"gpipe", "1f1b", "interleaved-1f1b"};
     return s >= 0 && s < 3 ? n[s] : "?";

@@ -113,6 +113,10 @@ typedef struct mgc_schedule_stream {
     int64_t n_buckets; /* REDUCE_GRADS in the stream */
 } mgc_schedule_stream;
 
+/* What every forward of a compiled plan loads (mgc_schedule_params.load_every), from the
+ * config it carries: for rebuilding its schedule (the cost model, the timeline). */
+uint32_t mgc_schedule_plan_load_every(const mgc_plan *p);
+
 typedef struct mgc_schedule {
     int schedule;             /* mgc_sched */
     int64_t pp, vp, m, group; /* p, v, m, G (G = pp unless interleaved with a group set) */
