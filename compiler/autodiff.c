@@ -325,6 +325,20 @@ static int is_lse(const mgc_cb *b, int32_t t, int32_t f) {
     return b->f[f].kind == MGC_POP_ATTENTION && b->fx[f].n_all_out > 1 && b->fx[f].all_out[1] == t;
 }
 
+/* Full recompute's unit of decoder layer L: the first layer of the group it re-runs with
+ * (training.recompute_method), else L itself; -1 outside the layers. */
+static int32_t unit_of(const mgc_cb *b, int32_t L) {
+    if (L < 0 || b->recompute != MGC_RECOMPUTE_FULL || !b->c) return L;
+    int32_t g = mgc_config_recompute_group(b->c, L);
+    return g >= 0 ? g : L;
+}
+
+/* Layer L re-runs its forward in the backward (full recompute, and its method picks it). */
+static int redone_layer(const mgc_cb *b, int32_t L) {
+    if (L < 0 || b->recompute != MGC_RECOMPUTE_FULL) return 0;
+    return !b->c || mgc_config_recompute_group(b->c, L) >= 0;
+}
+
 static int policy(const mgc_cb *b, int32_t t) {
     uint16_t role = b->t[t].role;
     if (role == MGC_TR_PARAM || role == MGC_TR_GRAD || role == MGC_TR_INPUT ||
@@ -335,8 +349,7 @@ static int policy(const mgc_cb *b, int32_t t) {
     if (f < 0) return P_DIRECT;
     if (b->fx[f].regather) return P_REDO;
     if (b->recompute == MGC_RECOMPUTE_SELECTIVE && is_lse(b, t, f)) return P_REDO;
-    if (b->recompute == MGC_RECOMPUTE_FULL && b->f[f].layer >= 0 && !b->tx[t].crosses)
-        return P_REDO;
+    if (redone_layer(b, b->f[f].layer) && !b->tx[t].crosses) return P_REDO;
     /* training.recompute_modules: a layer's norm output, from the norm's stashed input; its
      * GELU / SwiGLU output, from the stashed GEMM output the activation's backward reads */
     uint16_t k = b->f[f].kind;
@@ -723,22 +736,27 @@ static void pack_stash(mgc_cb *b) {
 
 int mgc_autodiff(mgc_cb *b) {
     if (b->failed) return -1;
-    /* tensors read across a layer boundary (full recompute saves those) */
+    /* tensors read across a boundary of full recompute's units (a layer, or a group of layers
+     * re-run together): full recompute saves those */
     for (int64_t i = 0; i < b->nf; i++)
         for (int k = 0; k < b->f[i].n_in; k++) {
             int32_t t = b->f[i].in[k], p = b->tx[t].fprod;
-            if (p >= 0 && b->f[p].layer != b->f[i].layer) b->tx[t].crosses = 1;
+            if (p >= 0 && unit_of(b, b->f[p].layer) != unit_of(b, b->f[i].layer)) b->tx[t].crosses = 1;
         }
     if (b->out_act >= 0 && b->out_act != b->in_act) {
         b->tx[b->out_act].crosses = 1;
         b->tx[b->out_act].grad = b->out_grad;
     }
-    int32_t layer = -2;
+    /* a recomputed unit's forward re-runs, in forward order, as its backward starts (at its
+     * last layer's last op) */
+    int32_t unit = -2;
     for (int64_t i = b->nf - 1; i >= 0 && !b->failed; i--) {
-        int32_t L = b->f[i].layer;
-        if (L != layer) {
-            layer = L;
-            if (b->recompute == MGC_RECOMPUTE_FULL && L >= 0) redo_layer(b, L);
+        int32_t L = b->f[i].layer, u = unit_of(b, L);
+        if (u != unit) {
+            unit = u;
+            if (redone_layer(b, L))
+                for (int32_t l = u; l <= L; l++)
+                    redo_layer(b, l);
         }
         backward_op(b, (int32_t)i);
     }

@@ -895,13 +895,6 @@ static void check_training(mgc_check_ctx *k) {
             mgc_check_warning(k, at, "remove the repeat",
                               "training.recompute_modules[%d] \"%s\" is listed twice", i, s);
     }
-    uint32_t redone = MGC_RECOMPUTE_MOD_NORM | MGC_RECOMPUTE_MOD_ACTIVATION;
-    if ((mgc_config_recompute_modules(c) & redone) && t->recompute == MGC_RECOMPUTE_FULL)
-        mgc_check_warning(
-            k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)),
-            "remove norm and activation, or set training.recompute to none or selective",
-            "training.recompute_modules norm and activation have no effect: training.recompute "
-            "is full, which recomputes every layer from its input");
     if (t->loss_chunks > 1 && c->parallel.context >= 1 &&
         c->model.seq_length % c->parallel.context == 0 && !mgc_loss_chunks_fit(c, t->loss_chunks)) {
         int64_t s_c = c->model.seq_length / c->parallel.context;
@@ -1290,6 +1283,49 @@ static void fill_derived(mgc_check_ctx *k) {
     mgc_check_fill_stages(k);
 }
 
+/* Full recompute's method and layer count, against the pipeline chunks (after fill_derived). */
+static void check_recompute(mgc_check_ctx *k) {
+    mgc_config *c = k->c;
+    const mgc_training_cfg *t = &c->training;
+    static const mgc_key keys[] = {KEY(TRAIN_RECOMPUTE_METHOD), KEY(TRAIN_RECOMPUTE_NUM_LAYERS)};
+    if (t->recompute != MGC_RECOMPUTE_FULL) {
+        for (int i = 0; i < 2; i++)
+            if (mgc_check_given(k, keys[i]))
+                mgc_check_warning(k, mgc_check_at(k, keys[i]),
+                                  "remove it, or set training.recompute: full",
+                                  "%s has no effect: it shapes full recompute, and "
+                                  "training.recompute is %s",
+                                  mgc_keys[keys[i]].path, mgc_enum_recompute[t->recompute]);
+        return;
+    }
+    const mgc_derived *dv = &c->derived;
+    if (!dv->stages) return; /* the pipeline rules failed: reported there */
+    int64_t most = 0; /* decoder layers of the fullest chunk */
+    for (int64_t s = 0; s < dv->num_stages; s++)
+        most = dv->stages[s].num_layers > most ? dv->stages[s].num_layers : most;
+    int block = t->recompute_method == MGC_RECOMPUTE_BLOCK;
+    if (most > 0 && t->recompute_num_layers > most) {
+        char hint[HINT_N];
+        snprintf(hint, sizeof hint, "choose 1 ... %" PRId64 " (the layers of the fullest pipeline chunk)%s",
+                 most, block ? "; block with that many recomputes every layer, as uniform with 1 does" : "");
+        mgc_check_error(k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_NUM_LAYERS)), hint,
+                        "training.recompute_num_layers (%" PRId64 ") is more than the decoder "
+                        "layers of the fullest pipeline chunk (%" PRId64 "; %" PRId64
+                        " layers over %" PRId64 " chunk%s)",
+                        t->recompute_num_layers, most, c->model.num_layers, dv->num_stages,
+                        dv->num_stages == 1 ? "" : "s");
+    }
+    /* the modules norm and activation act on the layers full recompute leaves alone */
+    uint32_t redone = MGC_RECOMPUTE_MOD_NORM | MGC_RECOMPUTE_MOD_ACTIVATION;
+    if ((mgc_config_recompute_modules(c) & redone) && (!block || t->recompute_num_layers >= most))
+        mgc_check_warning(
+            k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)),
+            "remove norm and activation, set training.recompute to none or selective, or recompute "
+            "fewer layers with training.recompute_method: block",
+            "training.recompute_modules norm and activation have no effect: training.recompute "
+            "is full and re-runs every layer from its input");
+}
+
 /* ---- entry point -------------------------------------------------------- */
 
 int mgc_check_config(mgc_config *c, mgc_diags *d) {
@@ -1313,6 +1349,7 @@ int mgc_check_config(mgc_config *c, mgc_diags *d) {
     check_hardware(&k);
     check_sizes(&k);
     fill_derived(&k);
+    check_recompute(&k);
 
     free(k.lay);
     return d->errors != k.errors0;

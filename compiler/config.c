@@ -23,6 +23,7 @@ const char *const mgc_enum_aux_scope[] = {"microbatch", "sequence", NULL};
 const char *const mgc_enum_sched[] = {"gpipe", "1f1b", "interleaved-1f1b", NULL};
 const char *const mgc_enum_precision[] = {"fp32", "bf16", "fp16", NULL};
 const char *const mgc_enum_recompute[] = {"none", "selective", "full", NULL};
+const char *const mgc_enum_recompute_method[] = {"uniform", "block", NULL};
 const char *const mgc_recompute_module_names[] = {"norm", "activation", "dropout", NULL};
 const char *const mgc_enum_optimizer[] = {"adamw", NULL};
 const char *const mgc_enum_decay[] = {"cosine", "linear", "constant", "wsd", NULL};
@@ -145,6 +146,21 @@ uint32_t mgc_config_recompute_modules(const mgc_config *c) {
     return m;
 }
 
+int32_t mgc_config_recompute_group(const mgc_config *c, int64_t layer) {
+    if (c->training.recompute != MGC_RECOMPUTE_FULL || layer < 0 || layer >= c->model.num_layers) return -1;
+    int64_t n = c->training.recompute_num_layers > 0 ? c->training.recompute_num_layers : 1;
+    mgc_stage whole = {0, (int32_t)c->model.num_layers, 1, 1}; /* no stages derived: one chunk */
+    const mgc_stage *st = c->derived.stages ? NULL : &whole;
+    for (int64_t s = 0; !st && s < c->derived.num_stages; s++)
+        if (layer >= c->derived.stages[s].first_layer &&
+            layer < c->derived.stages[s].first_layer + c->derived.stages[s].num_layers)
+            st = &c->derived.stages[s];
+    if (!st) return -1;
+    int64_t i = layer - st->first_layer; /* its place in the chunk */
+    if (c->training.recompute_method == MGC_RECOMPUTE_BLOCK) return i < n ? (int32_t)layer : -1;
+    return (int32_t)(st->first_layer + i / n * n);
+}
+
 mgc_loc mgc_config_loc(const mgc_config *c, mgc_key k) {
     return c->given[k] ? c->loc[k] : c->file_loc;
 }
@@ -232,6 +248,8 @@ static const struct { const char *from, *to; } aliases[] = {
     {"bf16", "training.precision"},
     {"fp16", "training.precision"},
     {"recompute_granularity", "training.recompute"},
+    {"recompute_method", "training.recompute_method"},
+    {"recompute_num_layers", "training.recompute_num_layers"},
     {"use_distributed_optimizer", "parallel.distributed_optimizer"},
     {"lr_warmup_iters", "optimizer.warmup_iterations"},
     {"lr_decay_style", "optimizer.decay_style"},

@@ -36,6 +36,7 @@ typedef enum { MGC_AUX_MICROBATCH, MGC_AUX_SEQUENCE } mgc_aux_scope;
 typedef enum { MGC_SCHED_GPIPE, MGC_SCHED_1F1B, MGC_SCHED_INTERLEAVED } mgc_sched;
 typedef enum { MGC_PREC_FP32, MGC_PREC_BF16, MGC_PREC_FP16 } mgc_precision;
 typedef enum { MGC_RECOMPUTE_NONE, MGC_RECOMPUTE_SELECTIVE, MGC_RECOMPUTE_FULL } mgc_recompute;
+typedef enum { MGC_RECOMPUTE_UNIFORM, MGC_RECOMPUTE_BLOCK } mgc_recompute_method;
 typedef enum { MGC_OPT_ADAMW } mgc_optimizer;
 typedef enum { MGC_DECAY_COSINE, MGC_DECAY_LINEAR, MGC_DECAY_CONSTANT, MGC_DECAY_WSD } mgc_decay;
 typedef enum { MGC_WSD_EXPONENTIAL, MGC_WSD_LINEAR, MGC_WSD_COSINE, MGC_WSD_MINUS_SQRT } mgc_wsd;
@@ -50,6 +51,7 @@ extern const char *const mgc_enum_aux_scope[];
 extern const char *const mgc_enum_sched[];
 extern const char *const mgc_enum_precision[];
 extern const char *const mgc_enum_recompute[];
+extern const char *const mgc_enum_recompute_method[];
 /* training.recompute_modules: the names, and their bits in mgc_config_recompute_modules */
 extern const char *const mgc_recompute_module_names[]; /* "norm", "activation", "dropout" */
 #define MGC_RECOMPUTE_MOD_NORM 1u
@@ -260,6 +262,12 @@ typedef struct mgc_blend {
     X(TRAIN_RECOMPUTE, "training.recompute", ENUM, training.recompute, MGC_RECOMPUTE_NONE, 0, 0,             \
       mgc_enum_recompute, 0, NULL,                                                                           \
       "Activation recompute: selective (attention core) or full (each layer from its input).")              \
+    X(TRAIN_RECOMPUTE_METHOD, "training.recompute_method", ENUM, training.recompute_method,                 \
+      MGC_RECOMPUTE_UNIFORM, 0, 0, mgc_enum_recompute_method, 0, NULL,                                      \
+      "Full recompute: uniform (every layer, recompute_num_layers consecutive layers of a pipeline chunk re-run together from the first one's input) or block (only the first recompute_num_layers layers of each pipeline chunk, each from its input; the others keep their activations).") \
+    X(TRAIN_RECOMPUTE_NUM_LAYERS, "training.recompute_num_layers", INT, training.recompute_num_layers, 1, 1, \
+      65536, NULL, 0, NULL,                                                                                  \
+      "Full recompute: layers per recomputed group (uniform) or recomputed layers per pipeline chunk (block).") \
     X(TRAIN_RECOMPUTE_MODULES, "training.recompute_modules", STRING_LIST, training.recompute_modules, 0, 0, 0, \
       NULL, MGC_KF_OPTIONAL, "none",                                                                         \
       "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input), `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output) and `dropout` (the hidden dropout masks, drawn again from the random stream); element-wise work for less stash.") \
@@ -439,6 +447,8 @@ typedef struct mgc_training_cfg {
     int64_t grad_accum;              /* m, microbatches per step per DP rank */
     int precision;                   /* mgc_precision */
     int recompute;                   /* mgc_recompute */
+    int recompute_method;            /* mgc_recompute_method (full recompute) */
+    int64_t recompute_num_layers;    /* full: layers per group (uniform), per chunk (block) */
     mgc_str_list recompute_modules;  /* "norm", "activation", "dropout" (MGC_RECOMPUTE_MOD_*) */
     int64_t loss_chunks;             /* row chunks of the head (compiler/losschunk.c); 0 auto */
     int64_t iterations;
@@ -527,6 +537,12 @@ void mgc_config_free(mgc_config *c);
 /* The MGC_RECOMPUTE_MOD_* bits of training.recompute_modules (a name mgc check refuses counts
  * for none). */
 uint32_t mgc_config_recompute_modules(const mgc_config *c);
+/* Full recompute of decoder layer `layer` (training.recompute, recompute_method,
+ * recompute_num_layers over the pipeline chunks of c->derived): the first layer of the group
+ * it is re-run with (its forward re-runs in the backward from that layer's input), or -1 when
+ * its activations are kept (no full recompute, a block method's later layers).  Without
+ * derived stages the model is one chunk. */
+int32_t mgc_config_recompute_group(const mgc_config *c, int64_t layer);
 
 /* Parse YAML text and apply its keys over the defaults.  `name` is used in
  * diagnostics.  May be called once per config.  0 when no error was added. */

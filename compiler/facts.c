@@ -96,12 +96,14 @@ int mgc_facts_compute(const mgc_config *c, const mgc_graph *g, mgc_facts *f, mgc
                                   &fl->router_forward_per_microbatch);
         /* full: every decoder layer re-runs its forward; selective: the
          * attention core only.  The output layer and loss are not recomputed. */
-        int again = (recompute == MGC_RECOMPUTE_FULL && op->layer >= 0) ||
+        int again = (recompute == MGC_RECOMPUTE_FULL && mgc_config_recompute_group(c, op->layer) >= 0) ||
                     (recompute == MGC_RECOMPUTE_SELECTIVE && op->kind == MGC_IR_OP_ATTENTION);
         if (again)
             ovf |= mgc_ir_add_u64(fl->recompute_forward_per_microbatch, op->flops,
                                   &fl->recompute_forward_per_microbatch);
     }
+    for (int64_t l = 0; l < c->model.num_layers; l++)
+        fl->recomputed_layers += mgc_config_recompute_group(c, l) >= 0;
     uint64_t B = (uint64_t)c->training.global_batch_size;
     ovf |= mgc_ir_mul_u64(B, (uint64_t)dm->s, &f->tokens_per_iteration);
     if (ovf) {
@@ -305,9 +307,12 @@ void mgc_facts_print_text(const mgc_config *c, const mgc_facts *f, FILE *out) {
     if (fl->router_per_iteration > 0)
         fprintf(out, "      includes %.6e of router GEMMs that Megatron-LM's formula omits\n",
                 fl->router_per_iteration);
-    char label[128];
+    char label[160], some[96];
+    snprintf(some, sizeof some, "model + full recompute of %" PRId64 " of %" PRId64 " layers",
+             fl->recomputed_layers, c->model.num_layers);
     snprintf(label, sizeof label, "hardware (%s%s)",
-             c->training.recompute == MGC_RECOMPUTE_FULL ? "model + full recompute of every layer"
+             c->training.recompute == MGC_RECOMPUTE_FULL
+                 ? (fl->recomputed_layers == c->model.num_layers ? "model + full recompute of every layer" : some)
              : c->training.recompute == MGC_RECOMPUTE_SELECTIVE
                  ? "model + selective recompute of attention cores"
                  : "no recompute",
@@ -395,6 +400,7 @@ void mgc_facts_print_json(const mgc_config *c, const mgc_facts *f, mgc_json *j) 
                  c->training.recompute == MGC_RECOMPUTE_FULL        ? "full"
                  : c->training.recompute == MGC_RECOMPUTE_SELECTIVE ? "selective"
                                                                     : "none");
+    mgc_json_int(j, "recomputed_layers", fl->recomputed_layers);
     mgc_json_num(j, "model_per_iteration", fl->model_per_iteration);
     mgc_json_num(j, "model_per_token", fl->model_per_token);
     mgc_json_num(j, "hardware_per_iteration", fl->hardware_per_iteration);

@@ -51,6 +51,7 @@ typedef struct mgc_flop_counts {
     uint64_t router_forward_per_microbatch; /* router GEMMs (in both of the above) */
     uint64_t recompute_forward_per_microbatch; /* forward FLOPs re-run in backward
                                                   (training.recompute) */
+    int64_t recomputed_layers; /* decoder layers full recompute re-runs (its method picks them) */
     /* one iteration (global batch of B sequences) */
     double microbatches;           /* B / b: microbatch-equivalents per iteration */
     double model_per_iteration;    /* 3 * model_forward_per_microbatch * microbatches */

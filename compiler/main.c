@@ -267,9 +267,33 @@ static void print_diags(const loaded *L, const opts *o) {
 static int predict(const mgc_plan *p, const char *hwname, mgc_loc at, int no_overlap, mgc_hw *hw,
                    mgc_cost_report *r, mgc_diags *d);
 
+/* The largest arena of `file` compiled with the user's --set and `extra` after them; -1 when
+ * it does not compile. */
+static double arena_with(const char *file, const opts *o, const char *const *extra, int n_extra) {
+    opts o2 = *o;
+    const char **sets = malloc((size_t)(o->nsets + n_extra) * sizeof *sets);
+    if (!sets) return -1;
+    memcpy(sets, o->sets, (size_t)o->nsets * sizeof *sets);
+    memcpy(sets + o->nsets, extra, (size_t)n_extra * sizeof *sets);
+    o2.sets = sets, o2.nsets = o->nsets + n_extra;
+    loaded V;
+    load(file, &o2, &V);
+    mgc_plan *p = V.ok ? mgc_compile(V.cfg, V.graph, &V.diags) : NULL;
+    mgc_hw hw;
+    mgc_cost_report cr;
+    double arena = -1;
+    if (p && predict(p, V.cfg->hardware.gpu, V.cfg->file_loc, o->no_grad_overlap, &hw, &cr, &V.diags) == 0)
+        arena = (double)cr.max_arena_bytes;
+    mgc_plan_free(p);
+    unload(&V);
+    free(sets);
+    return arena;
+}
+
 /* The hint for a config that does not fit: the largest arena with each memory option the config
  * does not use yet, compiled as it would be ("... 61.2 GiB with training.recompute: full
- * (fits)"), then the options no compile can try for it. */
+ * (fits)"), then the options no compile can try for it.  When full recompute fits, the fewest
+ * layers it needs to recompute (block) that still fit, found by bisection. */
 static void fit_options(const char *file, const opts *o, const mgc_config *c, double usable,
                         char *hint, size_t n) {
     static const struct {
@@ -279,36 +303,46 @@ static void fit_options(const char *file, const opts *o, const mgc_config *c, do
          "training.recompute_modules: [norm, activation, dropout]"},
         {"training.recompute=selective", "training.recompute: selective"},
         {"training.recompute=full", "training.recompute: full"},
+        {"training.recompute_num_layers=2", "training.recompute_num_layers: 2"},
         {"parallel.distributed_optimizer=true", "parallel.distributed_optimizer: true"},
     };
+    const mgc_training_cfg *t = &c->training;
+    int64_t most = 0; /* decoder layers of the fullest pipeline chunk */
+    for (int64_t s = 0; s < c->derived.num_stages; s++)
+        most = c->derived.stages[s].num_layers > most ? c->derived.stages[s].num_layers : most;
+    int full = t->recompute == MGC_RECOMPUTE_FULL, uniform1 = full && t->recompute_method == MGC_RECOMPUTE_UNIFORM &&
+                                                                    t->recompute_num_layers == 1;
     size_t at = 0;
     hint[0] = 0;
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
-        if ((k == 0 && c->training.recompute_modules.n > 0) ||
-            (k == 1 && c->training.recompute != MGC_RECOMPUTE_NONE) ||
-            (k == 2 && c->training.recompute == MGC_RECOMPUTE_FULL) ||
-            (k == 3 && (c->parallel.distributed_optimizer || c->parallel.data * c->parallel.context == 1)))
+        if ((k == 0 && t->recompute_modules.n > 0) || (k == 1 && t->recompute != MGC_RECOMPUTE_NONE) ||
+            (k == 2 && full) || (k == 3 && (!uniform1 || most < 2)) ||
+            (k == 4 && (c->parallel.distributed_optimizer || c->parallel.data * c->parallel.context == 1)))
             continue;
-        opts o2 = *o;
-        const char **sets = malloc((size_t)(o->nsets + 1) * sizeof *sets);
-        if (!sets) break;
-        memcpy(sets, o->sets, (size_t)o->nsets * sizeof *sets);
-        sets[o->nsets] = v[k].set;
-        o2.sets = sets, o2.nsets = o->nsets + 1;
-        loaded V;
-        load(file, &o2, &V);
-        mgc_plan *p = V.ok ? mgc_compile(V.cfg, V.graph, &V.diags) : NULL;
-        mgc_hw hw;
-        mgc_cost_report cr;
-        if (p && predict(p, V.cfg->hardware.gpu, V.cfg->file_loc, o->no_grad_overlap, &hw, &cr,
-                         &V.diags) == 0 &&
-            at < n)
+        double arena = arena_with(file, o, &v[k].set, 1);
+        if (arena >= 0 && at < n)
             at += (size_t)snprintf(hint + at, n - at, "%s%.2f GiB with %s%s", at ? "; " : "",
-                                   (double)cr.max_arena_bytes / 1073741824.0, v[k].label,
-                                   (double)cr.max_arena_bytes <= usable ? " (fits)" : "");
-        mgc_plan_free(p);
-        unload(&V);
-        free(sets);
+                                   arena / 1073741824.0, v[k].label, arena <= usable ? " (fits)" : "");
+        if (k != 2 || arena < 0 || arena > usable || most < 2) continue;
+        /* full recompute fits: the fewest recomputed layers a chunk that fit (the arena falls
+         * as block recomputes more of them; the whole chunk is full recompute itself) */
+        int64_t lo = 1, hi = most, best = -1;
+        double best_arena = arena;
+        char num[64];
+        const char *blk[3] = {"training.recompute=full", "training.recompute_method=block", num};
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            snprintf(num, sizeof num, "training.recompute_num_layers=%" PRId64, mid);
+            double a = arena_with(file, o, blk, 3);
+            if (a >= 0 && a <= usable) hi = mid, best = mid, best_arena = a;
+            else lo = mid + 1;
+        }
+        if (best > 0 && at < n)
+            at += (size_t)snprintf(hint + at, n - at,
+                                   "; %.2f GiB with training.recompute: full, recompute_method: block, "
+                                   "recompute_num_layers: %" PRId64 " (fits: the fewest layers a pipeline "
+                                   "chunk recomputes that do)",
+                                   best_arena / 1073741824.0, best);
     }
     if (at < n)
         snprintf(hint + at, n - at,
@@ -386,7 +420,7 @@ static int cmd_check(int argc, char **argv) {
                         int64_t worst = 0;
                         for (int64_t s = 0; s < p->n_stages; s++)
                             if (p->stages[s].arena_bytes > p->stages[worst].arena_bytes) worst = s;
-                        char hint[1024];
+                        char hint[2048];
                         fit_options(o.files[i], &o, L.cfg, usable, hint, sizeof hint);
                         mgc_diag(&L.diags, MGC_SEV_ERROR, L.cfg->file_loc, hint,
                                  "does not fit on %s: pipeline rank %lld needs %.2f GiB, %.2f GiB usable "

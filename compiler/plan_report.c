@@ -78,6 +78,13 @@ void mgc_plan_print_summary(const mgc_plan *p, FILE *out) {
             100.0 * p->bubble_fraction, ratio, ideal);
     fprintf(out, "  recompute %s",
             p->recompute >= 0 && p->recompute < 3 ? recompute_names[p->recompute] : "?");
+    int64_t method = 0, nl = 1; /* mgc_recompute_method: 1 block */
+    mgc_plan_config_int(p, "training.recompute_method", &method);
+    mgc_plan_config_int(p, "training.recompute_num_layers", &nl);
+    if (p->recompute == 2 && method == 1)
+        fprintf(out, " (block: the first %" PRId64 " layer%s of each chunk)", nl, nl == 1 ? "" : "s");
+    else if (p->recompute == 2 && nl > 1)
+        fprintf(out, " (uniform: groups of %" PRId64 " layers)", nl);
     for (int i = 0;; i++) { /* training.recompute_modules, as the plan's config lists them */
         char key[64];
         snprintf(key, sizeof key, "training.recompute_modules[%d]", i);

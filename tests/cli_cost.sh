@@ -61,6 +61,14 @@ grep -q "recompute none (and norm, dropout), distributed optimizer off, the head
   models/gpt2-1.5b.yaml >"$tmp/o" 2>&1 && bad "GPT-2 1.5B at micro batch 32 fits" || ok
 grep -q "hint: [0-9.]* GiB with training.recompute_modules: \[norm, activation, dropout\] (fits); [0-9.]* GiB with training.recompute: full (fits)" "$tmp/o" \
   && ok || bad "no computed options in the hint: $(cat "$tmp/o")"
+# ... and the fewest layers block recompute needs: that many fit, one fewer does not
+n=$(sed -n 's/.*recompute_method: block, recompute_num_layers: \([0-9]*\) (fits.*/\1/p' "$tmp/o")
+[ -n "$n" ] && [ "$n" -gt 1 ] && ok || bad "no block recompute in the hint: $(cat "$tmp/o")"
+blk="--set training.micro_batch_size=32 --set training.global_batch_size=512 --set training.recompute=full --set training.recompute_method=block"
+"$mgc" check --target h100-sxm:8 $blk --set training.recompute_num_layers="$n" models/gpt2-1.5b.yaml >/dev/null 2>&1 \
+  && ok || bad "block recompute of $n layers does not fit"
+"$mgc" check --target h100-sxm:8 $blk --set training.recompute_num_layers=$((n - 1)) models/gpt2-1.5b.yaml >/dev/null 2>&1 \
+  && bad "block recompute of $((n - 1)) layers fits too: $n is not the fewest" || ok
 "$mgc" check --json --target h100-sxm:64 "$tmp/big.yaml" models/llama2-7b.yaml >"$tmp/j" 2>/dev/null \
   && bad "check --json: status 0 with a failure" || ok
 py 'import json,sys; d=json.load(open(sys.argv[1])); f=d["files"]; assert d["failed"]==1 and not f[0]["ok"] and f[0]["target"]["fits"] is False and f[1]["ok"] and f[1]["target"]["fits"] is True and f[1]["target"]["usable_bytes"] < f[1]["target"]["memory_bytes"] and f[1]["predicted"]["tokens_per_s"] > 0' "$tmp/j" \

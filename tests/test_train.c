@@ -1362,6 +1362,102 @@ static void check_recompute_modules(const char *path, const char *const *sets) {
     mgc_plan_free(q);
 }
 
+/* training.recompute_method / recompute_num_layers: full recompute of some layers (block: the
+ * first n of each pipeline chunk) or of groups of n layers re-run together (uniform).  Each
+ * variant re-runs exactly the layers its method picks, stashes less the more it recomputes,
+ * and trains bit-identically to keeping every activation. */
+typedef struct {
+    const char *label;
+    const char *sets[4];
+    int block;     /* 1: block, 0: uniform */
+    int64_t n;     /* recompute_num_layers */
+} redo_variant;
+
+static uint64_t stash_of(const mgc_plan *p) {
+    uint64_t b = 0;
+    for (int64_t s = 0; s < p->n_stages; s++)
+        for (int64_t c = 0; c < p->stages[s].n_chunks; c++)
+            b += p->stages[s].chunks[c].stash_bytes;
+    return b;
+}
+
+static void check_recompute_method(const char *path, const char *const *sets) {
+    static const redo_variant v[] = {
+        {"block 1", {"training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=1"}, 1, 1},
+        {"block 2", {"training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=2"}, 1, 2},
+        {"uniform 1", {"training.recompute=full"}, 0, 1},
+        {"uniform 2", {"training.recompute=full", "training.recompute_num_layers=2"}, 0, 2},
+        {"block 1 + norm, activation",
+         {"training.recompute=full", "training.recompute_method=block", "training.recompute_num_layers=1",
+          "training.recompute_modules=[norm, activation]"}, 1, 1},
+    };
+    enum { NV = sizeof v / sizeof v[0] };
+    mgc_plan *base = compile(path, NULL, sets);
+    T_CHECK(base != NULL);
+    if (!base) return;
+    double a[STEPS], an[STEPS];
+    int ra = train(base, a, an);
+    T_EQ_I64(ra, 0);
+    uint64_t stash[NV];
+    int64_t every[NV] = {0}; /* 1: the variant re-ran every layer */
+    int same = 1;
+    printf("%s%s: recompute none: stash %.2f MiB", path, sets && sets[0] ? " (with sets)" : "",
+           (double)stash_of(base) / 1048576.0);
+    for (int k = 0; k < NV; k++) {
+        const char *mine[12] = {NULL};
+        int m = 0;
+        for (int i = 0; sets && sets[i] && m < 7; i++)
+            mine[m++] = sets[i];
+        for (int i = 0; i < 4 && v[k].sets[i]; i++)
+            mine[m++] = v[k].sets[i];
+        mgc_plan *q = compile(path, NULL, mine);
+        T_CHECK(q != NULL);
+        stash[k] = 0;
+        if (!q) continue;
+        stash[k] = stash_of(q);
+        /* the layers whose GEMMs re-run in the backward, against what the method picks */
+        int64_t want = 0, got = 0, norms = 0, layers = 0;
+        for (int64_t s = 0; s < q->n_stages; s++)
+            for (int64_t c = 0; c < q->stages[s].n_chunks; c++) {
+                const mgc_plan_chunk *ch = &q->stages[s].chunks[c];
+                want += v[k].block ? (ch->num_layers < v[k].n ? ch->num_layers : v[k].n) : ch->num_layers;
+                layers += ch->num_layers;
+                for (int64_t l = ch->first_layer; l < ch->first_layer + ch->num_layers; l++) {
+                    int redone = 0;
+                    for (int64_t i = 0; i < ch->n_bwd; i++)
+                        if ((ch->bwd[i].flags & MGC_POF_RECOMPUTE) && ch->bwd[i].layer == l) {
+                            redone |= ch->bwd[i].kind == MGC_POP_LINEAR;
+                            norms += ch->bwd[i].kind == MGC_POP_NORM;
+                        }
+                    got += redone;
+                    T_EQ_I64(redone, !v[k].block || l - ch->first_layer < v[k].n); /* the first n */
+                }
+            }
+        T_EQ_I64(got, want);
+        every[k] = got == layers;
+        if (k == NV - 1) /* the modules act on the layers block leaves alone: their two norms */
+            T_CHECK(norms >= 2 * want + 2 * (layers - want));
+        double b[STEPS], bn[STEPS];
+        int rb = train(q, b, bn);
+        T_EQ_I64(rb, 0);
+        int eq = !ra && !rb && !memcmp(a, b, sizeof a) && !memcmp(an, bn, sizeof an);
+        T_CHECK(eq);
+        same = same && eq;
+        printf("; %s: %lld layers re-run, stash %.2f MiB", v[k].label, (long long)got,
+               (double)stash[k] / 1048576.0);
+        mgc_plan_free(q);
+    }
+    /* the more recomputed, the less stashed: none > block 1 > block 2 > uniform 1 > uniform 2
+     * (block 2 is uniform 1 where chunks hold two layers) */
+    T_CHECK(stash_of(base) > stash[0]);
+    T_CHECK(stash[0] > stash[1]);
+    T_CHECK(every[1] ? stash[1] == stash[2] : stash[1] > stash[2]);
+    T_CHECK(stash[2] > stash[3]);
+    T_CHECK(stash[4] < stash[0]);
+    printf("; losses %s\n", same ? "bit-identical" : "DIFFER");
+    mgc_plan_free(base);
+}
+
 /* ---- evaluation ---------------------------------------------------------------------- */
 
 /* Trains p STEPS steps on `data` (NULL: the plan's training data) with its evaluations:
@@ -2119,6 +2215,15 @@ int main(int argc, char **argv) {
         check_recompute_modules("examples/tiny-gpt.yaml", drop_sp);
         check_recompute_modules("models/tiny-llama.yaml", pp2);
         check_recompute_modules("models/tiny-moe.yaml", NULL);
+    }
+    if (!only || !strcmp(only, "recompute")) {
+        /* one chunk of four layers; two chunks of two (tp2 + SP: the regathered norm outputs
+         * re-run with their groups); MoE (the router and its counts re-run) */
+        static const char *const tp_pp[] = {"parallel.world_size=4", "parallel.pipeline=2", "parallel.tensor=2",
+                                            "parallel.sequence_parallel=true", NULL};
+        check_recompute_method("examples/tiny-gpt.yaml", NULL);
+        check_recompute_method("models/tiny-llama.yaml", tp_pp);
+        check_recompute_method("models/tiny-moe.yaml", NULL);
     }
     if (only && !strcmp(only, "eval")) check_eval();
     if (!only || !strcmp(only, "moeload")) check_expert_counts();
