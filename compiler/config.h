@@ -338,6 +338,8 @@ typedef struct mgc_blend {
       NULL, "Steps between checkpoints; 0 saves only at the end.")                                          \
     X(CKPT_KEEP, "checkpoint.keep", INT, checkpoint.keep, 3, 0, 1048576, NULL, 0, NULL,                      \
       "Most recent checkpoints kept; 0 keeps all.")                                                         \
+    X(CKPT_ASYNC, "checkpoint.async_save", BOOL, checkpoint.async_save, 0, 0, 0, NULL, 0, NULL,             \
+      "Save in the background: each rank copies the values it owns to host memory at the save, and a thread of its own writes them while training goes on (rank 0's then checksums and renames the file); mgc-run --async-save turns it on too.") \
     /* hardware target, for the cost model */                                                                \
     X(HW_GPU, "hardware.gpu", STRING, hardware.gpu, 0, 0, 0, NULL, 0, "\"h100-sxm\"",                        \
       "GPU model of the target (a hardware profile name).")                                                 \
@@ -485,6 +487,7 @@ typedef struct mgc_checkpoint_cfg {
     char *directory;
     int64_t interval;
     int64_t keep;
+    int async_save; /* write in the background (runtime/checkpoint.h mgc_ckpt_save_async) */
 } mgc_checkpoint_cfg;
 
 typedef struct mgc_hardware_cfg {

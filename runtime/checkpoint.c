@@ -5,11 +5,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "crc32c.h"
@@ -241,7 +244,10 @@ int mgc_ckpt_latest(const char *dir, char *path, size_t pathsz, int64_t *step, c
     char name[1024] = "";
     for (struct dirent *e; (e = readdir(d));) {
         int64_t s = step_of(e->d_name, ".mgck");
-        if (s > best && strlen(e->d_name) < sizeof name) best = s, snprintf(name, sizeof name, "%s", e->d_name);
+        struct stat st; /* a checkpoint is a file: a directory of that name is not one */
+        if (s > best && strlen(e->d_name) < sizeof name && fstatat(dirfd(d), e->d_name, &st, 0) == 0 &&
+            S_ISREG(st.st_mode))
+            best = s, snprintf(name, sizeof name, "%s", e->d_name);
     }
     closedir(d);
     if (best < 0) return 0;
@@ -696,6 +702,231 @@ fail:
     if (me == 0) unlink(partial);
     mgc_ckpt_model_free(&m);
     return -1;
+}
+
+/* ---- asynchronous save ------------------------------------------------------------------ */
+
+/* One contiguous run of the snapshot: `len` bytes at `pos` of the snapshot, for file offset
+ * `off`. */
+typedef struct snap_run {
+    uint64_t off;
+    size_t pos, len;
+} snap_run;
+
+struct mgc_ckpt_async {
+    const mgc_plan *plan;
+    char dir[4200], final[4200], partial[4300];
+    mgc_ckpt_model m;
+    mgc_exec_resume r;
+    int64_t gbs, completed, keep;
+    int me;
+    /* the values this rank owns, copied at the save (mgc_exec_ckpt_save through snap_put) */
+    uint8_t *bytes;
+    size_t n_bytes, cap_bytes;
+    snap_run *runs;
+    size_t n_runs, cap_runs;
+    uint64_t data_offset;
+    char snap_err[MSG];
+    /* the thread: writing the snapshot (phase 0, every rank), then finishing (phase 1, rank 0) */
+    pthread_t th;
+    int running;      /* a thread was started and not joined yet */
+    atomic_int busy;  /* 1 while the thread works; it stores 0 (release) as its last act */
+    int phase;        /* 0 writing, 1 finishing */
+    int rc;           /* the thread's result (read after busy is 0) */
+    char err[MSG];
+    double t0;        /* when the save began (CLOCK_MONOTONIC s) */
+};
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* mgc_exec_ckpt_io.put for a snapshot: the values to host memory, runs coalesced */
+static int snap_put(void *ctx, const char *name, int array, uint64_t gi, const float *v, int64_t n) {
+    mgc_ckpt_async *a = ctx;
+    const mgc_ckpt_tensor *t = find(&a->m, name);
+    if (!t || n < 0 || gi + (uint64_t)n > t->numel) {
+        snprintf(a->snap_err, sizeof a->snap_err, "%.900s: elements %" PRIu64 "..%" PRIu64 " of '%.60s' are not in the model",
+                 a->partial, gi, gi + (uint64_t)(n > 0 ? n : 0), name);
+        return -1;
+    }
+    size_t len = (size_t)n * 4;
+    uint64_t off = a->data_offset + t->offset + ((uint64_t)array * t->numel + gi) * 4;
+    if (a->n_bytes + len > a->cap_bytes) {
+        size_t cap = a->cap_bytes ? a->cap_bytes : (size_t)1 << 20;
+        while (cap < a->n_bytes + len)
+            cap *= 2;
+        uint8_t *b = realloc(a->bytes, cap);
+        if (!b) {
+            snprintf(a->snap_err, sizeof a->snap_err, "out of memory copying the checkpoint's values (%zu bytes)", cap);
+            return -1;
+        }
+        a->bytes = b, a->cap_bytes = cap;
+    }
+    memcpy(a->bytes + a->n_bytes, v, len);
+    snap_run *last = a->n_runs ? &a->runs[a->n_runs - 1] : NULL;
+    if (last && last->off + last->len == off && last->pos + last->len == a->n_bytes) {
+        last->len += len;
+    } else {
+        if (a->n_runs == a->cap_runs) {
+            size_t cap = a->cap_runs ? 2 * a->cap_runs : 256;
+            snap_run *r = realloc(a->runs, cap * sizeof *r);
+            if (!r) {
+                snprintf(a->snap_err, sizeof a->snap_err, "out of memory copying the checkpoint's values");
+                return -1;
+            }
+            a->runs = r, a->cap_runs = cap;
+        }
+        a->runs[a->n_runs++] = (snap_run){off, a->n_bytes, len};
+    }
+    a->n_bytes += len;
+    return 0;
+}
+
+static int snap_get(void *ctx, const char *name, int array, uint64_t gi, float *v, int64_t n) {
+    (void)ctx, (void)name, (void)array, (void)gi, (void)v, (void)n;
+    return -1; /* a save reads nothing */
+}
+
+/* phase 0, every rank: the snapshot into the partial file, synced */
+static int write_snapshot(mgc_ckpt_async *a, char *err, size_t errsz) {
+    int fd = open(a->partial, O_WRONLY);
+    if (fd < 0) return BAD("cannot open the checkpoint %s: %s", a->partial, strerror(errno));
+    int rc = 0;
+    for (size_t i = 0; i < a->n_runs && !rc; i++)
+        if (pwrite_all(fd, a->bytes + a->runs[i].pos, a->runs[i].len, a->runs[i].off))
+            rc = BAD("writing the checkpoint %s: %s", a->partial, strerror(errno));
+    if (!rc && fsync(fd)) rc = BAD("cannot write the checkpoint %s: %s", a->partial, strerror(errno));
+    if (close(fd) && !rc) rc = BAD("cannot write the checkpoint %s: %s", a->partial, strerror(errno));
+    return rc;
+}
+
+/* the thread's work for the current phase; no communication */
+static void async_work(mgc_ckpt_async *a) {
+    if (a->phase == 0) {
+        a->rc = write_snapshot(a, a->err, sizeof a->err);
+        free(a->bytes), a->bytes = NULL; /* written: the memory goes back at once */
+        a->n_bytes = a->cap_bytes = 0;
+    } else {
+        a->rc = finish(a->dir, a->partial, a->final, &a->m, &a->r, a->gbs, a->plan, a->err, sizeof a->err);
+        if (!a->rc) prune(a->dir, a->keep, a->completed);
+    }
+}
+
+static void *async_main(void *arg) {
+    mgc_ckpt_async *a = arg;
+    async_work(a);
+    atomic_store_explicit(&a->busy, 0, memory_order_release);
+    return NULL;
+}
+
+/* Starts the current phase's work on a thread (in line when no thread can start). */
+static void async_start(mgc_ckpt_async *a) {
+    atomic_store(&a->busy, 1);
+    if (pthread_create(&a->th, NULL, async_main, a) == 0) {
+        a->running = 1;
+        return;
+    }
+    async_main(a);
+}
+
+static void async_free(mgc_ckpt_async *a) {
+    if (!a) return;
+    if (a->running) pthread_join(a->th, NULL);
+    mgc_ckpt_model_free(&a->m);
+    free(a->bytes);
+    free(a->runs);
+    free(a);
+}
+
+int mgc_ckpt_save_async(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char *dir,
+                        int64_t completed, int64_t keep, mgc_ckpt_async **out, char *err, size_t errsz) {
+    *out = NULL;
+    mgc_ckpt_async *a = calloc(1, sizeof *a);
+    int rc = a ? 0 : BAD("out of memory");
+    if (!rc) {
+        a->plan = plan, a->completed = completed, a->keep = keep, a->me = mgc_comm_rank(world);
+        a->t0 = mono_s();
+        snprintf(a->dir, sizeof a->dir, "%s", dir);
+        if ((size_t)snprintf(a->final, sizeof a->final, "%s/step-%09" PRId64 ".mgck", dir, completed) >= sizeof a->final ||
+            strlen(dir) >= sizeof a->dir)
+            rc = BAD("the checkpoint directory path %s is too long", dir);
+        snprintf(a->partial, sizeof a->partial, "%s.partial", a->final);
+        mgc_exec_get_resume(x, completed, &a->r);
+        a->gbs = mgc_exec_global_batch(x);
+        if (!rc) rc = mgc_ckpt_model_of(plan, &a->m, err, errsz);
+        if (!rc) a->data_offset = data_offset_for(table_bytes(&a->m));
+    }
+    if (!rc && a->me == 0) rc = create_partial(dir, a->partial, &a->m, &a->r, a->gbs, plan, err, errsz);
+    if (agree(world, rc, err, errsz)) goto fail;
+    /* every rank: the values it owns, copied now (the next step changes them) */
+    mgc_exec_ckpt_io io = {snap_put, snap_get, a};
+    rc = mgc_exec_ckpt_save(x, &io);
+    if (rc) snprintf(err, errsz, "%s", a->snap_err[0] ? a->snap_err : mgc_exec_error(x));
+    if (agree(world, rc, err, errsz)) goto fail;
+    async_start(a);
+    *out = a;
+    return 0;
+fail:
+    if (a && a->me == 0) unlink(a->partial);
+    async_free(a);
+    return -1;
+}
+
+int64_t mgc_ckpt_async_step(const mgc_ckpt_async *a) {
+    return a ? a->completed : 0;
+}
+
+double mgc_ckpt_async_seconds(const mgc_ckpt_async *a) {
+    return a ? mono_s() - a->t0 : 0;
+}
+
+void mgc_ckpt_async_abandon(mgc_ckpt_async *a) {
+    async_free(a);
+}
+
+int mgc_ckpt_async_poll(mgc_ckpt_async **ap, mgc_comm *world, int wait, char *err, size_t errsz) {
+    mgc_ckpt_async *a = *ap;
+    if (!a) return 0;
+    int me = mgc_comm_rank(world), n = mgc_comm_size(world);
+    for (;;) {
+        if (a->running && (wait || !atomic_load_explicit(&a->busy, memory_order_acquire))) {
+            pthread_join(a->th, NULL);
+            a->running = 0;
+        }
+        int busy = a->running; /* joined threads are done; a running one may still be */
+        float mine[2] = {busy ? 1.0f : 0.0f, !busy && a->rc ? (float)(n - me) : 0.0f}, all[2] = {0, 0};
+        if (mgc_comm_all_reduce(world, mine, all, 2, MGC_DT_F32, MGC_COMM_MAX) != MGC_COMM_OK) {
+            snprintf(err, errsz, "checkpoint %s: %s", a->final, mgc_comm_error(world));
+            if (me == 0) {
+                if (a->running) pthread_join(a->th, NULL), a->running = 0;
+                unlink(a->partial);
+            }
+            async_free(a), *ap = NULL;
+            return -1;
+        }
+        if (all[1] > 0) { /* some rank's part failed: every rank reports the lowest one's */
+            snprintf(err, errsz, "%s", a->err);
+            agree(world, !busy && a->rc, err, errsz);
+            if (me == 0) {
+                if (a->running) pthread_join(a->th, NULL), a->running = 0;
+                unlink(a->partial);
+            }
+            async_free(a), *ap = NULL;
+            return -1;
+        }
+        if (all[0] == 0) {
+            if (a->phase == 1) { /* rank 0 has renamed it: complete */
+                async_free(a), *ap = NULL;
+                return 0;
+            }
+            a->phase = 1; /* every rank has written: rank 0 checksums, syncs and renames */
+            if (me == 0) async_start(a);
+        }
+        if (!wait) return 1;
+    }
 }
 
 /* A checkpoint of the plan's model from whole tensors (a converter's: mgc-import). */

@@ -66,6 +66,30 @@ int mgc_ckpt_latest(const char *dir, char *path, size_t pathsz, int64_t *step, c
  * -1 on every rank with err. */
 int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char *dir,
                   int64_t completed, int64_t keep, char *err, size_t errsz);
+/* An asynchronous save (checkpoint.async_save, mgc-run --async-save).  mgc_ckpt_save_async
+ * is collective: rank 0 creates the partial file as mgc_ckpt_save does, and every rank copies
+ * the values it owns into host memory (12 bytes a parameter of its share) and starts a thread
+ * of its own that writes them into the file and syncs it.  The thread never communicates.
+ * mgc_ckpt_async_poll, collective too and called at the same point by every rank (after each
+ * step), advances it with one all-reduce: once every rank has written, rank 0's thread
+ * checksums, syncs and renames the file and prunes the directory as mgc_ckpt_save does.
+ * The file is byte for byte the one mgc_ckpt_save writes, and a crash at any point leaves the
+ * complete checkpoints as they were. */
+typedef struct mgc_ckpt_async mgc_ckpt_async;
+/* Begins a save of x after `completed` steps; *out is the save in flight.  0 on every rank, or
+ * -1 on every rank with err (nothing left behind). */
+int mgc_ckpt_save_async(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char *dir,
+                        int64_t completed, int64_t keep, mgc_ckpt_async **out, char *err, size_t errsz);
+/* wait 0: 1 while the save is in flight, 0 once the file is complete (and *a freed, set NULL),
+ * -1 on every rank with the lowest failing rank's err (the partial file removed, *a freed).
+ * wait 1: blocks until 0 or -1.  *a NULL: 0. */
+int mgc_ckpt_async_poll(mgc_ckpt_async **a, mgc_comm *world, int wait, char *err, size_t errsz);
+int64_t mgc_ckpt_async_step(const mgc_ckpt_async *a);    /* the step it saves */
+double mgc_ckpt_async_seconds(const mgc_ckpt_async *a);  /* since it began */
+/* A failing run's way out: joins the thread and frees a, without communicating (the partial
+ * file stays, and the next save in the directory removes it).  NULL: no-op. */
+void mgc_ckpt_async_abandon(mgc_ckpt_async *a);
+
 /* Loads path into x (in place of mgc_exec_init_params) and fills *r (then
  * mgc_exec_set_resume).  params_only: the parameters alone, Adam's moments zero (a run that
  * starts from a checkpoint's model: mgc-run --init-from); r is then not filled.  Collective;

@@ -153,9 +153,25 @@ static int device_comm(mgc_exec *x, mgc_backend *be, mgc_comm *world, mgc_comm *
     return 0;
 }
 
+/* Waits for the checkpoint in the background, if any (collective), and says so on `log`. */
+static int wait_save(mgc_ckpt_async **pending, mgc_comm *world, FILE *log, const char *dir, char *err,
+                     size_t errsz) {
+    if (!*pending) return 0;
+    int64_t step = mgc_ckpt_async_step(*pending);
+    double secs = mgc_ckpt_async_seconds(*pending), t0 = now_s();
+    if (mgc_ckpt_async_poll(pending, world, 1, err, errsz)) return -1;
+    if (log) {
+        fprintf(log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in the background (%.2f s)\n", dir, step,
+                secs + now_s() - t0);
+        fflush(log);
+    }
+    return 0;
+}
+
 static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world, mgc_comm *dlocal,
                       const mgc_train_opts *o, char *err, size_t errsz) {
     mgc_comm *dworld = NULL; /* a device communicator this function opened (nccl) */
+    mgc_ckpt_async *pending = NULL; /* a checkpoint being written in the background */
     mgc_backend *be = NULL;
     mgc_exec *x = NULL;
     mgc_profile *prof = NULL;
@@ -227,6 +243,8 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
     }
     mgc_plan_config_int(plan, "checkpoint.interval", &c_every);
     mgc_plan_config_int(plan, "checkpoint.keep", &c_keep);
+    int64_t async = o->async_save;
+    if (!async) mgc_plan_config_int(plan, "checkpoint.async_save", &async);
     char cpath[4200] = "";
     if (ckpt && find_resume(world, cdir, cpath, sizeof cpath, err, errsz)) goto done;
     if (cpath[0]) {
@@ -295,6 +313,16 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
         log_loss += st.loss;
         log_n++;
         log_tokens += st.tokens;
+        /* a checkpoint in the background: every rank asks after each step (one all-reduce) */
+        if (pending) {
+            int64_t ps = mgc_ckpt_async_step(pending);
+            double secs = mgc_ckpt_async_seconds(pending);
+            int pr = mgc_ckpt_async_poll(&pending, world, 0, err, errsz);
+            if (pr < 0) goto done;
+            if (pr == 0 && lead && o->log)
+                fprintf(o->log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in the background (%.2f s)\n", cdir,
+                        ps, secs);
+        }
         /* a stop request: every rank stops after the same step */
         int stop = 0;
         if (o->stop) {
@@ -417,10 +445,18 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
         }
         if (ckpt && (stop || (c_every > 0 && (it + 1) % c_every == 0) || it + 1 == iters)) {
             double c0 = now_s();
-            if (mgc_ckpt_save(plan, x, world, cdir, it + 1, c_keep, err, errsz)) goto done;
-            if (lead && o->log)
-                fprintf(o->log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in %.2f s\n", cdir, it + 1,
-                        now_s() - c0);
+            if (async) { /* one save in flight at a time: the one before finishes first */
+                if (wait_save(&pending, world, lead ? o->log : NULL, cdir, err, errsz)) goto done;
+                if (mgc_ckpt_save_async(plan, x, world, cdir, it + 1, c_keep, &pending, err, errsz)) goto done;
+                if (lead && o->log)
+                    fprintf(o->log, "mgc-run: saving %s/step-%09" PRId64 ".mgck in the background (values copied in %.2f s)\n",
+                            cdir, it + 1, now_s() - c0);
+            } else {
+                if (mgc_ckpt_save(plan, x, world, cdir, it + 1, c_keep, err, errsz)) goto done;
+                if (lead && o->log)
+                    fprintf(o->log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in %.2f s\n", cdir, it + 1,
+                            now_s() - c0);
+            }
             t_log += now_s() - c0; /* not in the next line's tokens/s */
         }
         if (stop) {
@@ -431,6 +467,7 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
             break;
         }
     }
+    if (wait_save(&pending, world, lead ? o->log : NULL, cdir, err, errsz)) goto done;
     if (lead && o->log) {
         double t = now_s() - t_start;
         fprintf(o->log, "mgc-run: %" PRId64 " steps in %.2f s\n", iters > start ? iters - start : 0, t);
@@ -438,6 +475,7 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
     if (prof) o->profiles[mgc_comm_world_rank(world)] = prof, prof = NULL;
     rc = 0;
 done:
+    mgc_ckpt_async_abandon(pending);
     mgc_train_data_free(own_valid);
     mgc_train_data_free(test);
     mgc_profile_free(prof);

@@ -82,6 +82,9 @@ typedef struct mgc_train_opts {
     /* out, or NULL: (iterations x model.num_layers x moe.num_experts) the tokens each expert
      * of each layer processed at each step (mgc_step_stats.expert_counts; MoE models only) */
     int64_t *expert_counts;
+    /* 1: save checkpoints in the background (checkpoint.h mgc_ckpt_save_async) whatever the
+     * plan's checkpoint.async_save says; 0: as it says */
+    int async_save;
 } mgc_train_opts;
 
 #define MGC_TRAIN_OPTS_INIT                                                                        \

@@ -132,26 +132,37 @@ printf '\001' | dd of="$tmp/ck/b/step-000000003.mgck" bs=1 seek=40000 conv=notru
 expect "damaged checkpoint" 1 "step-000000003.mgck: the parameter values of" -- "$run" "$tmp/one.plan" --iterations 5 --checkpoint-dir "$tmp/ck/b" --metrics "$tmp/m.jsonl"
 [ -f "$tmp/ck/b/step-000000003.mgck" ] && ok "the damaged checkpoint is left in place" || bad "the damaged checkpoint was removed"
 # SIGTERM (a batch system's notice): the step finishes, a checkpoint is saved, exit 0; the next
-# run resumes after that step
+# run resumes after that step.  Again with --async-save and checkpoints every 5 steps (those in
+# flight finish before the exit), stopped by SIGUSR1 (Slurm's --signal=USR1@...)
 $mgc compile examples/tiny-gpt.yaml --no-kernels --set training.iterations=2000 --set model.seq_length=32 \
     -o "$tmp/long.plan" >/dev/null || exit 1
-"$run" "$tmp/long.plan" --checkpoint-dir "$tmp/ck/s" --metrics "$tmp/s.jsonl" --log-interval 1000 >"$tmp/out" 2>"$tmp/err" &
-pid=$!
-n=0
-while [ "$n" -lt 200 ] && [ "$(cat "$tmp/s.jsonl.partial" 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.05; n=$((n + 1)); done
-kill -TERM $pid
-wait $pid
-st=$?
-last=$(tail -n 1 "$tmp/s.jsonl" 2>/dev/null | sed 's/{"step": \([0-9]*\),.*/\1/')
-saved=$(printf '%s/ck/s/step-%09d.mgck' "$tmp" "${last:-0}")
-if [ "$st" = 0 ] && [ -n "$last" ] && [ "$last" -lt 2000 ] && [ -f "$saved" ] &&
-    grep -q "stopped on request after step $last: run again" "$tmp/out" &&
-    "$run" "$tmp/long.plan" --checkpoint-dir "$tmp/ck/s" --iterations $((last + 2)) -q --metrics "$tmp/t.jsonl" 2>>"$tmp/err" &&
-    [ "$(head -n 1 "$tmp/t.jsonl" | sed 's/{"step": \([0-9]*\),.*/\1/')" = $((last + 1)) ]; then
-    ok "SIGTERM after step $last: saved, exit 0, resumed at step $((last + 1))"
-else
-    bad "SIGTERM (exit $st, last step '$last')"; cat "$tmp/out" "$tmp/err"
-fi
+$mgc compile examples/tiny-gpt.yaml --no-kernels --set training.iterations=2000 --set model.seq_length=32 \
+    --set checkpoint.interval=5 --set checkpoint.keep=0 -o "$tmp/long5.plan" >/dev/null || exit 1
+for mode in sync async; do
+    plan="$tmp/long.plan" sig=TERM dir="$tmp/ck/s" extra=""
+    [ $mode = async ] && plan="$tmp/long5.plan" sig=USR1 dir="$tmp/ck/as" extra="--async-save"
+    rm -f "$tmp/s.jsonl" "$tmp/t.jsonl"
+    "$run" "$plan" --checkpoint-dir "$dir" $extra --metrics "$tmp/s.jsonl" --log-interval 1000 >"$tmp/out" 2>"$tmp/err" &
+    pid=$!
+    n=0
+    while [ "$n" -lt 200 ] && [ "$(cat "$tmp/s.jsonl.partial" 2>/dev/null | wc -l)" -lt 12 ]; do sleep 0.05; n=$((n + 1)); done
+    kill -$sig $pid
+    wait $pid
+    st=$?
+    last=$(tail -n 1 "$tmp/s.jsonl" 2>/dev/null | sed 's/{"step": \([0-9]*\),.*/\1/')
+    saved=$(printf '%s/step-%09d.mgck' "$dir" "${last:-0}")
+    if [ "$st" = 0 ] && [ -n "$last" ] && [ "$last" -lt 2000 ] && [ -f "$saved" ] &&
+        grep -q "stopped on request after step $last: run again" "$tmp/out" &&
+        ! ls "$dir" | grep -q partial &&
+        { [ $mode = sync ] || { [ -f "$dir/step-000000010.mgck" ] && grep -q "saved .*step-000000005.mgck in the background" "$tmp/out"; }; } &&
+        "$run" "$plan" --checkpoint-dir "$dir" $extra --iterations $((last + 2)) -q --metrics "$tmp/t.jsonl" 2>>"$tmp/err" &&
+        [ "$(head -n 1 "$tmp/t.jsonl" | sed 's/{"step": \([0-9]*\),.*/\1/')" = $((last + 1)) ]; then
+        ok "$mode saves, SIG$sig after step $last: saved, exit 0, resumed at step $((last + 1))"
+    else
+        bad "$mode saves, SIG$sig (exit $st, last step '$last')"; cat "$tmp/out" "$tmp/err"; ls "$dir"
+    fi
+done
+expect "usage: async without checkpoints" 2 "--async-save needs checkpoints" -- "$run" "$tmp/one.plan" --async-save
 
 # evaluation: the validation loss in the metrics of the steps that evaluate; a validation split
 # too small for one sample is refused before the first step

@@ -5,7 +5,7 @@
  *                  [--iterations N] [--log-interval N] [--metrics FILE]
  *                  [--profile FILE [--profile-warmup N]] [--cuda-graphs]
  *                  [--no-grad-overlap] [--no-send-overlap] [--checkpoint-dir DIR]
- *                  [--init-from CKPT] [-q]
+ *                  [--async-save] [--init-from CKPT] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
  *     RANK=r WORLD_SIZE=N MASTER_ADDR=host MASTER_PORT=p mgc-run PLAN ...
  *                                              # the same over TCP (torchrun --no-python)
@@ -54,6 +54,9 @@ static void usage(FILE *out) {
           "                     save checkpoints in DIR and resume from its newest (default: the\n"
           "                     plan's checkpoint.directory; docs/checkpoints.md); SIGTERM,\n"
           "                     SIGINT or SIGUSR1 then saves after the current step and stops\n"
+          "  --async-save       write checkpoints in the background while training goes on (as\n"
+          "                     checkpoint.async_save: true; each rank holds a host copy of its\n"
+          "                     share, 12 bytes a parameter, until its part is written)\n"
           "  --init-from CKPT   start from the parameters of checkpoint CKPT (any layout of the\n"
           "                     model) with a fresh optimizer at step 1: fine-tuning.  A\n"
           "                     checkpoint in the checkpoint directory takes precedence\n"
@@ -154,7 +157,7 @@ int main(int argc, char **argv) {
     const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
     const char *ckpt_dir = NULL, *init_from = NULL, *device_comm = "none";
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
-    int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0;
+    int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0, async_save = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int64_t *target = NULL, lo = 1, hi = 4096;
@@ -173,6 +176,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-send-overlap")) {
             no_send_overlap = 1;
+            continue;
+        }
+        if (!strcmp(a, "--async-save")) {
+            async_save = 1;
             continue;
         }
         if (!strcmp(a, "--local-ranks")) target = &local;
@@ -261,6 +268,12 @@ int main(int argc, char **argv) {
     }
     if (!ckpt_dir) ckpt_dir = mgc_plan_config_str(plan, "checkpoint.directory");
     if (ckpt_dir && !*ckpt_dir) ckpt_dir = NULL;
+    if (async_save && !ckpt_dir) {
+        fprintf(stderr, "mgc-run: --async-save needs checkpoints: give --checkpoint-dir DIR (or compile with "
+                        "checkpoint.directory)\n");
+        mgc_plan_free(plan);
+        return 2;
+    }
     /* one rank per process: under mpirun, or started the torchrun way over TCP */
     int use_mpi = !local && under_mpi();
     int use_tcp = !local && !use_mpi && mgc_comm_tcp_env();
@@ -423,6 +436,7 @@ int main(int argc, char **argv) {
     o.no_send_overlap = no_send_overlap;
     o.device_comm = device_comm;
     o.checkpoint_dir = ckpt_dir ? ckpt_dir : "";
+    o.async_save = async_save;
     o.init_from = init_from;
     o.valid = valid;
     if (ckpt_dir) {
