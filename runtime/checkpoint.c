@@ -502,27 +502,73 @@ static int crc_range(int fd, uint64_t off, uint64_t n, uint8_t *buf, uint32_t *o
     return 0;
 }
 
-int mgc_ckpt_verify(const char *path, const mgc_ckpt_info *info, char *err, size_t errsz) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return BAD("cannot open the checkpoint %s: %s", path, strerror(errno));
+/* ---- the checksums, shared out over the ranks --------------------------------------------
+ * The file's 3n arrays (tensor i's parameter, m, v, in table order) are contiguous in the data
+ * section.  Rank r of `world` takes the arrays whose first byte falls in the r-th of `world`
+ * equal parts of the section: a contiguous run of arrays, about 1/world of the bytes, so the
+ * ranks read the file back (to checksum it when saving, to verify it when loading) side by
+ * side instead of rank 0 reading all of it. */
+
+/* The share of every rank: arrays [first[r], first[r + 1]) for rank r (first: world + 1). */
+static int64_t *crc_shares(const mgc_ckpt_model *m, int world) {
+    int64_t *first = malloc((size_t)(world + 1) * sizeof *first), arrays = 3 * m->n;
+    if (!first) return NULL;
+    uint64_t total = 0;
+    for (int64_t i = 0; i < m->n; i++)
+        total += 12 * m->t[i].numel;
+    int r = 0;
+    first[0] = 0;
+    for (int64_t j = 0; j < arrays; j++) {
+        const mgc_ckpt_tensor *t = &m->t[j / 3];
+        uint64_t start = t->offset + (uint64_t)(j % 3) * t->numel * 4;
+        int owner = total ? (int)((unsigned __int128)start * (unsigned)world / total) : 0;
+        while (r < owner && r < world - 1)
+            first[++r] = j;
+    }
+    while (r < world)
+        first[++r] = arrays;
+    return first;
+}
+
+/* CRC-32C of arrays [lo, hi) of the file (data section at doff) into crc[0 .. hi - lo). */
+static int crc_arrays(int fd, uint64_t doff, const mgc_ckpt_model *m, int64_t lo, int64_t hi, uint32_t *crc) {
     uint8_t *buf = malloc(IO_BLOCK);
-    int rc = buf ? 0 : BAD("out of memory");
-    for (int64_t i = 0; i < info->model.n && !rc; i++) {
-        const mgc_ckpt_tensor *t = &info->model.t[i];
-        for (int a = 0; a < 3 && !rc; a++) {
-            uint32_t c;
-            if (crc_range(fd, info->data_offset + t->offset + (uint64_t)a * t->numel * 4, t->numel * 4, buf, &c))
-                rc = BAD("reading the checkpoint %s: %s", path, strerror(errno));
-            else if (c != t->crc[a])
-                rc = BAD("%s: the %s values of '%s' are damaged (checksum %08x, written %08x): the "
-                         "file changed after it was written; move it out of the checkpoint "
-                         "directory to resume from the one before it",
-                         path, ARRAY[a], t->name, c, t->crc[a]);
-        }
+    if (!buf) return -1;
+    int rc = 0;
+    for (int64_t j = lo; j < hi && !rc; j++) {
+        const mgc_ckpt_tensor *t = &m->t[j / 3];
+        rc = crc_range(fd, doff + t->offset + (uint64_t)(j % 3) * t->numel * 4, t->numel * 4, buf, &crc[j - lo]);
     }
     free(buf);
-    close(fd);
     return rc;
+}
+
+/* Rank `rank` of `world`'s share of mgc_ckpt_verify. */
+static int verify_share(const char *path, const mgc_ckpt_info *info, int rank, int world, char *err, size_t errsz) {
+    int64_t *first = crc_shares(&info->model, world);
+    if (!first) return BAD("out of memory");
+    int64_t lo = first[rank], hi = first[rank + 1];
+    free(first);
+    uint32_t *crc = malloc((size_t)(hi > lo ? hi - lo : 1) * sizeof *crc);
+    int fd = crc ? open(path, O_RDONLY) : -1;
+    int rc = !crc ? BAD("out of memory") : fd < 0 ? BAD("cannot open the checkpoint %s: %s", path, strerror(errno)) : 0;
+    if (!rc && crc_arrays(fd, info->data_offset, &info->model, lo, hi, crc))
+        rc = BAD("reading the checkpoint %s: %s", path, errno ? strerror(errno) : "out of memory");
+    for (int64_t j = lo; j < hi && !rc; j++) {
+        const mgc_ckpt_tensor *t = &info->model.t[j / 3];
+        if (crc[j - lo] != t->crc[j % 3])
+            rc = BAD("%s: the %s values of '%s' are damaged (checksum %08x, written %08x): the "
+                     "file changed after it was written; move it out of the checkpoint "
+                     "directory to resume from the one before it",
+                     path, ARRAY[j % 3], t->name, crc[j - lo], t->crc[j % 3]);
+    }
+    if (fd >= 0) close(fd);
+    free(crc);
+    return rc;
+}
+
+int mgc_ckpt_verify(const char *path, const mgc_ckpt_info *info, char *err, size_t errsz) {
+    return verify_share(path, info, 0, 1, err, errsz);
 }
 
 /* ---- collective agreement ------------------------------------------------------------------ */
@@ -637,21 +683,57 @@ static int create_partial(const char *dir, const char *partial, const mgc_ckpt_m
     return rc;
 }
 
-/* rank 0, once every rank has written: the checksums into the table, then sync and rename */
-static int finish(const char *dir, const char *partial, const char *final, mgc_ckpt_model *m,
-                  const mgc_exec_resume *r, int64_t gbs, const mgc_plan *plan, char *err,
-                  size_t errsz) {
+/* Every rank, once every rank has written: the checksums of its share (crc_shares) of the
+ * partial file into *out (malloc'd, first[me + 1] - first[me] of them). */
+static int checksum_share(const char *partial, const mgc_ckpt_model *m, int me, int world, uint32_t **out,
+                          char *err, size_t errsz) {
+    *out = NULL;
+    int64_t *first = crc_shares(m, world);
+    if (!first) return BAD("out of memory");
+    int64_t lo = first[me], hi = first[me + 1];
+    free(first);
+    uint32_t *crc = malloc((size_t)(hi > lo ? hi - lo : 1) * sizeof *crc);
+    int fd = crc ? open(partial, O_RDONLY) : -1;
+    int rc = !crc ? BAD("out of memory") : fd < 0 ? BAD("cannot reopen the checkpoint %s: %s", partial, strerror(errno)) : 0;
+    if (!rc && crc_arrays(fd, data_offset_for(table_bytes(m)), m, lo, hi, crc))
+        rc = BAD("reading back the checkpoint %s: %s", partial, errno ? strerror(errno) : "out of memory");
+    if (fd >= 0) close(fd);
+    if (rc) free(crc), crc = NULL;
+    *out = crc;
+    return rc;
+}
+
+/* Collective: every rank's share of the checksums into every rank's m (an all-gather of
+ * equal blocks, each rank's padded to the largest share). */
+static int gather_checksums(mgc_comm *world, mgc_ckpt_model *m, const uint32_t *mine, char *err, size_t errsz) {
+    int me = mgc_comm_rank(world), W = mgc_comm_size(world);
+    int64_t *first = crc_shares(m, W), most = 0;
+    if (!first) return BAD("out of memory");
+    for (int r = 0; r < W; r++)
+        most = first[r + 1] - first[r] > most ? first[r + 1] - first[r] : most;
+    if (most == 0) most = 1;
+    uint32_t *send = calloc((size_t)most, sizeof *send), *recv = calloc((size_t)most * (size_t)W, sizeof *recv);
+    int rc = send && recv ? 0 : BAD("out of memory");
+    if (!rc) {
+        if (first[me + 1] > first[me]) memcpy(send, mine, (size_t)(first[me + 1] - first[me]) * sizeof *send);
+        if (mgc_comm_all_gather(world, send, recv, (size_t)most * 4, MGC_DT_U8) != MGC_COMM_OK)
+            rc = BAD("checkpoint: gathering the checksums: %s", mgc_comm_error(world));
+    }
+    for (int r = 0; r < W && !rc; r++)
+        for (int64_t j = first[r]; j < first[r + 1]; j++)
+            m->t[j / 3].crc[j % 3] = recv[(size_t)r * (size_t)most + (size_t)(j - first[r])];
+    free(first), free(send), free(recv);
+    return rc;
+}
+
+/* rank 0, with every checksum in m: the table and header completed, synced, renamed */
+static int seal(const char *dir, const char *partial, const char *final, const mgc_ckpt_model *m,
+                const mgc_exec_resume *r, int64_t gbs, const mgc_plan *plan, char *err, size_t errsz) {
     int fd = open(partial, O_RDWR);
     if (fd < 0) return BAD("cannot reopen the checkpoint %s: %s", partial, strerror(errno));
     size_t tb = table_bytes(m);
-    uint64_t doff = data_offset_for(tb);
-    uint8_t *buf = malloc(IO_BLOCK > tb ? IO_BLOCK : tb), h[MGC_CKPT_HEADER_BYTES];
+    uint8_t *buf = malloc(tb ? tb : 1), h[MGC_CKPT_HEADER_BYTES];
     int rc = buf ? 0 : BAD("out of memory");
-    for (int64_t i = 0; i < m->n && !rc; i++)
-        for (int a = 0; a < 3 && !rc; a++)
-            if (crc_range(fd, doff + m->t[i].offset + (uint64_t)a * m->t[i].numel * 4, m->t[i].numel * 4,
-                          buf, &m->t[i].crc[a]))
-                rc = BAD("reading back the checkpoint %s: %s", partial, strerror(errno));
     if (!rc) {
         encode_table(m, buf);
         encode_header(h, r, gbs, plan, m, tb, mgc_crc32c(0, buf, tb));
@@ -691,8 +773,16 @@ int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
         if (close(c.fd) && !rc) rc = BAD("cannot write the checkpoint %s: %s", partial, strerror(errno));
     }
     if (agree(world, rc, err, errsz)) goto fail;
+    /* every rank checksums its share of the file; rank 0 completes the table and renames */
+    uint32_t *mine = NULL;
+    rc = checksum_share(partial, &m, me, mgc_comm_size(world), &mine, err, errsz);
+    if (agree(world, rc, err, errsz) || gather_checksums(world, &m, mine, err, errsz)) {
+        free(mine);
+        goto fail;
+    }
+    free(mine);
     if (me == 0) {
-        rc = finish(dir, partial, final, &m, &r, gbs, plan, err, errsz);
+        rc = seal(dir, partial, final, &m, &r, gbs, plan, err, errsz);
         if (!rc) prune(dir, keep, completed);
     }
     if (agree(world, rc, err, errsz)) goto fail;
@@ -727,11 +817,14 @@ struct mgc_ckpt_async {
     size_t n_runs, cap_runs;
     uint64_t data_offset;
     char snap_err[MSG];
-    /* the thread: writing the snapshot (phase 0, every rank), then finishing (phase 1, rank 0) */
+    /* the thread: writing the snapshot (phase 0, every rank), checksumming its share of the
+     * file (phase 1, every rank), completing and renaming it (phase 2, rank 0) */
     pthread_t th;
     int running;      /* a thread was started and not joined yet */
     atomic_int busy;  /* 1 while the thread works; it stores 0 (release) as its last act */
-    int phase;        /* 0 writing, 1 finishing */
+    int phase;        /* 0 writing, 1 checksumming, 2 sealing */
+    int world;        /* ranks */
+    uint32_t *crc;    /* phase 1's checksums of this rank's share */
     int rc;           /* the thread's result (read after busy is 0) */
     char err[MSG];
     double t0;        /* when the save began (CLOCK_MONOTONIC s) */
@@ -809,8 +902,10 @@ static void async_work(mgc_ckpt_async *a) {
         a->rc = write_snapshot(a, a->err, sizeof a->err);
         free(a->bytes), a->bytes = NULL; /* written: the memory goes back at once */
         a->n_bytes = a->cap_bytes = 0;
+    } else if (a->phase == 1) {
+        a->rc = checksum_share(a->partial, &a->m, a->me, a->world, &a->crc, a->err, sizeof a->err);
     } else {
-        a->rc = finish(a->dir, a->partial, a->final, &a->m, &a->r, a->gbs, a->plan, a->err, sizeof a->err);
+        a->rc = seal(a->dir, a->partial, a->final, &a->m, &a->r, a->gbs, a->plan, a->err, sizeof a->err);
         if (!a->rc) prune(a->dir, a->keep, a->completed);
     }
 }
@@ -838,6 +933,7 @@ static void async_free(mgc_ckpt_async *a) {
     mgc_ckpt_model_free(&a->m);
     free(a->bytes);
     free(a->runs);
+    free(a->crc);
     free(a);
 }
 
@@ -848,6 +944,7 @@ int mgc_ckpt_save_async(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, cons
     int rc = a ? 0 : BAD("out of memory");
     if (!rc) {
         a->plan = plan, a->completed = completed, a->keep = keep, a->me = mgc_comm_rank(world);
+        a->world = mgc_comm_size(world);
         a->t0 = mono_s();
         snprintf(a->dir, sizeof a->dir, "%s", dir);
         if ((size_t)snprintf(a->final, sizeof a->final, "%s/step-%09" PRId64 ".mgck", dir, completed) >= sizeof a->final ||
@@ -918,12 +1015,18 @@ int mgc_ckpt_async_poll(mgc_ckpt_async **ap, mgc_comm *world, int wait, char *er
             return -1;
         }
         if (all[0] == 0) {
-            if (a->phase == 1) { /* rank 0 has renamed it: complete */
+            if (a->phase == 2) { /* rank 0 has renamed it: complete */
                 async_free(a), *ap = NULL;
                 return 0;
             }
-            a->phase = 1; /* every rank has written: rank 0 checksums, syncs and renames */
-            if (me == 0) async_start(a);
+            if (a->phase == 1 && gather_checksums(world, &a->m, a->crc, err, errsz)) {
+                if (me == 0) unlink(a->partial);
+                async_free(a), *ap = NULL;
+                return -1;
+            }
+            /* every rank has written: each checksums its share; then rank 0 seals */
+            a->phase++;
+            if (a->phase == 1 || me == 0) async_start(a);
         }
         if (!wait) return 1;
     }
@@ -960,7 +1063,12 @@ int mgc_ckpt_write_model(const mgc_plan *plan, const char *path, mgc_ckpt_fill_f
             rc = BAD("cannot write the checkpoint %s: %s", partial, strerror(errno));
     }
     if (fd >= 0 && (fsync(fd) || close(fd)) && !rc) rc = BAD("cannot write the checkpoint %s: %s", partial, strerror(errno));
-    if (!rc) rc = finish(dir, partial, path, &m, &r, gbs, plan, err, errsz);
+    uint32_t *crc = NULL; /* one writer: the whole file is its share */
+    if (!rc) rc = checksum_share(partial, &m, 0, 1, &crc, err, errsz);
+    for (int64_t j = 0; j < 3 * m.n && !rc; j++)
+        m.t[j / 3].crc[j % 3] = crc[j];
+    free(crc);
+    if (!rc) rc = seal(dir, partial, path, &m, &r, gbs, plan, err, errsz);
     if (rc) unlink(partial);
     free(v);
     mgc_ckpt_model_free(&m);
@@ -1013,7 +1121,8 @@ int mgc_ckpt_load(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
                  "directory of its own",
                  path, info.vocab_size, vocab);
     if (!rc) rc = match(path, &info.model, &want, params_only, err, errsz);
-    if (!rc && mgc_comm_rank(world) == 0) rc = mgc_ckpt_verify(path, &info, err, errsz);
+    /* every rank verifies its share of the checksums before any rank reads a value */
+    if (!rc) rc = verify_share(path, &info, mgc_comm_rank(world), mgc_comm_size(world), err, errsz);
     if (agree(world, rc, err, errsz)) {
         rc = -1;
         goto done;

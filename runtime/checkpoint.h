@@ -12,10 +12,11 @@
  *
  * Writing: rank 0 creates DIR/step-N.mgck.partial with its header and tensor table; every
  * rank writes the elements it owns (each element of the model has exactly one owner);
- * rank 0 reads the data back for its CRC-32C checksums, completes the table, syncs the file
- * and renames it to DIR/step-N.mgck.  A crash leaves the last complete checkpoint as it
- * was.  Reading: every rank checks the header and table; rank 0 checks every checksum
- * before any rank reads a value. */
+ * every rank reads back its share of the file (about 1/world of its bytes) for the CRC-32C
+ * checksums, and rank 0, given all of them, completes the table, syncs the file and renames
+ * it to DIR/step-N.mgck.  A crash leaves the last complete checkpoint as it was.  Reading:
+ * every rank checks the header and table, and its share of the checksums, before any rank
+ * reads a value. */
 #ifndef MGC_CHECKPOINT_H
 #define MGC_CHECKPOINT_H
 
@@ -71,8 +72,10 @@ int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
  * the values it owns into host memory (12 bytes a parameter of its share) and starts a thread
  * of its own that writes them into the file and syncs it.  The thread never communicates.
  * mgc_ckpt_async_poll, collective too and called at the same point by every rank (after each
- * step), advances it with one all-reduce: once every rank has written, rank 0's thread
- * checksums, syncs and renames the file and prunes the directory as mgc_ckpt_save does.
+ * step), advances it with one all-reduce: once every rank has written, each rank's thread
+ * checksums its share of the file; once all have, the checksums are gathered (one
+ * all-gather) and rank 0's thread completes, syncs and renames the file and prunes the
+ * directory as mgc_ckpt_save does.
  * The file is byte for byte the one mgc_ckpt_save writes, and a crash at any point leaves the
  * complete checkpoints as they were. */
 typedef struct mgc_ckpt_async mgc_ckpt_async;
