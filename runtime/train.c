@@ -153,13 +153,15 @@ static int device_comm(mgc_exec *x, mgc_backend *be, mgc_comm *world, mgc_comm *
     return 0;
 }
 
-/* Waits for the checkpoint in the background, if any (collective), and says so on `log`. */
-static int wait_save(mgc_ckpt_async **pending, mgc_comm *world, FILE *log, const char *dir, char *err,
-                     size_t errsz) {
+/* Waits for the checkpoint in the background, if any (collective), and says so on `log`;
+ * *longest: the longest save so far, raised to this one's duration. */
+static int wait_save(mgc_ckpt_async **pending, mgc_comm *world, FILE *log, const char *dir, double *longest,
+                     char *err, size_t errsz) {
     if (!*pending) return 0;
     int64_t step = mgc_ckpt_async_step(*pending);
     double secs = mgc_ckpt_async_seconds(*pending), t0 = now_s();
     if (mgc_ckpt_async_poll(pending, world, 1, err, errsz)) return -1;
+    if (secs + now_s() - t0 > *longest) *longest = secs + now_s() - t0;
     if (log) {
         fprintf(log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in the background (%.2f s)\n", dir, step,
                 secs + now_s() - t0);
@@ -170,6 +172,7 @@ static int wait_save(mgc_ckpt_async **pending, mgc_comm *world, FILE *log, const
 
 static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *world, mgc_comm *dlocal,
                       const mgc_train_opts *o, char *err, size_t errsz) {
+    double t_call = now_s();  /* the time limit counts from here */
     mgc_comm *dworld = NULL; /* a device communicator this function opened (nccl) */
     mgc_ckpt_async *pending = NULL; /* a checkpoint being written in the background */
     mgc_backend *be = NULL;
@@ -290,6 +293,8 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
     else if (lead && o->log && o->init_from && *o->init_from)
         fprintf(o->log, "mgc-run: the parameters of %s, a fresh optimizer, step 1\n", o->init_from);
     double t_start = now_s(), t_log = t_start, log_loss = 0;
+    double longest_step = 0, longest_save = 0; /* what the time limit must leave room for */
+    int timed_out = 0;
     int64_t log_n = 0, log_tokens = 0;
     for (int64_t it = start; it < iters; it++) {
         mgc_step_stats st;
@@ -319,19 +324,23 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
             double secs = mgc_ckpt_async_seconds(pending);
             int pr = mgc_ckpt_async_poll(&pending, world, 0, err, errsz);
             if (pr < 0) goto done;
+            if (pr == 0 && secs > longest_save) longest_save = secs;
             if (pr == 0 && lead && o->log)
                 fprintf(o->log, "mgc-run: saved %s/step-%09" PRId64 ".mgck in the background (%.2f s)\n", cdir,
                         ps, secs);
         }
-        /* a stop request: every rank stops after the same step */
+        /* a stop request, or the time limit near: every rank stops after the same step */
         int stop = 0;
-        if (o->stop) {
-            float mine = *o->stop ? 1.0f : 0.0f, any = 0;
+        longest_step = dt > longest_step ? dt : longest_step;
+        int out_of_time = o->time_limit_s > 0 && now_s() - t_call + longest_step + longest_save > o->time_limit_s;
+        if (o->stop || o->time_limit_s > 0) {
+            float mine = (o->stop && *o->stop) ? 1.0f : out_of_time ? 2.0f : 0.0f, any = 0;
             if (mgc_comm_all_reduce(world, &mine, &any, 1, MGC_DT_F32, MGC_COMM_MAX) != MGC_COMM_OK) {
                 snprintf(err, errsz, "step %" PRId64 ": agreeing on a stop: %s", it + 1, mgc_comm_error(world));
                 goto done;
             }
             stop = any > 0;
+            timed_out = any == 2.0f;
             if (stop && o->stopped_after && own_out) *o->stopped_after = it + 1;
         }
         /* the validation loss: eval_iters global batches, the same every time; and after the
@@ -446,7 +455,7 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
         if (ckpt && (stop || (c_every > 0 && (it + 1) % c_every == 0) || it + 1 == iters)) {
             double c0 = now_s();
             if (async) { /* one save in flight at a time: the one before finishes first */
-                if (wait_save(&pending, world, lead ? o->log : NULL, cdir, err, errsz)) goto done;
+                if (wait_save(&pending, world, lead ? o->log : NULL, cdir, &longest_save, err, errsz)) goto done;
                 if (mgc_ckpt_save_async(plan, x, world, cdir, it + 1, c_keep, &pending, err, errsz)) goto done;
                 if (lead && o->log)
                     fprintf(o->log, "mgc-run: saving %s/step-%09" PRId64 ".mgck in the background (values copied in %.2f s)\n",
@@ -458,16 +467,18 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
                             now_s() - c0);
             }
             t_log += now_s() - c0; /* not in the next line's tokens/s */
+            longest_save = now_s() - c0 > longest_save ? now_s() - c0 : longest_save;
         }
         if (stop) {
             if (lead && o->log)
-                fprintf(o->log, "mgc-run: stopped on request after step %" PRId64 "%s\n", it + 1,
+                fprintf(o->log, "mgc-run: stopped %s after step %" PRId64 "%s\n",
+                        timed_out ? "before the time limit" : "on request", it + 1,
                         ckpt ? ": run again to resume from its checkpoint" : " (no checkpoint directory: nothing saved)");
             iters = it + 1;
             break;
         }
     }
-    if (wait_save(&pending, world, lead ? o->log : NULL, cdir, err, errsz)) goto done;
+    if (wait_save(&pending, world, lead ? o->log : NULL, cdir, &longest_save, err, errsz)) goto done;
     if (lead && o->log) {
         double t = now_s() - t_start;
         fprintf(o->log, "mgc-run: %" PRId64 " steps in %.2f s\n", iters > start ? iters - start : 0, t);

@@ -163,6 +163,21 @@ for mode in sync async; do
     fi
 done
 expect "usage: async without checkpoints" 2 "--async-save needs checkpoints" -- "$run" "$tmp/one.plan" --async-save
+# --time-limit: the run stops by itself while the limit still holds a step and a save, with a
+# checkpoint of its last step, exit 0; the next run resumes after it
+rm -f "$tmp/s.jsonl"
+if "$run" "$tmp/long.plan" --checkpoint-dir "$tmp/ck/tl" --time-limit 2s --metrics "$tmp/s.jsonl" --log-interval 1000 >"$tmp/out" 2>"$tmp/err"; then
+    last=$(tail -n 1 "$tmp/s.jsonl" | sed 's/{"step": \([0-9]*\),.*/\1/')
+    if [ -n "$last" ] && [ "$last" -lt 2000 ] && [ -f "$(printf '%s/ck/tl/step-%09d.mgck' "$tmp" "$last")" ] &&
+        grep -q "stopped before the time limit after step $last: run again" "$tmp/out"; then
+        ok "--time-limit 2s: stopped after step $last with its checkpoint"
+    else
+        bad "--time-limit (last step '$last')"; cat "$tmp/out"
+    fi
+else
+    bad "--time-limit: exit status $?"; cat "$tmp/out" "$tmp/err"
+fi
+expect "usage: time limit" 2 "--time-limit needs a duration above 0" -- "$run" "$tmp/one.plan" --time-limit 10x
 
 # evaluation: the validation loss in the metrics of the steps that evaluate; a validation split
 # too small for one sample is refused before the first step

@@ -55,6 +55,8 @@ static mgc_plan *compile(const char *path, const char *const *sets) {
 static const char *init_from; /* run(): mgc_train_opts.init_from */
 static double *eval_out;       /* run(): mgc_train_opts.eval_losses */
 static int async_saves;        /* run(): mgc_train_opts.async_save */
+static double time_limit;      /* run(): mgc_train_opts.time_limit_s */
+static int64_t stopped;        /* run(): mgc_train_opts.stopped_after */
 #define W(n) "parallel.world_size=" #n
 
 static int run(const mgc_plan *p, const char *dir, int64_t until, double *loss, double *norm,
@@ -71,6 +73,9 @@ static int run(const mgc_plan *p, const char *dir, int64_t until, double *loss, 
     o.init_from = init_from;
     o.eval_losses = eval_out;
     o.async_save = async_saves;
+    o.time_limit_s = time_limit;
+    o.stopped_after = &stopped;
+    stopped = 0;
     for (int i = 0; i < STEPS; i++) {
         loss[i] = norm[i] = NAN;
         if (eval_out) eval_out[i] = NAN;
@@ -352,6 +357,31 @@ static void check_async(const char *path, const char *name, const char *const *s
            path, name, (long long)p->grid.world, STEPS, same ? "bit-identical" : "DIFFER", STOP,
            resumed ? "bit for bit" : "DIFFERENTLY");
     t_remove_dir(a), t_remove_dir(b), t_remove_dir(c);
+    mgc_plan_free(p);
+}
+
+/* mgc_train_opts.time_limit_s: a limit already spent stops every rank after step 1, with its
+ * checkpoint, successfully; the next run resumes there. */
+static void check_time_limit(void) {
+    static const char *const sets[] = {W(2), "parallel.data=2", NULL};
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", sets);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    char d[64], f[600], err[4096];
+    make_dir(d);
+    double l[STEPS], n[STEPS];
+    int64_t r;
+    time_limit = 1e-9;
+    T_EQ_I64(run(p, d, STEPS, l, n, &r, err, sizeof err), 0);
+    time_limit = 0;
+    T_EQ_I64(stopped, 1);
+    T_CHECK(!isnan(l[0]) && isnan(l[1]));
+    T_CHECK(access(ckpt_path(f, d, 1), R_OK) == 0);
+    T_EQ_I64(run(p, d, STEPS, l, n, &r, err, sizeof err), 0);
+    T_EQ_I64(r, 1);
+    T_EQ_I64(stopped, 0);
+    printf("time limit spent: both ranks stopped after step 1 with its checkpoint; resumed there to step %d\n", STEPS);
+    t_remove_dir(d);
     mgc_plan_free(p);
 }
 
@@ -699,6 +729,7 @@ int main(void) {
     check_async("examples/tiny-gpt.yaml", "tp2 pp2 dp2", t8);
     check_async("models/tiny-moe.yaml", "ep2 dist-opt", moe);
     check_async_failure();
+    check_time_limit();
     check_refusals();
     check_every_flip();
     check_init_from();

@@ -5,7 +5,7 @@
  *                  [--iterations N] [--log-interval N] [--metrics FILE]
  *                  [--profile FILE [--profile-warmup N]] [--cuda-graphs]
  *                  [--no-grad-overlap] [--no-send-overlap] [--checkpoint-dir DIR]
- *                  [--async-save] [--init-from CKPT] [-q]
+ *                  [--async-save] [--time-limit DURATION] [--init-from CKPT] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
  *     RANK=r WORLD_SIZE=N MASTER_ADDR=host MASTER_PORT=p mgc-run PLAN ...
  *                                              # the same over TCP (torchrun --no-python)
@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -57,6 +58,9 @@ static void usage(FILE *out) {
           "  --async-save       write checkpoints in the background while training goes on (as\n"
           "                     checkpoint.async_save: true; each rank holds a host copy of its\n"
           "                     share, 12 bytes a parameter, until its part is written)\n"
+          "  --time-limit T     stop, with a checkpoint, while the time left since mgc-run started\n"
+          "                     still holds another step and a save: T in minutes, or 90s, 30m, 4h\n"
+          "                     (a batch job's wall-clock limit; run again to resume)\n"
           "  --init-from CKPT   start from the parameters of checkpoint CKPT (any layout of the\n"
           "                     model) with a fresh optimizer at step 1: fine-tuning.  A\n"
           "                     checkpoint in the checkpoint directory takes precedence\n"
@@ -85,6 +89,23 @@ static void usage(FILE *out) {
           "\n"
           "exit status: 0 ok, 1 error, 2 usage error\n",
           out);
+}
+
+/* A duration: a number of minutes (Megatron's --exit-duration-in-mins), or with a unit: 90s,
+ * 30m, 4h.  Seconds out; -1 when it is not one, or not above 0. */
+static double parse_duration(const char *s) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || !end || end == s || !(v > 0) || v > 1e9) return -1;
+    double unit = !*end ? 60 : !strcmp(end, "s") ? 1 : !strcmp(end, "m") ? 60 : !strcmp(end, "h") ? 3600 : -1;
+    return unit < 0 ? -1 : v * unit;
+}
+
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -155,6 +176,7 @@ static int under_mpi(void) {
 
 int main(int argc, char **argv) {
     const char *plan_path = NULL, *metrics_path = NULL, *profile_path = NULL, *backend = "auto";
+    double t_main = mono_s(), time_limit = 0;
     const char *ckpt_dir = NULL, *init_from = NULL, *device_comm = "none";
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
     int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0, async_save = 0;
@@ -180,6 +202,16 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--async-save")) {
             async_save = 1;
+            continue;
+        }
+        if (!strcmp(a, "--time-limit")) {
+            if (i + 1 >= argc || (time_limit = parse_duration(argv[i + 1])) < 0) {
+                fprintf(stderr, "mgc-run: --time-limit needs a duration above 0: minutes, or with a unit "
+                                "(90s, 30m, 4h)%s%s%s\n",
+                        i + 1 < argc ? " (got '" : "", i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "')" : "");
+                return 2;
+            }
+            i++;
             continue;
         }
         if (!strcmp(a, "--local-ranks")) target = &local;
@@ -437,6 +469,10 @@ int main(int argc, char **argv) {
     o.device_comm = device_comm;
     o.checkpoint_dir = ckpt_dir ? ckpt_dir : "";
     o.async_save = async_save;
+    if (time_limit > 0) { /* what is left of it once the run starts its steps' setup */
+        o.time_limit_s = time_limit - (mono_s() - t_main);
+        if (o.time_limit_s <= 0) o.time_limit_s = 1e-9; /* spent already: one step, then stop */
+    }
     o.init_from = init_from;
     o.valid = valid;
     if (ckpt_dir) {
