@@ -10,7 +10,10 @@
  *   re-done    recomputed in the backward by a copy of its producing op
  *              flagged MGC_POF_RECOMPUTE: sequence all-gathers (SP, CP)
  *              always; the attention core's logsumexp with selective
- *              recompute; every layer-internal tensor with full recompute.
+ *              recompute; every tensor made and read inside a recompute unit:
+ *              full recompute's layers or groups of layers (its method), the
+ *              layer halves of the modules mlp and moe; the norm and activation
+ *              outputs of those modules.
  *
  * Sections: the builder shared with partition.c (storage, renaming), helpers,
  * the fetch policy, rules per op kind, the pass, pruning and the stash,
@@ -201,6 +204,7 @@ int32_t mgc_cb_op(mgc_cb *b, int pass, const mgc_plan_op *op) {
         memset(fx, 0, sizeof *fx);
         fx->ref[0] = fx->ref[1] = fx->ref[2] = -1;
         fx->n_all_out = op->n_out;
+        fx->part = (uint8_t)b->part;
         for (int i = 0; i < op->n_out; i++) {
             fx->all_out[i] = op->out[i];
             b->tx[op->out[i]].fprod = id;
@@ -325,18 +329,35 @@ static int is_lse(const mgc_cb *b, int32_t t, int32_t f) {
     return b->f[f].kind == MGC_POP_ATTENTION && b->fx[f].n_all_out > 1 && b->fx[f].all_out[1] == t;
 }
 
-/* Full recompute's unit of decoder layer L: the first layer of the group it re-runs with
- * (training.recompute_method), else L itself; -1 outside the layers. */
-static int32_t unit_of(const mgc_cb *b, int32_t L) {
-    if (L < 0 || b->recompute != MGC_RECOMPUTE_FULL || !b->c) return L;
-    int32_t g = mgc_config_recompute_group(b->c, L);
-    return g >= 0 ? g : L;
+/* Full recompute's group of decoder layer L (training.recompute_method): its first layer, or
+ * -1 when full recompute leaves L alone. */
+static int32_t full_group(const mgc_cb *b, int32_t L) {
+    if (L < 0 || b->recompute != MGC_RECOMPUTE_FULL) return -1;
+    return b->c ? mgc_config_recompute_group(b->c, L) : L;
 }
 
-/* Layer L re-runs its forward in the backward (full recompute, and its method picks it). */
-static int redone_layer(const mgc_cb *b, int32_t L) {
-    if (L < 0 || b->recompute != MGC_RECOMPUTE_FULL) return 0;
-    return !b->c || mgc_config_recompute_group(b->c, L) >= 0;
+/* Forward op f is in a layer half that training.recompute_modules mlp / moe re-runs. */
+static int half_redone(const mgc_cb *b, int32_t f) {
+    uint8_t part = b->fx[f].part;
+    return b->f[f].layer >= 0 &&
+           (((b->recompute_modules & MGC_RECOMPUTE_MOD_MLP) && part == MGC_IR_PART_MLP) ||
+            ((b->recompute_modules & MGC_RECOMPUTE_MOD_MOE) && part == MGC_IR_PART_MOE));
+}
+
+/* The recompute unit of forward op f: a unit re-runs from the tensors that enter it, which are
+ * stashed (b->tx.crosses); everything made and read inside it is re-done.  Full recompute's
+ * group of layers, else the layer half the modules mlp / moe re-run, else the layer itself
+ * (a unit only for the other modules' purposes); -1 outside the layers. */
+static int64_t unit_of(const mgc_cb *b, int32_t f) {
+    int32_t L = b->f[f].layer, g = full_group(b, L);
+    if (L < 0) return -1;
+    if (g >= 0) return (int64_t)g * 4;
+    return (int64_t)L * 4 + (half_redone(b, f) ? 2 : 1);
+}
+
+/* Forward op f's outputs are re-done in the backward unless they leave its unit. */
+static int redone_op(const mgc_cb *b, int32_t f) {
+    return full_group(b, b->f[f].layer) >= 0 || half_redone(b, f);
 }
 
 static int policy(const mgc_cb *b, int32_t t) {
@@ -349,7 +370,7 @@ static int policy(const mgc_cb *b, int32_t t) {
     if (f < 0) return P_DIRECT;
     if (b->fx[f].regather) return P_REDO;
     if (b->recompute == MGC_RECOMPUTE_SELECTIVE && is_lse(b, t, f)) return P_REDO;
-    if (redone_layer(b, b->f[f].layer) && !b->tx[t].crosses) return P_REDO;
+    if (redone_op(b, f) && !b->tx[t].crosses) return P_REDO;
     /* training.recompute_modules: a layer's norm output, from the norm's stashed input; its
      * GELU / SwiGLU output, from the stashed GEMM output the activation's backward reads */
     uint16_t k = b->f[f].kind;
@@ -741,7 +762,7 @@ int mgc_autodiff(mgc_cb *b) {
     for (int64_t i = 0; i < b->nf; i++)
         for (int k = 0; k < b->f[i].n_in; k++) {
             int32_t t = b->f[i].in[k], p = b->tx[t].fprod;
-            if (p >= 0 && unit_of(b, b->f[p].layer) != unit_of(b, b->f[i].layer)) b->tx[t].crosses = 1;
+            if (p >= 0 && unit_of(b, p) != unit_of(b, (int32_t)i)) b->tx[t].crosses = 1;
         }
     if (b->out_act >= 0 && b->out_act != b->in_act) {
         b->tx[b->out_act].crosses = 1;
@@ -749,13 +770,14 @@ int mgc_autodiff(mgc_cb *b) {
     }
     /* a recomputed unit's forward re-runs, in forward order, as its backward starts (at its
      * last layer's last op) */
-    int32_t unit = -2;
+    int64_t unit = -2;
     for (int64_t i = b->nf - 1; i >= 0 && !b->failed; i--) {
-        int32_t L = b->f[i].layer, u = unit_of(b, L);
-        if (u != unit) {
+        int32_t L = b->f[i].layer, g = full_group(b, L);
+        int64_t u = unit_of(b, (int32_t)i);
+        if (u != unit) { /* a half the modules re-run is re-done lazily, as its backward reads it */
             unit = u;
-            if (redone_layer(b, L))
-                for (int32_t l = u; l <= L; l++)
+            if (g >= 0)
+                for (int32_t l = g; l <= L; l++)
                     redo_layer(b, l);
         }
         backward_op(b, (int32_t)i);

@@ -31,6 +31,7 @@ typedef struct mgc_cb_fop {
                                        all-reduce it (Megatron's f, column-parallel input) */
     uint8_t regather;               /* an all-gather the backward redoes instead of saving */
     uint8_t root;                   /* the loss: the backward starts here */
+    uint8_t part;                   /* mgc_ir_part of the IR op it came from */
     int32_t ref[3];                 /* tensors the backward needs that the op does not read:
                                        MOE_ROUTE phase 0 {reduced counts of the aux loss};
                                        the loss op {logits, labels, loss mask} */
@@ -57,6 +58,7 @@ typedef struct mgc_cb {
     mgc_dtype dt;  /* compute dtype */
     int64_t tp, cp, ep, etp;
     int sp; /* sequence parallelism in effect */
+    int part; /* mgc_ir_part of the IR op being partitioned (forward ops take it) */
 
     mgc_plan_tensor *t; /* (nt) tensors */
     mgc_partition_tensor_info *ti;

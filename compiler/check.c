@@ -886,14 +886,19 @@ static void check_training(mgc_check_ctx *k) {
             dup |= rm->v[j] && !strcmp(s, rm->v[j]);
         if (!known)
             mgc_check_error(k, at,
-                            "the modules are norm, activation and dropout (Megatron's layernorm "
-                            "and moe_act are the first two)",
+                            "the modules are norm, activation, dropout, mlp and moe (Megatron's "
+                            "layernorm and moe_act are the first two)",
                             "training.recompute_modules[%d] \"%.60s\" is not a module mgc "
                             "recomputes",
                             i, s);
         else if (dup)
             mgc_check_warning(k, at, "remove the repeat",
                               "training.recompute_modules[%d] \"%s\" is listed twice", i, s);
+        else if (!strcmp(s, "moe") && c->moe.num_experts == 0)
+            mgc_check_warning(k, at, "remove it, or use mlp for a dense model's MLPs",
+                              "training.recompute_modules[%d] moe has no effect: the model has no "
+                              "MoE layers (moe.num_experts is 0)",
+                              i);
     }
     if (t->loss_chunks > 1 && c->parallel.context >= 1 &&
         c->model.seq_length % c->parallel.context == 0 && !mgc_loss_chunks_fit(c, t->loss_chunks)) {
@@ -1288,6 +1293,11 @@ static void check_recompute(mgc_check_ctx *k) {
     mgc_config *c = k->c;
     const mgc_training_cfg *t = &c->training;
     static const mgc_key keys[] = {KEY(TRAIN_RECOMPUTE_METHOD), KEY(TRAIN_RECOMPUTE_NUM_LAYERS)};
+    if ((mgc_config_recompute_modules(c) & MGC_RECOMPUTE_MOD_MLP) && c->derived.is_moe_layer &&
+        c->derived.num_moe_layers == c->model.num_layers)
+        mgc_check_warning(k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)), "remove it, or use moe for MoE layers",
+                          "training.recompute_modules mlp has no effect: every layer of the model is an "
+                          "MoE layer");
     if (t->recompute != MGC_RECOMPUTE_FULL) {
         for (int i = 0; i < 2; i++)
             if (mgc_check_given(k, keys[i]))
@@ -1315,15 +1325,23 @@ static void check_recompute(mgc_check_ctx *k) {
                         t->recompute_num_layers, most, c->model.num_layers, dv->num_stages,
                         dv->num_stages == 1 ? "" : "s");
     }
-    /* the modules norm and activation act on the layers full recompute leaves alone */
-    uint32_t redone = MGC_RECOMPUTE_MOD_NORM | MGC_RECOMPUTE_MOD_ACTIVATION;
-    if ((mgc_config_recompute_modules(c) & redone) && (!block || t->recompute_num_layers >= most))
-        mgc_check_warning(
-            k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)),
-            "remove norm and activation, set training.recompute to none or selective, or recompute "
-            "fewer layers with training.recompute_method: block",
-            "training.recompute_modules norm and activation have no effect: training.recompute "
-            "is full and re-runs every layer from its input");
+    /* the modules norm, activation, mlp and moe act on the layers full recompute leaves alone */
+    uint32_t redone = MGC_RECOMPUTE_MOD_NORM | MGC_RECOMPUTE_MOD_ACTIVATION | MGC_RECOMPUTE_MOD_MLP |
+                      MGC_RECOMPUTE_MOD_MOE;
+    uint32_t idle = mgc_config_recompute_modules(c) & redone;
+    if (idle && (!block || t->recompute_num_layers >= most)) {
+        char names[64] = "";
+        int n = 0;
+        for (int j = 0; mgc_recompute_module_names[j]; j++)
+            if (idle & (1u << j))
+                mgc_check_cat(names, sizeof names, "%s%s", n++ ? ", " : "", mgc_recompute_module_names[j]);
+        mgc_check_warning(k, mgc_check_at(k, KEY(TRAIN_RECOMPUTE_MODULES)),
+                          "remove them, set training.recompute to none or selective, or recompute fewer "
+                          "layers with training.recompute_method: block",
+                          "training.recompute_modules %s: no effect, training.recompute is full and re-runs "
+                          "every layer from its input",
+                          names);
+    }
 }
 
 /* ---- entry point -------------------------------------------------------- */

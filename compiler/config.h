@@ -53,10 +53,12 @@ extern const char *const mgc_enum_precision[];
 extern const char *const mgc_enum_recompute[];
 extern const char *const mgc_enum_recompute_method[];
 /* training.recompute_modules: the names, and their bits in mgc_config_recompute_modules */
-extern const char *const mgc_recompute_module_names[]; /* "norm", "activation", "dropout" */
+extern const char *const mgc_recompute_module_names[]; /* "norm", "activation", "dropout", "mlp", "moe" */
 #define MGC_RECOMPUTE_MOD_NORM 1u
 #define MGC_RECOMPUTE_MOD_ACTIVATION 2u
 #define MGC_RECOMPUTE_MOD_DROPOUT 4u
+#define MGC_RECOMPUTE_MOD_MLP 8u /* a dense layer's MLP half, from its input */
+#define MGC_RECOMPUTE_MOD_MOE 16u /* an MoE layer's MoE half, from its input */
 extern const char *const mgc_enum_optimizer[];
 extern const char *const mgc_enum_decay[];
 extern const char *const mgc_enum_wsd[];
@@ -270,7 +272,7 @@ typedef struct mgc_blend {
       "Full recompute: layers per recomputed group (uniform) or recomputed layers per pipeline chunk (block).") \
     X(TRAIN_RECOMPUTE_MODULES, "training.recompute_modules", STRING_LIST, training.recompute_modules, 0, 0, 0, \
       NULL, MGC_KF_OPTIONAL, "none",                                                                         \
-      "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input), `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output) and `dropout` (the hidden dropout masks, drawn again from the random stream); element-wise work for less stash.") \
+      "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input), `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output) and `dropout` (the hidden dropout masks, drawn again from the random stream), element-wise work for less stash; `mlp` and `moe` (each dense, resp. MoE, layer's second half -- pre-MLP norm, MLP or MoE block with its router and token exchange, residual add -- re-run from its input, which alone is stashed).") \
     X(TRAIN_LOSS_CHUNKS, "training.loss_chunks", INT, training.loss_chunks, 0, 0, 1048576, NULL, 0, NULL,   \
       "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's fp32 logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 256 MiB of logits, 1: none.") \
     X(TRAIN_ITERS, "training.iterations", INT, training.iterations, 1000, 1, 1125899906842624.0, NULL, 0,    \
@@ -451,7 +453,7 @@ typedef struct mgc_training_cfg {
     int recompute;                   /* mgc_recompute */
     int recompute_method;            /* mgc_recompute_method (full recompute) */
     int64_t recompute_num_layers;    /* full: layers per group (uniform), per chunk (block) */
-    mgc_str_list recompute_modules;  /* "norm", "activation", "dropout" (MGC_RECOMPUTE_MOD_*) */
+    mgc_str_list recompute_modules;  /* "norm", "activation", "dropout", "mlp", "moe" (MGC_RECOMPUTE_MOD_*) */
     int64_t loss_chunks;             /* row chunks of the head (compiler/losschunk.c); 0 auto */
     int64_t iterations;
     int64_t seed;

@@ -301,6 +301,7 @@ static void fit_options(const char *file, const opts *o, const mgc_config *c, do
     } v[] = {
         {"training.recompute_modules=[norm, activation, dropout]",
          "training.recompute_modules: [norm, activation, dropout]"},
+        {NULL, NULL}, /* the second halves: mlp and/or moe, as the model's layers are */
         {"training.recompute=selective", "training.recompute: selective"},
         {"training.recompute=full", "training.recompute: full"},
         {"training.recompute_num_layers=2", "training.recompute_num_layers: 2"},
@@ -312,18 +313,27 @@ static void fit_options(const char *file, const opts *o, const mgc_config *c, do
         most = c->derived.stages[s].num_layers > most ? c->derived.stages[s].num_layers : most;
     int full = t->recompute == MGC_RECOMPUTE_FULL, uniform1 = full && t->recompute_method == MGC_RECOMPUTE_UNIFORM &&
                                                                     t->recompute_num_layers == 1;
+    int64_t moe_layers = c->moe.num_experts > 0 ? c->derived.num_moe_layers : 0;
+    const char *halves = moe_layers == 0                       ? "mlp"
+                         : moe_layers == c->model.num_layers ? "moe"
+                                                              : "mlp, moe";
+    char hset[96], hlabel[96];
+    snprintf(hset, sizeof hset, "training.recompute_modules=[%s]", halves);
+    snprintf(hlabel, sizeof hlabel, "training.recompute_modules: [%s]", halves);
     size_t at = 0;
     hint[0] = 0;
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
-        if ((k == 0 && t->recompute_modules.n > 0) || (k == 1 && t->recompute != MGC_RECOMPUTE_NONE) ||
-            (k == 2 && full) || (k == 3 && (!uniform1 || most < 2)) ||
-            (k == 4 && (c->parallel.distributed_optimizer || c->parallel.data * c->parallel.context == 1)))
+        if ((k <= 1 && t->recompute_modules.n > 0) || (k <= 2 && full) ||
+            (k == 2 && t->recompute != MGC_RECOMPUTE_NONE) || (k == 3 && full) ||
+            (k == 4 && (!uniform1 || most < 2)) ||
+            (k == 5 && (c->parallel.distributed_optimizer || c->parallel.data * c->parallel.context == 1)))
             continue;
-        double arena = arena_with(file, o, &v[k].set, 1);
+        const char *set = v[k].set ? v[k].set : hset, *label = v[k].label ? v[k].label : hlabel;
+        double arena = arena_with(file, o, &set, 1);
         if (arena >= 0 && at < n)
             at += (size_t)snprintf(hint + at, n - at, "%s%.2f GiB with %s%s", at ? "; " : "",
-                                   arena / 1073741824.0, v[k].label, arena <= usable ? " (fits)" : "");
-        if (k != 2 || arena < 0 || arena > usable || most < 2) continue;
+                                   arena / 1073741824.0, label, arena <= usable ? " (fits)" : "");
+        if (k != 3 || arena < 0 || arena > usable || most < 2) continue;
         /* full recompute fits: the fewest recomputed layers a chunk that fit (the arena falls
          * as block recomputes more of them; the whole chunk is full recompute itself) */
         int64_t lo = 1, hi = most, best = -1;

@@ -959,6 +959,7 @@ static void op_cross_entropy(pctx *p, const mgc_ir_op *o) {
 
 static void partition_op(pctx *p, const mgc_ir_op *o) {
     p->layer = o->layer;
+    p->b->part = (int)o->part;
     switch (o->kind) {
     case MGC_IR_OP_EMBEDDING:
         op_embedding(p, o);

@@ -59,7 +59,7 @@ grep -q "recompute none (and norm, dropout), distributed optimizer off, the head
 # the recompute modules or full recompute, not without)
 "$mgc" check --target h100-sxm:8 --set training.micro_batch_size=32 --set training.global_batch_size=512 \
   models/gpt2-1.5b.yaml >"$tmp/o" 2>&1 && bad "GPT-2 1.5B at micro batch 32 fits" || ok
-grep -q "hint: [0-9.]* GiB with training.recompute_modules: \[norm, activation, dropout\] (fits); [0-9.]* GiB with training.recompute: full (fits)" "$tmp/o" \
+grep -q "hint: [0-9.]* GiB with training.recompute_modules: \[norm, activation, dropout\] (fits); [0-9.]* GiB with training.recompute_modules: \[mlp\] (fits); [0-9.]* GiB with training.recompute: full (fits)" "$tmp/o" \
   && ok || bad "no computed options in the hint: $(cat "$tmp/o")"
 # ... and the fewest layers block recompute needs: that many fit, one fewer does not
 n=$(sed -n 's/.*recompute_method: block, recompute_num_layers: \([0-9]*\) (fits.*/\1/p' "$tmp/o")

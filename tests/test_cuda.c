@@ -1274,8 +1274,11 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "devcomm")) check_device_comm("models/tiny-moe.yaml", etp2ep2);
     if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe"))) {
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
-        /* the pre-softmax router: the route kernels' softmax over every expert (score 1) */
-        static const char *const pre[] = {"moe.router_score=presoftmax", NULL};
+        /* the pre-softmax router: the route kernels' softmax over every expert (score 1); the
+         * second halves re-run in the backward (recompute modules mlp and moe): the router,
+         * dispatch, experts and combine kernels as recompute copies */
+        static const char *const pre[] = {"moe.router_score=presoftmax", "training.recompute_modules=[mlp, moe]",
+                                          NULL};
         check_ops("models/tiny-moe.yaml", pre);
         /* the top-k scaling factor: the route kernels scale the weights and their gradient */
         static const char *const scaled[] = {"moe.router_topk_scaling_factor=2.5",

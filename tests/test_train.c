@@ -1458,6 +1458,61 @@ static void check_recompute_method(const char *path, const char *const *sets) {
     mgc_plan_free(base);
 }
 
+/* training.recompute_modules mlp / moe: each dense (MoE) layer's second half re-runs from its
+ * input in the backward: its GEMMs (the router's, the experts' and the shared experts' in MoE
+ * layers) and its token exchange re-run, the attention's do not, the stash shrinks, and training
+ * is bit-identical to stashing it all. */
+static void check_recompute_half(const char *path, const char *const *sets, const char *module) {
+    const char *mine[12] = {NULL};
+    int m = 0;
+    for (int i = 0; sets && sets[i] && m < 10; i++)
+        mine[m++] = sets[i];
+    char mod[64];
+    snprintf(mod, sizeof mod, "training.recompute_modules=[%s]", module);
+    mine[m++] = mod;
+    mgc_plan *p = compile(path, NULL, sets), *q = compile(path, NULL, mine);
+    T_CHECK(p && q);
+    if (p && q) {
+        /* recomputed GEMMs of second halves and of attentions, dispatches: [0] without the
+         * module (full recompute may re-run some layers whole), [1] with it */
+        int64_t half[2] = {0, 0}, attn[2] = {0, 0}, a2a = 0;
+        for (int k = 0; k < 2; k++) {
+            const mgc_plan *r = k ? q : p;
+            for (int64_t s = 0; s < r->n_stages; s++)
+                for (int64_t c = 0; c < r->stages[s].n_chunks; c++) {
+                    const mgc_plan_chunk *ch = &r->stages[s].chunks[c];
+                    for (int64_t i = 0; i < ch->n_bwd; i++) {
+                        const mgc_plan_op *op = &ch->bwd[i];
+                        if (!(op->flags & MGC_POF_RECOMPUTE) || op->layer < 0) continue;
+                        const char *nm = mgc_plan_strat(r, op->name);
+                        int gemm = op->kind == MGC_POP_LINEAR || op->kind == MGC_POP_GROUPED_LINEAR ||
+                                   op->kind == MGC_POP_LINEAR_GELU;
+                        half[k] += gemm && strstr(nm, ".mlp.") != NULL;
+                        attn[k] += gemm && strstr(nm, "self_attention") != NULL;
+                        a2a += k && op->kind == MGC_POP_MOE_DISPATCH;
+                    }
+                }
+        }
+        T_CHECK(half[1] > half[0]);
+        T_EQ_I64(attn[1], attn[0]); /* the module re-runs no attention */
+        if (!strcmp(module, "moe") && q->grid.ep > 1) T_CHECK(a2a > 0);
+        T_CHECK(stash_of(q) < stash_of(p));
+        double a[STEPS], an[STEPS], b[STEPS], bn[STEPS];
+        int ra = train(p, a, an), rb = train(q, b, bn);
+        T_EQ_I64(ra, 0);
+        T_EQ_I64(rb, 0);
+        int same = !ra && !rb && !memcmp(a, b, sizeof a) && !memcmp(an, bn, sizeof an);
+        T_CHECK(same);
+        printf("%s%s: recompute_modules [%s]: %lld GEMMs of second halves re-run, none of the "
+               "attention's%s, stash %.2f -> %.2f MiB, losses %s\n",
+               path, sets && sets[0] ? " (with sets)" : "", module, (long long)(half[1] - half[0]),
+               a2a ? " (and the token dispatch)" : "", (double)stash_of(p) / 1048576.0,
+               (double)stash_of(q) / 1048576.0, same ? "bit-identical" : "DIFFER");
+    }
+    mgc_plan_free(p);
+    mgc_plan_free(q);
+}
+
 /* ---- evaluation ---------------------------------------------------------------------- */
 
 /* Trains p STEPS steps on `data` (NULL: the plan's training data) with its evaluations:
@@ -2224,6 +2279,20 @@ int main(int argc, char **argv) {
         check_recompute_method("examples/tiny-gpt.yaml", NULL);
         check_recompute_method("models/tiny-llama.yaml", tp_pp);
         check_recompute_method("models/tiny-moe.yaml", NULL);
+        /* the second halves: GPT with dropout at tp2 + SP (the regathered norm output inside
+         * the half), LLaMA over two stages, MoE over ep2 (the dispatch re-run) and with its
+         * dense first layer's MLP too, and beside block recompute of each chunk's first layer */
+        static const char *const drop_sp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",
+                                              "parallel.sequence_parallel=true", NULL};
+        static const char *const pp2[] = {"parallel.world_size=2", "parallel.pipeline=2", NULL};
+        static const char *const ep2[] = {"parallel.world_size=2", "parallel.data=2", "parallel.expert=2", NULL};
+        static const char *const blk[] = {"training.recompute=full", "training.recompute_method=block",
+                                          "training.recompute_num_layers=1", NULL};
+        check_recompute_half("examples/tiny-gpt.yaml", drop_sp, "mlp");
+        check_recompute_half("models/tiny-llama.yaml", pp2, "mlp");
+        check_recompute_half("models/tiny-moe.yaml", ep2, "moe");
+        check_recompute_half("models/tiny-moe.yaml", NULL, "mlp, moe");
+        check_recompute_half("models/tiny-llama.yaml", blk, "mlp");
     }
     if (only && !strcmp(only, "eval")) check_eval();
     if (!only || !strcmp(only, "moeload")) check_expert_counts();
