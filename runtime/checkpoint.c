@@ -543,26 +543,43 @@ static int crc_arrays(int fd, uint64_t doff, const mgc_ckpt_model *m, int64_t lo
     return rc;
 }
 
-/* Rank `rank` of `world`'s share of mgc_ckpt_verify. */
-static int verify_share(const char *path, const mgc_ckpt_info *info, int rank, int world, char *err, size_t errsz) {
-    int64_t *first = crc_shares(&info->model, world);
+/* The checksums of rank `me` of `world`'s share (crc_shares) of the file at path (data section
+ * at doff) into *out (malloc'd, first[me + 1] - first[me] of them); `doing` names the read in
+ * errors ("reading", "reading back"). */
+static int checksum_share(const char *path, const mgc_ckpt_model *m, uint64_t doff, int me, int world,
+                          const char *doing, uint32_t **out, char *err, size_t errsz) {
+    *out = NULL;
+    int64_t *first = crc_shares(m, world);
     if (!first) return BAD("out of memory");
-    int64_t lo = first[rank], hi = first[rank + 1];
+    int64_t lo = first[me], hi = first[me + 1];
     free(first);
     uint32_t *crc = malloc((size_t)(hi > lo ? hi - lo : 1) * sizeof *crc);
     int fd = crc ? open(path, O_RDONLY) : -1;
     int rc = !crc ? BAD("out of memory") : fd < 0 ? BAD("cannot open the checkpoint %s: %s", path, strerror(errno)) : 0;
-    if (!rc && crc_arrays(fd, info->data_offset, &info->model, lo, hi, crc))
-        rc = BAD("reading the checkpoint %s: %s", path, errno ? strerror(errno) : "out of memory");
-    for (int64_t j = lo; j < hi && !rc; j++) {
+    if (!rc && crc_arrays(fd, doff, m, lo, hi, crc))
+        rc = BAD("%s the checkpoint %s: %s", doing, path, errno ? strerror(errno) : "out of memory");
+    if (fd >= 0) close(fd);
+    if (rc) free(crc), crc = NULL;
+    *out = crc;
+    return rc;
+}
+
+/* Rank `rank` of `world`'s share of mgc_ckpt_verify. */
+static int verify_share(const char *path, const mgc_ckpt_info *info, int rank, int world, char *err, size_t errsz) {
+    uint32_t *crc = NULL;
+    int rc = checksum_share(path, &info->model, info->data_offset, rank, world, "reading", &crc, err, errsz);
+    int64_t *first = rc ? NULL : crc_shares(&info->model, world);
+    if (!rc && !first) rc = BAD("out of memory");
+    for (int64_t j = rc ? 0 : first[rank]; !rc && j < first[rank + 1]; j++) {
         const mgc_ckpt_tensor *t = &info->model.t[j / 3];
-        if (crc[j - lo] != t->crc[j % 3])
+        uint32_t c = crc[j - first[rank]];
+        if (c != t->crc[j % 3])
             rc = BAD("%s: the %s values of '%s' are damaged (checksum %08x, written %08x): the "
                      "file changed after it was written; move it out of the checkpoint "
                      "directory to resume from the one before it",
-                     path, ARRAY[j % 3], t->name, crc[j - lo], t->crc[j % 3]);
+                     path, ARRAY[j % 3], t->name, c, t->crc[j % 3]);
     }
-    if (fd >= 0) close(fd);
+    free(first);
     free(crc);
     return rc;
 }
@@ -683,26 +700,6 @@ static int create_partial(const char *dir, const char *partial, const mgc_ckpt_m
     return rc;
 }
 
-/* Every rank, once every rank has written: the checksums of its share (crc_shares) of the
- * partial file into *out (malloc'd, first[me + 1] - first[me] of them). */
-static int checksum_share(const char *partial, const mgc_ckpt_model *m, int me, int world, uint32_t **out,
-                          char *err, size_t errsz) {
-    *out = NULL;
-    int64_t *first = crc_shares(m, world);
-    if (!first) return BAD("out of memory");
-    int64_t lo = first[me], hi = first[me + 1];
-    free(first);
-    uint32_t *crc = malloc((size_t)(hi > lo ? hi - lo : 1) * sizeof *crc);
-    int fd = crc ? open(partial, O_RDONLY) : -1;
-    int rc = !crc ? BAD("out of memory") : fd < 0 ? BAD("cannot reopen the checkpoint %s: %s", partial, strerror(errno)) : 0;
-    if (!rc && crc_arrays(fd, data_offset_for(table_bytes(m)), m, lo, hi, crc))
-        rc = BAD("reading back the checkpoint %s: %s", partial, errno ? strerror(errno) : "out of memory");
-    if (fd >= 0) close(fd);
-    if (rc) free(crc), crc = NULL;
-    *out = crc;
-    return rc;
-}
-
 /* Collective: every rank's share of the checksums into every rank's m (an all-gather of
  * equal blocks, each rank's padded to the largest share). */
 static int gather_checksums(mgc_comm *world, mgc_ckpt_model *m, const uint32_t *mine, char *err, size_t errsz) {
@@ -775,7 +772,8 @@ int mgc_ckpt_save(const mgc_plan *plan, mgc_exec *x, mgc_comm *world, const char
     if (agree(world, rc, err, errsz)) goto fail;
     /* every rank checksums its share of the file; rank 0 completes the table and renames */
     uint32_t *mine = NULL;
-    rc = checksum_share(partial, &m, me, mgc_comm_size(world), &mine, err, errsz);
+    rc = checksum_share(partial, &m, data_offset_for(table_bytes(&m)), me, mgc_comm_size(world), "reading back",
+                        &mine, err, errsz);
     if (agree(world, rc, err, errsz) || gather_checksums(world, &m, mine, err, errsz)) {
         free(mine);
         goto fail;
@@ -903,7 +901,8 @@ static void async_work(mgc_ckpt_async *a) {
         free(a->bytes), a->bytes = NULL; /* written: the memory goes back at once */
         a->n_bytes = a->cap_bytes = 0;
     } else if (a->phase == 1) {
-        a->rc = checksum_share(a->partial, &a->m, a->me, a->world, &a->crc, a->err, sizeof a->err);
+        a->rc = checksum_share(a->partial, &a->m, a->data_offset, a->me, a->world, "reading back", &a->crc, a->err,
+                               sizeof a->err);
     } else {
         a->rc = seal(a->dir, a->partial, a->final, &a->m, &a->r, a->gbs, a->plan, a->err, sizeof a->err);
         if (!a->rc) prune(a->dir, a->keep, a->completed);
@@ -1064,7 +1063,7 @@ int mgc_ckpt_write_model(const mgc_plan *plan, const char *path, mgc_ckpt_fill_f
     }
     if (fd >= 0 && (fsync(fd) || close(fd)) && !rc) rc = BAD("cannot write the checkpoint %s: %s", partial, strerror(errno));
     uint32_t *crc = NULL; /* one writer: the whole file is its share */
-    if (!rc) rc = checksum_share(partial, &m, 0, 1, &crc, err, errsz);
+    if (!rc) rc = checksum_share(partial, &m, doff, 0, 1, "reading back", &crc, err, errsz);
     for (int64_t j = 0; j < 3 * m.n && !rc; j++)
         m.t[j / 3].crc[j % 3] = crc[j];
     free(crc);
