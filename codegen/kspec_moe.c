@@ -126,11 +126,14 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
         }
         break;
     }
-    case MGC_POP_MOE_ROUTE_BWD: {
-        const mgc_plan_tensor *lg = tin(ch, op, 0);
+    case MGC_POP_MOE_ROUTE_BWD: { /* specialised on the gradient's storage; LF32: fp32 logits */
+        const mgc_plan_tensor *lg = tin(ch, op, 0), *dlg = tout(ch, op, 0);
         int64_t E = op->iattr[1], K = op->iattr[2];
-        if (!lg || !router_ok(E, K) || storage(tout(ch, op, 0)) != storage(lg)) return -1;
-        add_c(&l, "moe_route_bwd", storage(lg), "E", E, "K", K);
+        if (!lg || !dlg || !router_ok(E, K)) return -1;
+        int lf32 = storage(lg) != storage(dlg);
+        if (lf32 && storage(lg) != MGC_DT_F32) return -1;
+        add_c(&l, "moe_route_bwd", storage(dlg), "E", E, "K", K);
+        if (lf32 && l.n > 0 && !l.bad) mgc_kspec_const(&l.out[l.n - 1], "LF32", 1);
         break;
     }
     case MGC_POP_MOE_DISPATCH: {

@@ -648,7 +648,7 @@ static void backward_op(mgc_cb *b, int32_t f) {
         if (op.iattr[0] != 0) break; /* the aux phase: folded into the route backward */
         /* d logits from d probs, plus the aux and z-loss terms (their
          * coefficients in fattr); scores are recomputed from the logits */
-        int32_t gx = grad_like(b, x);
+        int32_t gx = new_grad(b, x, b->dt); /* fp32 logits (moe.router_dtype): 16-bit gradient */
         int32_t in[4] = {fetch(b, x), fetch(b, op.out[1]), gy[0],
                          fx.ref[0] >= 0 ? fetch(b, fx.ref[0]) : -1};
         bop(b, MGC_POP_MOE_ROUTE_BWD, &op, fx.ref[0] >= 0 ? 4 : 3, in, 1, &gx, 0);

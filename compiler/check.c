@@ -691,6 +691,11 @@ static void check_moe(mgc_check_ctx *k) {
                               "parallel.expert_tensor has no effect: the model has no experts");
         return;
     }
+    if (mgc_check_given(k, KEY(MOE_ROUTER_DTYPE)) && e->router_dtype == MGC_ROUTER_DT_FP32 &&
+        c->training.precision == MGC_PREC_FP32)
+        mgc_check_warning(k, mgc_check_at(k, KEY(MOE_ROUTER_DTYPE)), "remove it, or train in bf16 or fp16",
+                          "moe.router_dtype fp32 has no effect: training.precision is fp32, so the "
+                          "router's logits are fp32 already");
     if (e->top_k > e->num_experts) {
         snprintf(hint, sizeof hint, "set moe.top_k to at most %" PRId64, e->num_experts);
         mgc_check_error(

@@ -20,6 +20,7 @@ const char *const mgc_enum_pos[] = {"learned", "rotary", "none", NULL};
 const char *const mgc_enum_score[] = {"softmax", "sigmoid", "presoftmax", NULL};
 const char *const mgc_enum_drop_policy[] = {"probs", "position", NULL};
 const char *const mgc_enum_aux_scope[] = {"microbatch", "sequence", NULL};
+const char *const mgc_enum_router_dtype[] = {"compute", "fp32", NULL};
 const char *const mgc_enum_sched[] = {"gpipe", "1f1b", "interleaved-1f1b", NULL};
 const char *const mgc_enum_precision[] = {"fp32", "bf16", "fp16", NULL};
 const char *const mgc_enum_recompute[] = {"none", "selective", "full", NULL};
@@ -249,6 +250,7 @@ static const struct { const char *from, *to; } aliases[] = {
     {"fp16", "training.precision"},
     {"recompute_granularity", "training.recompute"},
     {"recompute_method", "training.recompute_method"},
+    {"moe_router_dtype", "moe.router_dtype"},
     {"recompute_num_layers", "training.recompute_num_layers"},
     {"use_distributed_optimizer", "parallel.distributed_optimizer"},
     {"lr_warmup_iters", "optimizer.warmup_iterations"},

@@ -33,6 +33,7 @@ typedef enum { MGC_POS_LEARNED, MGC_POS_ROTARY, MGC_POS_NONE } mgc_pos;
 typedef enum { MGC_SCORE_SOFTMAX, MGC_SCORE_SIGMOID, MGC_SCORE_PRESOFTMAX } mgc_score;
 typedef enum { MGC_DROP_PROBS, MGC_DROP_POSITION } mgc_drop_policy;
 typedef enum { MGC_AUX_MICROBATCH, MGC_AUX_SEQUENCE } mgc_aux_scope;
+typedef enum { MGC_ROUTER_DT_COMPUTE, MGC_ROUTER_DT_FP32 } mgc_router_dtype;
 typedef enum { MGC_SCHED_GPIPE, MGC_SCHED_1F1B, MGC_SCHED_INTERLEAVED } mgc_sched;
 typedef enum { MGC_PREC_FP32, MGC_PREC_BF16, MGC_PREC_FP16 } mgc_precision;
 typedef enum { MGC_RECOMPUTE_NONE, MGC_RECOMPUTE_SELECTIVE, MGC_RECOMPUTE_FULL } mgc_recompute;
@@ -48,6 +49,7 @@ extern const char *const mgc_enum_pos[];
 extern const char *const mgc_enum_score[];
 extern const char *const mgc_enum_drop_policy[];
 extern const char *const mgc_enum_aux_scope[];
+extern const char *const mgc_enum_router_dtype[];
 extern const char *const mgc_enum_sched[];
 extern const char *const mgc_enum_precision[];
 extern const char *const mgc_enum_recompute[];
@@ -198,6 +200,11 @@ typedef struct mgc_blend {
       mgc_enum_aux_scope, 0, NULL,                                                                           \
       "What the load-balancing loss balances: each microbatch's tokens (Megatron's aux_loss), or each "      \
       "sequence's (Megatron's seq_aux_loss; DeepSeek-V3's sequence-wise balance loss).")                    \
+    X(MOE_ROUTER_DTYPE, "moe.router_dtype", ENUM, moe.router_dtype, MGC_ROUTER_DT_COMPUTE, 0, 0,             \
+      mgc_enum_router_dtype, 0, NULL,                                                                        \
+      "The router's logits: in the compute dtype (training.precision), or fp32 from the same 16-bit "       \
+      "weights and inputs, so that scores, top-k choices and router losses see no 16-bit rounding "         \
+      "(Megatron's --moe-router-dtype fp32; their gradient stays in the compute dtype).")                  \
     X(MOE_ZLOSS, "moe.z_loss_coeff", FLOAT, moe.z_loss_coeff, 0, 0, 1000, NULL, 0, NULL,                     \
       "Router z-loss coefficient (ST-MoE).")                                                                 \
     X(MOE_TOPK_SCALE, "moe.router_topk_scaling_factor", FLOAT, moe.router_topk_scaling_factor, 1.0, 1e-6,    \
@@ -419,6 +426,7 @@ typedef struct mgc_moe_cfg {
     int router_score;                /* mgc_score */
     double aux_loss_coeff;
     int aux_loss_scope;              /* mgc_aux_scope */
+    int router_dtype;                /* mgc_router_dtype: the router logits' dtype */
     double z_loss_coeff;
     double router_topk_scaling_factor; /* the chosen experts' weights times it (1: as scored) */
     int64_t router_num_groups;       /* group-limited routing: expert groups (0 off) */

@@ -473,6 +473,9 @@ static void op_linear(pctx *p, const mgc_ir_op *o) {
                             out_ax == MGC_IR_AXIS_FFN_GLU || out_ax == MGC_IR_AXIS_VOCAB);
     int row = b->tp > 1 && (in_ax == MGC_IR_AXIS_QPROJ || in_ax == MGC_IR_AXIS_FFN);
     int logits = out_ax == MGC_IR_AXIS_VOCAB;
+    /* moe.router_dtype fp32: the router's logits in fp32 from the 16-bit GEMM (no flag: its
+     * gradient comes back in the compute dtype, and the weight is no vocabulary's) */
+    int fp32_router = out_ax == MGC_IR_AXIS_EXPERTS && p->c->moe.router_dtype == MGC_ROUTER_DT_FP32;
     int32_t x = tin(p, o->in[0]), w = tin(p, o->in[1]), bias = o->n_in > 2 ? tin(p, o->in[2]) : -1;
     if (x < 0 || w < 0) return;
     int ar_input = 0;
@@ -491,7 +494,7 @@ static void op_linear(pctx *p, const mgc_ir_op *o) {
         return;
     }
     int64_t dims[3] = {xt.dim[0], xt.dim[1], N};
-    mgc_dtype ydt = logits ? MGC_DT_F32 : b->dt;
+    mgc_dtype ydt = logits || fp32_router ? MGC_DT_F32 : b->dt;
     int32_t y;
     if (row) {
         y = tmp(p, o->name, ".partial", ydt, 3, dims, NOS, NOG, 0);

@@ -62,13 +62,23 @@ __device__ __forceinline__ const void *moe_cnt_row(const void *c, int wide, int 
 #error "moe router kernels: at most 1024 experts"
 #endif
 
+/* The logits' storage: the specialisation's, or fp32 beside a 16-bit gradient (MGC_LF32:
+ * moe.router_dtype fp32, route backward only). */
+#if defined(MGC_LF32) && MGC_LF32
+typedef float moe_lt;
+__device__ __forceinline__ float moe_ld(float v) { return v; }
+#else
+typedef mgc_t moe_lt;
+__device__ __forceinline__ float moe_ld(mgc_t v) { return mgc_ld(v); }
+#endif
+
 /* v[i] = logit of e = lane + 32 i (-inf past E); returns lse (same on every lane). */
-__device__ __forceinline__ float moe_load_row(float *v, const mgc_t *l, int lane) {
+__device__ __forceinline__ float moe_load_row(float *v, const moe_lt *l, int lane) {
     float mx = MOE_NEG_INF;
 #pragma unroll
     for (int i = 0; i < MOE_NE; i++) {
         int e = lane + 32 * i;
-        v[i] = e < MGC_E ? mgc_ld(l[e]) : MOE_NEG_INF;
+        v[i] = e < MGC_E ? moe_ld(l[e]) : MOE_NEG_INF;
         mx = fmaxf(mx, v[i]);
     }
     mx = moe_warp_max(mx);
@@ -284,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(128)
  * (n, K) float.
  * grid: ceil(n / 4), block: 128, no dynamic shared memory. */
 extern "C" __global__ void __launch_bounds__(128)
-    MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, const int *__restrict__ ids,
+    MGC_ENTRY_NAME(const moe_lt *__restrict__ logits, const int *__restrict__ ids,
                    const float *__restrict__ dprobs, const void *__restrict__ counts, int c64,
                    mgc_t *__restrict__ dlogits, int n, int score, float auxk, float zk,
                    float scale, int ncol) {
@@ -292,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(128)
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return;
     if (counts) counts = moe_cnt_row(counts, c64, t % ncol, MGC_E);
-    const mgc_t *l = logits + (i64)t * MGC_E;
+    const moe_lt *l = logits + (i64)t * MGC_E;
     float v[MOE_NE], dl[MOE_NE];
     float lse = moe_load_row(v, l, lane);
 #pragma unroll
@@ -303,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int j = 0; j < MGC_K; j++) {
         ex[j] = ids[(i64)t * MGC_K + j];
         dp[j] = scale * dprobs[(i64)t * MGC_K + j];
-        lx[j] = mgc_ld(l[ex[j]]);
+        lx[j] = moe_ld(l[ex[j]]);
     }
     /* the probabilities */
     if (score == 1) {

@@ -1280,9 +1280,11 @@ int main(int argc, char **argv) {
         static const char *const pre[] = {"moe.router_score=presoftmax", "training.recompute_modules=[mlp, moe]",
                                           NULL};
         check_ops("models/tiny-moe.yaml", pre);
-        /* the top-k scaling factor: the route kernels scale the weights and their gradient */
+        /* the top-k scaling factor: the route kernels scale the weights and their gradient; the
+         * router's logits in fp32 (moe.router_dtype): the route backward reads them beside its
+         * 16-bit gradient (LF32) */
         static const char *const scaled[] = {"moe.router_topk_scaling_factor=2.5",
-                                             "moe.router_score=sigmoid", NULL};
+                                             "moe.router_score=sigmoid", "moe.router_dtype=fp32", NULL};
         check_ops("models/tiny-moe.yaml", scaled);
         /* group-limited routing: the route kernel's group scores (shared memory) and masks,
          * with probabilities (pre-softmax) and sigmoid scores compared */

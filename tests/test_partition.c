@@ -501,6 +501,42 @@ static void test_moe(void) {
 /* Every layout feature at once: each pipeline rank builds without a
  * diagnostic, chunk v of rank r is stage v*pp + r, collectives are numbered
  * per group and pass. */
+/* moe.router_dtype fp32 in a bf16 plan: each router GEMM writes fp32 logits (without the
+ * output layer's flag: its weight is no vocabulary's), the route reads them, and the route's
+ * backward hands the router a bf16 gradient; by default the logits are bf16. */
+static void test_router_dtype(void) {
+    for (int fp32 = 0; fp32 < 2; fp32++) {
+        const char *sets[] = {"training.precision=bf16", fp32 ? "moe.router_dtype=fp32" : NULL, NULL};
+        built b = build(MOE, sets);
+        T_CHECK(b.ok);
+        if (!b.ok) continue;
+        const mgc_plan_chunk *ch = &b.ch[0][0];
+        int routers = 0, routes = 0, bwds = 0;
+        for (int64_t i = 0; i < ch->n_fwd; i++) {
+            const mgc_plan_op *op = &ch->fwd[i];
+            const char *nm = mgc_plan_strat(b.plan, op->name);
+            if (op->kind == MGC_POP_LINEAR && strstr(nm, ".mlp.router")) {
+                routers++;
+                T_EQ_I64(ch->tensors[op->out[0]].dtype, fp32 ? MGC_DT_F32 : MGC_DT_BF16);
+                T_EQ_I64(op->iattr[3] & 2, 0);
+            }
+            if (op->kind == MGC_POP_MOE_ROUTE && op->iattr[0] == 0) {
+                routes++;
+                T_EQ_I64(ch->tensors[op->in[0]].dtype, fp32 ? MGC_DT_F32 : MGC_DT_BF16);
+            }
+        }
+        for (int64_t i = 0; i < ch->n_bwd; i++) {
+            const mgc_plan_op *op = &ch->bwd[i];
+            if (op->kind != MGC_POP_MOE_ROUTE_BWD) continue;
+            bwds++;
+            T_EQ_I64(ch->tensors[op->in[0]].dtype, fp32 ? MGC_DT_F32 : MGC_DT_BF16);
+            T_EQ_I64(ch->tensors[op->out[0]].dtype, MGC_DT_BF16);
+        }
+        T_CHECK(routers > 0 && routers == routes && routes == bwds);
+        built_free(&b);
+    }
+}
+
 static void test_tiny_everything(void) {
     const char *sets[] = {"parallel.tensor=2",
                           "parallel.sequence_parallel=true",
@@ -602,6 +638,7 @@ int main(void) {
     test_splits();
     test_collectives();
     test_moe();
+    test_router_dtype();
     test_tiny_everything();
     test_empty_stage();
     test_bad_grid();
