@@ -293,7 +293,7 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
     else if (lead && o->log && o->init_from && *o->init_from)
         fprintf(o->log, "mgc-run: the parameters of %s, a fresh optimizer, step 1\n", o->init_from);
     double t_start = now_s(), t_log = t_start, log_loss = 0;
-    double longest_step = 0, longest_save = 0; /* what the time limit must leave room for */
+    double longest_step = 0, longest_eval = 0, longest_save = 0; /* what the time limit must leave room for */
     int timed_out = 0;
     int64_t log_n = 0, log_tokens = 0;
     for (int64_t it = start; it < iters; it++) {
@@ -332,7 +332,8 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
         /* a stop request, or the time limit near: every rank stops after the same step */
         int stop = 0;
         longest_step = dt > longest_step ? dt : longest_step;
-        int out_of_time = o->time_limit_s > 0 && now_s() - t_call + longest_step + longest_save > o->time_limit_s;
+        int out_of_time = o->time_limit_s > 0 &&
+                          now_s() - t_call + longest_step + longest_eval + longest_save > o->time_limit_s;
         if (o->stop || o->time_limit_s > 0) {
             float mine = (o->stop && *o->stop) ? 1.0f : out_of_time ? 2.0f : 0.0f, any = 0;
             if (mgc_comm_all_reduce(world, &mine, &any, 1, MGC_DT_F32, MGC_COMM_MAX) != MGC_COMM_OK) {
@@ -352,6 +353,7 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
                 goto done;
             }
             t_log += eval_ms / 1e3; /* not in the next line's tokens/s */
+            longest_eval = eval_ms / 1e3 > longest_eval ? eval_ms / 1e3 : longest_eval;
             if (o->eval_losses && own_out) o->eval_losses[it] = eval_loss;
         }
         if (test && it + 1 == iters && !stop) {

@@ -87,7 +87,7 @@ typedef struct mgc_train_opts {
     int async_save;
     /* > 0: a time limit, in seconds from this call (mgc-run --time-limit).  After each step every
      * rank asks whether the time left still holds another step and a checkpoint (the longest
-     * step and the longest save so far); the ranks agree (the stop request's all-reduce) and,
+     * step, evaluation and save so far); the ranks agree (the stop request's all-reduce) and,
      * when it does not, stop as on a stop request: a checkpoint when checkpoints are on, then
      * *stopped_after is set and the run ends successfully. */
     double time_limit_s;
