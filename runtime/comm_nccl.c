@@ -487,7 +487,12 @@ mgc_comm_status mgc_comm_nccl_world_create(mgc_comm *boot, int device, const mgc
         snprintf(err, err_size, "nccl world: %s is a group, not a world", boot->name);
         return MGC_COMM_ERR_INVALID;
     }
-    cudaError_t ce = cudaSetDevice(device);
+    /* the backend's choice (mgc_backend_cuda_open): the node-local rank modulo the visible
+     * GPUs, so that ranks posing as hosts of their own (NCCL_HOSTID) may share one GPU */
+    int ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce == cudaSuccess && ndev > 0) ce = cudaSetDevice((device < 0 ? 0 : device) % ndev);
+    else if (ce == cudaSuccess) ce = cudaErrorNoDevice;
     if (ce != cudaSuccess) {
         snprintf(err, err_size, "nccl world: CUDA device %d: %s", device, cudaGetErrorString(ce));
         mgc_comm_abort(boot, err);

@@ -4,7 +4,10 @@
 # tests, then the GPU benchmark.  Results go to $OUT (the lent machine's
 # output folder) or build-gpu/out.
 #
-#   sh scripts/gpu.sh [test|bench|all]        (default all)
+#   sh scripts/gpu.sh [test|bench|all]        (default all; test = gpu-labelled ctest, nccl,
+#                                             sanitize)
+#   sh scripts/gpu.sh 'fold nccl bench'       several parts in one call: ctest, fold (test_cuda
+#                                             fold alone), nccl, sanitize, bench
 #   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
 #                                             (one-off experiments within one lent call)
 #   sh scripts/gpu.sh ncu                     Nsight Compute on one GPT-2 124M step's attention
@@ -24,7 +27,10 @@
 # (apt-get download; docs/testing.md): libyaml and OpenBLAS with its runtime.
 set -eu
 cd "$(dirname "$0")/.."
-what=${1:-all}
+what=" ${1:-all} "
+case $what in *" all "*) what="$what test bench " ;; esac
+case $what in *" test "*) what="$what ctest nccl sanitize " ;; esac
+has() { case $what in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$OUT" build-gpu/deps
 for f in .deb/*.deb; do dpkg -x "$f" build-gpu/deps; done
@@ -45,12 +51,12 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$D" >"$O
     { tail -n 30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -n 30; exit 1; }
 echo "== built"
-if [ "$what" = shell ]; then
+if has shell; then
     export OUT
     exec sh -c "$2"
 fi
 rc=0
-if [ "$what" = ncu ]; then
+if has ncu; then
     # One bf16 step of GPT-2 124M (seq 1024, no dropout), the first launch of each kernel whose
     # name the regex matches (--kernel-id ::regex:R:1) profiled with the sections that say where the time goes.  --clock-control
     # none: the lent machine's clocks stay as they are (METHOD.md).
@@ -74,10 +80,17 @@ if [ "$what" = ncu ]; then
     done
     exit $rc
 fi
-if [ "$what" = test ] || [ "$what" = all ]; then
+if has ctest; then
     echo "== gpu tests"
     (cd build-gpu && ctest -L gpu --output-on-failure --timeout 1200) >"$OUT/gpu-tests.log" 2>&1 || rc=1
     grep -E "test_cuda|worst|Passed|Failed|failed|skipped|tests passed" "$OUT/gpu-tests.log" | tail -n 40
+fi
+if has fold; then
+    echo "== test_cuda fold"
+    build-gpu/tests/test_cuda fold >"$OUT/fold.log" 2>&1 || rc=1
+    tail -n 8 "$OUT/fold.log"
+fi
+if has nccl; then
     # NCCL (--device-comm nccl): two ranks as two processes over TCP on the one GPU, each
     # posing as its own host (NCCL refuses two ranks on one GPU within a host; NCCL_HOSTID and
     # the socket transport over loopback are the lead of DESIGN.md, unverified before this
@@ -105,6 +118,8 @@ if [ "$what" = test ] || [ "$what" = all ]; then
     else
         echo "nccl tp2: FAILED (see nccl.log)" | tee -a "$OUT/nccl.log"; tail -n 20 "$OUT/nccl.log"; rc=1
     fi
+fi
+if has sanitize; then
     # compute-sanitizer memcheck and racecheck on training steps of the tiny models, bf16
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     if [ -x "$CS" ]; then
@@ -142,10 +157,13 @@ if [ "$what" = test ] || [ "$what" = all ]; then
         done
     fi
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-    if [ -f bench/bench_gpu.sh ]; then
-        echo "== gpu bench"
-        sh bench/bench_gpu.sh build-gpu "$OUT" || rc=1
-    fi
+if has bench; then
+    # the lent machine returns at most 8 files from $OUT: the report, and everything else but
+    # the plans in one archive
+    echo "== gpu bench"
+    rm -rf build-gpu/bench-out
+    sh bench/bench_gpu.sh build-gpu build-gpu/bench-out || rc=1
+    cp build-gpu/bench-out/bench-gpu.md "$OUT/" 2>/dev/null || rc=1
+    tar czf "$OUT/bench-out.tgz" -C build-gpu/bench-out --exclude='*.plan' . || rc=1
 fi
 exit $rc
