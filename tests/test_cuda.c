@@ -693,15 +693,23 @@ out:
  * packed, or at an odd stride, and dst/src at odd element offsets (the element path); sums,
  * and maxima with NaN and infinities among the operands; dst poisoned first, and the element
  * past it must keep its poison. */
-/* Bit for bit, except that two fp32 NaNs are the same: a sum of +inf and -inf makes the
- * processor's default NaN, whose bits differ (x86: 0xffc00000; a GPU: 0x7fffffff).  The 16-bit
- * conversions write one NaN either way. */
+/* Bit for bit, except that two NaNs are the same: a sum of +inf and -inf makes the processor's
+ * default NaN (x86: 0xffc00000; a GPU: 0x7fffffff), and the conversions to 16 bits keep a NaN's
+ * payload on the host and write the canonical NaN on a GPU (bf16 0x7fff, fp16 0x7fff). */
 static int fold_same(const unsigned char *a, const unsigned char *b, size_t bytes, mgc_dtype dt) {
-    if (dt != MGC_DT_F32) return !memcmp(a, b, bytes);
-    for (size_t i = 0; i + 4 <= bytes; i += 4) {
+    size_t es = mgc_dtype_size(dt);
+    for (size_t i = 0; i + es <= bytes; i += es) {
+        if (!memcmp(a + i, b + i, es)) continue;
         float x, y;
-        memcpy(&x, a + i, 4), memcpy(&y, b + i, 4);
-        if (memcmp(a + i, b + i, 4) && !(isnan(x) && isnan(y))) return 0;
+        if (dt == MGC_DT_F32) {
+            memcpy(&x, a + i, 4), memcpy(&y, b + i, 4);
+        } else {
+            uint16_t u, v;
+            memcpy(&u, a + i, 2), memcpy(&v, b + i, 2);
+            x = dt == MGC_DT_BF16 ? mgc_bf16_to_f32(u) : mgc_f16_to_f32(u);
+            y = dt == MGC_DT_BF16 ? mgc_bf16_to_f32(v) : mgc_f16_to_f32(v);
+        }
+        if (!(isnan(x) && isnan(y))) return 0;
     }
     return 1;
 }
