@@ -180,6 +180,11 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
             return 2;
         }
     case MGC_POP_CROSS_ENTROPY_BWD: /* dlogits in the compute dtype */
+        if (op->flags & MGC_POF_CE_STATS) { /* the statistics fused in; ce_finish after */
+            mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_fused", dt(tout(ch, op, 0)));
+            mgc_kspec_init(&out[1], "cross_entropy.cuh", "ce_finish", 0);
+            return 2;
+        }
         mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_bwd", dt(tout(ch, op, 0)));
         return 1;
     default:

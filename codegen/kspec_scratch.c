@@ -73,6 +73,11 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
         uint64_t n = op->n_in > 1 ? (uint64_t)numel(T(ch, op->in[1])) : 0;
         return (n > 0 ? n : 1) * 3 * 4;
     }
+    case MGC_POP_CROSS_ENTROPY_BWD: { /* the statistics fused in (MGC_POF_CE_STATS): the same */
+        if (!(op->flags & MGC_POF_CE_STATS) || op->n_in < 2) return 0;
+        uint64_t n = (uint64_t)numel(T(ch, op->in[1]));
+        return (n > 0 ? n : 1) * 3 * 4;
+    }
     case MGC_POP_MOE_ROUTE: { /* cuda_ops_moe.c route: z (or aux) partials, the count map */
         int64_t E = op->iattr[1], K = op->iattr[2];
         int64_t n = E > 0 ? numel(in0) / E : 0;

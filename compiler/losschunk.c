@@ -313,14 +313,32 @@ int mgc_loss_chunk(mgc_plan *p, mgc_plan_chunk *ch, int64_t k) {
         nbw[n_b++] = a;
         count = all;
     }
+    /* at tensor parallel 1 the cross-entropy is one op (phase 3) right after the GEMM: its
+     * backward takes it in (MGC_POF_CE_STATS), one pass over each chunk's logits.
+     * MGC_CE_FUSE=0 in the environment keeps the two (tests compare them, bit for bit). */
+    const char *fz = getenv("MGC_CE_FUSE");
+    const int fuse = hi == lin + 2 && root == lin + 1 && rt->iattr[0] == 3 && rt->n_in == 3 &&
+                     rt->n_out == 2 && !(fz && !strcmp(fz, "0"));
     int32_t acc = -1;
     for (int64_t c = 0; c < k; c++) {
         for (int32_t t = 0; t < nt0; t++)
             x.map[t] = -1;
+        mgc_plan_op st; /* the statistics, fused into the backward */
         for (int64_t i = lin; i < hi; i++) {
             mgc_plan_op o = ch->fwd[i];
             if (i == lin) o.in[0] = hbw; /* the backward's copy (re-gathered with SP) */
-            if (clone_op(&x, &o, c, &nbw[n_b++])) goto out;
+            if (clone_op(&x, &o, c, fuse && i == root ? &st : &nbw[n_b++])) goto out;
+        }
+        if (fuse) {
+            mgc_plan_op o = ch->bwd[cb], f;
+            o.in[4] = count;
+            if (clone_op(&x, &o, c, &f)) goto out;
+            f.flags |= MGC_POF_CE_STATS;
+            f.n_in = 4, f.n_out = 3;
+            f.in[0] = st.in[0], f.in[1] = st.in[1], f.in[2] = st.in[2], f.in[3] = count;
+            f.out[1] = st.out[0], f.out[2] = st.out[1]; /* lse, the chunk's loss */
+            f.flops += st.flops;
+            nbw[n_b++] = f;
         }
         int32_t part = x.map[rt->out[1]];
         if (c == 0) {
@@ -345,7 +363,7 @@ int mgc_loss_chunk(mgc_plan *p, mgc_plan_chunk *ch, int64_t k) {
         }
         mgc_plan_op o = ch->bwd[cb];
         o.in[4] = count; /* the scale: the whole microbatch's mask count */
-        if (clone_op(&x, &o, c, &nbw[n_b++])) goto out;
+        if (!fuse && clone_op(&x, &o, c, &nbw[n_b++])) goto out;
         if (clone_op(&x, &ch->bwd[dg], c, &nbw[n_b++])) goto out;
         for (int64_t j = 0; j < nwg; j++)
             if (clone_op(&x, &ch->bwd[wg[j]], c, &nbw[n_b++])) goto out;

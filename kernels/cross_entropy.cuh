@@ -14,7 +14,10 @@
  *   ce_count     4: loss = (0, sum mask), the scale of the loss chunks' backward
  *                (compiler/losschunk.h)
  *   ce_bwd       dlogits = (softmax - onehot) * mask * dloss / loss[1], in place over the
- *                logits when the plan says so (plan.h MGC_POF_INPLACE) */
+ *                logits when the plan says so (plan.h MGC_POF_INPLACE)
+ *   ce_fused     a loss chunk's cross-entropy at tp = 1 (plan.h MGC_POF_CE_STATS): ce_rowstats'
+ *                mx and sums and ce_bwd's dlogits in one pass over the logits (ce_finish
+ *                after it writes lse and the loss) */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -149,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 }
 #endif
 
-#if defined(MGC_ENTRY_ce_bwd)
+#if defined(MGC_ENTRY_ce_bwd) || defined(MGC_ENTRY_ce_fused)
 /* Loads of 8 fp32 logits at columns [c0, c0 + 8): two 16-byte loads when vec, else one by
  * one (columns past ld read as 0). */
 __device__ __forceinline__ void ce_load8(float *x, const float *l, i64 c0, i64 ld, bool vec) {
@@ -164,49 +167,123 @@ __device__ __forceinline__ void ce_load8(float *x, const float *l, i64 c0, i64 l
     }
 }
 
-/* grid n (one block per row), block 256, smem 0: the block walks its row 2048 columns a step,
- * 8 consecutive ones per thread: two 16-byte loads of logits and one 16-byte store (fp32:
- * two) when ld and dld are multiples of 8 and the tensors 16-byte aligned, else element by
- * element.  Row r of dlogits starts dld elements after row r - 1 (dld >= ld).
+/* One row's gradient d[c] = m (exp(l[c] - ls) - [c == id]) for c < vv, 0 for [vv, ld): the
+ * block walks the row 8 blockDim.x columns a step, 8 consecutive ones per thread: two 16-byte
+ * loads of logits and one 16-byte store (fp32: two) when vec, else element by element.
  *
- * In place (dlogits == logits, dld = ld * 4 / sizeof(mgc_t)): row r's gradient lands on row
- * r's own fp32 bytes, so rows never meet; inside a row, a 16-bit step s writes the bytes of
- * fp32 columns [1024 s, 1024 s + 1024), all read at steps <= s (step 0 its own).  Every
- * thread loads step s + 1, computes step s, and a barrier separates all of step s's reads
- * from its writes; step s + 1's columns start at 2048 (s + 1), past any byte written up to
- * step s.  (fp32 writes each column over itself.)  So the pointers are not __restrict__.
- *
- * The scale is computed on the device from the loss tensor (count = loss[1]):
- * dl = count > 0 ? dloss / count : 0 in fp64, then m = mask[r] * (float)dl as the CPU. mask
- * may be NULL.  Columns [vv, ld) get 0. */
-extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(mgc_t *dlogits, const float *logits, const float *__restrict__ lse,
-                   const i64 *__restrict__ labels, const float *__restrict__ mask,
-                   const float *__restrict__ loss, double dloss, i64 v0, i64 vv, i64 ld,
-                   i64 dld) {
-    i64 r = blockIdx.x;
-    double count = (double)loss[1];
-    double dl = count > 0 ? dloss / count : 0.0;
-    float m = (mask ? mask[r] : 1.0f) * (float)dl, ls = lse[r];
-    i64 id = labels[r] - v0;
-    const float *l = logits + r * ld;
-    mgc_t *d = dlogits + r * dld; /* the compute dtype: it feeds the output layer's GEMMs */
-    bool vec = (ld & 7) == 0 && (dld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
+ * In place (d over l's own row, a 16-bit d at twice the row's fp32 width): a 16-bit step s
+ * writes the bytes of fp32 columns [4 T s, 4 T (s + 1)) (T threads), all read at steps <= s
+ * (step 0 its own).  Every thread loads step s + 1, computes step s, and a barrier separates
+ * all of step s's reads from its writes; step s + 1's columns start at 8 T (s + 1), past any
+ * byte written up to step s.  (fp32 writes each column over itself.)  So the pointers are not
+ * __restrict__.  Every thread of the block calls it (the barriers). */
+__device__ __forceinline__ void ce_bwd_row(mgc_t *d, const float *l, float m, float ls, i64 id,
+                                           i64 vv, i64 ld, bool vec) {
+    const i64 t8 = 8 * (i64)threadIdx.x, step = 8 * (i64)blockDim.x;
     float x[8] = {0, 0, 0, 0, 0, 0, 0, 0}, g[8];
-    ce_load8(x, l, 8 * (i64)threadIdx.x, ld, vec);
-    for (i64 c0 = 8 * (i64)threadIdx.x; c0 - 8 * (i64)threadIdx.x < ld; c0 += 2048) {
+    ce_load8(x, l, t8, ld, vec);
+    for (i64 c0 = t8; c0 - t8 < ld; c0 += step) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             i64 c = c0 + j;
             g[j] = 0.0f;
             if (c < vv && m != 0.0f) g[j] = m * (expf(x[j] - ls) - (c == id ? 1.0f : 0.0f));
         }
-        ce_load8(x, l, c0 + 2048, ld, vec); /* the next step's columns: never written yet */
+        ce_load8(x, l, c0 + step, ld, vec); /* the next step's columns: never written yet */
         __syncthreads();                     /* every read of this step before its writes */
         if (c0 < ld) {
             if (vec) mgc_st8(d + c0, g);
             else mgc_st8_part(d + c0, (int)(ld - c0 < 8 ? ld - c0 : 8), g);
         }
     }
+}
+
+/* The scale, computed on the device from the loss tensor (count = loss[1]): dl = count > 0 ?
+ * dloss / count : 0 in fp64, then mask[r] * (float)dl as the CPU.  mask may be NULL. */
+__device__ __forceinline__ float ce_scale(const float *mask, const float *loss, double dloss,
+                                          i64 r) {
+    double count = (double)loss[1];
+    double dl = count > 0 ? dloss / count : 0.0;
+    return (mask ? mask[r] : 1.0f) * (float)dl;
+}
+#endif
+
+#if defined(MGC_ENTRY_ce_bwd)
+/* grid n (one block per row), block 256, smem 0: ce_bwd_row over row r of the logits, whose
+ * gradient row starts dld elements after row r - 1's (dld >= ld): 16-byte accesses when ld
+ * and dld are multiples of 8 and the tensors 16-byte aligned.  In place (dlogits == logits,
+ * dld = ld * 4 / sizeof(mgc_t)): row r's gradient lands on row r's own fp32 bytes, so rows
+ * never meet.  Columns [vv, ld) get 0. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(mgc_t *dlogits, const float *logits, const float *__restrict__ lse,
+                   const i64 *__restrict__ labels, const float *__restrict__ mask,
+                   const float *__restrict__ loss, double dloss, i64 v0, i64 vv, i64 ld,
+                   i64 dld) {
+    i64 r = blockIdx.x;
+    bool vec = (ld & 7) == 0 && (dld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
+    ce_bwd_row(dlogits + r * dld, logits + r * ld, ce_scale(mask, loss, dloss, r), lse[r],
+               labels[r] - v0, vv, ld, vec);
+}
+#endif
+
+#if defined(MGC_ENTRY_ce_fused)
+/* grid n (one block per row), block 1024; dynamic smem ld * 4 bytes when `stage` (the row
+ * staged in shared memory: the launcher's choice, when it fits), else 0.  v0 = 0 (tp = 1).
+ * First ce_rowstats' pass (online max and sum of exp over float4 columns), each column also
+ * stored to shared memory when staged; thread 0 writes mx, sums (sum exp, the label's logit)
+ * for ce_finish; lse = mx + log(sum exp), ce_finish's expression.  Then ce_bwd_row over the
+ * row, read again from shared memory (staged) or from global memory (L2 where it holds).  The
+ * first pass's global reads all precede the block reductions' barriers, so the second pass's
+ * in-place writes meet none of them. */
+extern "C" __global__ void __launch_bounds__(1024)
+    MGC_ENTRY_NAME(mgc_t *dlogits, const float *logits, float *__restrict__ mx,
+                   float *__restrict__ sums, const i64 *__restrict__ labels,
+                   const float *__restrict__ mask, const float *__restrict__ loss, double dloss,
+                   i64 vv, i64 ld, i64 dld, int stage) {
+    __shared__ float sh[32];
+    MGC_DYN_SHARED(float, srow);
+    i64 r = blockIdx.x;
+    const float *l = logits + r * ld;
+    const float4 *l4 = (const float4 *)l;
+    const i64 n4 = (ld & 3) == 0 && mgc_al16(logits) ? vv >> 2 : 0; /* float4 columns */
+    const int tid = threadIdx.x, bd = blockDim.x;
+    float m = -INFINITY, s = 0.0f;
+#pragma unroll 2
+    for (i64 q = tid; q < n4; q += bd) {
+        float4 a = l4[q];
+        if (stage) ((float4 *)srow)[q] = a;
+        float mn = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
+        if (mn > m) { /* m = -inf before: s = 0, exp(-inf) = 0 */
+            s *= expf(m - mn);
+            m = mn;
+        }
+        s += expf(a.x - m);
+        s += expf(a.y - m);
+        s += expf(a.z - m);
+        s += expf(a.w - m);
+    }
+    for (i64 c = 4 * n4 + tid; c < vv; c += bd) {
+        float v = l[c];
+        if (stage) srow[c] = v;
+        if (v > m) {
+            s *= expf(m - v);
+            m = v;
+        }
+        s += expf(v - m);
+    }
+    const float tm = m;
+    m = mgc_block_max(m, sh);
+    s = tm == -INFINITY ? 0.0f : tm == m ? s : s * expf(tm - m);
+    s = mgc_block_sum(s, sh); /* its barriers: every column staged, every global read done */
+    const i64 id = labels[r];
+    if (tid == 0) {
+        mx[r] = m;
+        sums[2 * r] = s;
+        sums[2 * r + 1] = (id >= 0 && id < vv) ? l[id] : 0.0f;
+    }
+    const float ls = m + logf(s);
+    bool vec = (ld & 7) == 0 && (dld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
+    ce_bwd_row(dlogits + r * dld, stage ? srow : l, ce_scale(mask, loss, dloss, r), ls, id, vv,
+               ld, vec);
 }
 #endif

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 7u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+#define MGC_PLAN_VERSION 8u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
                               4: row views (tensor view); 5: a second split (tensor split2_*);
                               6: the attention kernels' dropout numbering (their argument
@@ -41,7 +41,8 @@ extern "C" {
                               (MGC_POF_DOCS); 7: the router kernels' arguments (the top-k
                               scale, the expert bias, the counts' rows), the router's packed
                               iattr[3] and expert-bias input, LOAD_BATCH's bias bit;
-                              docs/plan-format.md */
+                              8: the fused cross-entropy of the loss chunks
+                              (MGC_POF_CE_STATS); docs/plan-format.md */
 
 typedef enum mgc_plan_status {
     MGC_PLAN_OK = 0,
@@ -277,6 +278,13 @@ typedef enum mgc_plan_op_kind {
                                 over EP (their first input MGC_PT_ROUTED): the last input is the
                                 tokens per local expert (E_l) int64, and only the first sum of
                                 it rows are live; the rest are neither read nor written */
+#define MGC_POF_CE_STATS 128u /* cross_entropy_bwd of a loss chunk at tensor parallel 1
+                                (compiler/losschunk.h): the forward's statistics fused in, one
+                                pass over the logits.  in: logits, labels, mask, count (the
+                                whole microbatch's, (0, n)); out: dlogits (in place over the
+                                logits), lse, the chunk's loss (sum, count) -- what the
+                                cross-entropy of phase 3 and the unfused backward compute, bit
+                                for bit */
 
 /* moe_route and moe_route_bwd of phase 0 keep three numbers in iattr[3]: the score function
  * (config.h mgc_score) in bits 0-7, and group-limited routing's expert groups in bits 8-31 and

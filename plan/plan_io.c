@@ -562,7 +562,7 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
     if (o->flags &
         ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE | MGC_POF_ROPE |
-          MGC_POF_DOCS | MGC_POF_ROWS))
+          MGC_POF_DOCS | MGC_POF_ROWS | MGC_POF_CE_STATS))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
     if (o->flags & MGC_POF_ROPE) {
         if (o->kind != MGC_POP_QKV_SPLIT && o->kind != MGC_POP_QKV_SPLIT_BWD)
@@ -659,6 +659,11 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
                     o->out[i], c->n_tensors - 1);
     if (o->kind >= MGC_POP_ALL_REDUCE && o->group >= MGC_GROUP__COUNT)
         INVALID("%s (%s): group %u unknown", WH, kn, o->group);
+    if ((o->flags & MGC_POF_CE_STATS) &&
+        (o->kind != MGC_POP_CROSS_ENTROPY_BWD || o->n_in != 4 || o->n_out != 3))
+        INVALID("%s (%s): the fused cross-entropy flag on an op that is not a cross_entropy_bwd "
+                "of 4 inputs and 3 outputs",
+                WH, kn);
     if (o->flags & MGC_POF_INPLACE) {
         /* the launchers that write out[0] over in[0] (cross_entropy.cuh, cpu_ops) */
         if (o->kind != MGC_POP_CROSS_ENTROPY_BWD || o->n_in < 1 || o->n_out < 1)

@@ -407,6 +407,26 @@ static int64_t valid_columns(const mgc_op_call *c, int64_t V_l) {
 static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int64_t V_l = op->iattr[1], v0 = c->co.tp * V_l, Vv = valid_columns(c, V_l);
+    if (op->kind == MGC_POP_CROSS_ENTROPY_BWD && (op->flags & MGC_POF_CE_STATS)) {
+        /* the statistics fused in (tensor parallel 1): in: logits, labels, mask, count; out:
+         * dlogits, lse, loss[2] -- phase 3's forward, then the backward, as the two ops */
+        const mgc_plan_tensor *lab = tin(c, 1);
+        int64_t n = (int64_t)numel(lab);
+        if (tout(c, 0)->ld)
+            return fail(be, "cross_entropy_bwd '%s': the CPU backend takes no row pitch",
+                        mgc_plan_strat(c->plan, op->name));
+        unsigned char *w = scratch(be, (size_t)n * 16);
+        if (!w) return fail(be, "out of memory");
+        int32_t *l32 = (int32_t *)w;
+        to_i32(l32, c->in[1], (mgc_dtype)lab->dtype, n);
+        mgc_cpu_ce_fwd_f32(F(c->out[1]), F(c->out[2]), NULL, CF(c->in[0]), l32, CF(c->in[2]), n,
+                           Vv, V_l, (float *)(w + n * 4));
+        double count = CF(c->in[3])[1];
+        double dloss = count > 0 ? c->dloss / count : 0.0;
+        mgc_cpu_ce_bwd_f32(F(c->out[0]), CF(c->in[0]), CF(c->out[1]), l32, CF(c->in[2]), dloss, v0,
+                           n, Vv, V_l);
+        return 0;
+    }
     if (op->kind == MGC_POP_CROSS_ENTROPY_BWD) {
         /* in: logits, lse, labels, mask, loss; out: dlogits */
         const mgc_plan_tensor *lab = tin(c, 2);

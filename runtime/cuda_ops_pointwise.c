@@ -501,6 +501,44 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
     int64_t V_l = op->iattr[1], v0 = c->co.tp * V_l, vv = valid_columns(c, V_l), ld = V_l;
     mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
     const int F32 = MGC_DT_F32, I64 = MGC_DT_I64;
+    if (op->kind == MGC_POP_CROSS_ENTROPY_BWD && (op->flags & MGC_POF_CE_STATS)) {
+        /* the statistics fused in (tp = 1): in: logits, labels, mask, count; out: dlogits (in
+         * place), lse, loss[2].  ce_fused, then ce_finish over its mx and sums. */
+        const mgc_plan_tensor *lab = tin(c, 1);
+        int64_t n = numel(lab);
+        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want(be, c, lab, I64, "the labels"));
+        CHECK(want(be, c, tin(c, 2), F32, "the loss mask"));
+        CHECK(want(be, c, tin(c, 3), F32, "the count"));
+        CHECK(want(be, c, tout(c, 1), F32, "lse"));
+        CHECK(want(be, c, tout(c, 2), F32, "the loss"));
+        int gdt = MGC_DT_F32;
+        CHECK(act_dtype(be, c, tout(c, 0), &gdt));
+        CHECK(get_specs(be, c, k, 2));
+        int64_t dld = mgc_plan_tensor_ld(tout(c, 0));
+        if (dld < ld || v0 != 0 || ((op->flags & MGC_POF_INPLACE) && c->out[0] != c->in[0]))
+            return mgc_cuda_fail(be,
+                                 "cross_entropy_bwd '%s': the gradient's row pitch %lld is below "
+                                 "its %lld columns, a tensor rank above 0, or in place on other "
+                                 "memory than the logits'",
+                                 mgc_plan_strat(c->plan, op->name), (long long)dld, (long long)ld);
+        float *mx = mgc_cuda_scratch(be, (size_t)(n > 0 ? n : 1) * 3 * sizeof(float));
+        if (!mx) return -1;
+        float *sums = mx + n;
+        if (n > 0 && ld > 0) {
+            /* the row staged in shared memory when it fits: one read of the logits from
+             * global memory */
+            int stage = (uint64_t)ld * 4 + 256 <= mgc_cuda_smem_optin(be); /* + static sh */
+            void *dl = c->out[0], *lg = c->in[0], *lb = c->in[1], *mk = c->in[2], *cn = c->in[3];
+            double dloss = c->dloss;
+            void *a1[] = {&dl, &lg, &mx, &sums, &lb, &mk, &cn, &dloss, &vv, &ld, &dld, &stage};
+            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, 1024,
+                                  stage ? (size_t)ld * 4 : 0, a1));
+        }
+        void *lse = c->out[1], *loss = c->out[2], *mk = c->in[2];
+        void *a2[] = {&lse, &loss, &mx, &sums, &mk, &n};
+        return mgc_cuda_launch(be, &k[1], 1, 1, 1, 1024, 0, a2);
+    }
     if (op->kind == MGC_POP_CROSS_ENTROPY_BWD) {
         /* in: logits, lse, labels, mask, loss; out: dlogits */
         const mgc_plan_tensor *lab = tin(c, 2);

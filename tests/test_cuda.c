@@ -1204,6 +1204,24 @@ static void check_graphs(void) {
     }
 }
 
+/* The head in three row chunks (compiler/losschunk.h): the mask count (ce_count), and each
+ * chunk's GEMMs and cross-entropy on row views -- at tensor parallel 1 the statistics fused
+ * into the backward (ce_fused, the row staged in shared memory); the norms and GELUs recomputed
+ * in the backward by their unfused kernels, the dropout masks drawn again there.  Then a
+ * vocabulary whose fp32 row exceeds a block's shared memory (ce_fused reads the row twice from
+ * global memory), and the two ops unfused (MGC_CE_FUSE=0). */
+static void check_chunks(void) {
+    static const char *const chunks[] = {"training.loss_chunks=3", "model.hidden_dropout=0.1",
+                                         "training.recompute_modules=[norm, activation, dropout]",
+                                         NULL};
+    static const char *const wide[] = {"training.loss_chunks=2", "model.vocab_size=60000", NULL};
+    check_ops("examples/tiny-gpt.yaml", chunks);
+    check_ops("examples/tiny-gpt.yaml", wide);
+    setenv("MGC_CE_FUSE", "0", 1);
+    check_ops("examples/tiny-gpt.yaml", chunks);
+    unsetenv("MGC_CE_FUSE");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--emu")) {
         emu = 1, steps = EMU_STEPS;
@@ -1244,6 +1262,7 @@ int main(int argc, char **argv) {
         check_eval("examples/tiny-gpt.yaml");
     if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!emu && (!only || !strcmp(only, "graphs"))) check_graphs();
+    if (!only || !strcmp(only, "chunks")) check_chunks();
     if (only && !strcmp(only, "ci")) { /* test_cuda_emu in CI: every kernel family, in minutes */
         static const char *const d64[] = {"model.hidden_size=128", "model.num_attention_heads=2",
                                           "model.attention_dropout=0.1", NULL};
@@ -1267,10 +1286,7 @@ int main(int argc, char **argv) {
         /* the head in three row chunks (compiler/losschunk.h): the mask count (ce_count), and
          * each chunk's GEMMs and cross-entropy on row views; the norms and GELUs recomputed in
          * the backward by their unfused kernels, the dropout masks drawn again there */
-        static const char *const chunks[] = {
-            "training.loss_chunks=3", "model.hidden_dropout=0.1",
-            "training.recompute_modules=[norm, activation, dropout]", NULL};
-        check_ops("examples/tiny-gpt.yaml", chunks);
+        check_chunks();
         check_ops("examples/tiny-gpt.yaml", d64);
         check_ops("examples/tiny-gpt.yaml", gqa);
         check_ops("models/tiny-llama.yaml", r32);
