@@ -533,7 +533,7 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
             void *dl = c->out[0], *lg = c->in[0], *lb = c->in[1], *mk = c->in[2], *cn = c->in[3];
             double dloss = c->dloss;
             void *a1[] = {&dl, &lg, &mx, &sums, &lb, &mk, &cn, &dloss, &vv, &ld, &dld, &stage};
-            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, stage ? 1024 : 512,
+            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, stage ? 1024 : 256,
                                   stage ? (size_t)ld * 4 : 0, a1));
         }
         void *lse = c->out[1], *loss = c->out[2], *mk = c->in[2];
