@@ -227,21 +227,19 @@ extern "C" __global__ void __launch_bounds__(256)
 #endif
 
 #if defined(MGC_ENTRY_ce_fused)
-/* grid n (one block per row), block 1024; dynamic smem ld * 4 bytes when `stage` (the row
- * staged in shared memory: the launcher's choice, when it fits), else 0.  v0 = 0 (tp = 1).
- * First ce_rowstats' pass (online max and sum of exp over float4 columns), each column also
- * stored to shared memory when staged; thread 0 writes mx, sums (sum exp, the label's logit)
- * for ce_finish; lse = mx + log(sum exp), ce_finish's expression.  Then ce_bwd_row over the
- * row, read again from shared memory (staged) or from global memory (L2 where it holds).  The
- * first pass's global reads all precede the block reductions' barriers, so the second pass's
- * in-place writes meet none of them. */
-extern "C" __global__ void __launch_bounds__(1024)
+/* grid n (one block per row), block 512, smem 0 (static 128 B).  v0 = 0 (tp = 1).  First
+ * ce_rowstats' pass (online max and sum of exp over float4 columns); thread 0 writes mx and
+ * sums (sum exp, the label's logit) for ce_finish; lse = mx + log(sum exp), ce_finish's
+ * expression.  Then ce_bwd_row over the row, read again from global memory (much of it from
+ * L2).  Every global read of the first pass precedes the block reductions' barriers, so the
+ * second pass's in-place writes meet none of them.  (Staging the row in shared memory instead,
+ * 1024 threads and one row an SM, measured slower on an H100: bench/results/gpu-h100.md.) */
+extern "C" __global__ void __launch_bounds__(512)
     MGC_ENTRY_NAME(mgc_t *dlogits, const float *logits, float *__restrict__ mx,
                    float *__restrict__ sums, const i64 *__restrict__ labels,
                    const float *__restrict__ mask, const float *__restrict__ loss, double dloss,
-                   i64 vv, i64 ld, i64 dld, int stage) {
+                   i64 vv, i64 ld, i64 dld) {
     __shared__ float sh[32];
-    MGC_DYN_SHARED(float, srow);
     i64 r = blockIdx.x;
     const float *l = logits + r * ld;
     const float4 *l4 = (const float4 *)l;
@@ -251,7 +249,6 @@ extern "C" __global__ void __launch_bounds__(1024)
 #pragma unroll 2
     for (i64 q = tid; q < n4; q += bd) {
         float4 a = l4[q];
-        if (stage) ((float4 *)srow)[q] = a;
         float mn = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
         if (mn > m) { /* m = -inf before: s = 0, exp(-inf) = 0 */
             s *= expf(m - mn);
@@ -264,7 +261,6 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     for (i64 c = 4 * n4 + tid; c < vv; c += bd) {
         float v = l[c];
-        if (stage) srow[c] = v;
         if (v > m) {
             s *= expf(m - v);
             m = v;
@@ -274,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     const float tm = m;
     m = mgc_block_max(m, sh);
     s = tm == -INFINITY ? 0.0f : tm == m ? s : s * expf(tm - m);
-    s = mgc_block_sum(s, sh); /* its barriers: every column staged, every global read done */
+    s = mgc_block_sum(s, sh); /* its barriers: every global read of the row done */
     const i64 id = labels[r];
     if (tid == 0) {
         mx[r] = m;
@@ -283,7 +279,6 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     const float ls = m + logf(s);
     bool vec = (ld & 7) == 0 && (dld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
-    ce_bwd_row(dlogits + r * dld, stage ? srow : l, ce_scale(mask, loss, dloss, r), ls, id, vv,
-               ld, vec);
+    ce_bwd_row(dlogits + r * dld, l, ce_scale(mask, loss, dloss, r), ls, id, vv, ld, vec);
 }
 #endif

@@ -859,7 +859,6 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     c->host.scratch = cuda_scratch;
     c->host.gemm = gemm;
     c->host.sms = prop.multiProcessorCount;
-    c->host.smem_optin = prop.sharedMemPerBlockOptin;
     const char *epi = getenv("MGC_GEMM_EPILOGUES"); /* docs/cuda-backend.md */
     c->host.epilogues = !(epi && !strcmp(epi, "0"));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {

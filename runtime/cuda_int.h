@@ -61,7 +61,6 @@ typedef struct mgc_cuda_host {
                 int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
                 int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep);
     int sms;       /* multiprocessors (grid sizing) */
-    size_t smem_optin; /* dynamic shared memory a block may opt into (bytes) */
     int epilogues; /* GEMM epilogues for the fused linear ops (MGC_GEMM_EPILOGUES != 0) */
 } mgc_cuda_host;
 
@@ -88,8 +87,6 @@ int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...)
     ;
 /* Multiprocessors of the device (grid sizing). */
 int mgc_cuda_sm_count(mgc_backend *be);
-/* Dynamic shared memory a block may opt into, in bytes (mgc_cuda_launch sets the attribute). */
-size_t mgc_cuda_smem_optin(mgc_backend *be);
 
 /* Family launchers: 0 on success; 1 when the op is not of their family. */
 int mgc_cuda_ops_linear(mgc_backend *be, const mgc_op_call *c);

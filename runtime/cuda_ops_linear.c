@@ -36,10 +36,6 @@ int mgc_cuda_sm_count(mgc_backend *be) {
     return host(be)->sms;
 }
 
-size_t mgc_cuda_smem_optin(mgc_backend *be) {
-    return host(be)->smem_optin;
-}
-
 #define LIN_BIAS_RANK0 16
 
 static const mgc_plan_tensor *T_in(const mgc_op_call *c, int i) {

@@ -526,15 +526,10 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
         if (!mx) return -1;
         float *sums = mx + n;
         if (n > 0 && ld > 0) {
-            /* the row staged in shared memory when it fits: one read of the logits from
-             * global memory */
-            const char *e = getenv("MGC_CE_STAGE"); /* 0: never staged (measurements) */
-            int stage = (uint64_t)ld * 4 + 256 <= mgc_cuda_smem_optin(be) && !(e && !strcmp(e, "0"));
             void *dl = c->out[0], *lg = c->in[0], *lb = c->in[1], *mk = c->in[2], *cn = c->in[3];
             double dloss = c->dloss;
-            void *a1[] = {&dl, &lg, &mx, &sums, &lb, &mk, &cn, &dloss, &vv, &ld, &dld, &stage};
-            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, stage ? 1024 : 256,
-                                  stage ? (size_t)ld * 4 : 0, a1));
+            void *a1[] = {&dl, &lg, &mx, &sums, &lb, &mk, &cn, &dloss, &vv, &ld, &dld};
+            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)n, 1, 1, 512, 0, a1));
         }
         void *lse = c->out[1], *loss = c->out[2], *mk = c->in[2];
         void *a2[] = {&lse, &loss, &mx, &sums, &mk, &n};

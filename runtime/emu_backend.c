@@ -299,7 +299,6 @@ int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {
     c->host.scratch = emu_scratch;
     c->host.gemm = emu_gemm;
     c->host.sms = 4; /* a small GPU: grid-stride kernels take several rounds */
-    c->host.smem_optin = 232448; /* a Hopper's 227 KiB */
     const char *epi = getenv("MGC_GEMM_EPILOGUES");
     c->host.epilogues = !(epi && !strcmp(epi, "0"));
     *out = be;

@@ -1206,10 +1206,10 @@ static void check_graphs(void) {
 
 /* The head in three row chunks (compiler/losschunk.h): the mask count (ce_count), and each
  * chunk's GEMMs and cross-entropy on row views -- at tensor parallel 1 the statistics fused
- * into the backward (ce_fused, the row staged in shared memory); the norms and GELUs recomputed
- * in the backward by their unfused kernels, the dropout masks drawn again there.  Then a
- * vocabulary whose fp32 row exceeds a block's shared memory (ce_fused reads the row twice from
- * global memory), and the two ops unfused (MGC_CE_FUSE=0). */
+ * into the backward (ce_fused); the norms and GELUs recomputed in the backward by their
+ * unfused kernels, the dropout masks drawn again there.  Then a vocabulary of 60,000 (15 steps
+ * of ce_fused's in-place pass a row, the later ones writing over columns earlier steps read),
+ * and the two ops unfused (MGC_CE_FUSE=0). */
 static void check_chunks(void) {
     static const char *const chunks[] = {"training.loss_chunks=3", "model.hidden_dropout=0.1",
                                          "training.recompute_modules=[norm, activation, dropout]",
