@@ -20,7 +20,11 @@
  * at a time.  The gradients are the unchunked ones row for row (the cross-entropy's scale is
  * the whole microbatch's mask count, computed first); only the summation order of the
  * weight gradient over rows and of the loss sum changes.  Forward-kind ops in the backward
- * carry MGC_POF_RECOMPUTE, as recompute copies do. */
+ * carry MGC_POF_RECOMPUTE, as recompute copies do.
+ *
+ * At tensor parallel 1 the cross-entropy is one op (phase 3, no collectives), and each chunk's
+ * cross_entropy_bwd takes it in (plan.h MGC_POF_CE_STATS: one pass over the chunk's logits on
+ * a GPU); MGC_CE_FUSE=0 in the environment keeps the two ops (tests compare them). */
 #ifndef MGC_LOSSCHUNK_H
 #define MGC_LOSSCHUNK_H
 

@@ -814,23 +814,28 @@ static void test_hostile(void) {
     wr32(b + 8, 2); /* a version-2 plan (no row pitch: its reserved word could be garbage) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 2, this mgc-run reads 7: recompile with mgc compile");
+                  "plan format version 2, this mgc-run reads 8: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 5); /* version 5: the attention kernels it carries take other arguments */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 5, this mgc-run reads 7: recompile with mgc compile");
+                  "plan format version 5, this mgc-run reads 8: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 6); /* version 6: its router kernels take other arguments */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 6, this mgc-run reads 7: recompile with mgc compile");
+                  "plan format version 6, this mgc-run reads 8: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 8);
+    wr32(b + 8, 7); /* version 7: no fused cross-entropy flag */
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 8, this mgc-run reads 7");
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION,
+                  "plan format version 7, this mgc-run reads 8: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 8); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 9);
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 9, this mgc-run reads 8");
+    memcpy(b, orig, len);
+    wr32(b + 8, 9); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
@@ -1283,7 +1288,8 @@ static void test_validate(void) {
         }
         T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     }
-    BREAK(ch->fwd[0].flags, 128, "unknown flags");
+    BREAK(ch->fwd[0].flags, 256, "unknown flags");
+    BREAK(ch->fwd[0].flags, MGC_POF_CE_STATS, "fused cross-entropy flag on an op that is not");
     BREAK(ch->fwd[0].flags, MGC_POF_ROWS, "routed-rows flag on an op that is not an activation");
     BREAK(ch->tensors[0].flags, 2, "flags 0x2 unknown");
     BREAK(ch->fwd[0].flags, MGC_POF_DOCS, "document flag on an op that is not attention, a rope");
