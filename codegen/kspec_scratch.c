@@ -17,6 +17,12 @@ uint64_t mgc_kspec_moe_map_bytes(int64_t nk, int64_t E, int64_t cap, int probs) 
     return b;
 }
 
+uint64_t mgc_kspec_emb_sort_bytes(int64_t n, int64_t h) {
+    uint64_t nn = n > 0 ? (uint64_t)n : 0, hh = h > 0 ? (uint64_t)h : 0;
+    uint64_t segs = (nn + MGC_KSPEC_EMB_SEG - 1) / MGC_KSPEC_EMB_SEG;
+    return mgc_kspec_align(nn * 8) + segs * hh * 4;
+}
+
 uint64_t mgc_kspec_optimizer_scratch_bytes(void) {
     return (MGC_KSPEC_SUMSQ_NB + 1) * 8; /* cuda_ops_pointwise.c mgc_cuda_sumsq */
 }
@@ -65,9 +71,12 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
         int want_db = op->iattr[0] != 1 && op->n_out > 2;
         return nb * h * (want_db ? 2 : 1) * 4;
     }
-    case MGC_POP_EMBEDDING_BWD: { /* cuda_ops_pointwise.c op_embedding: the sort keys */
+    case MGC_POP_EMBEDDING_BWD: { /* cuda_ops_pointwise.c op_embedding: the sort keys, then
+                                      a row of fp32 partials a segment of them */
         uint64_t n = nonneg(in0->dim[0]) * (in0->rank > 1 ? nonneg(in0->dim[1]) : 1);
-        return op->iattr[0] > 0 && n <= MGC_KSPEC_EMB_SORT_MAX ? n * 8 : 0;
+        const mgc_plan_tensor *dy = T(ch, op->n_in > 1 ? op->in[1] : -1);
+        if (op->iattr[0] <= 0 || n > MGC_KSPEC_EMB_SORT_MAX) return 0;
+        return mgc_kspec_emb_sort_bytes((int64_t)n, last_dim(dy));
     }
     case MGC_POP_CROSS_ENTROPY: { /* op_cross_entropy, the fused path: max and sums per row */
         uint64_t n = op->n_in > 1 ? (uint64_t)numel(T(ch, op->in[1])) : 0;

@@ -14,13 +14,19 @@
  * Positions: pos(r) = mgc_ctx_pos(i) for row r = i*b + j, minus docs[r] (the row's document
  * start, data.reset_position_ids) when docs is not NULL.
  *   embedding_sort      keys = (tok[r] << 32 | r) sorted: each token's rows together, ascending
- *   embedding_bwd_sorted  the word gradient from the sorted keys, one block per token
- * The backward is deterministic without atomics: one block per gradient row, which owns
- * that row and adds its contributions in the CPU's order (row index ascending), starting
- * from the row's current value, so even the rounding matches the CPU reference.
+ *   embedding_bwd_sorted  the word gradient from the sorted keys, one block per segment of
+ *                       S keys (MGC_KSPEC_EMB_SEG); embedding_bwd_join adds the pieces of the
+ *                       runs that cross segments
+ * The backward is deterministic without atomics: each gradient row is written by one block at
+ * a time, adding its contributions in a fixed order (row index ascending) starting from the
+ * row's current value.  A token whose run of sorted rows lies within one segment gets the CPU
+ * reference's order and rounding exactly; a longer run is summed in pieces (the rows of each
+ * segment from zero), which are then added in segment order, so that a frequent token (a byte
+ * tokenizer's space, say: a fifth of the rows) no longer makes one block read its rows one
+ * after another (0.58 ms of a GPT-2 124M step on the H100 before).
  * For microbatches of up to 16384 tokens the launcher sorts the rows by token in one block
- * (a bitonic network in shared memory), and embedding_bwd_sorted walks each token's run of
- * rows: every row of dy is read once.  Larger microbatches take embedding_bwd_word, which
+ * (a bitonic network in shared memory), and embedding_bwd_sorted walks the segments: every
+ * row of dy is read once.  Larger microbatches take embedding_bwd_word, which
  * scans the token array once per vocabulary row in chunks of T tokens (coalesced, from L2),
  * skipping a chunk with one __syncthreads_or when no token of it hits the row: V_l * n / T
  * cheap iterations in all. */
@@ -135,37 +141,141 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
 }
 #endif
 
+#if defined(MGC_ENTRY_embedding_bwd_sorted) || defined(MGC_ENTRY_embedding_bwd_join)
+/* rows (or partial rows) read ahead of their additions: U * EPER registers, within the 64 a
+ * thread has at T = 1024 */
+#define MGC_EMB_U (MGC_EPER <= 4 ? 8 : MGC_EPER <= 24 ? 24 / MGC_EPER : 1)
+/* Token of sorted key j. */
+__device__ __forceinline__ unsigned mgc_emb_tok(const unsigned long long *__restrict__ keys, i64 j) {
+    return (unsigned)(keys[j] >> 32);
+}
+#endif
+
 #if defined(MGC_ENTRY_embedding_bwd_sorted)
-/* grid n (one block per sorted key), block T.  The block of each token's first key adds that
- * token's rows of dy, r ascending, to its gradient row, starting from the row's value (the
- * CPU's order and rounding); the other blocks return at once.  dwte (V_l, H) fp32,
- * accumulated; tokens outside the shard [v0, v0 + V_l) are skipped. */
+/* grid ceil(n / S) (one block per segment of S = MGC_KSPEC_EMB_SEG sorted keys), block T.
+ * The segment's keys fall into pieces of one token each.  A piece that is its token's whole
+ * run of rows adds them, r ascending, to the token's gradient row starting from the row's
+ * value (the CPU's order and rounding).  A run that crosses segments: its first piece is
+ * added to the gradient row the same way; the piece at the start of each later segment it
+ * covers is summed from zero into part[g] (the segment's own row of partials), and
+ * embedding_bwd_join adds those in segment order.  Rows are read U at a time ahead of the
+ * additions (independent loads in flight; the order of the additions is unchanged).  dwte
+ * (V_l, H) fp32, accumulated; tokens outside the shard [v0, v0 + V_l) are skipped. */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
-    MGC_ENTRY_NAME(float *__restrict__ dwte, const mgc_t *__restrict__ dy,
-                   const unsigned long long *__restrict__ keys, i64 v0, i64 V_l, i64 n) {
-    i64 i = blockIdx.x;
-    unsigned t = (unsigned)(keys[i] >> 32);
-    if (i > 0 && (unsigned)(keys[i - 1] >> 32) == t) return;
-    i64 v = (i64)t - v0;
-    if (v < 0 || v >= V_l) return;
+    MGC_ENTRY_NAME(float *__restrict__ dwte, float *__restrict__ part, const mgc_t *__restrict__ dy,
+                   const unsigned long long *__restrict__ keys, i64 v0, i64 V_l, i64 n, int S) {
+    i64 g = blockIdx.x, j0 = g * S, j1 = j0 + S < n ? j0 + S : n;
+    /* the token of the piece in progress, its gradient row (NULL: the head piece of a run
+     * begun in an earlier segment, summed into part[g]; or a token outside the shard) */
+    unsigned cur = mgc_emb_tok(keys, j0);
+    bool head = j0 > 0 && mgc_emb_tok(keys, j0 - 1) == cur;
+    float *dst = 0;
     float acc[MGC_EPER];
+    if (head) {
+        dst = part + g * (i64)MGC_H;
+    } else {
+        i64 v = (i64)cur - v0;
+        dst = v >= 0 && v < V_l ? dwte + v * (i64)MGC_H : (float *)0;
+    }
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;
-        acc[k] = c < MGC_H ? dwte[v * MGC_H + c] : 0.0f;
+        acc[k] = !head && dst && c < MGC_H ? dst[c] : 0.0f;
     }
-    for (i64 j = i; j < n && (unsigned)(keys[j] >> 32) == t; j++) {
-        const mgc_t *g = dy + (i64)(unsigned)keys[j] * MGC_H;
+    for (i64 j = j0; j < j1; j += MGC_EMB_U) {
+        float x[MGC_EMB_U][MGC_EPER];
+        unsigned tk[MGC_EMB_U];
 #pragma unroll
-        for (int k = 0; k < MGC_EPER; k++) {
-            int c = k * MGC_T + threadIdx.x;
-            if (c < MGC_H) acc[k] += mgc_ld(g[c]);
+        for (int u = 0; u < MGC_EMB_U; u++) {
+            i64 q = j + u < j1 ? j + u : j1 - 1;
+            unsigned long long key = keys[q];
+            tk[u] = (unsigned)(key >> 32);
+            const mgc_t *row = dy + (i64)(unsigned)key * MGC_H;
+#pragma unroll
+            for (int k = 0; k < MGC_EPER; k++) {
+                int c = k * MGC_T + threadIdx.x;
+                x[u][k] = c < MGC_H ? mgc_ld(row[c]) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MGC_EMB_U; u++) {
+            if (j + u >= j1) break;
+            if (tk[u] != cur) { /* the piece before ends here: a whole run, or a head piece */
+#pragma unroll
+                for (int k = 0; k < MGC_EPER; k++) {
+                    int c = k * MGC_T + threadIdx.x;
+                    if (dst && c < MGC_H) dst[c] = acc[k];
+                }
+                cur = tk[u];
+                i64 v = (i64)cur - v0;
+                dst = v >= 0 && v < V_l ? dwte + v * (i64)MGC_H : (float *)0;
+#pragma unroll
+                for (int k = 0; k < MGC_EPER; k++) {
+                    int c = k * MGC_T + threadIdx.x;
+                    acc[k] = dst && c < MGC_H ? dst[c] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < MGC_EPER; k++)
+                acc[k] += x[u][k];
         }
     }
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) dwte[v * MGC_H + c] = acc[k];
+        if (dst && c < MGC_H) dst[c] = acc[k];
+    }
+}
+#endif
+
+#if defined(MGC_ENTRY_embedding_bwd_join)
+/* grid ceil(n / S), block T: after embedding_bwd_sorted.  Block g owns the run whose first
+ * piece ends segment g and goes on into segment g + 1 (when there is one): it adds part[g + 1],
+ * part[g + 2], ... (each the run's piece in that segment), in segment order, to the token's
+ * gradient row, up to the segment where the run ends.  U partial rows are read ahead. */
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+    MGC_ENTRY_NAME(float *__restrict__ dwte, const float *__restrict__ part,
+                   const unsigned long long *__restrict__ keys, i64 v0, i64 V_l, i64 n, int S) {
+    i64 G = (n + S - 1) / S, g = blockIdx.x, last = (g + 1) * S - 1;
+    if (last + 1 >= n) return;
+    unsigned t = mgc_emb_tok(keys, last);
+    if (mgc_emb_tok(keys, last + 1) != t) return; /* the segment's last run ends in it */
+    if (g > 0 && mgc_emb_tok(keys, g * S - 1) == t && mgc_emb_tok(keys, g * S) == t)
+        return; /* the whole segment is the middle of a run begun earlier: not the owner */
+    i64 v = (i64)t - v0;
+    if (v < 0 || v >= V_l) return;
+    /* the segments after g that the run reaches: g + 1 .. ge - 1 */
+    i64 ge = g + 1;
+    while (ge < G && mgc_emb_tok(keys, ge * S) == t) ge++;
+    float *d = dwte + v * (i64)MGC_H;
+    float acc[MGC_EPER];
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        acc[k] = c < MGC_H ? d[c] : 0.0f;
+    }
+    for (i64 q = g + 1; q < ge; q += MGC_EMB_U) {
+        float x[MGC_EMB_U][MGC_EPER];
+#pragma unroll
+        for (int u = 0; u < MGC_EMB_U; u++) {
+            const float *p = part + (q + u < ge ? q + u : ge - 1) * (i64)MGC_H;
+#pragma unroll
+            for (int k = 0; k < MGC_EPER; k++) {
+                int c = k * MGC_T + threadIdx.x;
+                x[u][k] = c < MGC_H ? p[c] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MGC_EMB_U; u++)
+            if (q + u < ge)
+#pragma unroll
+                for (int k = 0; k < MGC_EPER; k++)
+                    acc[k] += x[u][k];
+    }
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) d[c] = acc[k];
     }
 }
 #endif

@@ -135,20 +135,27 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     CHECK(want(be, c, tout(c, 0), MGC_DT_F32, "the word embedding's gradient"));
     int with_dpos = op->n_out > 1;
     if (with_dpos) CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the position embedding's gradient"));
-    CHECK(get_specs(be, c, k, with_dpos ? 4 : 3));
+    CHECK(get_specs(be, c, k, with_dpos ? 5 : 4));
     int64_t n = s * b;
     if (n == 0) return 0;
     void *dw = c->out[0], *dy = c->in[1], *tk = c->in[0];
     if (V_l > 0 && n <= EMB_SORT_MAX) { /* sort the rows by token, then one pass over dy */
-        int in = (int)n, N = 2, nt;
+        int in = (int)n, N = 2, nt, S = MGC_KSPEC_EMB_SEG;
         while (N < in) N *= 2;
         nt = N < 1024 ? N : 1024;
-        void *keys = mgc_cuda_scratch(be, (size_t)n * 8);
+        int64_t h = tin(c, 1)->dim[tin(c, 1)->rank - 1];
+        unsigned segs = (unsigned)((n + S - 1) / S);
+        char *keys = mgc_cuda_scratch(be, (size_t)mgc_kspec_emb_sort_bytes(n, h));
         if (!keys) return -1;
+        void *part = keys + mgc_kspec_align((uint64_t)n * 8);
         void *a1[] = {&keys, &tk, &in, &N};
         CHECK(mgc_cuda_launch(be, &k[1], 1, 1, 1, (unsigned)nt, (size_t)N * 8, a1));
-        void *a2[] = {&dw, &dy, &keys, &v0, &V_l, &n};
-        CHECK(mgc_cuda_launch(be, &k[2], (unsigned)n, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a2));
+        void *a2[] = {&dw, &part, &dy, &keys, &v0, &V_l, &n, &S};
+        CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a2));
+        if (segs > 1) {
+            void *a3[] = {&dw, &part, &keys, &v0, &V_l, &n, &S};
+            CHECK(mgc_cuda_launch(be, &k[3], segs, 1, 1, (unsigned)kconst(&k[3], "T"), 0, a3));
+        }
     } else if (V_l > 0) {
         void *args[] = {&dw, &dy, &tk, &v0, &n};
         CHECK(mgc_cuda_launch(be, &k[0], (unsigned)V_l, 1, 1, (unsigned)kconst(&k[0], "T"), 0,
@@ -165,7 +172,7 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         return mgc_cuda_fail(be, "embedding_bwd '%s': %lld positions, the sequence has %lld", opname(c),
                              (long long)tout(c, 1)->dim[0], (long long)npos);
     void *args[] = {&dp, &dy, &b, &cp, &cpr, &half, &docs, &s};
-    return mgc_cuda_launch(be, &k[3], (unsigned)npos, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
+    return mgc_cuda_launch(be, &k[4], (unsigned)npos, 1, 1, (unsigned)kconst(&k[4], "T"), 0, args);
 }
 
 static int op_norm(mgc_backend *be, const mgc_op_call *c) {

@@ -7,7 +7,9 @@
 #   sh scripts/gpu.sh [test|bench|all]        (default all; test = gpu-labelled ctest, nccl,
 #                                             sanitize)
 #   sh scripts/gpu.sh 'fold nccl bench'       several parts in one call: ctest, fold (test_cuda
-#                                             fold alone), nccl, sanitize, bench
+#                                             fold alone), nccl, sanitize, bench, kern (every
+#                                             kernel of one step under ncu: device time, DRAM
+#                                             bytes; NCU_MODELS)
 #   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
 #                                             (one-off experiments within one lent call)
 #   sh scripts/gpu.sh ncu                     Nsight Compute on one GPT-2 124M step's attention
@@ -79,6 +81,36 @@ if has ncu; then
             "$OUT/ncu-$name.txt" | head -n 60
     done
     exit $rc
+fi
+if has kern; then
+    # Every kernel of one bf16 training step (NCU_MODELS, default gpt2-124m; micro batch 8, or 4
+    # for gpt2-1.5b) timed by Nsight Compute on the device with its DRAM traffic, against the
+    # device-to-device copy bandwidth measured here (PyTorch): bench/ncu_table.py's table.
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    PY=${PY:-python3}
+    copy=$($PY -c 'import torch
+n=1<<28; a=torch.empty(n,dtype=torch.uint8,device="cuda"); b=torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+s=torch.cuda.Event(enable_timing=True); e=torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20): b.copy_(a)
+e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*1e-3)/1e9))' 2>/dev/null || echo 2970)
+    echo "== kernels (ncu), copy ${copy} GB/s"
+    for m in ${NCU_MODELS:-gpt2-124m}; do
+        mbs=8
+        case $m in gpt2-1.5b) mbs=4 ;; esac
+        build-gpu/compiler/mgc compile models/$m.yaml --set training.precision=bf16 \
+            --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.data=1 \
+            --set parallel.context=1 --set training.micro_batch_size=$mbs --set training.global_batch_size=$mbs \
+            --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.recompute=none \
+            --set hardware.cuda_archs=[90] -o build-gpu/kern-$m.plan >"$OUT/kern-$m.compile.log" 2>&1 || { rc=1; continue; }
+        "$NCU" --clock-control none --csv \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            build-gpu/runtime/mgc-run build-gpu/kern-$m.plan --backend cuda --iterations 1 -q \
+            >build-gpu/kern-$m.csv 2>"$OUT/kern-$m.err" || rc=1
+        $PY bench/ncu_table.py build-gpu/kern-$m.csv "$copy" >"$OUT/kernels-$m.md" || rc=1
+        head -n 40 "$OUT/kernels-$m.md"
+    done
 fi
 if has ctest; then
     echo "== gpu tests"

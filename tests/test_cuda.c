@@ -49,6 +49,7 @@
 #include "half.h"
 #include "ir.h"
 #include "kernels.h"
+#include "kspec.h"
 #include "plan.h"
 #include "testlib.h"
 #include "testplan.h"
@@ -359,6 +360,147 @@ static void check_ce_inplace(void) {
         for (int v = 0; v < 4; v++)
             for (int inplace = 1; inplace >= 0; inplace--)
                 check_ce_case(be, p, V[v], inplace);
+        be->iface->arena_free(be, arena);
+        mgc_plan_free(p);
+    }
+    mgc_backend_close(be);
+}
+
+/* ---- 6. the embedding's sorted backward ----------------------------------------------
+ * embedding_bwd sorts a microbatch's rows by token and sums each token's rows in segments of
+ * MGC_KSPEC_EMB_SEG sorted keys; the runs that cross segments are joined afterwards
+ * (kernels/embedding.cuh).  The op replays see the tiny models' microbatches; here the token
+ * distributions that stress the segments: one token for a whole microbatch (a run over 64
+ * segments), half the rows one token, runs ending exactly at segment ends, a run one row past
+ * one, and a vocabulary shard (tensor rank 1 of 2: tokens outside it leave the table alone),
+ * in fp32 and bf16, against a double-precision sum onto random non-zero gradient rows.  Rows
+ * no token hits must keep their bits; a rerun must give the same bits. */
+
+static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
+    const mgc_stage_program *sp = &p->stages[0];
+    const mgc_plan_chunk *ch0 = &sp->chunks[0];
+    const mgc_plan_op *op0 = NULL;
+    for (int64_t i = 0; i < ch0->n_bwd; i++)
+        if (ch0->bwd[i].kind == MGC_POP_EMBEDDING_BWD) op0 = &ch0->bwd[i];
+    T_CHECK(op0 != NULL);
+    if (!op0) return;
+    static const int64_t N[5] = {1000, 2048, 96, 33, 1000};
+    const int64_t n = N[kase], V = 300, tp = kase == 4 ? 1 : 0, Vl = kase == 4 ? 150 : V;
+    mgc_plan_chunk ch = *ch0;
+    mgc_plan_tensor *tv = malloc((size_t)ch0->n_tensors * sizeof *tv);
+    if (!tv) return;
+    memcpy(tv, ch0->tensors, (size_t)ch0->n_tensors * sizeof *tv);
+    ch.tensors = tv;
+    mgc_plan_op op = *op0;
+    op.n_out = 1; /* the word table only */
+    op.n_in = 2;
+    op.flags &= (uint16_t)~MGC_POF_DOCS;
+    op.iattr[0] = Vl;
+    mgc_plan_tensor *tk = &tv[op.in[0]], *dy = &tv[op.in[1]], *dw = &tv[op.out[0]];
+    const int64_t h = dy->dim[dy->rank - 1];
+    size_t es = mgc_dtype_size((mgc_dtype)dy->dtype);
+    tk->rank = 2, tk->dim[0] = n, tk->dim[1] = 1, tk->bytes = (uint64_t)n * 8;
+    dy->rank = 3, dy->dim[0] = n, dy->dim[1] = 1, dy->dim[2] = h, dy->ld = 0;
+    dy->bytes = (uint64_t)(n * h) * es;
+    dw->rank = 2, dw->dim[0] = Vl, dw->dim[1] = h, dw->ld = 0, dw->bytes = (uint64_t)(Vl * h) * 4;
+    int64_t *tok = malloc((size_t)n * 8);
+    float *y = malloc((size_t)(n * h) * 4), *w0 = malloc((size_t)(Vl * h) * 4);
+    float *g1 = malloc((size_t)(Vl * h) * 4), *g2 = malloc((size_t)(Vl * h) * 4);
+    void *hy = malloc((size_t)(n * h) * es);
+    double *ref = calloc((size_t)(Vl * h), sizeof *ref), *mag = calloc((size_t)(Vl * h), sizeof *mag);
+    int ok = tok && y && w0 && g1 && g2 && hy && ref && mag;
+    for (int64_t r = 0; ok && r < n; r++) {
+        uint64_t u = onext() % 100;
+        switch (kase) {
+        case 1: tok[r] = 5; break;                            /* one run, 64 segments */
+        case 2: tok[r] = 1 + r / MGC_KSPEC_EMB_SEG; break;    /* runs of exactly a segment */
+        case 3: tok[r] = 4; break;                            /* one row past a segment */
+        default: tok[r] = u < 50 ? 7 : u < 70 ? 158 : (int64_t)(onext() % (uint64_t)V); break;
+        }
+    }
+    for (int64_t i = 0; ok && i < n * h; i++) {
+        float v = ofloat(1.0);
+        if (es == 2) {
+            uint16_t b = mgc_f32_to_bf16(v);
+            ((uint16_t *)hy)[i] = b;
+            v = mgc_bf16_to_f32(b);
+        } else {
+            ((float *)hy)[i] = v;
+        }
+        y[i] = v;
+    }
+    for (int64_t i = 0; ok && i < Vl * h; i++)
+        w0[i] = ofloat(4.0), ref[i] = w0[i], mag[i] = fabs(w0[i]);
+    for (int64_t r = 0; ok && r < n; r++) {
+        int64_t v = tok[r] - tp * Vl;
+        if (v < 0 || v >= Vl) continue;
+        for (int64_t c = 0; c < h; c++)
+            ref[v * h + c] += y[r * h + c], mag[v * h + c] += fabs(y[r * h + c]);
+    }
+    void *dtk = NULL, *ddy = NULL, *ddw = NULL;
+    ok = ok && !be->iface->arena_alloc(be, tk->bytes, &dtk) &&
+         !be->iface->arena_alloc(be, dy->bytes, &ddy) && !be->iface->arena_alloc(be, dw->bytes, &ddw) &&
+         !be->iface->upload(be, dtk, tok, tk->bytes) && !be->iface->upload(be, ddy, hy, dy->bytes);
+    mgc_op_call c;
+    memset(&c, 0, sizeof c);
+    c.plan = p;
+    c.chunk = &ch;
+    c.op = &op;
+    c.in[0] = dtk, c.in[1] = ddy, c.out[0] = ddw;
+    c.co.tp = (int32_t)tp;
+    c.grid_tp = tp + 1, c.grid_cp = 1;
+    c.seq_length = n;
+    for (int rep = 0; rep < 2 && ok; rep++) {
+        ok = !be->iface->upload(be, ddw, w0, dw->bytes);
+        if (ok && be->iface->run_op(be, &c)) {
+            fprintf(stderr, "embedding_bwd: %s\n", be->err);
+            ok = 0;
+        }
+        ok = ok && !be->iface->download(be, rep ? g2 : g1, ddw, dw->bytes);
+    }
+    T_CHECK(ok);
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t i = 0; ok && i < Vl * h; i++) {
+        double e = fabs(g1[i] - ref[i]);
+        int fine = mag[i] == fabs(w0[i]) ? memcmp(&g1[i], &w0[i], 4) == 0 : e <= 1e-6 * mag[i];
+        if (!fine && bad++ < 4)
+            fprintf(stderr, "  case %d row %lld col %lld: %.9g, want %.9g\n", kase,
+                    (long long)(i / h), (long long)(i % h), g1[i], ref[i]);
+        if (mag[i] > 0 && e / mag[i] > worst) worst = e / mag[i];
+    }
+    T_EQ_I64(bad, 0);
+    T_CHECK(ok && memcmp(g1, g2, (size_t)dw->bytes) == 0);
+    printf("embedding_bwd %s, %lld rows, case %d: %s (worst %.2e of the magnitudes), rerun %s\n",
+           mgc_dtype_name((mgc_dtype)dy->dtype), (long long)n, kase, bad ? "DIFFERS" : "within rounding",
+           worst, ok && memcmp(g1, g2, (size_t)dw->bytes) == 0 ? "bit-identical" : "DIFFERS");
+    void *all[] = {dtk, ddy, ddw};
+    for (int k = 0; k < 3; k++)
+        if (all[k]) be->iface->arena_free(be, all[k]);
+    free(tok), free(y), free(w0), free(g1), free(g2), free(hy), free(ref), free(mag), free(tv);
+}
+
+static void check_embedding_bwd(void) {
+    char err[512];
+    mgc_backend *be = NULL;
+    if (open_gpu(&be, err, sizeof err)) {
+        fprintf(stderr, "embedding_bwd: %s\n", err);
+        T_CHECK(0);
+        return;
+    }
+    static const char *const prec[2] = {"fp32", "bf16"};
+    for (int k = 0; k < 2; k++) {
+        mgc_plan *p = compile("examples/tiny-gpt.yaml", prec[k], NULL);
+        T_CHECK(p != NULL);
+        void *arena = NULL;
+        if (!p || be->iface->arena_alloc(be, p->stages[0].arena_bytes, &arena)) {
+            T_CHECK(0);
+            mgc_plan_free(p);
+            continue;
+        }
+        be->iface->bind(be, p, &p->stages[0], arena);
+        for (int kase = 0; kase < 5; kase++)
+            check_emb_case(be, p, kase);
         be->iface->arena_free(be, arena);
         mgc_plan_free(p);
     }
@@ -1251,6 +1393,7 @@ int main(int argc, char **argv) {
     orng = seed * 2654435761u + 1u;
     if (!only || !strcmp(only, "optim") || !strcmp(only, "ci")) check_optimizer();
     if (!only || !strcmp(only, "ce") || !strcmp(only, "ci")) check_ce_inplace();
+    if (!only || !strcmp(only, "emb") || !strcmp(only, "ci")) check_embedding_bwd();
     if (!only || !strcmp(only, "fold") || !strcmp(only, "ci") || !strcmp(only, "devcomm"))
         check_fold();
     if (!only || !strcmp(only, "train")) {
