@@ -85,7 +85,7 @@ row() { # name model-args mgc-sets mbs
     ab=0
     case " ${BENCH_AB_MODELS:-gpt2-124m} " in *" $name "*) ab=1 ;; esac
     if [ "${BENCH_AB:-1}" = 1 ] && [ $ab = 1 ]; then
-        for v in "noepi|mgc, MGC_GEMM_EPILOGUES=0|env MGC_GEMM_EPILOGUES=0 $RUN" "graphs|mgc --cuda-graphs|$RUN --cuda-graphs"; do
+        for v in "noepi|mgc, MGC_GEMM_EPILOGUES=0|env MGC_GEMM_EPILOGUES=0 $RUN" "nographs|mgc --no-cuda-graphs|$RUN --no-cuda-graphs"; do
             tag=${v%%|*} rest=${v#*|} label=${rest%%|*} cmd=${rest#*|}
             # shellcheck disable=SC2086
             if $cmd "$OUT/$name.plan" --backend cuda --iterations $STEPS -q --metrics "$OUT/$name.$tag.jsonl" >"$OUT/$name.$tag.log" 2>&1; then

@@ -96,6 +96,7 @@ s.record()
 for _ in range(20): b.copy_(a)
 e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*1e-3)/1e9))' 2>/dev/null || echo 2970)
     echo "== kernels (ncu), copy ${copy} GB/s"
+    rm -rf build-gpu/kern && mkdir -p build-gpu/kern
     for m in ${NCU_MODELS:-gpt2-124m}; do
         mbs=8
         case $m in gpt2-1.5b) mbs=4 ;; esac
@@ -103,14 +104,16 @@ e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*
             --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.data=1 \
             --set parallel.context=1 --set training.micro_batch_size=$mbs --set training.global_batch_size=$mbs \
             --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.recompute=none \
-            --set hardware.cuda_archs=[90] -o build-gpu/kern-$m.plan >"$OUT/kern-$m.compile.log" 2>&1 || { rc=1; continue; }
+            --set hardware.cuda_archs=[90] -o build-gpu/kern-$m.plan >build-gpu/kern/$m.compile.log 2>&1 || { rc=1; continue; }
+        # L2 sectors read and written: the bytes the kernel moves, wherever they come from
         "$NCU" --clock-control none --csv \
-            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum \
             build-gpu/runtime/mgc-run build-gpu/kern-$m.plan --backend cuda --iterations 1 -q \
-            >build-gpu/kern-$m.csv 2>"$OUT/kern-$m.err" || rc=1
-        $PY bench/ncu_table.py build-gpu/kern-$m.csv "$copy" >"$OUT/kernels-$m.md" || rc=1
-        head -n 40 "$OUT/kernels-$m.md"
+            >build-gpu/kern/$m.csv 2>build-gpu/kern/$m.err || rc=1
+        $PY bench/ncu_table.py build-gpu/kern/$m.csv "$copy" >build-gpu/kern/kernels-$m.md || rc=1
+        head -n 45 build-gpu/kern/kernels-$m.md
     done
+    tar czf "$OUT/kern.tgz" -C build-gpu kern || rc=1
 fi
 if has ctest; then
     echo "== gpu tests"

@@ -20,7 +20,7 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 
 echo "== build 2: clang, -Werror, address+undefined sanitizers, fuzzing"
 CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMGC_WERROR=ON \
-  -DMGC_SANITIZE=address,undefined -DMGC_FUZZ=ON \
+  -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DMGC_SANITIZE=address,undefined -DMGC_FUZZ=ON \
   -DMGC_FUZZ_SECONDS="${MGC_FUZZ_SECONDS:-60}" >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -3,7 +3,7 @@
  *
  *     mgc-run PLAN [--local-ranks N] [--backend cpu] [--threads N]
  *                  [--iterations N] [--log-interval N] [--metrics FILE]
- *                  [--profile FILE [--profile-warmup N]] [--cuda-graphs]
+ *                  [--profile FILE [--profile-warmup N]] [--no-cuda-graphs]
  *                  [--no-grad-overlap] [--no-send-overlap] [--checkpoint-dir DIR]
  *                  [--async-save] [--time-limit DURATION] [--init-from CKPT] [-q]
  *     mpirun -np N mgc-run PLAN ...            # one process per rank
@@ -70,9 +70,10 @@ static void usage(FILE *out) {
           "                     synchronised around each) and write the sums to FILE as JSON\n"
           "                     lines; one process per rank: rank k > 0 writes FILE.rank<k>\n"
           "  --profile-warmup N steps not recorded by --profile (default 1; below --iterations)\n"
-          "  --cuda-graphs      cuda backend: record each forward and backward program that\n"
-          "                     qualifies as a CUDA graph on its second run and replay it after\n"
-          "                     (docs/runtime.md; not yet verified on a GPU, so off by default)\n"
+          "  --no-cuda-graphs   cuda backend: issue every op of every step, instead of recording\n"
+          "                     each forward and backward program that qualifies as a CUDA graph\n"
+          "                     on its second run and replaying it after (docs/runtime.md, the\n"
+          "                     default; --cuda-graphs asks for that default explicitly)\n"
           "  --no-grad-overlap  reduce each gradient bucket at the step's end, not on a second\n"
           "                     thread as soon as the backward has finished it (the same numbers;\n"
           "                     --profile runs, and MPI without MPI_THREAD_MULTIPLE, always do)\n"
@@ -179,7 +180,7 @@ int main(int argc, char **argv) {
     double t_main = mono_s(), time_limit = 0;
     const char *ckpt_dir = NULL, *init_from = NULL, *device_comm = "none";
     int64_t local = 0, threads = 1, iters = 0, log_every = 0, warmup = -1;
-    int quiet = 0, graphs = 0, no_overlap = 0, no_send_overlap = 0, async_save = 0;
+    int quiet = 0, graphs = 1, no_overlap = 0, no_send_overlap = 0, async_save = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int64_t *target = NULL, lo = 1, hi = 4096;
@@ -188,8 +189,8 @@ int main(int argc, char **argv) {
             quiet = 1;
             continue;
         }
-        if (!strcmp(a, "--cuda-graphs")) {
-            graphs = 1;
+        if (!strcmp(a, "--cuda-graphs") || !strcmp(a, "--no-cuda-graphs")) {
+            graphs = !strcmp(a, "--cuda-graphs");
             continue;
         }
         if (!strcmp(a, "--no-grad-overlap")) {
