@@ -17,6 +17,15 @@ uint64_t mgc_kspec_moe_map_bytes(int64_t nk, int64_t E, int64_t cap, int probs) 
     return b;
 }
 
+int64_t mgc_kspec_bias_grad_parts(int64_t M, int64_t *rows) {
+    int64_t P = M > 0 ? (M + 127) / 128 : 1;
+    if (P > MGC_KSPEC_BGRAD_PARTS) P = MGC_KSPEC_BGRAD_PARTS;
+    int64_t rp = M > 0 ? (M + P - 1) / P : 8;
+    rp = (rp + 7) / 8 * 8;
+    *rows = rp;
+    return M > 0 ? (M + rp - 1) / rp : 1;
+}
+
 uint64_t mgc_kspec_emb_sort_bytes(int64_t n, int64_t h) {
     uint64_t nn = n > 0 ? (uint64_t)n : 0, hh = h > 0 ? (uint64_t)h : 0;
     uint64_t segs = (nn + MGC_KSPEC_EMB_SEG - 1) / MGC_KSPEC_EMB_SEG;
@@ -53,10 +62,17 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
     if (op->n_in < 1 && op->n_out < 1) return 0;
     const mgc_plan_tensor *in0 = T(ch, op->n_in > 0 ? op->in[0] : -1);
     switch ((mgc_plan_op_kind)op->kind) {
-    case MGC_POP_LINEAR_WGRAD: { /* cuda_backend.c: bias_grad's partials, BGRADB's column sums */
+    case MGC_POP_LINEAR_WGRAD: { /* cuda_ops_linear.c: bias_grad's partials (BGRADB's column
+                                    sums are fewer) */
         if (op->n_out < 2) return 0;
+        int64_t RP;
         uint64_t M = nonneg(op->iattr[0]), N = nonneg(op->iattr[1]);
-        return ((M + 255) / 256) * N * 4;
+        return (uint64_t)mgc_kspec_bias_grad_parts((int64_t)M, &RP) * N * 4;
+    }
+    case MGC_POP_GROUPED_LINEAR_WGRAD: { /* cuda_ops_linear.c op_grouped: an expert's bias
+                                            gradient at a time, its rows data dependent */
+        if (op->n_out < 2) return 0;
+        return (uint64_t)MGC_KSPEC_BGRAD_PARTS * nonneg(last_dim(T(ch, op->out[1]))) * 4;
     }
     case MGC_POP_ATTENTION: /* cuda_ops_attention.c: lse when the plan keeps none */
     case MGC_POP_ATTENTION_BWD: { /* dsum, a float a query row (of every head) */

@@ -281,7 +281,7 @@ typedef struct mgc_blend {
       NULL, MGC_KF_OPTIONAL, "none",                                                                         \
       "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input), `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output) and `dropout` (the hidden dropout masks, drawn again from the random stream), element-wise work for less stash; `mlp` and `moe` (each dense, resp. MoE, layer's second half -- pre-MLP norm, MLP or MoE block with its router and token exchange, residual add -- re-run from its input, which alone is stashed).") \
     X(TRAIN_LOSS_CHUNKS, "training.loss_chunks", INT, training.loss_chunks, 0, 0, 1048576, NULL, 0, NULL,   \
-      "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's fp32 logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 256 MiB of logits, 1: none.") \
+      "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's fp32 logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 1 GiB of logits, 1: none.") \
     X(TRAIN_ITERS, "training.iterations", INT, training.iterations, 1000, 1, 1125899906842624.0, NULL, 0,    \
       NULL, "Optimizer steps to train.")                                                                     \
     X(TRAIN_SEED, "training.seed", INT, training.seed, 1234, 0, MGC_I64_MAX_EXACT, NULL, 0, NULL,            \

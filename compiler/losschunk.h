@@ -42,7 +42,7 @@ extern "C" {
 #define MGC_LOSS_CHUNK_ROWS 64
 
 /* Auto (training.loss_chunks 0) keeps each chunk's fp32 logits at most this many bytes. */
-#define MGC_LOSS_CHUNK_AUTO_BYTES (256ull << 20)
+#define MGC_LOSS_CHUNK_AUTO_BYTES (1ull << 30)
 
 /* 1 when k chunks fit the loss chunk's rows: k divides s_c = seq_length / context and each
  * chunk's s_c / k x micro_batch_size rows are a multiple of MGC_LOSS_CHUNK_ROWS; k = 1 always

@@ -13,15 +13,48 @@ extern "C" __global__ void MGC_ENTRY_NAME(mgc_t *y, const mgc_t *bias, i64 M, i6
 #endif
 
 #if defined(MGC_ENTRY_bias_grad_partial)
-/* part (chunks, N) = column sums of dy over rows [256 c, 256 c + 256).
- * grid (ceil(N/256), chunks), block 256: one column per thread, rows in order. */
-extern "C" __global__ void MGC_ENTRY_NAME(float *part, const mgc_t *dy, i64 M, i64 N) {
-    i64 col = (i64)blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+/* part (P, N) = column sums of dy (M, N) over row partitions of RP rows (partition p: rows
+ * [p RP, p RP + RP)).  grid (ceil(N / 256), P), block 256: 8 row lanes of 32 column lanes, a
+ * column lane owning 8 adjacent columns (one 16-byte load of a 16-bit row when vec: N % 8 == 0
+ * and dy 16-byte aligned; element by element otherwise).  Row lane l adds rows p RP + l,
+ * + 8, + 16, ... in order, U rows read ahead of their additions; the 8 lanes' sums are then
+ * added in lane order.  The order depends on M, N and RP only (kspec.h
+ * mgc_kspec_bias_grad_parts), never on the GPU. */
+#define MGC_BG_U 4
+extern "C" __global__ void __launch_bounds__(256) MGC_ENTRY_NAME(float *__restrict__ part,
+        const mgc_t *__restrict__ dy, i64 M, i64 N, i64 RP, int vec) {
+    __shared__ float sh[8][257];
+    int cl = threadIdx.x & 31, rl = threadIdx.x >> 5;
+    i64 c0 = (i64)blockIdx.x * 256 + cl * 8, p = blockIdx.y;
+    i64 r0 = p * RP + rl, r1 = p * RP + RP < M ? p * RP + RP : M;
+    int nv = c0 < N ? (N - c0 < 8 ? (int)(N - c0) : 8) : 0;
+    float acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+    for (i64 r = r0; r < r1; r += 8 * MGC_BG_U) {
+        float x[MGC_BG_U][8];
+#pragma unroll
+        for (int u = 0; u < MGC_BG_U; u++) {
+            i64 q = r + 8 * u;
+            const mgc_t *row = dy + (q < r1 ? q : r0) * N + c0;
+            if (vec && nv == 8) mgc_ld8(row, x[u]);
+            else mgc_ld8_part(row, nv, x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < MGC_BG_U; u++)
+            if (r + 8 * u < r1)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[j] += x[u][j];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) sh[rl][cl * 8 + j] = acc[j];
+    __syncthreads();
+    i64 col = (i64)blockIdx.x * 256 + threadIdx.x;
     if (col >= N) return;
-    i64 r0 = c * 256, r1 = r0 + 256 < M ? r0 + 256 : M;
     float s = 0.0f;
-    for (i64 r = r0; r < r1; r++) s += mgc_ld(dy[r * N + col]);
-    part[c * N + col] = s;
+#pragma unroll
+    for (int l = 0; l < 8; l++) s += sh[l][threadIdx.x];
+    part[p * N + col] = s;
 }
 #endif
 
@@ -32,6 +65,7 @@ extern "C" __global__ void MGC_ENTRY_NAME(float *db, const float *part, i64 chun
     i64 col = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= N) return;
     float s = 0.0f;
+#pragma unroll 8
     for (i64 c = 0; c < chunks; c++) s += part[c * N + col];
     db[col] += s;
 }

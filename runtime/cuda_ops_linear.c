@@ -45,15 +45,18 @@ static const mgc_plan_tensor *T_out(const mgc_op_call *c, int i) {
     return &c->chunk->tensors[c->op->out[i]];
 }
 
-/* A deterministic bias gradient: db (N, fp32) += column sums of dy (M, N). */
+/* A deterministic bias gradient: db (N, fp32) += column sums of dy (M, N), in row partitions
+ * whose sums are then added in order (kernels/gemm_aux.cuh; the partition by M alone). */
 static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, int64_t M, int64_t N) {
     mgc_kspec k[2];
     mgc_kspec_init(&k[0], "gemm_aux.cuh", "bias_grad_partial", dy_dtype);
     mgc_kspec_init(&k[1], "gemm_aux.cuh", "bias_grad_finish", dy_dtype);
-    int64_t chunks = (M + 255) / 256;
+    if (M <= 0 || N <= 0) return 0;
+    int64_t RP, chunks = mgc_kspec_bias_grad_parts(M, &RP);
     float *part = mgc_cuda_scratch(be, (size_t)(chunks * N) * sizeof(float));
     if (!part) return -1;
-    void *a1[] = {&part, (void *)&dy, &M, &N};
+    int vec = N % 8 == 0 && (uintptr_t)dy % 16 == 0;
+    void *a1[] = {&part, (void *)&dy, &M, &N, &RP, &vec};
     if (mgc_cuda_launch(be, &k[0], (unsigned)((N + 255) / 256), (unsigned)chunks, 1, 256, 0, a1))
         return -1;
     void *a2[] = {&db, &part, &chunks, &N};
@@ -159,7 +162,7 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         const mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
         mgc_gemm_epi ep = none;
         float *part = NULL;
-        if (op->n_out > 1 && use_epilogue(cx, T_in(c, 0))) {
+        if (op->n_out > 1 && cx->bgrad_epilogue && use_epilogue(cx, T_in(c, 0))) {
             /* cuBLASLt's BGRADB writes the column sums of dy (the GEMM's B) to part; the plan
              * accumulates db over microbatches, so bias_grad_finish adds part to it */
             if (!(part = mgc_cuda_scratch(be, (size_t)N * sizeof(float)))) return -1;

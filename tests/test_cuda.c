@@ -507,6 +507,129 @@ static void check_embedding_bwd(void) {
     mgc_backend_close(be);
 }
 
+/* ---- 7. the bias gradient -----------------------------------------------------------------
+ * linear_wgrad's bias gradient is ours (kernels/gemm_aux.cuh bias_grad_partial: row partitions
+ * of 8 lanes, 16-byte rows when N % 8 == 0), not cuBLASLt's BGRADB.  Shapes: 64 partitions of
+ * 128 rows, a ragged last partition, columns past a multiple of 8 (element by element) and
+ * past a 256-column block, a few rows; fp32 and bf16, onto random non-zero gradients, against
+ * double-precision column sums; the weight gradient alongside. */
+
+static void check_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int64_t N) {
+    const mgc_plan_chunk *ch0 = &p->stages[0].chunks[0];
+    const mgc_plan_op *op0 = NULL;
+    for (int64_t i = 0; i < ch0->n_bwd; i++)
+        if (ch0->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch0->bwd[i].n_out == 2) op0 = &ch0->bwd[i];
+    T_CHECK(op0 != NULL);
+    if (!op0) return;
+    const int64_t K = 16;
+    mgc_plan_chunk ch = *ch0;
+    mgc_plan_tensor *tv = malloc((size_t)ch0->n_tensors * sizeof *tv);
+    if (!tv) return;
+    memcpy(tv, ch0->tensors, (size_t)ch0->n_tensors * sizeof *tv);
+    ch.tensors = tv;
+    mgc_plan_op op = *op0;
+    op.iattr[0] = M, op.iattr[1] = N, op.iattr[2] = K;
+    mgc_plan_tensor *ty = &tv[op.in[0]], *tx = &tv[op.in[1]], *tw = &tv[op.out[0]], *tb = &tv[op.out[1]];
+    size_t es = mgc_dtype_size((mgc_dtype)ty->dtype);
+    T_CHECK(tw->dtype == MGC_DT_F32 && tb->dtype == MGC_DT_F32 && tx->dtype == ty->dtype);
+    ty->rank = tx->rank = tw->rank = 2, tb->rank = 1;
+    ty->dim[0] = M, ty->dim[1] = N, tx->dim[0] = M, tx->dim[1] = K, tw->dim[0] = N, tw->dim[1] = K;
+    tb->dim[0] = N;
+    ty->ld = tx->ld = tw->ld = tb->ld = 0;
+    ty->bytes = (uint64_t)(M * N) * es, tx->bytes = (uint64_t)(M * K) * es;
+    tw->bytes = (uint64_t)(N * K) * 4, tb->bytes = (uint64_t)N * 4;
+    float *y = malloc((size_t)(M * N) * 4), *x = malloc((size_t)(M * K) * 4);
+    float *b0 = malloc((size_t)N * 4), *b1 = malloc((size_t)N * 4), *w0 = calloc((size_t)(N * K), 4);
+    void *hy = malloc(ty->bytes), *hx = malloc(tx->bytes);
+    int ok = y && x && b0 && b1 && w0 && hy && hx;
+    for (int64_t i = 0; ok && i < M * N + M * K; i++) {
+        float v = ofloat(1.0);
+        int isy = i < M * N;
+        void *h = isy ? hy : hx;
+        int64_t j = isy ? i : i - M * N;
+        if (es == 2) {
+            uint16_t u = mgc_f32_to_bf16(v);
+            ((uint16_t *)h)[j] = u;
+            v = mgc_bf16_to_f32(u);
+        } else {
+            ((float *)h)[j] = v;
+        }
+        (isy ? y : x)[j] = v;
+    }
+    for (int64_t c = 0; ok && c < N; c++) b0[c] = ofloat(2.0);
+    void *dy = NULL, *dx = NULL, *dw = NULL, *db = NULL;
+    ok = ok && !be->iface->arena_alloc(be, ty->bytes, &dy) && !be->iface->arena_alloc(be, tx->bytes, &dx) &&
+         !be->iface->arena_alloc(be, tw->bytes, &dw) && !be->iface->arena_alloc(be, tb->bytes, &db) &&
+         !be->iface->upload(be, dy, hy, ty->bytes) && !be->iface->upload(be, dx, hx, tx->bytes) &&
+         !be->iface->upload(be, dw, w0, tw->bytes) && !be->iface->upload(be, db, b0, tb->bytes);
+    mgc_op_call c;
+    memset(&c, 0, sizeof c);
+    c.plan = p, c.chunk = &ch, c.op = &op;
+    c.in[0] = dy, c.in[1] = dx, c.out[0] = dw, c.out[1] = db;
+    c.grid_tp = c.grid_cp = 1;
+    if (ok && be->iface->run_op(be, &c)) {
+        fprintf(stderr, "linear_wgrad: %s\n", be->err);
+        ok = 0;
+    }
+    ok = ok && !be->iface->download(be, b1, db, tb->bytes) && !be->iface->download(be, w0, dw, tw->bytes);
+    T_CHECK(ok);
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t col = 0; ok && col < N; col++) {
+        double ref = b0[col], mag = fabs(b0[col]);
+        for (int64_t r = 0; r < M; r++) ref += y[r * N + col], mag += fabs(y[r * N + col]);
+        double e = fabs(b1[col] - ref);
+        if (!(e <= 2e-6 * mag) && bad++ < 4)
+            fprintf(stderr, "  bias gradient M %lld N %lld col %lld: %.9g, want %.9g\n", (long long)M,
+                    (long long)N, (long long)col, b1[col], ref);
+        if (e / mag > worst) worst = e / mag;
+    }
+    for (int64_t i = 0; ok && i < N * K; i += 7) { /* the GEMM beside it, sampled */
+        int64_t n = i / K, k = i % K;
+        double ref = 0, mag = 0;
+        for (int64_t r = 0; r < M; r++) ref += (double)y[r * N + n] * x[r * K + k], mag += fabs(y[r * N + n] * x[r * K + k]);
+        if (!(fabs(w0[i] - ref) <= 1e-5 * mag + 1e-30) && bad++ < 4)
+            fprintf(stderr, "  weight gradient M %lld N %lld (%lld,%lld): %.9g, want %.9g\n", (long long)M,
+                    (long long)N, (long long)n, (long long)k, w0[i], ref);
+    }
+    T_EQ_I64(bad, 0);
+    printf("linear_wgrad %s M %lld N %lld: bias gradient %s (worst %.2e of the magnitudes)\n",
+           mgc_dtype_name((mgc_dtype)ty->dtype), (long long)M, (long long)N,
+           bad ? "DIFFERS" : "within rounding", worst);
+    void *all[] = {dy, dx, dw, db};
+    for (int k = 0; k < 4; k++)
+        if (all[k]) be->iface->arena_free(be, all[k]);
+    free(y), free(x), free(b0), free(b1), free(w0), free(hy), free(hx), free(tv);
+}
+
+static void check_bias_grad(void) {
+    char err[512];
+    mgc_backend *be = NULL;
+    if (open_gpu(&be, err, sizeof err)) {
+        fprintf(stderr, "bias gradient: %s\n", err);
+        T_CHECK(0);
+        return;
+    }
+    static const char *const prec[2] = {"fp32", "bf16"};
+    static const int64_t shapes[5][2] = {{8192, 264}, {1000, 200}, {4096, 100}, {13, 24}, {300, 7}};
+    for (int k = 0; k < 2; k++) {
+        mgc_plan *p = compile("examples/tiny-gpt.yaml", prec[k], NULL);
+        T_CHECK(p != NULL);
+        void *arena = NULL;
+        if (!p || be->iface->arena_alloc(be, p->stages[0].arena_bytes, &arena)) {
+            T_CHECK(0);
+            mgc_plan_free(p);
+            continue;
+        }
+        be->iface->bind(be, p, &p->stages[0], arena);
+        for (int i = 0; i < 5; i++)
+            check_bgrad_case(be, p, shapes[i][0], shapes[i][1]);
+        be->iface->arena_free(be, arena);
+        mgc_plan_free(p);
+    }
+    mgc_backend_close(be);
+}
+
 /* ---- 1. op by op ------------------------------------------------------------------ */
 
 /* the 16-bit twins: [0] bf16, [1] fp16 */
@@ -1394,6 +1517,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "optim") || !strcmp(only, "ci")) check_optimizer();
     if (!only || !strcmp(only, "ce") || !strcmp(only, "ci")) check_ce_inplace();
     if (!only || !strcmp(only, "emb") || !strcmp(only, "ci")) check_embedding_bwd();
+    if (!only || !strcmp(only, "bgrad") || !strcmp(only, "ci")) check_bias_grad();
     if (!only || !strcmp(only, "fold") || !strcmp(only, "ci") || !strcmp(only, "devcomm"))
         check_fold();
     if (!only || !strcmp(only, "train")) {

@@ -1637,7 +1637,7 @@ static void test_loss_chunks(void) {
         const char *sets[5];
         int64_t k;
     } cases[] = {
-        {"models/gpt2-124m.yaml", {"training.precision=bf16", NULL}, 16}, /* auto */
+        {"models/gpt2-124m.yaml", {"training.precision=bf16", NULL}, 4}, /* auto: 1 GiB chunks */
         {"models/tiny-gpt.yaml", {"training.loss_chunks=3", "parallel.tensor=2",
                                   "parallel.world_size=2", NULL}, 3},
         {"models/tiny-llama.yaml", {"training.loss_chunks=3", "parallel.context=2",
