@@ -112,6 +112,23 @@ extern "C" __global__ void __launch_bounds__(1024)
 #endif
 
 #if defined(MGC_ENTRY_adamw)
+/* One element of AdamW in double precision (runtime/cpu_ops.c mgc_cpu_adamw, bit for bit):
+ * m, v, p updated in place. */
+__device__ __forceinline__ void mgc_adamw_elem(float g, float &m, float &v, float &p, double lr,
+                                               double b1, double b2, double ob1, double ob2,
+                                               double eps, double c1, double c2,
+                                               double grad_scale, double wd) {
+    double gi = __dmul_rn((double)g, grad_scale);
+    double mi = __dadd_rn(__dmul_rn(b1, (double)m), __dmul_rn(ob1, gi));
+    double vi = __dadd_rn(__dmul_rn(b2, (double)v), __dmul_rn(__dmul_rn(ob2, gi), gi));
+    double pi = (double)p;
+    double den = __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, c2)), eps);
+    double upd = __dadd_rn(__ddiv_rn(__ddiv_rn(mi, c1), den), __dmul_rn(wd, pi));
+    pi = __dadd_rn(pi, -__dmul_rn(lr, upd));
+    m = (float)mi;
+    v = (float)vi;
+    p = (float)pi;
+}
 /* grid min(c0[count], 16 SMs) (any grid gives the same bits: element-wise), block 256,
  * smem 0.  c1 = 1 - beta1^step, c2 = 1 - beta2^step come from the host; copy (bf16 bits, or
  * fp16 bits when COPY = 2) may be NULL. */
@@ -131,19 +148,43 @@ extern "C" __global__ void __launch_bounds__(256)
         float *__restrict__ v = L.v[t] + off;
         unsigned short *__restrict__ copy = L.copy[t] ? L.copy[t] + off : (unsigned short *)0;
         const double wd = L.wd[t];
-        for (int i = threadIdx.x; i < len; i += 256) {
-            double gi = __dmul_rn((double)g[i], grad_scale);
-            double mi = __dadd_rn(__dmul_rn(b1, (double)m[i]), __dmul_rn(ob1, gi));
-            double vi = __dadd_rn(__dmul_rn(b2, (double)v[i]), __dmul_rn(__dmul_rn(ob2, gi), gi));
-            double pi = (double)p[i];
-            double den = __dadd_rn(__dsqrt_rn(__ddiv_rn(vi, c2)), eps);
-            double upd = __dadd_rn(__ddiv_rn(__ddiv_rn(mi, c1), den), __dmul_rn(wd, pi));
-            pi = __dadd_rn(pi, -__dmul_rn(lr, upd));
-            float pf = (float)pi;
-            m[i] = (float)mi;
-            v[i] = (float)vi;
-            p[i] = pf;
-            if (copy) copy[i] = MGC_COPY == 2 ? mgc_f32_to_f16(pf) : mgc_f32_to_bf16(pf);
+        /* 4 elements a thread at a time (16-byte loads and stores) where every array of the
+         * tensor is 16-byte aligned at this chunk, the copy 8-byte: four times the loads in
+         * flight.  Element by element otherwise, and for the chunk's tail.  The arithmetic
+         * of each element is the same either way. */
+        int i0 = 0;
+        typedef unsigned long long addr;
+        if (((addr)p | (addr)g | (addr)m | (addr)v) % 16 == 0 &&
+            (addr)copy % 8 == 0) {
+            const int n4 = len / 4 * 4;
+            for (int i = threadIdx.x * 4; i < n4; i += 256 * 4) {
+                float4 g4 = *(const float4 *)(g + i), m4 = *(const float4 *)(m + i);
+                float4 v4 = *(const float4 *)(v + i), p4 = *(const float4 *)(p + i);
+                float ga[4] = {g4.x, g4.y, g4.z, g4.w}, ma[4] = {m4.x, m4.y, m4.z, m4.w};
+                float va[4] = {v4.x, v4.y, v4.z, v4.w}, pa[4] = {p4.x, p4.y, p4.z, p4.w};
+                unsigned short ca[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    mgc_adamw_elem(ga[j], ma[j], va[j], pa[j], lr, b1, b2, ob1, ob2, eps, c1, c2,
+                                   grad_scale, wd);
+                    ca[j] = MGC_COPY == 2 ? mgc_f32_to_f16(pa[j]) : mgc_f32_to_bf16(pa[j]);
+                }
+                *(float4 *)(m + i) = make_float4(ma[0], ma[1], ma[2], ma[3]);
+                *(float4 *)(v + i) = make_float4(va[0], va[1], va[2], va[3]);
+                *(float4 *)(p + i) = make_float4(pa[0], pa[1], pa[2], pa[3]);
+                if (copy)
+                    *(uint2 *)(copy + i) = make_uint2((unsigned)ca[0] | (unsigned)ca[1] << 16,
+                                                      (unsigned)ca[2] | (unsigned)ca[3] << 16);
+            }
+            i0 = n4;
+        }
+        for (int i = i0 + threadIdx.x; i < len; i += 256) {
+            float mi = m[i], vi = v[i], pi = p[i];
+            mgc_adamw_elem(g[i], mi, vi, pi, lr, b1, b2, ob1, ob2, eps, c1, c2, grad_scale, wd);
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = pi;
+            if (copy) copy[i] = MGC_COPY == 2 ? mgc_f32_to_f16(pi) : mgc_f32_to_bf16(pi);
         }
     }
 }

@@ -861,8 +861,8 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     c->host.sms = prop.multiProcessorCount;
     const char *epi = getenv("MGC_GEMM_EPILOGUES"); /* docs/cuda-backend.md */
     c->host.epilogues = !(epi && !strcmp(epi, "0"));
-    const char *bg = getenv("MGC_GEMM_BGRAD"); /* docs/cuda-backend.md */
-    c->host.bgrad_epilogue = bg && !strcmp(bg, "1");
+    const char *bg = getenv("MGC_GEMM_BGRAD"); /* docs/cuda-backend.md: 0 = ours */
+    c->host.bgrad_epilogue = !(bg && !strcmp(bg, "0"));
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, err_size, "CUDA device %d: cublasLtCreate failed", device);
         cuda_close(be);

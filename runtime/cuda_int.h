@@ -62,7 +62,7 @@ typedef struct mgc_cuda_host {
                 int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep);
     int sms;       /* multiprocessors (grid sizing) */
     int epilogues; /* GEMM epilogues for the fused linear ops (MGC_GEMM_EPILOGUES != 0) */
-    int bgrad_epilogue; /* cuBLASLt's BGRADB for bias gradients (MGC_GEMM_BGRAD=1), not ours */
+    int bgrad_epilogue; /* cuBLASLt's BGRADB for 16-bit bias gradients; MGC_GEMM_BGRAD=0: ours */
 } mgc_cuda_host;
 
 /* Runs one compute op (cuda_ops_linear.c): the GEMMs of the linear and grouped ops through
