@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """ncu_table.py - per-kernel device time and DRAM traffic of one profiled training step.
 
-    ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,\
-lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum mgc-run PLAN --backend cuda --iterations 1 > step.csv
+    ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        mgc-run PLAN --backend cuda --iterations 1 > step.csv
     python3 bench/ncu_table.py step.csv COPY_GBPS > kernels.md
 
 Each kernel launch's duration is measured by Nsight Compute on the device (no launch latency,
-no host synchronisation, unlike `mgc-run --profile`), with the bytes that reached DRAM and the
-32-byte sectors read and written at L2 (lts__t_sectors_op_read/write: every byte the kernel
-moves, wherever it came from; what a streaming kernel must move, since L1 keeps nothing for
-it).  The table groups launches by kernel name (mgc's names carry the specialisation: entry,
-storage type and constants), sums their time and traffic and gives the achieved bandwidths;
-"L2 % of copy" compares the bytes moved per second with COPY_GBPS, the device-to-device copy
-bandwidth measured in the same run (a copy moves each byte through L2 once each way).
+no host synchronisation, unlike `mgc-run --profile`), with the bytes that reached DRAM.  A
+kernel whose inputs the previous kernel left in L2 (50 MB on the H100) moves more bytes than
+reach DRAM: its achieved bandwidth is its tensors' bytes over this duration, which
+bench/results/gpu-h100.md works out for the memory-bound kernels.  The
+table groups launches by kernel name (mgc's names carry the specialisation: entry, storage
+type and constants), sums their time and traffic and gives the achieved bandwidth against
+COPY_GBPS, the device-to-device copy bandwidth measured in the same run.
 """
 import csv
 import sys
@@ -38,15 +38,13 @@ def main():
             val = float(row["Metric Value"].replace(",", ""))
         except (KeyError, ValueError):
             continue
-        e = launches.setdefault(lid, {"name": name, "t": 0.0, "rd": 0.0, "wr": 0.0, "l2": 0.0})
+        e = launches.setdefault(lid, {"name": name, "t": 0.0, "rd": 0.0, "wr": 0.0})
         if metric == "gpu__time_duration.sum":
             e["t"] = val * TIME.get(unit, 1e-9)
         elif metric == "dram__bytes_read.sum":
             e["rd"] = val * BYTES.get(unit, 1.0)
         elif metric == "dram__bytes_write.sum":
             e["wr"] = val * BYTES.get(unit, 1.0)
-        elif metric in ("lts__t_sectors_op_read.sum", "lts__t_sectors_op_write.sum"):
-            e["l2"] += val * 32.0  # 32-byte sectors
     if not launches:
         sys.exit("ncu_table.py: %s: no kernel rows (was ncu run with --csv?)" % sys.argv[1])
     groups = {}
@@ -54,23 +52,21 @@ def main():
         name = e["name"]
         if not name.startswith("mgc_"):  # cuBLASLt and other library kernels: one row each
             name = name.split("(")[0][:60]
-        g = groups.setdefault(name, {"n": 0, "t": 0.0, "b": 0.0, "l2": 0.0})
+        g = groups.setdefault(name, {"n": 0, "t": 0.0, "b": 0.0})
         g["n"] += 1
         g["t"] += e["t"]
         g["b"] += e["rd"] + e["wr"]
-        g["l2"] += e["l2"]
     total = sum(g["t"] for g in groups.values())
     print("Kernel time of the step: %.3f ms over %d launches (ncu gpu__time_duration); copy "
           "ceiling %.0f GB/s." % (total * 1e3, len(launches), copy))
     print()
-    print("| kernel | launches | total us | us a launch | share | DRAM GB/s | L2 GB/s | L2 % of copy |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| kernel | launches | total us | us a launch | share | DRAM GB/s | % of copy |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, g in sorted(groups.items(), key=lambda kv: -kv[1]["t"]):
-        t = g["t"] if g["t"] > 0 else float("nan")
-        bw, l2 = g["b"] / t / 1e9, g["l2"] / t / 1e9
-        print("| %s | %d | %.1f | %.2f | %.1f%% | %.0f | %.0f | %.0f%% |" % (
-            name, g["n"], g["t"] * 1e6, g["t"] * 1e6 / g["n"], 100 * g["t"] / total, bw, l2,
-            100 * l2 / copy))
+        bw = g["b"] / g["t"] / 1e9 if g["t"] > 0 else 0.0
+        print("| %s | %d | %.1f | %.2f | %.1f%% | %.0f | %.0f%% |" % (
+            name, g["n"], g["t"] * 1e6, g["t"] * 1e6 / g["n"], 100 * g["t"] / total, bw,
+            100 * bw / copy))
 
 
 if __name__ == "__main__":

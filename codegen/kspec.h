@@ -105,7 +105,8 @@ uint64_t mgc_kspec_moe_map_bytes(int64_t nk, int64_t E, int64_t cap, int probs);
 /* The bias gradient's row partitions of an M-row dy: at most MGC_KSPEC_BGRAD_PARTS of
  * *rows (a multiple of 8, about 128 or more) each; returns their number. */
 int64_t mgc_kspec_bias_grad_parts(int64_t M, int64_t *rows);
-/* The sorted embedding backward's: n sort keys, then an fp32 row of h a segment of them. */
+/* The sorted embedding backward's: n sort keys (padded to a power of two), then an fp32 row
+ * of h a segment of them. */
 uint64_t mgc_kspec_emb_sort_bytes(int64_t n, int64_t h);
 /* The most scratch bytes the CUDA launchers of op `op` ask for in one call (0: none). */
 uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op *op);

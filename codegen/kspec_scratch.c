@@ -27,9 +27,10 @@ int64_t mgc_kspec_bias_grad_parts(int64_t M, int64_t *rows) {
 }
 
 uint64_t mgc_kspec_emb_sort_bytes(int64_t n, int64_t h) {
-    uint64_t nn = n > 0 ? (uint64_t)n : 0, hh = h > 0 ? (uint64_t)h : 0;
+    uint64_t nn = n > 0 ? (uint64_t)n : 0, hh = h > 0 ? (uint64_t)h : 0, N = 2;
+    while (N < nn) N *= 2; /* the sort's keys, padded to a power of two */
     uint64_t segs = (nn + MGC_KSPEC_EMB_SEG - 1) / MGC_KSPEC_EMB_SEG;
-    return mgc_kspec_align(nn * 8) + segs * hh * 4;
+    return mgc_kspec_align(N * 8) + segs * hh * 4;
 }
 
 uint64_t mgc_kspec_optimizer_scratch_bytes(void) {

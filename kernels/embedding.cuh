@@ -24,8 +24,9 @@
  * segment from zero), which are then added in segment order, so that a frequent token (a byte
  * tokenizer's space, say: a fifth of the rows) no longer makes one block read its rows one
  * after another (0.58 ms of a GPT-2 124M step on the H100 before).
- * For microbatches of up to 16384 tokens the launcher sorts the rows by token in one block
- * (a bitonic network in shared memory), and embedding_bwd_sorted walks the segments: every
+ * For microbatches of up to 16384 tokens the launcher sorts the rows by token (a bitonic
+ * network: blocks of 2048 keys in shared memory, the longer strides in global memory), and
+ * embedding_bwd_sorted walks the segments: every
  * row of dy is read once.  Larger microbatches take embedding_bwd_word, which
  * scans the token array once per vocabulary row in chunks of T tokens (coalesced, from L2),
  * skipping a chunk with one __syncthreads_or when no token of it hits the row: V_l * n / T
@@ -114,30 +115,50 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 #endif
 
 #if defined(MGC_ENTRY_embedding_sort)
-/* keys[0..n) = (tok[r] << 32 | r) in ascending order: rows with the same token together, in
- * ascending r (every key is distinct, so the order is total).  One block of blockDim.x threads
- * (a power of two); a bitonic network over N (a power of two >= n) keys in dynamic shared memory
- * (N * 8 bytes), the N - n past the end ~0.  Tokens are vocabulary ids, below 2^32. */
+/* keys[0..N) sorted ascending, keys[i] = (tok[i] << 32 | i) for i < n and ~0 past n: rows with
+ * the same token together, in ascending r (every key is distinct, so the order is total).
+ * Tokens are vocabulary ids, below 2^32.  A bitonic network over N (a power of two >= n) keys,
+ * its stages (k, j) split between launches (the launcher, cuda_ops_pointwise.c):
+ *   mode 0: block b loads keys [b B, b B + B) (B = 2 blockDim.x, a power of two <= N; from tok)
+ *           and runs every stage with k <= B on them in dynamic shared memory (B * 8 bytes);
+ *   mode 1: stage (k, j), j >= B: one compare-exchange a thread, in global memory;
+ *   mode 2: block b runs the stages (k, j < B) of one k on its B keys in shared memory.
+ * Every thread compares one pair a stage; the direction of a pair is the whole network's
+ * (ascending where the global index & k is 0), so the launches compute the one network. */
+__device__ __forceinline__ void mgc_sort_pair(unsigned long long *__restrict__ a, int i, int j,
+                                              long long gi, long long k) {
+    int l = i + j;
+    unsigned long long x = a[i], y = a[l];
+    if ((gi & k) == 0 ? x > y : x < y) a[i] = y, a[l] = x;
+}
 extern "C" __global__ void __launch_bounds__(1024, 1)
     MGC_ENTRY_NAME(unsigned long long *__restrict__ keys, const i64 *__restrict__ tok, int n,
-                   int N) {
+                   int N, int mode, int k, int j) {
+    if (mode == 1) {
+        long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        if (p >= N / 2) return;
+        long long i = 2LL * j * (p / j) + p % j;
+        mgc_sort_pair(keys, (int)i, j, i, k);
+        return;
+    }
     MGC_DYN_SHARED(unsigned long long, sk);
-    const int nt = (int)blockDim.x;
-    for (int i = threadIdx.x; i < N; i += nt)
-        sk[i] = i < n ? ((unsigned long long)(unsigned)tok[i] << 32) | (unsigned)i : ~0ull;
+    const int h = (int)blockDim.x, B = 2 * h;
+    const long long base = (long long)blockIdx.x * B;
+    for (int i = threadIdx.x; i < B; i += h) {
+        long long g = base + i;
+        sk[i] = mode == 2 ? keys[g]
+                : g < n   ? ((unsigned long long)(unsigned)tok[g] << 32) | (unsigned)g
+                          : ~0ull;
+    }
     __syncthreads();
-    for (int k = 2; k <= N; k <<= 1)
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < N; i += nt) {
-                int l = i ^ j;
-                if (l > i) {
-                    unsigned long long x = sk[i], y = sk[l];
-                    if ((i & k) == 0 ? x > y : x < y) sk[i] = y, sk[l] = x;
-                }
-            }
+    const int k0 = mode == 2 ? k : 2, k1 = mode == 2 ? k : B;
+    for (int kk = k0; kk <= k1; kk <<= 1)
+        for (int jj = (mode == 2 ? B : kk) >> 1; jj > 0; jj >>= 1) {
+            int p = threadIdx.x, i = 2 * jj * (p / jj) + p % jj;
+            mgc_sort_pair(sk, i, jj, base + i, kk);
             __syncthreads();
         }
-    for (int i = threadIdx.x; i < n; i += nt) keys[i] = sk[i];
+    for (int i = threadIdx.x; i < B; i += h) keys[base + i] = sk[i];
 }
 #endif
 

@@ -140,16 +140,26 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     if (n == 0) return 0;
     void *dw = c->out[0], *dy = c->in[1], *tk = c->in[0];
     if (V_l > 0 && n <= EMB_SORT_MAX) { /* sort the rows by token, then one pass over dy */
-        int in = (int)n, N = 2, nt, S = MGC_KSPEC_EMB_SEG;
+        int in = (int)n, N = 2, S = MGC_KSPEC_EMB_SEG;
         while (N < in) N *= 2;
-        nt = N < 1024 ? N : 1024;
+        int B = N < 2048 ? N : 2048; /* keys a block sorts in shared memory */
         int64_t h = tin(c, 1)->dim[tin(c, 1)->rank - 1];
         unsigned segs = (unsigned)((n + S - 1) / S);
         char *keys = mgc_cuda_scratch(be, (size_t)mgc_kspec_emb_sort_bytes(n, h));
         if (!keys) return -1;
-        void *part = keys + mgc_kspec_align((uint64_t)n * 8);
-        void *a1[] = {&keys, &tk, &in, &N};
-        CHECK(mgc_cuda_launch(be, &k[1], 1, 1, 1, (unsigned)nt, (size_t)N * 8, a1));
+        void *part = keys + mgc_kspec_align((uint64_t)N * 8);
+        /* the bitonic network (embedding.cuh): stages k <= B in blocks; then each longer k's
+         * strides j >= B in global memory and its shorter ones in blocks */
+        int mode = 0, kk = 0, jj = 0;
+        void *a1[] = {&keys, &tk, &in, &N, &mode, &kk, &jj};
+        CHECK(mgc_cuda_launch(be, &k[1], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
+        for (kk = 2 * B; kk <= N; kk *= 2) {
+            mode = 1;
+            for (jj = kk / 2; jj >= B; jj /= 2)
+                CHECK(mgc_cuda_launch(be, &k[1], (unsigned)((N / 2 + 255) / 256), 1, 1, 256, 0, a1));
+            mode = 2;
+            CHECK(mgc_cuda_launch(be, &k[1], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
+        }
         void *a2[] = {&dw, &part, &dy, &keys, &v0, &V_l, &n, &S};
         CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a2));
         if (segs > 1) {

@@ -105,9 +105,9 @@ e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*
             --set parallel.context=1 --set training.micro_batch_size=$mbs --set training.global_batch_size=$mbs \
             --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.recompute=none \
             --set hardware.cuda_archs=[90] -o build-gpu/kern-$m.plan >build-gpu/kern/$m.compile.log 2>&1 || { rc=1; continue; }
-        # L2 sectors read and written: the bytes the kernel moves, wherever they come from
+        # (L2's sector counts were tried too: on the H100 they count a byte more than once)
         "$NCU" --clock-control none --csv \
-            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
             build-gpu/runtime/mgc-run build-gpu/kern-$m.plan --backend cuda --iterations 1 -q \
             >build-gpu/kern/$m.csv 2>build-gpu/kern/$m.err || rc=1
         $PY bench/ncu_table.py build-gpu/kern/$m.csv "$copy" >build-gpu/kern/kernels-$m.md || rc=1

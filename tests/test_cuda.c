@@ -373,9 +373,15 @@ static void check_ce_inplace(void) {
  * (kernels/embedding.cuh).  The op replays see the tiny models' microbatches; here the token
  * distributions that stress the segments: one token for a whole microbatch (a run over 64
  * segments), half the rows one token, runs ending exactly at segment ends, a run one row past
- * one, and a vocabulary shard (tensor rank 1 of 2: tokens outside it leave the table alone),
+ * one, a vocabulary shard (tensor rank 1 of 2: tokens outside it leave the table alone), and
+ * 5,000 and 16,384 rows (the sort's strides past a block's 2,048 keys, in global memory),
  * in fp32 and bf16, against a double-precision sum onto random non-zero gradient rows.  Rows
  * no token hits must keep their bits; a rerun must give the same bits. */
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
 
 static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     const mgc_stage_program *sp = &p->stages[0];
@@ -385,7 +391,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
         if (ch0->bwd[i].kind == MGC_POP_EMBEDDING_BWD) op0 = &ch0->bwd[i];
     T_CHECK(op0 != NULL);
     if (!op0) return;
-    static const int64_t N[5] = {1000, 2048, 96, 33, 1000};
+    static const int64_t N[7] = {1000, 2048, 96, 33, 1000, 5000, 16384};
     const int64_t n = N[kase], V = 300, tp = kase == 4 ? 1 : 0, Vl = kase == 4 ? 150 : V;
     mgc_plan_chunk ch = *ch0;
     mgc_plan_tensor *tv = malloc((size_t)ch0->n_tensors * sizeof *tv);
@@ -472,9 +478,64 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     }
     T_EQ_I64(bad, 0);
     T_CHECK(ok && memcmp(g1, g2, (size_t)dw->bytes) == 0);
-    printf("embedding_bwd %s, %lld rows, case %d: %s (worst %.2e of the magnitudes), rerun %s\n",
+    /* The kernels' order, in float on the host: the rows sorted by (token, row), each segment's
+     * pieces summed in order (a run's first piece onto its gradient row, a later segment's
+     * head piece from zero), then each crossing run's pieces added in segment order.  The
+     * result must be the GPU's bit for bit: a missorted key changes the order, so the bits. */
+    int exact = ok;
+    {
+        const int64_t S = MGC_KSPEC_EMB_SEG, G = (n + S - 1) / S;
+        uint64_t *key = malloc((size_t)n * 8);
+        float *sim = malloc((size_t)(Vl * h) * 4), *part = calloc((size_t)(G * h), 4);
+        exact = exact && key && sim && part;
+        for (int64_t r = 0; exact && r < n; r++) key[r] = (uint64_t)tok[r] << 32 | (uint64_t)r;
+        if (exact) {
+            qsort(key, (size_t)n, 8, cmp_u64);
+            memcpy(sim, w0, (size_t)(Vl * h) * 4);
+        }
+#define EMB_TOK(j) ((int64_t)(key[j] >> 32))
+#define EMB_ROW(j) ((int64_t)(key[j] & 0xffffffffu))
+        for (int64_t g = 0; exact && g < G; g++) {
+            int64_t j0 = g * S, j1 = j0 + S < n ? j0 + S : n;
+            int64_t cur = EMB_TOK(j0), v = cur - tp * Vl;
+            int head = j0 > 0 && EMB_TOK(j0 - 1) == cur;
+            float *dst = head ? part + g * h : v >= 0 && v < Vl ? sim + v * h : NULL;
+            for (int64_t col = 0; col < h; col++) {
+                float acc = !head && dst ? dst[col] : 0.0f;
+                int64_t t = cur;
+                float *d = dst;
+                for (int64_t j = j0; j < j1; j++) {
+                    if (EMB_TOK(j) != t) {
+                        if (d) d[col] = acc;
+                        t = EMB_TOK(j);
+                        int64_t u = t - tp * Vl;
+                        d = u >= 0 && u < Vl ? sim + u * h : NULL;
+                        acc = d ? d[col] : 0.0f;
+                    }
+                    acc += y[EMB_ROW(j) * h + col];
+                }
+                if (d) d[col] = acc;
+            }
+        }
+        for (int64_t g = 0; exact && g + 1 < G; g++) {
+            int64_t last = (g + 1) * S - 1, t = EMB_TOK(last), v = t - tp * Vl;
+            if (EMB_TOK(last + 1) != t || (g > 0 && EMB_TOK(g * S - 1) == t && EMB_TOK(g * S) == t) ||
+                v < 0 || v >= Vl)
+                continue;
+            for (int64_t q = g + 1; q < G && EMB_TOK(q * S) == t; q++)
+                for (int64_t col = 0; col < h; col++) sim[v * h + col] += part[q * h + col];
+        }
+#undef EMB_TOK
+#undef EMB_ROW
+        exact = exact && memcmp(sim, g1, (size_t)(Vl * h) * 4) == 0;
+        free(key), free(sim), free(part);
+    }
+    T_CHECK(exact);
+    printf("embedding_bwd %s, %lld rows, case %d: %s (worst %.2e of the magnitudes), the kernels' "
+           "order on the host %s, rerun %s\n",
            mgc_dtype_name((mgc_dtype)dy->dtype), (long long)n, kase, bad ? "DIFFERS" : "within rounding",
-           worst, ok && memcmp(g1, g2, (size_t)dw->bytes) == 0 ? "bit-identical" : "DIFFERS");
+           worst, exact ? "bit-identical" : "DIFFERS",
+           ok && memcmp(g1, g2, (size_t)dw->bytes) == 0 ? "bit-identical" : "DIFFERS");
     void *all[] = {dtk, ddy, ddw};
     for (int k = 0; k < 3; k++)
         if (all[k]) be->iface->arena_free(be, all[k]);
@@ -500,7 +561,7 @@ static void check_embedding_bwd(void) {
             continue;
         }
         be->iface->bind(be, p, &p->stages[0], arena);
-        for (int kase = 0; kase < 5; kase++)
+        for (int kase = 0; kase < 7; kase++)
             check_emb_case(be, p, kase);
         be->iface->arena_free(be, arena);
         mgc_plan_free(p);
