@@ -9,7 +9,7 @@
 # BENCH_MODELS="gpt2-124m" (default both), BENCH_TORCH=0 (mgc rows only) and
 # BENCH_PROFILE_MODELS="gpt2-124m" (per-kernel profile and fitted cost model only for
 # these; default every model) and BENCH_AB=0 (no extra mgc rows: without cuBLASLt's
-# epilogues, with CUDA graphs; BENCH_AB_MODELS, default gpt2-124m, says for which; and the
+# epilogues, without CUDA graphs; BENCH_AB_MODELS, default gpt2-124m, says for which; and the
 # two-ranks-on-one-GPU rows) shorten a run.
 #
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
@@ -81,7 +81,7 @@ row() { # name model-args mgc-sets mbs
         echo "| $name | mgc | failed: $(tail -n 1 "$OUT/$name.run.log") |"
     fi
     # the same plan without cuBLASLt's epilogues (the fused linear ops on element-wise kernels,
-    # docs/cuda-backend.md), and with CUDA graphs: what each buys
+    # docs/cuda-backend.md), and without CUDA graphs (the default has them): what each buys
     ab=0
     case " ${BENCH_AB_MODELS:-gpt2-124m} " in *" $name "*) ab=1 ;; esac
     if [ "${BENCH_AB:-1}" = 1 ] && [ $ab = 1 ]; then
