@@ -875,21 +875,40 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv
 
 #if defined(MGC_ENTRY_attention_bwd_dot)
-/* attention_bwd_dot: dsum[i,bi,a] = sum_c dout * out over the head dim (fixed order: lane
- * partial sums, then a warp butterfly).  One warp per (i, bi, a) row of n = sq*b*A rows.
- * grid (ceil(n / 8)), block 256, dynamic shared memory 0. */
+/* attention_bwd_dot: dsum[i,bi,a] = sum_c dout * out over the head dim (fixed order: each of
+ * a row's 8 lanes adds its columns 8 at a time, c = 8 part + 64 t + j in order, then a
+ * butterfly over the 8 lanes).  8 lanes per (i, bi, a) row of n = sq*b*A rows, 32 rows a block;
+ * a lane's 8 columns are one 16-byte load of a 16-bit row when vec (the launcher: D % 8 == 0
+ * and both tensors 16-byte aligned), element by element otherwise, in the same order.
+ * grid (ceil(n / 32)), block 256, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(float *__restrict__ dsum, const mgc_t *__restrict__ dout,
-                   const mgc_t *__restrict__ out, i64 n) {
-    i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= n) return;
-    const mgc_t *x = dout + row * ATT_D, *y = out + row * ATT_D;
+                   const mgc_t *__restrict__ out, i64 n, int vec) {
+    i64 row = (i64)blockIdx.x * 32 + (threadIdx.x >> 3);
+    int part = threadIdx.x & 7;
     float s = 0.0f;
-    for (int c = lane; c < ATT_D; c += 32) s = fmaf(mgc_ld(x[c]), mgc_ld(y[c]), s);
+    if (row < n) {
+        const mgc_t *x = dout + row * ATT_D, *y = out + row * ATT_D;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) dsum[row] = s;
+        for (int c0 = part * 8; c0 < ATT_D; c0 += 64) {
+            float a[8], bb[8];
+            int nv = ATT_D - c0 < 8 ? ATT_D - c0 : 8;
+            if (vec && nv == 8) {
+                mgc_ld8(x + c0, a);
+                mgc_ld8(y + c0, bb);
+            } else {
+                mgc_ld8_part(x + c0, nv, a);
+                mgc_ld8_part(y + c0, nv, bb);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) s = fmaf(a[j], bb[j], s);
+        }
+    }
+    /* every lane of the warp takes part (rows past n add zeros) */
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if (part == 0 && row < n) dsum[row] = s;
 }
 #endif
 

@@ -54,6 +54,24 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     i64 p = mgc_ctx_pos(i, cp, cpr, half_len) - (docs ? docs[r] : 0);
     const mgc_t *pr = wpe ? wpe + p * (i64)MGC_H : (const mgc_t *)0;
     mgc_t *o = out + r * (i64)MGC_H;
+#if MGC_H % 8 == 0
+    /* whole 16-byte vectors of 8 columns (every row 16-byte aligned; the arena aligns the
+     * tables), the same arithmetic per element */
+    for (int c = 8 * threadIdx.x; c < MGC_H; c += 8 * MGC_T) {
+        float v[8], w[8];
+        if (wr) mgc_ld8(wr + c, v);
+        else
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = 0.0f;
+        if (pr) {
+            mgc_ld8(pr + c, w);
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] += w[j];
+        }
+        mgc_st8(o + c, v);
+    }
+    return;
+#endif
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;

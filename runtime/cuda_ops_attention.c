@@ -116,8 +116,9 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     void *dsum = mgc_cuda_scratch(be, (size_t)rows * sizeof(float));
     if (!dsum) return -1;
     long long nrows = (long long)rows;
-    void *a0[] = {&dsum, &dout, &o, &nrows};
-    if (mgc_cuda_launch(be, &ks[0], (unsigned)((rows + 7) / 8), 1, 1, 256, 0, a0)) return -1;
+    int vec = d % 8 == 0 && (uintptr_t)dout % 16 == 0 && (uintptr_t)o % 16 == 0;
+    void *a0[] = {&dsum, &dout, &o, &nrows, &vec};
+    if (mgc_cuda_launch(be, &ks[0], (unsigned)((rows + 31) / 32), 1, 1, 256, 0, a0)) return -1;
     int br = bwd_br(d, ks[1].dtype != MGC_DT_F32);
     void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
                   &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,

@@ -90,8 +90,9 @@ static int norm_aligned(mgc_backend *be, const mgc_op_call *c, int64_t h, const 
     if (h % 8) return 0;
     for (int i = 0; i < n; i++)
         if ((uintptr_t)p[i] & 15u)
-            return mgc_cuda_fail(be, "norm '%s': a tensor is not 16-byte aligned (the arena aligns "
-                                     "them to 256 bytes)", opname(c));
+            return mgc_cuda_fail(be, "%s '%s': a tensor is not 16-byte aligned (the arena aligns "
+                                     "them to 256 bytes)",
+                                 mgc_plan_op_name((mgc_plan_op_kind)c->op->kind), opname(c));
     return 0;
 }
 
@@ -124,6 +125,8 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         CHECK(get_specs(be, c, k, 1));
         if (s * b == 0) return 0;
         void *y = c->out[0], *tk = c->in[0], *w = c->in[1], *wp = with_pos ? c->in[2] : NULL;
+        const void *al[] = {y, w, wp}; /* 16-byte rows when h % 8 == 0 (embedding.cuh) */
+        CHECK(norm_aligned(be, c, tout(c, 0)->dim[tout(c, 0)->rank - 1], al, 3));
         /* data.reset_position_ids: positions from each row's document start, the last input */
         const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
         void *args[] = {&y, &tk, &w, &wp, &v0, &V_l, &b, &cp, &cpr, &half, &docs};
