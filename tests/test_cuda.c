@@ -30,8 +30,11 @@
  *     of random sizes (empty, one element, chunk edges, unaligned starts; more tensors than
  *     one launch's table) gives the CPU's weights, moments and 16-bit copies bit for bit and
  *     writes nothing between the tensors; the sum of squares matches an independent long
- *     double sum within 1e-12 and repeats bit for bit.  Seeded from the clock
- *     (MGC_TEST_SEED replays).
+ *     double sum within 1e-12 and repeats bit for bit; a quarter of the tensors take
+ *     AdamW's 16-byte path.  Seeded from the clock (MGC_TEST_SEED replays).
+ *  6. The embedding backward on its own (`emb`): skewed token distributions against a
+ *     double sum, and bit for bit against its segment-and-join order replayed on the host.
+ *  7. The bias gradient on its own (`bgrad`): against double column sums.
  * The kernels come from the plan (compiled here for sm_80 and sm_90 by NVRTC);
  * a GPU of another architecture JIT-compiles them. */
 #include <math.h>
