@@ -341,17 +341,18 @@ static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int in
     free(lg), free(lse), free(h), free(tv);
 }
 
-static void check_ce_inplace(void) {
+/* fn on tiny GPT's plan in each of the n precisions, bound on the GPU to an arena of its last
+ * (only) stage: the drivers of the single-op checks below; `what` names them in errors. */
+typedef void (*tiny_plan_fn)(mgc_backend *be, const mgc_plan *p);
+static void on_tiny_gpt(const char *what, const char *const *prec, int n, tiny_plan_fn fn) {
     char err[512];
     mgc_backend *be = NULL;
     if (open_gpu(&be, err, sizeof err)) {
-        fprintf(stderr, "cross_entropy_bwd: %s\n", err);
+        fprintf(stderr, "%s: %s\n", what, err);
         T_CHECK(0);
         return;
     }
-    static const char *const prec[3] = {"fp32", "bf16", "fp16"};
-    static const int64_t V[4] = {50304, 5003, 2048, 8};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < n; k++) {
         mgc_plan *p = compile("examples/tiny-gpt.yaml", prec[k], NULL);
         T_CHECK(p != NULL);
         void *arena = NULL;
@@ -361,13 +362,23 @@ static void check_ce_inplace(void) {
             continue;
         }
         be->iface->bind(be, p, &p->stages[p->n_stages - 1], arena);
-        for (int v = 0; v < 4; v++)
-            for (int inplace = 1; inplace >= 0; inplace--)
-                check_ce_case(be, p, V[v], inplace);
+        fn(be, p);
         be->iface->arena_free(be, arena);
         mgc_plan_free(p);
     }
     mgc_backend_close(be);
+}
+
+static void ce_cases(mgc_backend *be, const mgc_plan *p) {
+    static const int64_t V[4] = {50304, 5003, 2048, 8};
+    for (int v = 0; v < 4; v++)
+        for (int inplace = 1; inplace >= 0; inplace--)
+            check_ce_case(be, p, V[v], inplace);
+}
+
+static void check_ce_inplace(void) {
+    static const char *const prec[3] = {"fp32", "bf16", "fp16"};
+    on_tiny_gpt("cross_entropy_bwd", prec, 3, ce_cases);
 }
 
 /* ---- 6. the embedding's sorted backward ----------------------------------------------
@@ -545,31 +556,14 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     free(tok), free(y), free(w0), free(g1), free(g2), free(hy), free(ref), free(mag), free(tv);
 }
 
+static void emb_cases(mgc_backend *be, const mgc_plan *p) {
+    for (int kase = 0; kase < 7; kase++)
+        check_emb_case(be, p, kase);
+}
+
 static void check_embedding_bwd(void) {
-    char err[512];
-    mgc_backend *be = NULL;
-    if (open_gpu(&be, err, sizeof err)) {
-        fprintf(stderr, "embedding_bwd: %s\n", err);
-        T_CHECK(0);
-        return;
-    }
     static const char *const prec[2] = {"fp32", "bf16"};
-    for (int k = 0; k < 2; k++) {
-        mgc_plan *p = compile("examples/tiny-gpt.yaml", prec[k], NULL);
-        T_CHECK(p != NULL);
-        void *arena = NULL;
-        if (!p || be->iface->arena_alloc(be, p->stages[0].arena_bytes, &arena)) {
-            T_CHECK(0);
-            mgc_plan_free(p);
-            continue;
-        }
-        be->iface->bind(be, p, &p->stages[0], arena);
-        for (int kase = 0; kase < 7; kase++)
-            check_emb_case(be, p, kase);
-        be->iface->arena_free(be, arena);
-        mgc_plan_free(p);
-    }
-    mgc_backend_close(be);
+    on_tiny_gpt("embedding_bwd", prec, 2, emb_cases);
 }
 
 /* ---- 7. the bias gradient -----------------------------------------------------------------
@@ -667,32 +661,15 @@ static void check_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int6
     free(y), free(x), free(b0), free(b1), free(w0), free(hy), free(hx), free(tv);
 }
 
-static void check_bias_grad(void) {
-    char err[512];
-    mgc_backend *be = NULL;
-    if (open_gpu(&be, err, sizeof err)) {
-        fprintf(stderr, "bias gradient: %s\n", err);
-        T_CHECK(0);
-        return;
-    }
-    static const char *const prec[2] = {"fp32", "bf16"};
+static void bgrad_cases(mgc_backend *be, const mgc_plan *p) {
     static const int64_t shapes[5][2] = {{8192, 264}, {1000, 200}, {4096, 100}, {13, 24}, {300, 7}};
-    for (int k = 0; k < 2; k++) {
-        mgc_plan *p = compile("examples/tiny-gpt.yaml", prec[k], NULL);
-        T_CHECK(p != NULL);
-        void *arena = NULL;
-        if (!p || be->iface->arena_alloc(be, p->stages[0].arena_bytes, &arena)) {
-            T_CHECK(0);
-            mgc_plan_free(p);
-            continue;
-        }
-        be->iface->bind(be, p, &p->stages[0], arena);
-        for (int i = 0; i < 5; i++)
-            check_bgrad_case(be, p, shapes[i][0], shapes[i][1]);
-        be->iface->arena_free(be, arena);
-        mgc_plan_free(p);
-    }
-    mgc_backend_close(be);
+    for (int i = 0; i < 5; i++)
+        check_bgrad_case(be, p, shapes[i][0], shapes[i][1]);
+}
+
+static void check_bias_grad(void) {
+    static const char *const prec[2] = {"fp32", "bf16"};
+    on_tiny_gpt("bias gradient", prec, 2, bgrad_cases);
 }
 
 /* ---- 1. op by op ------------------------------------------------------------------ */
