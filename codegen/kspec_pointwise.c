@@ -45,6 +45,12 @@ static int64_t mgc_kspec_norm_rows(int64_t t) {
         r *= 2;
     return r;
 }
+/* Rows a slot of the plain norm forward holds at once (constant P): two where a row is one
+ * vector a thread, so that each thread has two 16-byte loads in flight before its first
+ * barrier, as the fused add_norm has (its branch and residual), else one. */
+static int64_t mgc_kspec_norm_fwd_rows_held(int64_t h, int64_t t) {
+    return (h + 7) / 8 <= t ? 2 : 1;
+}
 static int64_t mgc_kspec_embedding_threads(int64_t h) {
     return row_threads(h, 4, 1024);
 }
@@ -96,7 +102,10 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mgc_kspec_init(&out[0], "norm.cuh", e, dt(tin(ch, op, 0)));
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
         mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
-        if (!bwd) return 1;
+        if (!bwd) { /* rows a forward slot loads before their statistics (norm.cuh) */
+            mgc_kspec_const(&out[0], "P", mgc_kspec_norm_fwd_rows_held(h, t));
+            return 1;
+        }
         /* a 4th input: the residual gradient fused in (compiler/fusion.c) */
         mgc_kspec_const(&out[0], "RES", op->n_in > 3);
         mgc_kspec_init(&out[1], "norm.cuh", "norm_bwd_reduce", 0);

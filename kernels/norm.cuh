@@ -1,9 +1,10 @@
 /* norm.cuh - LayerNorm and RMSNorm, forward and backward (runtime/cpu_ops_tmpl.h math).
  *
  * Constants: H (hidden size), T (threads of one row: a multiple of 32, <= 1024; codegen picks
- * ceil(H / 8) rounded up to 32, or 384 past H = 8192), R (rows a block works on at once: a power of two, T * R <=
- * 512 where T <= 512; codegen's choice).  A block of T * R threads is R row slots of T
- * threads (slot s = threadIdx.x / T, whole warps).  Thread t of a slot owns the 8-element
+ * ceil(H / 8) rounded up to 32, or 384 past H = 8192), R (row slots of a block: a power of
+ * two, T * R <= 512 where T <= 512; codegen's choice), P (the plain forward only: rows a slot
+ * holds at once, 2 where a row is one vector a thread).  A block of T * R threads is R row
+ * slots of T threads (slot s = threadIdx.x / T, whole warps).  Thread t of a slot owns the 8-element
  * vectors v = k*T + t, k < NV = ceil(H / (8 T)), i.e. columns [8v, 8v + 8): 16-byte loads
  * and stores of bf16 (two of fp32) when H % 8 == 0 (the launcher checks that every pointer
  * is 16-byte aligned; the arena aligns tensors to 256 bytes), element by element otherwise.
@@ -107,83 +108,116 @@ template <int N> __device__ __forceinline__ void mgc_slot_sum(float (&v)[N], flo
 
 #if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd) || \
     defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd)
-/* The forward of one row held in registers (v: thread t's vectors, 0 past H): its statistics
- * by slot sums, then yr = (v - mean) rstd w + b  /  v rstd w where ok.  sh: the slot's two
- * buffers of NW floats. */
-__device__ __forceinline__ void mgc_norm_row_fwd(const float (&v)[MGC_NV][8], mgc_t *__restrict__ yr,
-                                                 const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias,
-                                                 float eps, int t, bool ok, float (*sh)[MGC_NW]) {
+/* The forward of NP rows held in registers (v[q]: thread t's vectors of row q, 0 past H):
+ * their statistics by slot sums (the NP rows' sums side by side, so one barrier serves them
+ * all, each summed in the same order as alone), then yr[q] = (v - mean) rstd w + b  /
+ * v rstd w where ok[q].  sh: the slot's two buffers of NW NP floats. */
+template <int NP>
+__device__ __forceinline__ void mgc_norm_rows_fwd(const float (&v)[NP][MGC_NV][8], mgc_t *const (&yr)[NP],
+                                                  const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias,
+                                                  float eps, int t, const bool (&ok)[NP],
+                                                  float (*sh)[MGC_NW * NP]) {
+    float m[NP], rs[NP];
 #if MGC_NORM_RMS
-    float ss[1] = {0.0f};
+    float ss[NP];
 #pragma unroll
-    for (int k = 0; k < MGC_NV; k++)
+    for (int q = 0; q < NP; q++) {
+        ss[q] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            ss[0] += v[k][j] * v[k][j];
-    mgc_slot_sum(ss, sh[0]); /* a slot does one row: no buffer is reused */
-    float m = 0.0f, rs = 1.0f / sqrtf(ss[0] / (float)MGC_H + eps);
+        for (int k = 0; k < MGC_NV; k++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                ss[q] += v[q][k][j] * v[q][k][j];
+    }
+    mgc_slot_sum(ss, sh[0]); /* a slot sums once: no buffer is reused */
+#pragma unroll
+    for (int q = 0; q < NP; q++)
+        m[q] = 0.0f, rs[q] = 1.0f / sqrtf(ss[q] / (float)MGC_H + eps);
     (void)bias;
 #else
-    float s[1] = {0.0f};
+    float s[NP];
 #pragma unroll
-    for (int k = 0; k < MGC_NV; k++)
+    for (int q = 0; q < NP; q++) {
+        s[q] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            s[0] += v[k][j];
+        for (int k = 0; k < MGC_NV; k++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                s[q] += v[q][k][j];
+    }
     mgc_slot_sum(s, sh[0]);
-    float m = s[0] / (float)MGC_H, q[1] = {0.0f};
+    float d2[NP];
 #pragma unroll
-    for (int k = 0; k < MGC_NV; k++) {
-        int nv = mgc_norm_nvalid(k, t);
+    for (int q = 0; q < NP; q++) {
+        m[q] = s[q] / (float)MGC_H, d2[q] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float d = v[k][j] - m;
-            q[0] += j < nv ? d * d : 0.0f;
+        for (int k = 0; k < MGC_NV; k++) {
+            int nv = mgc_norm_nvalid(k, t);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float d = v[q][k][j] - m[q];
+                d2[q] += j < nv ? d * d : 0.0f;
+            }
         }
     }
-    mgc_slot_sum(q, sh[1]);
-    float rs = 1.0f / sqrtf(q[0] / (float)MGC_H + eps);
+    mgc_slot_sum(d2, sh[1]);
+#pragma unroll
+    for (int q = 0; q < NP; q++)
+        rs[q] = 1.0f / sqrtf(d2[q] / (float)MGC_H + eps);
 #endif
-    if (!ok) return;
 #pragma unroll
     for (int k = 0; k < MGC_NV; k++) {
         if (mgc_norm_nvalid(k, t) <= 0) continue;
-        float wv[8], o[8];
+        float wv[8];
         mgc_norm_ld(w, k, t, true, wv);
-#if MGC_NORM_RMS
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            o[j] = v[k][j] * rs * wv[j];
-#else
+#if !MGC_NORM_RMS
         float bv[8];
         mgc_norm_ld(bias, k, t, bias != 0, bv);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            o[j] = (v[k][j] - m) * rs * wv[j] + bv[j];
 #endif
-        mgc_norm_st(yr, k, t, o);
+#pragma unroll
+        for (int q = 0; q < NP; q++) {
+            if (!ok[q]) continue;
+            float o[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#if MGC_NORM_RMS
+                o[j] = v[q][k][j] * rs[q] * wv[j];
+#else
+                o[j] = (v[q][k][j] - m[q]) * rs[q] * wv[j] + bv[j];
+#endif
+            mgc_norm_st(yr[q], k, t, o);
+        }
     }
 }
 #endif
 
 #if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd)
-/* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes).  Slot s of block b
- * normalises row b R + s (none past rows: it still takes part in the barriers).  bias may
- * be NULL (LayerNorm only). */
+#ifndef MGC_P
+#define MGC_P 1
+#endif
+/* grid ceil(rows / (R P)), block T * R, smem 0 (static 8 R NW P bytes).  Slot s of block b
+ * normalises rows b R P + q R + s, q < P (none past rows: it still takes part in the
+ * barriers), all P loaded before the statistics of any: P 16-byte loads in flight a thread
+ * where a row is one vector a thread (codegen's P).  bias may be NULL (LayerNorm only). */
 extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows,
                    float eps) {
-    __shared__ float sh[MGC_R][2][MGC_NW];
+    __shared__ float sh[MGC_R][2][MGC_NW * MGC_P];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
-    const i64 r = (i64)blockIdx.x * MGC_R + s;
-    const bool ok = r < rows;
-    const mgc_t *xr = x + r * (i64)MGC_H;
-    float v[MGC_NV][8];
+    float v[MGC_P][MGC_NV][8];
+    bool ok[MGC_P];
+    mgc_t *yr[MGC_P];
 #pragma unroll
-    for (int k = 0; k < MGC_NV; k++)
-        mgc_norm_ld(xr, k, t, ok, v[k]);
-    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, t, ok, sh[s]);
+    for (int q = 0; q < MGC_P; q++) {
+        const i64 r = ((i64)blockIdx.x * MGC_P + q) * MGC_R + s;
+        ok[q] = r < rows;
+        yr[q] = y + r * (i64)MGC_H;
+#pragma unroll
+        for (int k = 0; k < MGC_NV; k++)
+            mgc_norm_ld(x + r * (i64)MGC_H, k, t, ok[q], v[q][k]);
+    }
+    mgc_norm_rows_fwd<MGC_P>(v, yr, w, bias, eps, t, ok, sh[s]);
 }
 #endif
 
@@ -209,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
     const bool ok = r < rows;
     const mgc_t *br = branch + r * (i64)MGC_H, *rr = res + r * (i64)MGC_H;
     mgc_t *hr = h + r * (i64)MGC_H;
-    float v[MGC_NV][8];
+    float v[1][MGC_NV][8];
 #pragma unroll
     for (int k = 0; k < MGC_NV; k++) {
         int c0 = 8 * (k * MGC_T + t), nv = mgc_norm_nvalid(k, t);
@@ -225,15 +259,15 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
             int kp = drop ? wd[j] >= thr : 1;
             kb[j] = (unsigned char)kp;
             /* rounded to the compute dtype, as the unfused dropout_add writes it */
-            v[k][j] = mgc_ld(mgc_st((kp ? (drop ? xv[j] * sc : xv[j]) : 0.0f) + rv[j]));
+            v[0][k][j] = mgc_ld(mgc_st((kp ? (drop ? xv[j] * sc : xv[j]) : 0.0f) + rv[j]));
         }
         if (!ok || nv <= 0) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                v[k][j] = 0.0f;
+                v[0][k][j] = 0.0f;
             continue;
         }
-        mgc_norm_st(hr, k, t, v[k]); /* exact: v holds values of the dtype */
+        mgc_norm_st(hr, k, t, v[0][k]); /* exact: v holds values of the dtype */
         if (mask) {
             unsigned char *mr = mask + r * (i64)MGC_H + c0;
 #if MGC_VEC8 /* 8-byte aligned: the mask's base is, and r*H + c0 is a multiple of 8 */
@@ -248,7 +282,9 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #endif
         }
     }
-    mgc_norm_row_fwd(v, y + r * (i64)MGC_H, w, bias, eps, t, ok, sh[s]);
+    mgc_t *const yr[1] = {y + r * (i64)MGC_H};
+    const bool oks[1] = {ok};
+    mgc_norm_rows_fwd<1>(v, yr, w, bias, eps, t, oks, sh[s]);
 }
 #endif
 
@@ -262,14 +298,20 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
  * dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: no mean(g) term,
  * xhat = x rstd); mean(g xhat) is computed as rstd mean(g (x - mean)). */
 #define MGC_NORM_HOLD (MGC_NV == 1) /* x and dy held in registers, else re-read (L1/L2) */
-/* 16-bit rows held, blocks of up to 512 threads: the next row's x and dy are loaded while
- * this one's statistics are computed (8 more registers; at 1024 threads a block, 64 registers
- * leave no room) */
-#define MGC_NORM_PREFETCH (MGC_NORM_HOLD && MGC_VEC8 && MGC_HALF && MGC_T * MGC_R <= 512)
-/* two blocks a multiprocessor where they hold their rows and have up to 384 threads (at most
- * 80 registers: 64 Ki registers, allocated 256 a warp), else one.  fp16's conversions need
- * more than 80 (it would spill): one. */
-#define MGC_NORM_BWD_MINB (MGC_NORM_HOLD && MGC_T * MGC_R <= 384 && !MGC_FP16 ? 2 : 1)
+/* 16-bit rows held, blocks of up to 384 threads: the next row's x and dy are loaded while
+ * this one's statistics are computed (8 more registers, which two blocks of up to 384 threads
+ * a multiprocessor leave: 85 a thread; two of 512 leave 64, and there the second block is
+ * worth more than the prefetch) */
+#define MGC_NORM_PREFETCH (MGC_NORM_HOLD && MGC_VEC8 && MGC_HALF && MGC_T * MGC_R <= 384)
+/* two blocks a multiprocessor where they hold their rows and have up to 512 threads (at most
+ * 85 registers at 384 threads, 64 at 512: 64 Ki registers, allocated 256 a warp), else one.
+ * With one, the 256 blocks of the grid run in two rounds on a 132-multiprocessor H100 (GPT-2
+ * 1.5B's H 1600 backward at 95 registers did).  fp16's conversions need more than 80 (it
+ * would spill), and fp32 rows more than 64 (twice the registers of a 16-bit row): one. */
+#define MGC_NORM_BWD_MINB                                                                      \
+    (MGC_NORM_HOLD && !MGC_FP16 && (MGC_T * MGC_R <= 384 || (MGC_HALF && MGC_T * MGC_R <= 512)) \
+         ? 2                                                                                   \
+         : 1)
 
 /* Adds the R slots' column sums a (slot order 0, 1, ..) and writes them to pr[0..H) (slot 0).
  * cmb: (R - 1) NV 8 T floats of shared memory; every thread of the block calls it. */

@@ -211,9 +211,9 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         void *y = c->out[0], *x = c->in[0], *w = c->in[1];
         const void *al[] = {y, x, w, bias};
         CHECK(norm_aligned(be, c, h, al, 4));
-        int64_t R = kconst(&k[0], "R");
+        int64_t R = kconst(&k[0], "R"), RP = R * kconst(&k[0], "P"); /* rows a block */
         void *args[] = {&y, &x, &w, &bias, &rows, &eps};
-        return mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1,
+        return mgc_cuda_launch(be, &k[0], (unsigned)((rows + RP - 1) / RP), 1, 1,
                                (unsigned)(kconst(&k[0], "T") * R), 0, args);
     }
     /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient); out: dx, dw (, db) -- dw, db

@@ -219,6 +219,24 @@ out:
     free(rp), free(rm), free(rv), free(ec), free(rc);
 }
 
+/* The last backward op of `kind` in ch0 (with n_out outputs unless n_out is 0), and ch, a
+ * copy of ch0 whose tensor table is *tv (the caller's to free and resize): the single-op
+ * checks below reshape one op's tensors without touching the plan.  NULL: none (a failed
+ * check) or no memory. */
+static const mgc_plan_op *bwd_op_copy(const mgc_plan_chunk *ch0, int kind, int n_out,
+                                      mgc_plan_chunk *ch, mgc_plan_tensor **tv) {
+    const mgc_plan_op *op0 = NULL;
+    for (int64_t i = 0; i < ch0->n_bwd; i++)
+        if (ch0->bwd[i].kind == kind && (!n_out || ch0->bwd[i].n_out == n_out)) op0 = &ch0->bwd[i];
+    T_CHECK(op0 != NULL);
+    *tv = op0 ? malloc((size_t)ch0->n_tensors * sizeof **tv) : NULL;
+    if (!*tv) return NULL;
+    memcpy(*tv, ch0->tensors, (size_t)ch0->n_tensors * sizeof **tv);
+    *ch = *ch0;
+    ch->tensors = *tv;
+    return op0;
+}
+
 /* ---- 5. the cross-entropy backward over its own logits ----------------------------------
  * cross_entropy_bwd writes the logits' gradient over the fp32 logits (MGC_POF_INPLACE): a
  * 16-bit row over the first half of its own fp32 row, at a row pitch of 2 V.  The op replays
@@ -230,19 +248,18 @@ out:
 
 static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int inplace) {
     const mgc_stage_program *sp = &p->stages[p->n_stages - 1];
-    const mgc_plan_chunk *ch0 = &sp->chunks[sp->n_chunks - 1];
-    const mgc_plan_op *op0 = NULL;
-    for (int64_t i = 0; i < ch0->n_bwd; i++)
-        if (ch0->bwd[i].kind == MGC_POP_CROSS_ENTROPY_BWD) op0 = &ch0->bwd[i];
-    T_CHECK(op0 && (op0->flags & MGC_POF_INPLACE) && op0->n_in == 5);
-    if (!op0 || op0->n_in != 5) return;
     /* the chunk with this op's tensors resized: n rows of Vp columns */
+    mgc_plan_chunk ch;
+    mgc_plan_tensor *tv;
+    const mgc_plan_op *op0 =
+        bwd_op_copy(&sp->chunks[sp->n_chunks - 1], MGC_POP_CROSS_ENTROPY_BWD, 0, &ch, &tv);
+    if (!op0) return;
+    T_CHECK((op0->flags & MGC_POF_INPLACE) && op0->n_in == 5);
+    if (op0->n_in != 5) {
+        free(tv);
+        return;
+    }
     const int64_t n = 5, vocab = Vp > 8 ? Vp - 5 : Vp; /* columns [vocab, Vp) are padding */
-    mgc_plan_chunk ch = *ch0;
-    mgc_plan_tensor *tv = malloc((size_t)ch0->n_tensors * sizeof *tv);
-    if (!tv) return;
-    memcpy(tv, ch0->tensors, (size_t)ch0->n_tensors * sizeof *tv);
-    ch.tensors = tv;
     mgc_plan_op op = *op0;
     op.iattr[1] = Vp;
     if (!inplace) op.flags &= (uint16_t)~MGC_POF_INPLACE;
@@ -398,20 +415,12 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
-    const mgc_stage_program *sp = &p->stages[0];
-    const mgc_plan_chunk *ch0 = &sp->chunks[0];
-    const mgc_plan_op *op0 = NULL;
-    for (int64_t i = 0; i < ch0->n_bwd; i++)
-        if (ch0->bwd[i].kind == MGC_POP_EMBEDDING_BWD) op0 = &ch0->bwd[i];
-    T_CHECK(op0 != NULL);
+    mgc_plan_chunk ch;
+    mgc_plan_tensor *tv;
+    const mgc_plan_op *op0 = bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_EMBEDDING_BWD, 0, &ch, &tv);
     if (!op0) return;
     static const int64_t N[7] = {1000, 2048, 96, 33, 1000, 5000, 16384};
     const int64_t n = N[kase], V = 300, tp = kase == 4 ? 1 : 0, Vl = kase == 4 ? 150 : V;
-    mgc_plan_chunk ch = *ch0;
-    mgc_plan_tensor *tv = malloc((size_t)ch0->n_tensors * sizeof *tv);
-    if (!tv) return;
-    memcpy(tv, ch0->tensors, (size_t)ch0->n_tensors * sizeof *tv);
-    ch.tensors = tv;
     mgc_plan_op op = *op0;
     op.n_out = 1; /* the word table only */
     op.n_in = 2;
@@ -574,18 +583,11 @@ static void check_embedding_bwd(void) {
  * double-precision column sums; the weight gradient alongside. */
 
 static void check_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int64_t N) {
-    const mgc_plan_chunk *ch0 = &p->stages[0].chunks[0];
-    const mgc_plan_op *op0 = NULL;
-    for (int64_t i = 0; i < ch0->n_bwd; i++)
-        if (ch0->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch0->bwd[i].n_out == 2) op0 = &ch0->bwd[i];
-    T_CHECK(op0 != NULL);
+    mgc_plan_chunk ch;
+    mgc_plan_tensor *tv;
+    const mgc_plan_op *op0 = bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_LINEAR_WGRAD, 2, &ch, &tv);
     if (!op0) return;
     const int64_t K = 16;
-    mgc_plan_chunk ch = *ch0;
-    mgc_plan_tensor *tv = malloc((size_t)ch0->n_tensors * sizeof *tv);
-    if (!tv) return;
-    memcpy(tv, ch0->tensors, (size_t)ch0->n_tensors * sizeof *tv);
-    ch.tensors = tv;
     mgc_plan_op op = *op0;
     op.iattr[0] = M, op.iattr[1] = N, op.iattr[2] = K;
     mgc_plan_tensor *ty = &tv[op.in[0]], *tx = &tv[op.in[1]], *tw = &tv[op.out[0]], *tb = &tv[op.out[1]];
@@ -1726,6 +1728,18 @@ int main(int argc, char **argv) {
         check_ops("models/tiny-llama.yaml", qk_llama);
         check_ops("examples/tiny-gpt.yaml", qk_gpt);
         check_layout("models/tiny-llama.yaml", "bf16", qk_tp2, 3e-2, 0);
+    }
+    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "norm"))) {
+        /* 80 rows, and with query and key norms 480 head rows: the norm forwards' last
+         * blocks (16 row slots of 2 rows each at H 96, 32 rows a block) partly past the rows;
+         * 400 rows of LLaMA's RMSNorm likewise */
+        static const char *const rows80[] = {"model.seq_length=80", "training.micro_batch_size=1",
+                                             "training.global_batch_size=2",
+                                             "model.qk_layernorm=true", NULL};
+        check_ops("examples/tiny-gpt.yaml", rows80);
+        static const char *const rows400[] = {"model.seq_length=80", "training.micro_batch_size=5",
+                                              "training.global_batch_size=5", NULL};
+        check_ops("models/tiny-llama.yaml", rows400);
     }
     if (only && !strcmp(only, "moe")) check_ops("models/tiny-moe.yaml", moe_bias);
     if (!only || !strcmp(only, "ops")) {
