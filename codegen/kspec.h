@@ -93,7 +93,7 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
 #define MGC_KSPEC_OPT_CHUNK    8192  /* optimizer: elements a chunk (a block's unit of work) */
 #define MGC_KSPEC_SQ_LIST      128   /* sum of squares: tensors a launch (kernel-parameter table) */
 #define MGC_KSPEC_AW_LIST      48    /* AdamW: tensors a launch (kernel-parameter table) */
-#define MGC_KSPEC_EMB_SORT_MAX 16384 /* embedding backward: the sorted path up to this many tokens */
+#define MGC_KSPEC_EMB_SORT_MAX (1 << 30) /* embedding backward: most tokens a microbatch (the sort's int indices) */
 #define MGC_KSPEC_EMB_SEG      32    /* embedding backward: sorted keys a block (kernels/embedding.cuh) */
 #define MGC_KSPEC_BGRAD_PARTS  64    /* bias gradient: most row partitions (kernels/gemm_aux.cuh) */
 #define MGC_KSPEC_MOE_TILE     256   /* kernels/moe.cuh: assignments per map block */

@@ -8,7 +8,6 @@
  *
  * Entries:
  *   embedding_fwd       out[r] = wte[tok[r] - v0] (0 outside the shard) + wpe[pos(r)]
- *   embedding_bwd_word  dwte[v] += dy[r] for every row r with tok[r] = v0 + v, r ascending
  *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending; with documents
  *                       dwpe[p] += dy[r] for every row r with pos(r) = p, r ascending
  * Positions: pos(r) = mgc_ctx_pos(i) for row r = i*b + j, minus docs[r] (the row's document
@@ -24,13 +23,9 @@
  * segment from zero), which are then added in segment order, so that a frequent token (a byte
  * tokenizer's space, say: a fifth of the rows) no longer makes one block read its rows one
  * after another (0.58 ms of a GPT-2 124M step on the H100 before).
- * For microbatches of up to 16384 tokens the launcher sorts the rows by token (a bitonic
- * network: blocks of 2048 keys in shared memory, the longer strides in global memory), and
- * embedding_bwd_sorted walks the segments: every
- * row of dy is read once.  Larger microbatches take embedding_bwd_word, which
- * scans the token array once per vocabulary row in chunks of T tokens (coalesced, from L2),
- * skipping a chunk with one __syncthreads_or when no token of it hits the row: V_l * n / T
- * cheap iterations in all. */
+ * The launcher sorts the rows by token (a bitonic network: blocks of 2048 keys in shared
+ * memory, the longer strides in global memory), and embedding_bwd_sorted walks the segments:
+ * every row of dy is read once, whatever the microbatch (up to 2^30 tokens: int indices). */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -80,54 +75,6 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
             if (pr) v += mgc_ld(pr[c]);
             o[c] = mgc_st(v);
         }
-    }
-}
-#endif
-
-#if defined(MGC_ENTRY_embedding_bwd_word)
-/* grid V_l (one block per vocabulary row of the shard), block T, smem T bytes (static).
- * dwte (V_l, H) fp32, accumulated; n = s*b tokens. */
-extern "C" __global__ void __launch_bounds__(MGC_T, 1)
-    MGC_ENTRY_NAME(float *__restrict__ dwte, const mgc_t *__restrict__ dy,
-                   const i64 *__restrict__ tok, i64 v0, i64 n) {
-    __shared__ unsigned char hit[MGC_T];
-    i64 v = blockIdx.x, want = v0 + v;
-    float acc[MGC_EPER];
-    int any = 0;
-#pragma unroll
-    for (int k = 0; k < MGC_EPER; k++)
-        acc[k] = 0.0f;
-    for (i64 j0 = 0; j0 < n; j0 += MGC_T) {
-        i64 j = j0 + threadIdx.x;
-        int m = j < n && tok[j] == want;
-        hit[threadIdx.x] = (unsigned char)m;
-        if (__syncthreads_or(m)) {
-            if (!any) {
-                any = 1;
-#pragma unroll
-                for (int k = 0; k < MGC_EPER; k++) {
-                    int c = k * MGC_T + threadIdx.x;
-                    acc[k] = c < MGC_H ? dwte[v * MGC_H + c] : 0.0f;
-                }
-            }
-            int lim = n - j0 < MGC_T ? (int)(n - j0) : MGC_T;
-            for (int q = 0; q < lim; q++) {
-                if (!hit[q]) continue;
-                const mgc_t *g = dy + (j0 + q) * (i64)MGC_H;
-#pragma unroll
-                for (int k = 0; k < MGC_EPER; k++) {
-                    int c = k * MGC_T + threadIdx.x;
-                    if (c < MGC_H) acc[k] += mgc_ld(g[c]);
-                }
-            }
-        }
-        __syncthreads(); /* hit[] is rewritten by the next chunk */
-    }
-    if (!any) return; /* no token of this row: the gradient row is unchanged */
-#pragma unroll
-    for (int k = 0; k < MGC_EPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) dwte[v * MGC_H + c] = acc[k];
     }
 }
 #endif

@@ -4,8 +4,8 @@
  * ceil(H / 8) rounded up to 32, or 384 past H = 8192), R (row slots of a block: a power of
  * two, T * R <= 512 where T <= 512; codegen's choice), P (the plain forward only: rows a slot
  * holds at once, 2 where a row is one vector a thread).  A block of T * R threads is R row
- * slots of T threads (slot s = threadIdx.x / T, whole warps).  Thread t of a slot owns the 8-element
- * vectors v = k*T + t, k < NV = ceil(H / (8 T)), i.e. columns [8v, 8v + 8): 16-byte loads
+ * slots of T threads (slot s = threadIdx.x / T, whole warps).  Thread t of a slot owns the
+ * 8-element vectors v = k*T + t, k < NV = ceil(H / (8 T)), i.e. columns [8v, 8v + 8): 16-byte loads
  * and stores of bf16 (two of fp32) when H % 8 == 0 (the launcher checks that every pointer
  * is 16-byte aligned; the arena aligns tensors to 256 bytes), element by element otherwise.
  * Row statistics: warp shuffles, then (T > 32) one __syncthreads and a second shuffle over

@@ -103,11 +103,6 @@ static int norm_aligned(mgc_backend *be, const mgc_op_call *c, int64_t h, const 
 
 /* ---- the ops ------------------------------------------------------------------------------ */
 
-/* Microbatches of up to this many tokens take the sorted embedding backward (embedding.cuh):
- * its one-block sort holds 8 bytes a token (rounded up to a power of two) in shared memory,
- * 128 KiB at 16384, within sm_80's 163 KiB. */
-#define EMB_SORT_MAX MGC_KSPEC_EMB_SORT_MAX
-
 static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     const mgc_plan_tensor *tok = tin(c, 0);
@@ -138,11 +133,16 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     CHECK(want(be, c, tout(c, 0), MGC_DT_F32, "the word embedding's gradient"));
     int with_dpos = op->n_out > 1;
     if (with_dpos) CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the position embedding's gradient"));
-    CHECK(get_specs(be, c, k, with_dpos ? 5 : 4));
+    CHECK(get_specs(be, c, k, with_dpos ? 4 : 3));
     int64_t n = s * b;
     if (n == 0) return 0;
+    if (n > MGC_KSPEC_EMB_SORT_MAX) /* the sort indexes keys with int */
+        return mgc_cuda_fail(be,
+                             "embedding_bwd '%s': %lld tokens in a microbatch, more than the %d "
+                             "its sort indexes",
+                             opname(c), (long long)n, MGC_KSPEC_EMB_SORT_MAX);
     void *dw = c->out[0], *dy = c->in[1], *tk = c->in[0];
-    if (V_l > 0 && n <= EMB_SORT_MAX) { /* sort the rows by token, then one pass over dy */
+    if (V_l > 0) { /* sort the rows by token, then one pass over dy (embedding.cuh) */
         int in = (int)n, N = 2, S = MGC_KSPEC_EMB_SEG;
         while (N < in) N *= 2;
         int B = N < 2048 ? N : 2048; /* keys a block sorts in shared memory */
@@ -155,24 +155,20 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
          * strides j >= B in global memory and its shorter ones in blocks */
         int mode = 0, kk = 0, jj = 0;
         void *a1[] = {&keys, &tk, &in, &N, &mode, &kk, &jj};
-        CHECK(mgc_cuda_launch(be, &k[1], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
+        CHECK(mgc_cuda_launch(be, &k[0], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
         for (kk = 2 * B; kk <= N; kk *= 2) {
             mode = 1;
             for (jj = kk / 2; jj >= B; jj /= 2)
-                CHECK(mgc_cuda_launch(be, &k[1], (unsigned)((N / 2 + 255) / 256), 1, 1, 256, 0, a1));
+                CHECK(mgc_cuda_launch(be, &k[0], (unsigned)((N / 2 + 255) / 256), 1, 1, 256, 0, a1));
             mode = 2;
-            CHECK(mgc_cuda_launch(be, &k[1], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
+            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
         }
         void *a2[] = {&dw, &part, &dy, &keys, &v0, &V_l, &n, &S};
-        CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a2));
+        CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)kconst(&k[1], "T"), 0, a2));
         if (segs > 1) {
             void *a3[] = {&dw, &part, &keys, &v0, &V_l, &n, &S};
-            CHECK(mgc_cuda_launch(be, &k[3], segs, 1, 1, (unsigned)kconst(&k[3], "T"), 0, a3));
+            CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a3));
         }
-    } else if (V_l > 0) {
-        void *args[] = {&dw, &dy, &tk, &v0, &n};
-        CHECK(mgc_cuda_launch(be, &k[0], (unsigned)V_l, 1, 1, (unsigned)kconst(&k[0], "T"), 0,
-                              args));
     }
     if (!with_dpos) return 0;
     void *dp = c->out[1];
@@ -185,7 +181,7 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         return mgc_cuda_fail(be, "embedding_bwd '%s': %lld positions, the sequence has %lld", opname(c),
                              (long long)tout(c, 1)->dim[0], (long long)npos);
     void *args[] = {&dp, &dy, &b, &cp, &cpr, &half, &docs, &s};
-    return mgc_cuda_launch(be, &k[4], (unsigned)npos, 1, 1, (unsigned)kconst(&k[4], "T"), 0, args);
+    return mgc_cuda_launch(be, &k[3], (unsigned)npos, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
 }
 
 static int op_norm(mgc_backend *be, const mgc_op_call *c) {

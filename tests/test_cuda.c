@@ -405,8 +405,9 @@ static void check_ce_inplace(void) {
  * distributions that stress the segments: one token for a whole microbatch (a run over 64
  * segments), half the rows one token, runs ending exactly at segment ends, a run one row past
  * one, a vocabulary shard (tensor rank 1 of 2: tokens outside it leave the table alone), and
- * 5,000 and 16,384 rows (the sort's strides past a block's 2,048 keys, in global memory),
- * in fp32 and bf16, against a double-precision sum onto random non-zero gradient rows.  Rows
+ * 5,000, 16,384 and 40,000 rows (the sort's strides past a block's 2,048 keys, in global
+ * memory; at 40,000 a token's run over 625 segments, whose end the join finds in 20 passes
+ * of its 32 threads), in fp32 and bf16, against a double-precision sum onto random non-zero gradient rows.  Rows
  * no token hits must keep their bits; a rerun must give the same bits. */
 
 static int cmp_u64(const void *a, const void *b) {
@@ -419,7 +420,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     mgc_plan_tensor *tv;
     const mgc_plan_op *op0 = bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_EMBEDDING_BWD, 0, &ch, &tv);
     if (!op0) return;
-    static const int64_t N[7] = {1000, 2048, 96, 33, 1000, 5000, 16384};
+    static const int64_t N[8] = {1000, 2048, 96, 33, 1000, 5000, 16384, 40000};
     const int64_t n = N[kase], V = 300, tp = kase == 4 ? 1 : 0, Vl = kase == 4 ? 150 : V;
     mgc_plan_op op = *op0;
     op.n_out = 1; /* the word table only */
@@ -566,7 +567,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
 }
 
 static void emb_cases(mgc_backend *be, const mgc_plan *p) {
-    for (int kase = 0; kase < 7; kase++)
+    for (int kase = 0; kase < 8; kase++)
         check_emb_case(be, p, kase);
 }
 

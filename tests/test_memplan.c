@@ -855,7 +855,7 @@ static uint64_t scratch_need(const mgc_stage_program *sp) {
                 b = (uint64_t)((o->iattr[0] + 255) / 256) * (uint64_t)o->iattr[1] * 4;
             } else if (o->kind == MGC_POP_EMBEDDING_BWD && t0 && o->iattr[0] > 0) {
                 uint64_t n = (uint64_t)(t0->dim[0] * (t0->rank > 1 ? t0->dim[1] : 1));
-                b = n <= 16384 ? n * 8 : 0; /* the sort keys (a vocabulary shard: iattr[0]) */
+                b = n * 8; /* at least the sort keys (a vocabulary shard: iattr[0]) */
             } else if (o->kind == MGC_POP_CROSS_ENTROPY && o->n_in > 1) {
                 const mgc_plan_tensor *lab = &ch->tensors[o->in[1]];
                 uint64_t n = 1;
