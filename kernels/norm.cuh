@@ -529,6 +529,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     float *dst = blockIdx.y ? db : dw;
     float s = 0.0f;
     if (c < h)
+#pragma unroll 8 /* the 8 partials of nb = 256 loaded together, then added in order */
         for (int p = j; p < nb; p += 32)
             s += src[(i64)p * h + c];
     sh[j][cx] = s;
