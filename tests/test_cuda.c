@@ -227,7 +227,8 @@ static const mgc_plan_op *bwd_op_copy(const mgc_plan_chunk *ch0, int kind, int n
                                       mgc_plan_chunk *ch, mgc_plan_tensor **tv) {
     const mgc_plan_op *op0 = NULL;
     for (int64_t i = 0; i < ch0->n_bwd; i++)
-        if (ch0->bwd[i].kind == kind && (!n_out || ch0->bwd[i].n_out == n_out)) op0 = &ch0->bwd[i];
+        if (ch0->bwd[i].kind == kind && (!n_out || ch0->bwd[i].n_out == n_out))
+            op0 = &ch0->bwd[i];
     T_CHECK(op0 != NULL);
     *tv = op0 ? malloc((size_t)ch0->n_tensors * sizeof **tv) : NULL;
     if (!*tv) return NULL;
@@ -407,8 +408,8 @@ static void check_ce_inplace(void) {
  * one, a vocabulary shard (tensor rank 1 of 2: tokens outside it leave the table alone), and
  * 5,000, 16,384 and 40,000 rows (the sort's strides past a block's 2,048 keys, in global
  * memory; at 40,000 a token's run over 625 segments, whose end the join finds in 20 passes
- * of its 32 threads), in fp32 and bf16, against a double-precision sum onto random non-zero gradient rows.  Rows
- * no token hits must keep their bits; a rerun must give the same bits. */
+ * of its 32 threads), in fp32 and bf16, against a double-precision sum onto random non-zero
+ * gradient rows.  Rows no token hits must keep their bits; a rerun must give the same bits. */
 
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -418,7 +419,8 @@ static int cmp_u64(const void *a, const void *b) {
 static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     mgc_plan_chunk ch;
     mgc_plan_tensor *tv;
-    const mgc_plan_op *op0 = bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_EMBEDDING_BWD, 0, &ch, &tv);
+    const mgc_plan_op *op0 =
+        bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_EMBEDDING_BWD, 0, &ch, &tv);
     if (!op0) return;
     static const int64_t N[8] = {1000, 2048, 96, 33, 1000, 5000, 16384, 40000};
     const int64_t n = N[kase], V = 300, tp = kase == 4 ? 1 : 0, Vl = kase == 4 ? 150 : V;
@@ -586,7 +588,8 @@ static void check_embedding_bwd(void) {
 static void check_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int64_t N) {
     mgc_plan_chunk ch;
     mgc_plan_tensor *tv;
-    const mgc_plan_op *op0 = bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_LINEAR_WGRAD, 2, &ch, &tv);
+    const mgc_plan_op *op0 =
+        bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_LINEAR_WGRAD, 2, &ch, &tv);
     if (!op0) return;
     const int64_t K = 16;
     mgc_plan_op op = *op0;
