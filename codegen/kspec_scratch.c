@@ -26,11 +26,19 @@ int64_t mgc_kspec_bias_grad_parts(int64_t M, int64_t *rows) {
     return M > 0 ? (M + rp - 1) / rp : 1;
 }
 
+int64_t mgc_kspec_emb_sort_tiles(int64_t n, int64_t *per) {
+    const int64_t most = 256 * (int64_t)MGC_KSPEC_EMB_SORT_TILES; /* keys of a round of tiles */
+    int64_t p = n > most ? (n + most - 1) / most : 1;
+    *per = p;
+    return n > 0 ? (n + 256 * p - 1) / (256 * p) : 1;
+}
+
 uint64_t mgc_kspec_emb_sort_bytes(int64_t n, int64_t h) {
-    uint64_t nn = n > 0 ? (uint64_t)n : 0, hh = h > 0 ? (uint64_t)h : 0, N = 2;
-    while (N < nn) N *= 2; /* the sort's keys, padded to a power of two */
+    uint64_t nn = n > 0 ? (uint64_t)n : 0, hh = h > 0 ? (uint64_t)h : 0;
+    int64_t per;
+    uint64_t tiles = (uint64_t)mgc_kspec_emb_sort_tiles(n, &per);
     uint64_t segs = (nn + MGC_KSPEC_EMB_SEG - 1) / MGC_KSPEC_EMB_SEG;
-    return mgc_kspec_align(N * 8) + segs * hh * 4;
+    return 2 * mgc_kspec_align(nn * 8) + mgc_kspec_align(tiles * 256 * 4) + segs * hh * 4;
 }
 
 uint64_t mgc_kspec_optimizer_scratch_bytes(void) {

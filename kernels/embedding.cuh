@@ -12,7 +12,8 @@
  *                       dwpe[p] += dy[r] for every row r with pos(r) = p, r ascending
  * Positions: pos(r) = mgc_ctx_pos(i) for row r = i*b + j, minus docs[r] (the row's document
  * start, data.reset_position_ids) when docs is not NULL.
- *   embedding_sort      keys = (tok[r] << 32 | r) sorted: each token's rows together, ascending
+ *   embedding_sort      keys = (v << 32 | r) sorted, v = tok[r] - v0 (V_l outside the shard):
+ *                       each token's rows together, ascending (a radix sort)
  *   embedding_bwd_sorted  the word gradient from the sorted keys, one block per segment of
  *                       S keys (MGC_KSPEC_EMB_SEG); embedding_bwd_join adds the pieces of the
  *                       runs that cross segments
@@ -23,9 +24,10 @@
  * segment from zero), which are then added in segment order, so that a frequent token (a byte
  * tokenizer's space, say: a fifth of the rows) no longer makes one block read its rows one
  * after another (0.58 ms of a GPT-2 124M step on the H100 before).
- * The launcher sorts the rows by token (a bitonic network: blocks of 2048 keys in shared
- * memory, the longer strides in global memory), and embedding_bwd_sorted walks the segments:
- * every row of dy is read once, whatever the microbatch (up to 2^30 tokens: int indices). */
+ * The launcher sorts the rows by token (a stable radix sort, 8 bits of the id a pass: two
+ * passes for a vocabulary shard of up to 65,535 ids), and embedding_bwd_sorted walks the
+ * segments: every row of dy in the shard is read once, whatever the microbatch (up to 2^30
+ * tokens: int indices). */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -80,50 +82,80 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 #endif
 
 #if defined(MGC_ENTRY_embedding_sort)
-/* keys[0..N) sorted ascending, keys[i] = (tok[i] << 32 | i) for i < n and ~0 past n: rows with
- * the same token together, in ascending r (every key is distinct, so the order is total).
- * Tokens are vocabulary ids, below 2^32.  A bitonic network over N (a power of two >= n) keys,
- * its stages (k, j) split between launches (the launcher, cuda_ops_pointwise.c):
- *   mode 0: block b loads keys [b B, b B + B) (B = 2 blockDim.x, a power of two <= N; from tok)
- *           and runs every stage with k <= B on them in dynamic shared memory (B * 8 bytes);
- *   mode 1: stage (k, j), j >= B: one compare-exchange a thread, in global memory;
- *   mode 2: block b runs the stages (k, j < B) of one k on its B keys in shared memory.
- * Every thread compares one pair a stage; the direction of a pair is the whole network's
- * (ascending where the global index & k is 0), so the launches compute the one network. */
-__device__ __forceinline__ void mgc_sort_pair(unsigned long long *__restrict__ a, int i, int j,
-                                              long long gi, long long k) {
-    int l = i + j;
-    unsigned long long x = a[i], y = a[l];
-    if ((gi & k) == 0 ? x > y : x < y) a[i] = y, a[l] = x;
+/* A stable least-significant-digit radix sort of the rows by token, 8 bits a pass: after it,
+ * keys[0..n) = (v << 32 | r) ascending, v = tok[r] - v0 the row's id in the vocabulary shard,
+ * or V_l for a token outside it (all of them one "token", which the backward skips): each
+ * token's rows together, in ascending r.  The launcher (cuda_ops_pointwise.c) runs passes
+ * p = 0 .. P-1 (P = bytes of V_l) over tiles of `per` chunks of 256 keys (at most
+ * MGC_KSPEC_EMB_SORT_TILES tiles), each pass two launches of grid ntiles, block 256:
+ *   mode 0: cnt[tile * 256 + d] = the tile's keys whose digit p is d;
+ *   mode 1: each key to dst[the keys of smaller digits + those of its digit in earlier tiles
+ *           + its stable rank in its tile] (mgc_block_rank, chunk by chunk).
+ * src: the previous pass's output, NULL in the first pass (the keys made from tok).  No
+ * atomics: the counts are per warp, added in warp, chunk and tile order. */
+typedef unsigned long long u64;
+__device__ __forceinline__ u64 mgc_sort_key(const u64 *__restrict__ src,
+                                            const i64 *__restrict__ tok, i64 v0, i64 V_l, int e) {
+    if (src) return src[e];
+    const i64 v = tok[e] - v0;
+    return (u64)(v >= 0 && v < V_l ? v : V_l) << 32 | (unsigned)e;
 }
-extern "C" __global__ void __launch_bounds__(1024, 1)
-    MGC_ENTRY_NAME(unsigned long long *__restrict__ keys, const i64 *__restrict__ tok, int n,
-                   int N, int mode, int k, int j) {
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(u64 *__restrict__ dst, const u64 *__restrict__ src, const i64 *__restrict__ tok,
+                   int *__restrict__ cnt, i64 v0, i64 V_l, int n, int per, int shift, int mode) {
+    __shared__ int wc[8 * 256]; /* the warps' counts of each digit in the chunk */
+    __shared__ int next[256];   /* mode 1: where the next key of each digit goes */
+    __shared__ int wt[8];
+    const int x = threadIdx.x, nt = gridDim.x, b = blockIdx.x, w = x >> 5;
+    int mine = 0; /* mode 0: the tile's keys of digit x */
     if (mode == 1) {
-        long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-        if (p >= N / 2) return;
-        long long i = 2LL * j * (p / j) + p % j;
-        mgc_sort_pair(keys, (int)i, j, i, k);
-        return;
-    }
-    MGC_DYN_SHARED(unsigned long long, sk);
-    const int h = (int)blockDim.x, B = 2 * h;
-    const long long base = (long long)blockIdx.x * B;
-    for (int i = threadIdx.x; i < B; i += h) {
-        long long g = base + i;
-        sk[i] = mode == 2 ? keys[g]
-                : g < n   ? ((unsigned long long)(unsigned)tok[g] << 32) | (unsigned)g
-                          : ~0ull;
-    }
-    __syncthreads();
-    const int k0 = mode == 2 ? k : 2, k1 = mode == 2 ? k : B;
-    for (int kk = k0; kk <= k1; kk <<= 1)
-        for (int jj = (mode == 2 ? B : kk) >> 1; jj > 0; jj >>= 1) {
-            int p = threadIdx.x, i = 2 * jj * (p / jj) + p % jj;
-            mgc_sort_pair(sk, i, jj, base + i, kk);
-            __syncthreads();
+        int tot = 0, pre = 0; /* digit x's keys: all of them; in the tiles before this one */
+        for (int q = 0; q < nt; q++) {
+            const int c = cnt[q * 256 + x];
+            tot += c;
+            pre += q < b ? c : 0;
         }
-    for (int i = threadIdx.x; i < B; i += h) keys[base + i] = sk[i];
+        /* the keys of digits below x: a scan over the warp (lane l adds the lower half's sum
+         * at each level where its bit is set), then the warps before this one */
+        const int lane = x & 31;
+        int inc = tot, all = tot;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int other = __shfl_xor_sync(0xffffffffu, all, o);
+            inc += lane & o ? other : 0;
+            all += other;
+        }
+        if (lane == 0) wt[w] = all;
+        __syncthreads();
+        for (int q = 0; q < w; q++)
+            inc += wt[q];
+        next[x] = inc - tot + pre; /* read after mgc_block_rank's barriers */
+    }
+    for (int c = 0; c < per; c++) {
+        const int e = (b * per + c) * 256 + x;
+        u64 key = 0;
+        int d = -1;
+        if (e < n) {
+            key = mgc_sort_key(src, tok, v0, V_l, e);
+            d = (int)(key >> (32 + shift)) & 255;
+        }
+        int rank = mgc_block_rank(d, 256, wc);
+        if (mode == 1 && d >= 0) {
+            for (int q = 0; q < w; q++)
+                rank += wc[q * 256 + d];
+            dst[next[d] + rank] = key;
+        }
+        int s = 0;
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            s += wc[q * 256 + x];
+        __syncthreads(); /* wc and next read before they change */
+        if (mode == 1)
+            next[x] += s;
+        else
+            mine += s;
+    }
+    if (mode == 0) cnt[b * 256 + x] = mine;
 }
 #endif
 
@@ -132,7 +164,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
  * thread has at T = 1024 */
 #define MGC_EMB_U (MGC_EPER <= 4 ? 8 : MGC_EPER <= 24 ? 24 / MGC_EPER : 1)
 /* Token of sorted key j. */
-__device__ __forceinline__ unsigned mgc_emb_tok(const unsigned long long *__restrict__ keys, i64 j) {
+__device__ __forceinline__ unsigned mgc_emb_tok(const unsigned long long *__restrict__ keys,
+                                                i64 j) {
     return (unsigned)(keys[j] >> 32);
 }
 #endif
@@ -146,23 +179,18 @@ __device__ __forceinline__ unsigned mgc_emb_tok(const unsigned long long *__rest
  * covers is summed from zero into part[g] (the segment's own row of partials), and
  * embedding_bwd_join adds those in segment order.  Rows are read U at a time ahead of the
  * additions (independent loads in flight; the order of the additions is unchanged).  dwte
- * (V_l, H) fp32, accumulated; tokens outside the shard [v0, v0 + V_l) are skipped. */
+ * (V_l, H) fp32, accumulated; the keys' ids are the shard's (V_l: a token outside it, skipped). */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwte, float *__restrict__ part, const mgc_t *__restrict__ dy,
-                   const unsigned long long *__restrict__ keys, i64 v0, i64 V_l, i64 n, int S) {
+                   const unsigned long long *__restrict__ keys, i64 V_l, i64 n, int S) {
     i64 g = blockIdx.x, j0 = g * S, j1 = j0 + S < n ? j0 + S : n;
     /* the token of the piece in progress, its gradient row (NULL: the head piece of a run
      * begun in an earlier segment, summed into part[g]; or a token outside the shard) */
     unsigned cur = mgc_emb_tok(keys, j0);
+    if (cur >= V_l) return; /* the rows outside the shard, sorted last: all the rest */
     bool head = j0 > 0 && mgc_emb_tok(keys, j0 - 1) == cur;
-    float *dst = 0;
+    float *dst = head ? part + g * (i64)MGC_H : dwte + (i64)cur * MGC_H;
     float acc[MGC_EPER];
-    if (head) {
-        dst = part + g * (i64)MGC_H;
-    } else {
-        i64 v = (i64)cur - v0;
-        dst = v >= 0 && v < V_l ? dwte + v * (i64)MGC_H : (float *)0;
-    }
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;
@@ -177,10 +205,11 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
             unsigned long long key = keys[q];
             tk[u] = (unsigned)(key >> 32);
             const mgc_t *row = dy + (i64)(unsigned)key * MGC_H;
+            const bool in = tk[u] < V_l; /* else a row outside the shard: not read */
 #pragma unroll
             for (int k = 0; k < MGC_EPER; k++) {
                 int c = k * MGC_T + threadIdx.x;
-                x[u][k] = c < MGC_H ? mgc_ld(row[c]) : 0.0f;
+                x[u][k] = in && c < MGC_H ? mgc_ld(row[c]) : 0.0f;
             }
         }
 #pragma unroll
@@ -193,8 +222,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
                     if (dst && c < MGC_H) dst[c] = acc[k];
                 }
                 cur = tk[u];
-                i64 v = (i64)cur - v0;
-                dst = v >= 0 && v < V_l ? dwte + v * (i64)MGC_H : (float *)0;
+                dst = cur < V_l ? dwte + (i64)cur * MGC_H : (float *)0;
 #pragma unroll
                 for (int k = 0; k < MGC_EPER; k++) {
                     int c = k * MGC_T + threadIdx.x;
@@ -221,15 +249,15 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
  * gradient row, up to the segment where the run ends.  U partial rows are read ahead. */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwte, const float *__restrict__ part,
-                   const unsigned long long *__restrict__ keys, i64 v0, i64 V_l, i64 n, int S) {
+                   const unsigned long long *__restrict__ keys, i64 V_l, i64 n, int S) {
     i64 G = (n + S - 1) / S, g = blockIdx.x, last = (g + 1) * S - 1;
     if (last + 1 >= n) return;
     unsigned t = mgc_emb_tok(keys, last);
     if (mgc_emb_tok(keys, last + 1) != t) return; /* the segment's last run ends in it */
     if (g > 0 && mgc_emb_tok(keys, g * S - 1) == t && mgc_emb_tok(keys, g * S) == t)
         return; /* the whole segment is the middle of a run begun earlier: not the owner */
-    i64 v = (i64)t - v0;
-    if (v < 0 || v >= V_l) return;
+    if (t >= V_l) return; /* the rows outside the shard */
+    const i64 v = t;
     /* the segments after g that the run reaches: g + 1 .. ge - 1, those whose first key is of
      * token t (a prefix: the keys are sorted; g + 1 is one).  T of them are tested at once,
      * one a thread: ge is the one segment that is not in the run while the segment before it

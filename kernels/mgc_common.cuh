@@ -223,6 +223,24 @@ template <typename T> __device__ __forceinline__ T mgc_block_sum(T v, T *sh) {
     return v;
 }
 
+/* The stable rank of this thread's value e (0 <= e < E; -1: none) among the block's: the
+ * threads before it in its warp with the same value; wc[w E + e] (shared memory, E ints for
+ * each of the block's warps) is set to warp w's count of e, 0 for values it lacks.  With the
+ * counts of the warps before this one, the rank among the whole block (a counting sort's
+ * stable scatter: kernels/moe.cuh's dispatch map, embedding.cuh's radix sort).  Every thread of
+ * the block calls it together; it begins and ends with a barrier, so wc may be read until the
+ * next call's first barrier. */
+__device__ __forceinline__ int mgc_block_rank(int e, int E, int *wc) {
+    for (int i = threadIdx.x; i < (int)(blockDim.x >> 5) * E; i += blockDim.x) wc[i] = 0;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    if (e >= 0 && rank == 0) wc[w * E + e] = __popc(same);
+    __syncthreads();
+    return rank;
+}
+
 __device__ __forceinline__ float mgc_block_max(float v, float *sh) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;

@@ -468,15 +468,8 @@ __device__ __forceinline__ int moe_tile_counts(const int *__restrict__ ids,
                                                int E, int *wc, int *e_out) {
     int a = blockIdx.x * MOE_TILE + threadIdx.x;
     int e = a < nk && (!keep || keep[a]) ? ids[a] : -1;
-    for (int i = threadIdx.x; i < (MOE_TILE / 32) * E; i += blockDim.x) wc[i] = 0;
-    __syncthreads();
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    unsigned same = __match_any_sync(0xffffffffu, e);
-    int rank = __popc(same & ((1u << lane) - 1u));
-    if (e >= 0 && rank == 0) wc[w * E + e] = __popc(same);
-    __syncthreads();
     *e_out = e;
-    return rank;
+    return mgc_block_rank(e, E, wc);
 }
 #endif
 

@@ -143,30 +143,37 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
                              opname(c), (long long)n, MGC_KSPEC_EMB_SORT_MAX);
     void *dw = c->out[0], *dy = c->in[1], *tk = c->in[0];
     if (V_l > 0) { /* sort the rows by token, then one pass over dy (embedding.cuh) */
-        int in = (int)n, N = 2, S = MGC_KSPEC_EMB_SEG;
-        while (N < in) N *= 2;
-        int B = N < 2048 ? N : 2048; /* keys a block sorts in shared memory */
-        int64_t h = tin(c, 1)->dim[tin(c, 1)->rank - 1];
+        if (V_l > (int64_t)UINT32_MAX - 1) /* the sort's keys hold a shard's id in 32 bits */
+            return mgc_cuda_fail(be,
+                                 "embedding_bwd '%s': a vocabulary shard of %lld rows, more than "
+                                 "the %lu its sort keys hold",
+                                 opname(c), (long long)V_l, (unsigned long)UINT32_MAX - 1);
+        int in = (int)n, S = MGC_KSPEC_EMB_SEG;
+        int64_t per64, h = tin(c, 1)->dim[tin(c, 1)->rank - 1];
+        unsigned tiles = (unsigned)mgc_kspec_emb_sort_tiles(n, &per64);
         unsigned segs = (unsigned)((n + S - 1) / S);
         char *keys = mgc_cuda_scratch(be, (size_t)mgc_kspec_emb_sort_bytes(n, h));
         if (!keys) return -1;
-        void *part = keys + mgc_kspec_align((uint64_t)N * 8);
-        /* the bitonic network (embedding.cuh): stages k <= B in blocks; then each longer k's
-         * strides j >= B in global memory and its shorter ones in blocks */
-        int mode = 0, kk = 0, jj = 0;
-        void *a1[] = {&keys, &tk, &in, &N, &mode, &kk, &jj};
-        CHECK(mgc_cuda_launch(be, &k[0], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
-        for (kk = 2 * B; kk <= N; kk *= 2) {
-            mode = 1;
-            for (jj = kk / 2; jj >= B; jj /= 2)
-                CHECK(mgc_cuda_launch(be, &k[0], (unsigned)((N / 2 + 255) / 256), 1, 1, 256, 0, a1));
-            mode = 2;
-            CHECK(mgc_cuda_launch(be, &k[0], (unsigned)(N / B), 1, 1, (unsigned)(B / 2), (size_t)B * 8, a1));
+        char *tmp = keys + mgc_kspec_align((uint64_t)n * 8);
+        void *cnt = tmp + mgc_kspec_align((uint64_t)n * 8);
+        void *part = (char *)cnt + mgc_kspec_align((uint64_t)tiles * 256 * 4);
+        /* the radix sort (embedding.cuh): a pass a byte of the largest id, V_l (the tokens
+         * outside the shard); the last pass writes keys */
+        int passes = 1, per = (int)per64;
+        for (uint64_t m = (uint64_t)V_l >> 8; m; m >>= 8) passes++;
+        for (int pass = 0; pass < passes; pass++) {
+            void *dst = (passes - 1 - pass) % 2 ? (void *)tmp : (void *)keys;
+            void *src = pass == 0 ? NULL : (passes - pass) % 2 ? (void *)tmp : (void *)keys;
+            int shift = 8 * pass;
+            for (int mode = 0; mode < 2; mode++) {
+                void *a1[] = {&dst, &src, &tk, &cnt, &v0, &V_l, &in, &per, &shift, &mode};
+                CHECK(mgc_cuda_launch(be, &k[0], tiles, 1, 1, 256, 0, a1));
+            }
         }
-        void *a2[] = {&dw, &part, &dy, &keys, &v0, &V_l, &n, &S};
+        void *a2[] = {&dw, &part, &dy, &keys, &V_l, &n, &S};
         CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)kconst(&k[1], "T"), 0, a2));
         if (segs > 1) {
-            void *a3[] = {&dw, &part, &keys, &v0, &V_l, &n, &S};
+            void *a3[] = {&dw, &part, &keys, &V_l, &n, &S};
             CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a3));
         }
     }

@@ -406,10 +406,11 @@ static void check_ce_inplace(void) {
  * distributions that stress the segments: one token for a whole microbatch (a run over 64
  * segments), half the rows one token, runs ending exactly at segment ends, a run one row past
  * one, a vocabulary shard (tensor rank 1 of 2: tokens outside it leave the table alone), and
- * 5,000, 16,384 and 40,000 rows (the sort's strides past a block's 2,048 keys, in global
- * memory; at 40,000 a token's run over 625 segments, whose end the join finds in 20 passes
- * of its 32 threads), in fp32 and bf16, against a double-precision sum onto random non-zero
- * gradient rows.  Rows no token hits must keep their bits; a rerun must give the same bits. */
+ * 5,000, 16,384 and 40,000 rows (the radix sort's 20, 64 and 79 tiles, the last of two chunks
+ * of 256 keys each; at 40,000 a token's run over 625 segments, whose end the join finds in 20
+ * passes of its 32 threads), a vocabulary of 70,000 (the sort's three passes; two in a shard
+ * of it), in fp32 and bf16, against a double-precision sum onto random non-zero gradient rows.
+ * Rows no token hits must keep their bits; a rerun must give the same bits. */
 
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -422,8 +423,10 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     const mgc_plan_op *op0 =
         bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_EMBEDDING_BWD, 0, &ch, &tv);
     if (!op0) return;
-    static const int64_t N[8] = {1000, 2048, 96, 33, 1000, 5000, 16384, 40000};
-    const int64_t n = N[kase], V = 300, tp = kase == 4 ? 1 : 0, Vl = kase == 4 ? 150 : V;
+    static const int64_t N[10] = {1000, 2048, 96, 33, 1000, 5000, 16384, 40000, 3000, 3000};
+    /* cases 8, 9: a vocabulary of 70,000, the sort's 3 passes (2 in the shard of 35,000) */
+    const int64_t n = N[kase], V = kase >= 8 ? 70000 : 300, tp = kase == 4 || kase == 9;
+    const int64_t Vl = tp ? V / 2 : V;
     mgc_plan_op op = *op0;
     op.n_out = 1; /* the word table only */
     op.n_in = 2;
@@ -504,17 +507,21 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     }
     T_EQ_I64(bad, 0);
     T_CHECK(ok && memcmp(g1, g2, (size_t)dw->bytes) == 0);
-    /* The kernels' order, in float on the host: the rows sorted by (token, row), each segment's
-     * pieces summed in order (a run's first piece onto its gradient row, a later segment's
-     * head piece from zero), then each crossing run's pieces added in segment order.  The
-     * result must be the GPU's bit for bit: a missorted key changes the order, so the bits. */
+    /* The kernels' order, in float on the host: the rows sorted by (the token's id in the
+     * shard, a token outside it as id Vl; row), each segment's pieces summed in order (a run's
+     * first piece onto its gradient row, a later segment's head piece from zero), then each
+     * crossing run's pieces added in segment order.  The result must be the GPU's bit for bit:
+     * a missorted key changes the order, so the bits. */
     int exact = ok;
     {
         const int64_t S = MGC_KSPEC_EMB_SEG, G = (n + S - 1) / S;
         uint64_t *key = malloc((size_t)n * 8);
         float *sim = malloc((size_t)(Vl * h) * 4), *part = calloc((size_t)(G * h), 4);
         exact = exact && key && sim && part;
-        for (int64_t r = 0; exact && r < n; r++) key[r] = (uint64_t)tok[r] << 32 | (uint64_t)r;
+        for (int64_t r = 0; exact && r < n; r++) {
+            int64_t v = tok[r] - tp * Vl;
+            key[r] = (uint64_t)(v >= 0 && v < Vl ? v : Vl) << 32 | (uint64_t)r;
+        }
         if (exact) {
             qsort(key, (size_t)n, 8, cmp_u64);
             memcpy(sim, w0, (size_t)(Vl * h) * 4);
@@ -523,7 +530,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
 #define EMB_ROW(j) ((int64_t)(key[j] & 0xffffffffu))
         for (int64_t g = 0; exact && g < G; g++) {
             int64_t j0 = g * S, j1 = j0 + S < n ? j0 + S : n;
-            int64_t cur = EMB_TOK(j0), v = cur - tp * Vl;
+            int64_t cur = EMB_TOK(j0), v = cur;
             int head = j0 > 0 && EMB_TOK(j0 - 1) == cur;
             float *dst = head ? part + g * h : v >= 0 && v < Vl ? sim + v * h : NULL;
             for (int64_t col = 0; col < h; col++) {
@@ -534,7 +541,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
                     if (EMB_TOK(j) != t) {
                         if (d) d[col] = acc;
                         t = EMB_TOK(j);
-                        int64_t u = t - tp * Vl;
+                        int64_t u = t;
                         d = u >= 0 && u < Vl ? sim + u * h : NULL;
                         acc = d ? d[col] : 0.0f;
                     }
@@ -544,7 +551,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
             }
         }
         for (int64_t g = 0; exact && g + 1 < G; g++) {
-            int64_t last = (g + 1) * S - 1, t = EMB_TOK(last), v = t - tp * Vl;
+            int64_t last = (g + 1) * S - 1, t = EMB_TOK(last), v = t;
             if (EMB_TOK(last + 1) != t || (g > 0 && EMB_TOK(g * S - 1) == t && EMB_TOK(g * S) == t) ||
                 v < 0 || v >= Vl)
                 continue;
@@ -569,7 +576,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
 }
 
 static void emb_cases(mgc_backend *be, const mgc_plan *p) {
-    for (int kase = 0; kase < 8; kase++)
+    for (int kase = 0; kase < 10; kase++)
         check_emb_case(be, p, kase);
 }
 
