@@ -3,8 +3,9 @@
  * MGC_FP16), loads and stores that compute in fp32, and deterministic block
  * reductions.
  *
- * bf16 and fp16 are handled as their bit patterns (unsigned short): bf16 with
- * round-to-nearest-even conversion written out here, fp16 through PTX's cvt
+ * bf16 and fp16 are handled as their bit patterns (unsigned short): bf16 through
+ * PTX's cvt on sm_80 and newer (round to nearest even; written out here for the
+ * emulator and older architectures), fp16 through PTX's cvt
  * (round to nearest even; overflow to infinity, which dynamic loss scaling
  * detects), so the templates need no toolkit header and NVRTC compiles them
  * with no include path.  MGC_HALF: 16-bit storage, either kind. */
@@ -37,11 +38,25 @@ typedef unsigned short mgc_t; /* bf16 bits */
 __device__ __forceinline__ float mgc_ld(mgc_t v) {
     return __uint_as_float(((unsigned)v) << 16);
 }
+/* sm_80's cvt to bf16 (one instruction for two values, where the integer rounding below takes
+ * about 8 a value) rounds to nearest even as that does: the same bits, but for a NaN's payload
+ * (the cvt's NaN is canonical) */
+#if defined(MGC_EMU) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+#define MGC_BF16_CVT 0
+#else
+#define MGC_BF16_CVT 1
+#endif
 __device__ __forceinline__ mgc_t mgc_st(float f) {
+#if MGC_BF16_CVT
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    return h;
+#else
     unsigned u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (mgc_t)((u >> 16) | 0x40u); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u);                                       /* nearest even */
     return (mgc_t)(u >> 16);
+#endif
 }
 #elif MGC_FP16
 typedef unsigned short mgc_t; /* fp16 bits */
@@ -88,7 +103,11 @@ __device__ __forceinline__ void mgc_unpack2(unsigned w, float &lo, float &hi) {
 }
 /* two values as a 32-bit word of 16-bit storage (lo: the lower half), rounded as mgc_st */
 __device__ __forceinline__ unsigned mgc_pack2(float lo, float hi) {
-#if MGC_BF16
+#if MGC_BF16 && MGC_BF16_CVT
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#elif MGC_BF16
     return (unsigned)mgc_st(lo) | ((unsigned)mgc_st(hi) << 16);
 #elif defined(MGC_EMU)
     return (unsigned)mgc_emu_f32_to_f16(lo) | ((unsigned)mgc_emu_f32_to_f16(hi) << 16);
@@ -175,6 +194,18 @@ __device__ __forceinline__ void mgc_unraw8(const mgc_raw8 &r, float (&f)[8]) {
     f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w;
     f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
 #endif
+}
+/* 8 fp32 values rounded to storage values (as mgc_st8 writes them). */
+__device__ __forceinline__ mgc_raw8 mgc_toraw8(const float (&f)[8]) {
+    mgc_raw8 r;
+#if MGC_HALF
+    r = make_uint4(mgc_pack2(f[0], f[1]), mgc_pack2(f[2], f[3]), mgc_pack2(f[4], f[5]),
+                   mgc_pack2(f[6], f[7]));
+#else
+    r.a = make_float4(f[0], f[1], f[2], f[3]);
+    r.b = make_float4(f[4], f[5], f[6], f[7]);
+#endif
+    return r;
 }
 __device__ __forceinline__ mgc_raw8 mgc_raw8_zero() {
     mgc_raw8 r;

@@ -11,7 +11,8 @@
  * Row statistics: warp shuffles, then (T > 32) one __syncthreads and a second shuffle over
  * the slot's warp sums: a fixed order, the same bits in every thread of the slot.
  * LayerNorm: mean, then the centred sum of squares (biased variance); RMSNorm: mean of
- * squares; rstd = 1 / sqrt(. + eps).  The row stays in registers (the backward re-reads x and
+ * squares; rstd = rsqrtf(. + eps) (within 2 ulp of 1 / sqrt); a mean is a sum times the
+ * float nearest 1 / H.  The row stays in registers (the backward re-reads x and
  * dy from L1/L2 when NV > 1, i.e. H > 8192, so that nothing spills; it re-reads w always).
  *
  * Entries:
@@ -43,6 +44,9 @@
 #define MGC_NV   ((MGC_H + 8 * MGC_T - 1) / (8 * MGC_T)) /* 8-element vectors a thread */
 #define MGC_NW   (MGC_T / 32)                            /* warps of a row slot */
 #define MGC_VEC8 (MGC_H % 8 == 0)                        /* whole, aligned vectors */
+/* means as products with the float nearest 1 / H: an IEEE division is about 10 instructions
+ * and a branch in the chain of every row's statistics */
+#define MGC_INV_H (1.0f / (float)MGC_H)
 /* forward: two blocks an SM (<= 64 registers) when they are small enough to share one; the
  * backward (its column sums in registers too) asks for one, and gets two at <= 80 registers
  * for T * R = 384 (H = 768) */
@@ -82,16 +86,39 @@ __device__ __forceinline__ void mgc_norm_st(mgc_t *__restrict__ row, int k, int 
 #endif
 }
 
+/* The slot's sum of the warps' sums sh[w N + n] (w < NW) as mgc_warp_sum over lanes holding
+ * them (lane w: warp w's, 0 past NW) adds them: F(r, o) is lane r's value after the
+ * butterfly's levels 16 .. o (lane r adds lane r + o's), so F(0, 1) is every lane's result.
+ * Read straight from shared memory by every thread, without the five dependent shuffles. */
+template <int R, int O> struct mgc_slot_bfly {
+    static __device__ __forceinline__ float at(const float *sh, int N, int n) {
+        return mgc_slot_bfly<R, 2 * O>::at(sh, N, n) + mgc_slot_bfly<R + O, 2 * O>::at(sh, N, n);
+    }
+};
+template <int R> struct mgc_slot_bfly<R, 32> {
+    static __device__ __forceinline__ float at(const float *sh, int N, int n) {
+        return R < MGC_NW ? sh[R * N + n] : 0.0f;
+    }
+};
+
+/* the most warp sums (NW N, of at most 8 warps) a slot sum reads directly: more would hold as
+ * many registers at once (GPT-2 1.5B's backward at H 1600, 7 warps x 3, spilled, and GPT-3's
+ * fp16 add_norm at H 12288, 12 warps x 1) */
+#define MGC_SLOT_DIRECT 12
+
 /* Sums of N values over the T threads of row slot `slot` (every thread of the block calls it
  * together: one __syncthreads when T > 32).  sh: this call's buffer of the slot, NW * N
  * floats; consecutive calls alternate two buffers (see the callers), so that the buffer a
- * call writes was read by every thread before the barrier of the call in between. */
+ * call writes was read by every thread before the barrier of the call in between.  The warps'
+ * sums are added as a butterfly over the lanes would: up to MGC_SLOT_DIRECT of them read by
+ * every thread (mgc_slot_bfly: loads of shared memory in parallel in place of 5 dependent
+ * shuffles and adds; the same bits), else by that butterfly. */
 template <int N> __device__ __forceinline__ void mgc_slot_sum(float (&v)[N], float *sh) {
 #pragma unroll
     for (int n = 0; n < N; n++)
         v[n] = mgc_warp_sum(v[n]);
 #if MGC_NW > 1
-    int w = (threadIdx.x % MGC_T) >> 5, l = threadIdx.x & 31;
+    const int w = (threadIdx.x % MGC_T) >> 5, l = threadIdx.x & 31;
     if (l == 0)
 #pragma unroll
         for (int n = 0; n < N; n++)
@@ -99,7 +126,9 @@ template <int N> __device__ __forceinline__ void mgc_slot_sum(float (&v)[N], flo
     __syncthreads();
 #pragma unroll
     for (int n = 0; n < N; n++)
-        v[n] = mgc_warp_sum(l < MGC_NW ? sh[l * N + n] : 0.0f);
+        v[n] = MGC_NW <= 8 && MGC_NW * N <= MGC_SLOT_DIRECT
+                   ? mgc_slot_bfly<0, 1>::at(sh, N, n)
+                   : mgc_warp_sum(l < MGC_NW ? sh[l * N + n] : 0.0f);
 #else
     (void)sh;
 #endif
@@ -132,7 +161,7 @@ __device__ __forceinline__ void mgc_norm_rows_fwd(const float (&v)[NP][MGC_NV][8
     mgc_slot_sum(ss, sh[0]); /* a slot sums once: no buffer is reused */
 #pragma unroll
     for (int q = 0; q < NP; q++)
-        m[q] = 0.0f, rs[q] = 1.0f / sqrtf(ss[q] / (float)MGC_H + eps);
+        m[q] = 0.0f, rs[q] = rsqrtf(ss[q] * MGC_INV_H + eps);
     (void)bias;
 #else
     float s[NP];
@@ -149,7 +178,7 @@ __device__ __forceinline__ void mgc_norm_rows_fwd(const float (&v)[NP][MGC_NV][8
     float d2[NP];
 #pragma unroll
     for (int q = 0; q < NP; q++) {
-        m[q] = s[q] / (float)MGC_H, d2[q] = 0.0f;
+        m[q] = s[q] * MGC_INV_H, d2[q] = 0.0f;
 #pragma unroll
         for (int k = 0; k < MGC_NV; k++) {
             int nv = mgc_norm_nvalid(k, t);
@@ -163,7 +192,7 @@ __device__ __forceinline__ void mgc_norm_rows_fwd(const float (&v)[NP][MGC_NV][8
     mgc_slot_sum(d2, sh[1]);
 #pragma unroll
     for (int q = 0; q < NP; q++)
-        rs[q] = 1.0f / sqrtf(d2[q] / (float)MGC_H + eps);
+        rs[q] = rsqrtf(d2[q] * MGC_INV_H + eps);
 #endif
 #pragma unroll
     for (int k = 0; k < MGC_NV; k++) {
@@ -225,12 +254,15 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #ifndef MGC_DROP
 #define MGC_DROP 1 /* 0: the op has no dropout; `drop` is then ignored */
 #endif
+/* rows of 4 vectors a thread or more with dropout (GPT-3's H 12288): one block a multiprocessor
+ * asked for, as 80 registers for two spill on sm_80 (the Philox words beside the held row) */
+#define MGC_ADD_NORM_MINB (MGC_DROP && MGC_NV >= 4 ? 1 : MGC_NORM_MINB)
 /* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row b R + s.
  * Row r, column c is element e = elem0 + r*H + c of the dropout stream (pointwise.cuh's
  * numbering: word e & 3 of Philox block e >> 2, kept iff >= thr); drop == 0: no dropout.
  * h and y are exactly the unfused pair's: h is rounded to the compute dtype before the norm
  * reads it.  bias may be NULL (LayerNorm only). */
-extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ h, mgc_t *__restrict__ y, unsigned char *__restrict__ mask,
                    const mgc_t *__restrict__ branch, const mgc_t *__restrict__ res,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows, float eps,
@@ -258,16 +290,23 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
         for (int j = 0; j < 8; j++) {
             int kp = drop ? wd[j] >= thr : 1;
             kb[j] = (unsigned char)kp;
-            /* rounded to the compute dtype, as the unfused dropout_add writes it */
-            v[0][k][j] = mgc_ld(mgc_st((kp ? (drop ? xv[j] * sc : xv[j]) : 0.0f) + rv[j]));
+            xv[j] = (kp ? (drop ? xv[j] * sc : xv[j]) : 0.0f) + rv[j];
         }
+        /* rounded to the compute dtype once (as the unfused dropout_add writes it): h's
+         * storage values, and v their values */
+        const mgc_raw8 hq = mgc_toraw8(xv);
+        mgc_unraw8(hq, v[0][k]);
         if (!ok || nv <= 0) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 v[0][k][j] = 0.0f;
             continue;
         }
+#if MGC_VEC8
+        mgc_straw8(hr + c0, hq);
+#else
         mgc_norm_st(hr, k, t, v[0][k]); /* exact: v holds values of the dtype */
+#endif
         if (mask) {
             unsigned char *mr = mask + r * (i64)MGC_H + c0;
 #if MGC_VEC8 /* 8-byte aligned: the mask's base is, and r*H + c0 is a multiple of 8 */
@@ -436,8 +475,8 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
         }
         mgc_slot_sum(st, sh[s][buf]);
         buf ^= 1;
-        const float m = 0.0f, rs = 1.0f / sqrtf(st[0] / (float)MGC_H + eps), sg = 0.0f;
-        const float sgx = st[1] * rs / (float)MGC_H;
+        const float m = 0.0f, rs = rsqrtf(st[0] * MGC_INV_H + eps), sg = 0.0f;
+        const float sgx = st[1] * rs * MGC_INV_H;
 #else /* two: sum x; then sum (x - m)^2, sum g, sum g (x - m) */
         float s1[1] = {0.0f};
 #pragma unroll
@@ -449,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
         }
         mgc_slot_sum(s1, sh[s][buf]);
         buf ^= 1;
-        const float m = s1[0] / (float)MGC_H;
+        const float m = s1[0] * MGC_INV_H;
         float st[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int k = 0; k < MGC_NV; k++) {
@@ -467,8 +506,8 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
         }
         mgc_slot_sum(st, sh[s][buf]);
         buf ^= 1;
-        const float rs = 1.0f / sqrtf(st[0] / (float)MGC_H + eps), sg = st[1] / (float)MGC_H;
-        const float sgx = st[2] * rs / (float)MGC_H;
+        const float rs = rsqrtf(st[0] * MGC_INV_H + eps), sg = st[1] * MGC_INV_H;
+        const float sgx = st[2] * rs * MGC_INV_H;
 #endif
         if (!ok) continue;
         mgc_t *dr = dx + r * (i64)MGC_H;

@@ -1,7 +1,7 @@
 /* test_cuda.c - the CUDA backend against the CPU reference (label gpu; exit 77
  * without a GPU or without a CUDA build).  `test_cuda --emu` runs the same checks
  * on the CUDA emulator backend instead (emu_backend.c: the same launchers and
- * kernel source, on the CPU; label cpu, as test_cuda_emu): fewer training steps
+ * kernel source, on the CPU; label cpu, as test_cuda_emu1 and 2): fewer training steps
  * (EMU_STEPS), and no CUDA graphs, which the emulator does not record.
  *
  *  1. Every kernel, op by op: the tiny GPT, LLaMA and MoE models run one
@@ -1569,25 +1569,29 @@ int main(int argc, char **argv) {
     printf("test_cuda: seed %llu (MGC_TEST_SEED=%llu replays)\n", (unsigned long long)seed,
            (unsigned long long)seed);
     orng = seed * 2654435761u + 1u;
-    if (!only || !strcmp(only, "optim") || !strcmp(only, "ci")) check_optimizer();
-    if (!only || !strcmp(only, "ce") || !strcmp(only, "ci")) check_ce_inplace();
-    if (!only || !strcmp(only, "emb") || !strcmp(only, "ci")) check_embedding_bwd();
-    if (!only || !strcmp(only, "bgrad") || !strcmp(only, "ci")) check_bias_grad();
-    if (!only || !strcmp(only, "fold") || !strcmp(only, "ci") || !strcmp(only, "devcomm"))
+    /* CI's test_cuda_emu: "ci", every kernel family in minutes, as two halves that ctest runs
+     * side by side (ci1, ci2) */
+    const int ci1 = only && (!strcmp(only, "ci") || !strcmp(only, "ci1"));
+    const int ci2 = only && (!strcmp(only, "ci") || !strcmp(only, "ci2"));
+    if (!only || !strcmp(only, "optim") || ci1) check_optimizer();
+    if (!only || !strcmp(only, "ce") || ci1) check_ce_inplace();
+    if (!only || !strcmp(only, "emb") || ci1) check_embedding_bwd();
+    if (!only || !strcmp(only, "bgrad") || ci1) check_bias_grad();
+    if (!only || !strcmp(only, "fold") || ci1 || !strcmp(only, "devcomm"))
         check_fold();
     if (!only || !strcmp(only, "train")) {
         check_training("examples/tiny-gpt.yaml", NULL);
         check_training("models/tiny-llama.yaml", NULL);
         check_training("models/tiny-moe.yaml", NULL);
     }
-    if (!only || !strcmp(only, "train") || !strcmp(only, "ci") || !strcmp(only, "ckpt"))
+    if (!only || !strcmp(only, "train") || ci1 || !strcmp(only, "ckpt"))
         check_checkpoints("examples/tiny-gpt.yaml");
-    if (!only || !strcmp(only, "train") || !strcmp(only, "ci") || !strcmp(only, "eval"))
+    if (!only || !strcmp(only, "train") || ci1 || !strcmp(only, "eval"))
         check_eval("examples/tiny-gpt.yaml");
     if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!emu && (!only || !strcmp(only, "graphs"))) check_graphs();
     if (!only || !strcmp(only, "chunks")) check_chunks(1);
-    if (only && !strcmp(only, "ci")) { /* test_cuda_emu in CI: every kernel family, in minutes */
+    if (ci1) { /* the op replays and layouts of CI's first half */
         static const char *const d64[] = {"model.hidden_size=128", "model.num_attention_heads=2",
                                           "model.attention_dropout=0.1", NULL};
         static const char *const d128[] = {"model.hidden_size=512", "model.num_attention_heads=4",
@@ -1625,7 +1629,7 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
         check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
     }
-    if (!only || !strcmp(only, "ci") || !strcmp(only, "devcomm")) {
+    if (!only || ci1 || !strcmp(only, "devcomm")) {
         /* tensor (bf16 activations' all-reduce) x data (fp32 gradient buckets) */
         static const char *const tpdp[] = {"parallel.world_size=4", "parallel.tensor=2",
                                            "parallel.data=2", "parallel.grad_bucket_size=20000",
@@ -1633,7 +1637,7 @@ int main(int argc, char **argv) {
         check_device_comm("examples/tiny-gpt.yaml", tpdp);
     }
     if (!only || !strcmp(only, "devcomm")) check_device_comm("models/tiny-moe.yaml", etp2ep2);
-    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "moe"))) {
+    if (ci2 || (only && !strcmp(only, "moe"))) {
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
         /* the pre-softmax router: the route kernels' softmax over every expert (score 1); the
          * second halves re-run in the backward (recompute modules mlp and moe): the router,
@@ -1674,7 +1678,7 @@ int main(int argc, char **argv) {
         static const char *const seq_aux[] = {"moe.aux_loss_scope=sequence", NULL};
         check_ops("models/tiny-moe.yaml", seq_aux);
     }
-    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "docs"))) {
+    if (ci2 || (only && !strcmp(only, "docs"))) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in
          * 16 bits) with its learned positions restarting (the embedding and its positions'
          * gradient by document), LLaMA's unfused one (its backward's seventh input) at 16 with
@@ -1697,11 +1701,11 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-llama.yaml", "fp32", docs_cp2, 1e-5, 0);
         check_layout("examples/tiny-gpt.yaml", "fp32", docs_cp2, 1e-5, 0);
     }
-    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "dropout")))
+    if (ci2 || (only && !strcmp(only, "dropout")))
         check_layout("examples/tiny-gpt.yaml", "fp32", drop_tp3cp2, 1e-5, 0);
-    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "kv")))
+    if (ci2 || (only && !strcmp(only, "kv")))
         check_layout("examples/tiny-gpt.yaml", "bf16", mqa_tp2, 3e-2, 0);
-    if (!only || !strcmp(only, "ci") || !strcmp(only, "window")) {
+    if (!only || ci2 || !strcmp(only, "window")) {
         /* sliding windows (model.window_size): LLaMA's unfused attention at head dim 16 (40 keys
          * of 96 on layers 0 and 2, none on 1 and 3: whole key tiles before the window, inside it
          * and across its edge), GPT's on the
@@ -1731,7 +1735,7 @@ int main(int argc, char **argv) {
             check_ops("models/tiny-llama.yaml", w128);
         }
     }
-    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "qk"))) {
+    if (ci2 || (only && !strcmp(only, "qk"))) {
         /* RMSNorm over 16 channels a head (LLaMA), LayerNorm with its bias over 32 (GPT) */
         static const char *const qk_llama[] = {"model.qk_layernorm=true", NULL};
         static const char *const qk_gpt[] = {"model.qk_layernorm=true", "model.hidden_size=128",
@@ -1740,7 +1744,7 @@ int main(int argc, char **argv) {
         check_ops("examples/tiny-gpt.yaml", qk_gpt);
         check_layout("models/tiny-llama.yaml", "bf16", qk_tp2, 3e-2, 0);
     }
-    if ((only && !strcmp(only, "ci")) || (only && !strcmp(only, "norm"))) {
+    if (ci2 || (only && !strcmp(only, "norm"))) {
         /* 560 rows, and with query and key norms 3,360 head rows: the norm forwards' last
          * blocks (16 row slots of 2 rows each at H 96, 32 rows a block) partly past the rows,
          * and the backward's 35 and 210 blocks of partial sums (norm_bwd_reduce: more than its
@@ -1753,6 +1757,21 @@ int main(int argc, char **argv) {
                                                "training.micro_batch_size=15",
                                                "training.global_batch_size=15", NULL};
         check_ops("models/tiny-llama.yaml", rows1200);
+        /* H 768 (GPT-2 124M's rows: 96 threads a row, 3 warps) and 1,600 (GPT-2 1.5B's: 7):
+         * a slot's warp sums added as the lanes' butterfly would, read from shared memory
+         * (up to 12 of them) or by the butterfly itself, three layers of each */
+        static const char *const h768[] = {"model.hidden_size=768", "model.num_attention_heads=12",
+                                           "model.ffn_hidden_size=768", "model.num_layers=3",
+                                           "model.seq_length=32", "training.micro_batch_size=2",
+                                           "training.global_batch_size=2", NULL};
+        static const char *const h1600[] = {"model.hidden_size=1600",
+                                            "model.num_attention_heads=25",
+                                            "model.ffn_hidden_size=1600", "model.num_layers=3",
+                                            "model.seq_length=32", "training.micro_batch_size=2",
+                                            "training.global_batch_size=2", NULL};
+        check_ops("examples/tiny-gpt.yaml", h768);
+        check_ops("models/tiny-llama.yaml", h768);
+        check_ops("examples/tiny-gpt.yaml", h1600);
     }
     if (only && !strcmp(only, "moe")) check_ops("models/tiny-moe.yaml", moe_bias);
     if (!only || !strcmp(only, "ops")) {
