@@ -14,6 +14,17 @@ MGC=${1:-build/compiler/mgc}
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 [ -x "$MGC" ] || { echo "bench_sass: no mgc at $MGC (build it, or pass its path)" >&2; exit 2; }
+# no cuobjdump: NVIDIA's cuobjdump and nvdisasm wheels from PyPI, into build/sass-venv
+found="import sys; sys.path.insert(0, '$HERE'); import sass_stats
+sys.exit(0 if sass_stats.find_cuobjdump() else 1)"
+if [ -z "${MGC_CUOBJDUMP:-}" ] && ! "$PY" -c "$found"; then
+    venv="$HERE/../build/sass-venv"
+    { [ -x "$venv/bin/pip" ] || "$PY" -m venv "$venv"; } &&
+        "$venv/bin/pip" install -q nvidia-cuda-cuobjdump==13.2.51 \
+            nvidia-cuda-nvdisasm==13.2.51 >&2 ||
+        { echo "bench_sass: no cuobjdump, and pip could not install one" \
+               "(MGC_CUOBJDUMP names one)" >&2; exit 2; }
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 common="--set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1

@@ -10,8 +10,9 @@ shuffles, barriers and branches.
 The body is every path of the loop (masked and unmasked tiles both), so the figure is a size,
 not a trace; comparing two builds of a kernel shows what a source change did to its inner loop.
 
-The disassembler is cuobjdump from the CUDA toolkit, or the copy the `triton` wheel ships (the
-benchmark environment, bench/bench_gpu.sh); MGC_CUOBJDUMP names another. Exit status 2 when
+The disassembler is cuobjdump from the CUDA toolkit, the copy the `triton` wheel ships (the
+benchmark environment, bench/bench_gpu.sh), or NVIDIA's cuobjdump and nvdisasm wheels that
+bench_sass.sh installs into build/sass-venv; MGC_CUOBJDUMP names another. Exit status 2 when
 none is found."""
 import collections
 import glob
@@ -33,6 +34,8 @@ def find_cuobjdump():
     cands += glob.glob(os.path.join(here, "..", "build", "bench-venv", "lib", "python3*",
                                     "site-packages", "triton", "backends", "nvidia", "bin",
                                     "cuobjdump"))
+    cands += glob.glob(os.path.join(here, "..", "build", "sass-venv", "lib", "python3*",
+                                    "site-packages", "nvidia", "cu*", "bin", "cuobjdump"))
     for c in cands:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
@@ -126,7 +129,11 @@ def main(argv):
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(elf)
             f.flush()
-            out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True)
+            # its nvdisasm beside it first (the wheels put both in one folder)
+            env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep +
+                       os.environ.get("PATH", ""))
+            out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                                 env=env)
         if out.returncode != 0:
             print("sass_stats: %s: cuobjdump failed: %s" % (path, out.stderr.strip()),
                   file=sys.stderr)
