@@ -8,8 +8,9 @@
  * 8-element vectors v = k*T + t, k < NV = ceil(H / (8 T)), i.e. columns [8v, 8v + 8): 16-byte loads
  * and stores of bf16 (two of fp32) when H % 8 == 0 (the launcher checks that every pointer
  * is 16-byte aligned; the arena aligns tensors to 256 bytes), element by element otherwise.
- * Row statistics: warp shuffles, then (T > 32) one __syncthreads and a second shuffle over
- * the slot's warp sums: a fixed order, the same bits in every thread of the slot.
+ * Row statistics: warp shuffles, then (T > 32) one __syncthreads, and every thread adds the
+ * slot's warp sums read from shared memory in the order a second butterfly would (or runs
+ * that butterfly, past 8 warps or 12 sums): a fixed order, the same bits in every thread.
  * LayerNorm: mean, then the centred sum of squares (biased variance); RMSNorm: mean of
  * squares; rstd = rsqrtf(. + eps) (within 2 ulp of 1 / sqrt); a mean is a sum times the
  * float nearest 1 / H.  The row stays in registers (the backward re-reads x and
@@ -101,9 +102,9 @@ template <int R> struct mgc_slot_bfly<R, 32> {
     }
 };
 
-/* the most warp sums (NW N, of at most 8 warps) a slot sum reads directly: more would hold as
- * many registers at once (GPT-2 1.5B's backward at H 1600, 7 warps x 3, spilled, and GPT-3's
- * fp16 add_norm at H 12288, 12 warps x 1) */
+/* the most warp sums (NW N) a slot sum reads directly: more would hold as many registers at
+ * once (GPT-2 1.5B's backward at H 1600, 7 warps x 3, spilled).  Past 8 warps the loads and
+ * adds outnumber the shuffles and adds they replace. */
 #define MGC_SLOT_DIRECT 12
 
 /* Sums of N values over the T threads of row slot `slot` (every thread of the block calls it
