@@ -1,8 +1,8 @@
 /* kspec_attention.c - kernel specs of the attention family (kernels/attention.cuh).
  *
  *   ATTENTION      -> attention_fwd (D, CAUSAL, DROP, ROWPOS [, DOCS] [, WIN])
- *   ATTENTION_BWD  -> attention_bwd_dot (D), attention_bwd_dkv (D, CAUSAL, DROP, ROWPOS [, DOCS]
- *                     [, WIN]), attention_bwd_dq (D, CAUSAL, DROP, ROWPOS [, DOCS] [, WIN])
+ *   ATTENTION_BWD  -> attention_bwd_dq (D, CAUSAL, DROP, ROWPOS [, DOCS] [, WIN]; it also
+ *                     writes each row's rowsum(dO o O)), attention_bwd_dkv (the same constants)
  *                     (launch order)
  *
  * D is the head dim (q's last dim: 16, 32, 64 or 128), CAUSAL the op's iattr[0], DROP whether
@@ -53,14 +53,12 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
         return 1;
     case MGC_POP_ATTENTION_BWD:
-        if (attn_dims(ch, op, &dt, &d) || max < 3) return -1;
-        mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dot", dt);
-        mgc_kspec_const(&out[0], "D", d);
+        if (attn_dims(ch, op, &dt, &d) || max < 2) return -1;
+        mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dq", dt);
+        mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
         mgc_kspec_init(&out[1], "attention.cuh", "attention_bwd_dkv", dt);
         mask_consts(&out[1], d, causal, drop, rowpos, docs, win);
-        mgc_kspec_init(&out[2], "attention.cuh", "attention_bwd_dq", dt);
-        mask_consts(&out[2], d, causal, drop, rowpos, docs, win);
-        return 3;
+        return 2;
     default:
         return 0;
     }

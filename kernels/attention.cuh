@@ -254,10 +254,8 @@ __device__ __forceinline__ int att_block_max_int(int v, int valid, float *red) {
 #if MGC_HALF
 #if MGC_BF16
 #define ATT_MMA_TYPES "bf16.bf16"
-#define ATT_CVT2 "cvt.rn.bf16x2.f32"
 #else
 #define ATT_MMA_TYPES "f16.f16"
-#define ATT_CVT2 "cvt.rn.f16x2.f32"
 #endif
 /* c += a (16x16, row) * b (16x8, col): bf16 (fp16) inputs, fp32 accumulators.  Fragments (lane =
  * 4 grp + tig): a0 (row grp, k 2tig..+1), a1 (row grp+8, same k), a2/a3 (k + 8); b0 (k 2tig..+1,
@@ -271,17 +269,6 @@ __device__ __forceinline__ void att_mma(float c[4], const unsigned a[4], unsigne
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-/* two floats as bf16x2 / f16x2 (lo in the low half), round to nearest even: one cvt (sm_80+),
- * the same bits as mgc_st except a NaN's payload */
-__device__ __forceinline__ unsigned att_pack(float lo, float hi) {
-#ifdef MGC_EMU
-    return mgc_pack2(lo, hi);
-#else
-    unsigned r;
-    asm(ATT_CVT2 " %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
 #endif
 }
 /* four 8x8 16-bit matrices from shared memory: lane l gives the address of row l % 8 of matrix
@@ -406,10 +393,10 @@ __device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_D / 8][4],
         unsigned pa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            pa[mt][0] = att_pack(x[mt][2 * pk][0], x[mt][2 * pk][1]);
-            pa[mt][1] = att_pack(x[mt][2 * pk][2], x[mt][2 * pk][3]);
-            pa[mt][2] = att_pack(x[mt][2 * pk + 1][0], x[mt][2 * pk + 1][1]);
-            pa[mt][3] = att_pack(x[mt][2 * pk + 1][2], x[mt][2 * pk + 1][3]);
+            pa[mt][0] = mgc_pack2(x[mt][2 * pk][0], x[mt][2 * pk][1]);
+            pa[mt][1] = mgc_pack2(x[mt][2 * pk][2], x[mt][2 * pk][3]);
+            pa[mt][2] = mgc_pack2(x[mt][2 * pk + 1][0], x[mt][2 * pk + 1][1]);
+            pa[mt][3] = mgc_pack2(x[mt][2 * pk + 1][2], x[mt][2 * pk + 1][3]);
         }
 #pragma unroll
         for (int dt = 0; dt < ATT_D / 8; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
@@ -496,7 +483,7 @@ __device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[ATT_D
         unsigned *row = (unsigned *)(y + (((i64)r[hh] * b + bi) * H + h) * ATT_D);
 #pragma unroll
         for (int dt = 0; dt < ATT_D / 8; dt++)
-            row[4 * dt + tig] = att_pack(acc[dt][2 * hh], acc[dt][2 * hh + 1]);
+            row[4 * dt + tig] = mgc_pack2(acc[dt][2 * hh], acc[dt][2 * hh + 1]);
     }
 }
 #endif
@@ -863,54 +850,16 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 }
 #endif
 
-/* the inputs and arguments the dK/dV and dQ kernels share (after their outputs), in the
- * launcher's order (runtime/cuda_ops_attention.c) */
+/* the inputs and arguments the dQ and dK/dV kernels share (after their outputs and dsum), in
+ * the launcher's order (runtime/cuda_ops_attention.c) */
 #define ATT_BWD_PARAMS                                                                           \
     const mgc_t *__restrict__ q, const mgc_t *__restrict__ k, const mgc_t *__restrict__ v,       \
-        const mgc_t *__restrict__ dout, const float *__restrict__ lse,                           \
-        const float *__restrict__ dsum, int sq, int sk, int b, int A, int G, float scale,        \
+        const mgc_t *__restrict__ dout, const float *__restrict__ lse, int sq, int sk, int b,   \
+        int A, int G, float scale,                                                               \
         float drop_p, unsigned drop_thr, float drop_scale, unsigned long long seed,              \
         unsigned long long stream, unsigned long long elem0, int drop_heads,                     \
         const int *__restrict__ qpos, const int *__restrict__ kpos,                              \
         const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv
-
-#if defined(MGC_ENTRY_attention_bwd_dot)
-/* attention_bwd_dot: dsum[i,bi,a] = sum_c dout * out over the head dim (fixed order: each of
- * a row's 8 lanes adds its columns 8 at a time, c = 8 part + 64 t + j in order, then a
- * butterfly over the 8 lanes).  8 lanes per (i, bi, a) row of n = sq*b*A rows, 32 rows a block;
- * a lane's 8 columns are one 16-byte load of a 16-bit row when vec (the launcher: D % 8 == 0
- * and both tensors 16-byte aligned), element by element otherwise, in the same order.
- * grid (ceil(n / 32)), block 256, dynamic shared memory 0. */
-extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(float *__restrict__ dsum, const mgc_t *__restrict__ dout,
-                   const mgc_t *__restrict__ out, i64 n, int vec) {
-    i64 row = (i64)blockIdx.x * 32 + (threadIdx.x >> 3);
-    int part = threadIdx.x & 7;
-    float s = 0.0f;
-    if (row < n) {
-        const mgc_t *x = dout + row * ATT_D, *y = out + row * ATT_D;
-#pragma unroll
-        for (int c0 = part * 8; c0 < ATT_D; c0 += 64) {
-            float a[8], bb[8];
-            int nv = ATT_D - c0 < 8 ? ATT_D - c0 : 8;
-            if (vec && nv == 8) {
-                mgc_ld8(x + c0, a);
-                mgc_ld8(y + c0, bb);
-            } else {
-                mgc_ld8_part(x + c0, nv, a);
-                mgc_ld8_part(y + c0, nv, bb);
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) s = fmaf(a[j], bb[j], s);
-        }
-    }
-    /* every lane of the warp takes part (rows past n add zeros) */
-    s += __shfl_xor_sync(0xffffffffu, s, 4);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (part == 0 && row < n) dsum[row] = s;
-}
-#endif
 
 #if defined(MGC_ENTRY_attention_bwd_dkv) && !ATT_TC_BWD
 /* attention_bwd_dkv: dk, dv of ATT_BR keys of kv head g for batch row bi, summed over the
@@ -919,7 +868,8 @@ extern "C" __global__ void __launch_bounds__(256)
  *   dV += (P Z)^T dO,  dS = P (Z (dO v^T) - dsum) scale,  dK += dS^T q.
  * grid (ceil(sk / ATT_BR), b, G), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, ATT_BWD_PARAMS) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
+                   const float *__restrict__ dsum, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Ks[BR][ATT_D + 1];
     __shared__ float Vs[BR][ATT_D + 1];
@@ -1058,10 +1008,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
 #if defined(MGC_ENTRY_attention_bwd_dq) && !ATT_TC_BWD
 /* attention_bwd_dq: dq of ATT_BR query rows of head a for batch row bi, over key tiles of
- * ATT_BC rows in order: dS = P (Z (dO v^T) - dsum) scale, dQ += dS k.
+ * ATT_BC rows in order: dS = P (Z (dO v^T) - dsum) scale, dQ += dS k; first writes the rows'
+ * dsum = rowsum(dO o O) (o: the forward's out), which the dK/dV kernel reads.
  * grid (ceil(sq / ATT_BR), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, ATT_BWD_PARAMS) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
+                   const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Qs[BR][ATT_D + 1];
     __shared__ float dOs[BR][ATT_D + 1];
@@ -1085,7 +1037,6 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         qp[m] = i < sq ? att_qpos(qpos, i, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
         ds[m] = i < sq ? att_lo(docs, i, b, bi, qp[m]) : 0;
         l2[m] = i < sq ? lse[r] * ATT_LOG2E : att_ninf();
-        Dm[m] = i < sq ? dsum[r] : 0.0f;
     }
     int qmax = 0, qlo = -2147483647 - 1;
     if (MGC_CAUSAL) {
@@ -1101,6 +1052,23 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
         for (int c = 0; c < ATT_DC; c++) dqa[m][c] = 0.0f;
     __syncthreads();
+    /* dsum = rowsum(dO o O) of the block's rows, for dS here and for the dK/dV kernel, which
+     * the launcher runs after this one: a row's 16 lanes (tx) each add columns tx + 16 c in
+     * order, then a butterfly over the 16 */
+#pragma unroll
+    for (int m = 0; m < RM; m++) {
+        const int i = q0 + ty + 8 * m;
+        const i64 r = ((i64)i * b + bi) * A + a;
+        float s = 0.0f;
+        if (i < sq)
+#pragma unroll
+            for (int c = 0; c < ATT_DC; c++)
+                s = fmaf(dOs[ty + 8 * m][tx + 16 * c], mgc_ld(o[r * ATT_D + tx + 16 * c]), s);
+#pragma unroll
+        for (int x = 8; x > 0; x >>= 1) s += __shfl_xor_sync(0xffffffffu, s, x);
+        Dm[m] = s;
+        if (tx == 0 && i < sq) dsum[r] = s;
+    }
 
     for (int k0 = 0; k0 < sk; k0 += BC) {
         if (MGC_CAUSAL) {
@@ -1195,7 +1163,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * tiles, in order.  A tile whose queries all see every key of the block skips the mask.
  * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv, ATT_BWD_PARAMS) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
+                   const float *__restrict__ dsum, ATT_BWD_PARAMS) {
     constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     /* buffers of the query-side tiles: one at D = 128, where K and V take the shared memory
      * (the next tile is then fetched after this one is done) */
@@ -1362,14 +1331,16 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 
 #if defined(MGC_ENTRY_attention_bwd_dq) && ATT_TC_BWD
 /* attention_bwd_dq (bf16/fp16, tensor cores): warp w owns ATT_QMT m-tiles of 16 query rows,
- * mt's rows q0 + 16 (w + 4 mt) .. +15 (Q and dO fragments in registers); per key tile of
+ * mt's rows q0 + 16 (w + 4 mt) .. +15 (Q and dO fragments in registers; first the rows' dsum =
+ * rowsum(dO o O), written for the dK/dV kernel, which runs after this one); per key tile of
  * ATT_TBC_Q rows (K and V staged row-major, two buffers deep: cp.async fetches the next tile
  * the block sees while this one is computed; ldmatrix reads K transposed for dS K, each
  * fragment feeding every m-tile): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
  * A tile every query of the block sees whole skips the per-element mask (as the forward).
  * grid (ceil(sq / ATT_TBR_Q), b, A), block 128, dynamic shared memory 0. */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
-    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, ATT_BWD_PARAMS) {
+    MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
+                   const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
     constexpr int MT = ATT_QMT, BR = ATT_TBR_Q, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16,
                   DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[2][BC][ATT_D + 8];
@@ -1403,8 +1374,32 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             qp[mt][h] = rr < sq ? att_qpos(qpos, rr, pos_s, pos_cp, pos_rank) : -2147483647 - 1;
             ds[mt][h] = rr < sq ? att_lo(docs, rr, b, bi, qp[mt][h]) : 0;
             nl2[mt][h] = rr < sq ? -lse[rw] * ATT_LOG2E : -att_ninf();
-            Dm[mt][h] = rr < sq ? dsum[rw] : 0.0f;
             rowok[mt][h] = rr < sq && nl2[mt][h] != -att_ninf();
+        }
+    }
+    /* dsum = rowsum(dO o O) of the block's rows, for dS here and for the dK/dV kernel, which
+     * the launcher runs after this one: each of a row's 4 lanes (tig) adds its 4 columns of
+     * each 16 (the A fragments' 2 tig, +1, +8, +9) in order, then a butterfly over the 4 */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        unsigned oa[KS][4];
+        att_load_afrag(oa, o, r[mt], sq, b, A, bi, a, tig);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+                for (int hh = h; hh < 4; hh += 2) {
+                    float x0, x1, y0, y1;
+                    mgc_unpack2(of[mt][ks][hh], x0, x1);
+                    mgc_unpack2(oa[ks][hh], y0, y1);
+                    s = fmaf(x1, y1, fmaf(x0, y0, s));
+                }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            Dm[mt][h] = s; /* 0 past sq: the fragments are */
+            if (tig == 0 && r[mt][h] < sq) dsum[((i64)r[mt][h] * b + bi) * A + a] = s;
         }
     }
     int qmax = 0, qlo = -2147483647 - 1;

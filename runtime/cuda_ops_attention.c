@@ -56,10 +56,10 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     char err[256];
     int n = mgc_kspecs_for_op(c->plan, c->chunk, op, ks, MGC_KSPEC_MAX_PER_OP, err, sizeof err);
     if (n < 0) return mgc_cuda_fail(be, "%s", err);
-    if (n != (op->kind == MGC_POP_ATTENTION ? 1 : 3))
+    if (n != (op->kind == MGC_POP_ATTENTION ? 1 : 2))
         return mgc_cuda_fail(be, "attention '%s': %d kernel specs", mgc_plan_strat(c->plan, op->name), n);
 
-    /* arguments common to every kernel but dot */
+    /* arguments common to every kernel */
     int isq = (int)sq, isk = (int)sk, ib = (int)b, iA = (int)A, iG = (int)G;
     float scale = (float)op->fattr[0];
     if (!(scale > 0.0f) || scale == (float)INFINITY) /* the kernels take the row max unscaled */
@@ -112,27 +112,26 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     void *k = qkv ? (char *)q + koff : c->in[1], *v = qkv ? (char *)q + koff + (size_t)d * es : c->in[2];
     void *dq = c->out[0];
     void *dk = qkv ? (char *)dq + koff : c->out[1], *dv = qkv ? (char *)dq + koff + (size_t)d * es : c->out[2];
-    int64_t rows = sq * b * A;
-    void *dsum = mgc_cuda_scratch(be, (size_t)rows * sizeof(float));
+    /* dsum = rowsum(dO o O) (sq, b, A) fp32: the dQ kernel writes it, the dK/dV kernel after
+     * it reads it */
+    void *dsum = mgc_cuda_scratch(be, (size_t)(sq * b * A) * sizeof(float));
     if (!dsum) return -1;
-    long long nrows = (long long)rows;
-    int vec = d % 8 == 0 && (uintptr_t)dout % 16 == 0 && (uintptr_t)o % 16 == 0;
-    void *a0[] = {&dsum, &dout, &o, &nrows, &vec};
-    if (mgc_cuda_launch(be, &ks[0], (unsigned)((rows + 31) / 32), 1, 1, 256, 0, a0)) return -1;
-    int br = bwd_br(d, ks[1].dtype != MGC_DT_F32);
-    void *a1[] = {&dk,      &dv,       &q,       &k,        &v,          &dout,  &lse,
-                  &dsum,    &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
+    void *a0[] = {&dq,      &dsum,     &o,       &q,        &k,          &v,     &dout,
+                  &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv};
-    if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G, 128,
-                        0, a1))
+    int bq = bwd_dq_rows(d, ks[0].dtype != MGC_DT_F32);
+    if (mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A, 128,
+                        0, a0))
         return -1;
-    void *a2[] = {&dq,      &q,        &k,       &v,        &dout,       &lse,   &dsum,
-                  &isq,     &isk,      &ib,      &iA,       &iG,         &scale, &drop_p,
-                  &drop_thr, &drop_scale, &seed, &stream,   &elem0,      &drop_heads, &qpos,
-                  &kpos,    &docs,     &pos_s,   &pos_cp,   &pos_rank,   &k_gathered, &qkv};
-    int bq = bwd_dq_rows(d, ks[2].dtype != MGC_DT_F32);
-    return mgc_cuda_launch(be, &ks[2], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A,
-                           128, 0, a2);
+    int br = bwd_br(d, ks[1].dtype != MGC_DT_F32);
+    void *a1[] = {&dk,      &dv,       &dsum,    &q,        &k,          &v,     &dout,
+                  &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
+                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &drop_heads,
+                  &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
+                  &qkv};
+    return mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G,
+                           128, 0, a1);
 }
+
