@@ -54,6 +54,13 @@ static int64_t mgc_kspec_norm_fwd_rows_held(int64_t h, int64_t t) {
 static int64_t mgc_kspec_embedding_threads(int64_t h) {
     return row_threads(h, 4, 1024);
 }
+/* Rows an embedding forward block copies (constant R): with 16-byte vectors (h % 8 == 0) about
+ * four vectors a thread, all loaded before the first store (at most 16 rows); else one. */
+static int64_t mgc_kspec_embedding_rows(int64_t h, int64_t t) {
+    if (h % 8 != 0) return 1;
+    int64_t r = 4 * t / (h / 8);
+    return r < 1 ? 1 : r > 16 ? 16 : r;
+}
 
 static int dt(const mgc_plan_tensor *t) {
     return t->dtype;
@@ -68,8 +75,10 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         const mgc_plan_tensor *y = tout(ch, op, 0);
         int64_t h = y->dim[y->rank - 1];
         if (h <= 0) return -1;
+        int64_t t = mgc_kspec_embedding_threads(h);
         mgc_kspec_init(&out[0], "embedding.cuh", "embedding_fwd", dt(y));
-        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", mgc_kspec_embedding_threads(h));
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
+        mgc_kspec_const(&out[0], "R", mgc_kspec_embedding_rows(h, t));
         return 1;
     }
     case MGC_POP_EMBEDDING_BWD: { /* in: tokens, dy; out: dword (+ dpos): sort + sorted +

@@ -2,7 +2,8 @@
  * (runtime/cpu_ops_tmpl.h mgc_cpu_embedding_fwd/bwd).
  *
  * Constants: H (hidden size), T (threads per block, multiple of 32, <= 1024); a thread owns
- * columns c = k*T + tid, k < ceil(H / T).  Tokens are int64 (s, b), rows r = i*b + j.
+ * columns c = k*T + tid, k < ceil(H / T); R (embedding_fwd: rows a block).  Tokens are int64
+ * (s, b), rows r = i*b + j.
  * The vocabulary start v0 = tp_rank * V_l and the positions of a context-parallel shard
  * (mgc_ctx_pos(i, cp, cp_rank, seq / (2 cp))) are arguments: every rank shares the cubins.
  *
@@ -39,45 +40,82 @@
 #endif
 
 #if defined(MGC_ENTRY_embedding_fwd)
-/* grid s*b (one block per output row), block T, smem 0.  wpe may be NULL (no learned
- * positions, or a tensor rank other than 0 when they are added on rank 0 only). */
+/* The word row (NULL outside the shard) and the position row (NULL without) of row r. */
+__device__ __forceinline__ void emb_rows(const i64 *__restrict__ tok, const mgc_t *__restrict__ wte,
+                                         const mgc_t *__restrict__ wpe, i64 v0, i64 V_l, i64 b,
+                                         i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs,
+                                         i64 r, const mgc_t *&wr, const mgc_t *&pr) {
+    const i64 id = tok[r] - v0;
+    wr = (id >= 0 && id < V_l) ? wte + id * (i64)MGC_H : (const mgc_t *)0;
+    const i64 p = mgc_ctx_pos(r / b, cp, cpr, half_len) - (docs ? docs[r] : 0);
+    pr = wpe ? wpe + p * (i64)MGC_H : (const mgc_t *)0;
+}
+/* grid ceil(n / MGC_R) (rows r0 = MGC_R blockIdx.x .. +MGC_R-1 of the n = s*b), block T, smem
+ * 0.  wpe may be NULL (no learned positions, or a tensor rank other than 0 when they are added
+ * on rank 0 only).  Where H % 8 == 0 the block's R rows are R H/8 vectors of 8 columns, K a
+ * thread (vector x + k T), whose loads are all issued before the first store: a row is 1.5 KB
+ * at H 768, so one row a block (as before) kept too few bytes in flight. */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(mgc_t *__restrict__ out, const i64 *__restrict__ tok,
                    const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe, i64 v0,
-                   i64 V_l, i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs) {
-    i64 r = blockIdx.x, i = r / b;
-    i64 id = tok[r] - v0;
-    const mgc_t *wr = (id >= 0 && id < V_l) ? wte + id * (i64)MGC_H : (const mgc_t *)0;
-    i64 p = mgc_ctx_pos(i, cp, cpr, half_len) - (docs ? docs[r] : 0);
-    const mgc_t *pr = wpe ? wpe + p * (i64)MGC_H : (const mgc_t *)0;
-    mgc_t *o = out + r * (i64)MGC_H;
+                   i64 V_l, i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs,
+                   i64 n) {
+    const i64 r0 = (i64)blockIdx.x * MGC_R;
 #if MGC_H % 8 == 0
-    /* whole 16-byte vectors of 8 columns (every row 16-byte aligned; the arena aligns the
-     * tables), the same arithmetic per element */
-    for (int c = 8 * threadIdx.x; c < MGC_H; c += 8 * MGC_T) {
-        float v[8], w[8];
-        if (wr) mgc_ld8(wr + c, v);
-        else
-#pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = 0.0f;
-        if (pr) {
-            mgc_ld8(pr + c, w);
-#pragma unroll
-            for (int j = 0; j < 8; j++) v[j] += w[j];
-        }
-        mgc_st8(o + c, v);
+    /* every row 16-byte aligned (the arena aligns the tables); the same arithmetic per element.
+     * The block's rows' table rows first (thread d < R: row r0 + d; -1: none), so that the
+     * token loads and the position arithmetic happen once a row */
+    constexpr int NV = MGC_H / 8, K = (MGC_R * NV + MGC_T - 1) / MGC_T;
+    __shared__ i64 wofs[MGC_R], pofs[MGC_R];
+    if (threadIdx.x < MGC_R) {
+        const i64 r = r0 + threadIdx.x;
+        const mgc_t *wr = 0, *pr = 0;
+        if (r < n) emb_rows(tok, wte, wpe, v0, V_l, b, cp, cpr, half_len, docs, r, wr, pr);
+        wofs[threadIdx.x] = wr ? (i64)(wr - wte) : -1;
+        pofs[threadIdx.x] = pr ? (i64)(pr - wpe) : -1;
     }
-    return;
+    __syncthreads();
+    mgc_raw8 wv[K], pv[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int it = (int)threadIdx.x + k * MGC_T, d = it / NV, c = 8 * (it % NV);
+        if ((K * MGC_T == MGC_R * NV || it < MGC_R * NV) && r0 + d < n) {
+            const i64 w = wofs[d], q = pofs[d];
+            wv[k] = w >= 0 ? mgc_ldraw8(wte + w + c) : mgc_raw8_zero();
+            if (q >= 0) pv[k] = mgc_ldraw8(wpe + q + c);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int it = (int)threadIdx.x + k * MGC_T, d = it / NV, c = 8 * (it % NV);
+        if ((K * MGC_T == MGC_R * NV || it < MGC_R * NV) && r0 + d < n) {
+            float v[8], w[8];
+            mgc_unraw8(wv[k], v);
+            if (pofs[d] >= 0) {
+                mgc_unraw8(pv[k], w);
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] += w[j];
+            }
+            mgc_st8(out + (r0 + d) * (i64)MGC_H + c, v);
+        }
+    }
+#else
+    for (int j = 0; j < MGC_R && r0 + j < n; j++) {
+        const i64 r = r0 + j;
+        const mgc_t *wr, *pr;
+        emb_rows(tok, wte, wpe, v0, V_l, b, cp, cpr, half_len, docs, r, wr, pr);
+        mgc_t *o = out + r * (i64)MGC_H;
+#pragma unroll
+        for (int k = 0; k < MGC_EPER; k++) {
+            int c = k * MGC_T + threadIdx.x;
+            if (c < MGC_H) {
+                float v = wr ? mgc_ld(wr[c]) : 0.0f;
+                if (pr) v += mgc_ld(pr[c]);
+                o[c] = mgc_st(v);
+            }
+        }
+    }
 #endif
-#pragma unroll
-    for (int k = 0; k < MGC_EPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) {
-            float v = wr ? mgc_ld(wr[c]) : 0.0f;
-            if (pr) v += mgc_ld(pr[c]);
-            o[c] = mgc_st(v);
-        }
-    }
 }
 #endif
 

@@ -124,9 +124,10 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         CHECK(norm_aligned(be, c, tout(c, 0)->dim[tout(c, 0)->rank - 1], al, 3));
         /* data.reset_position_ids: positions from each row's document start, the last input */
         const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
-        void *args[] = {&y, &tk, &w, &wp, &v0, &V_l, &b, &cp, &cpr, &half, &docs};
-        return mgc_cuda_launch(be, &k[0], (unsigned)(s * b), 1, 1, (unsigned)kconst(&k[0], "T"),
-                               0, args);
+        int64_t n = s * b, R = kconst(&k[0], "R");
+        void *args[] = {&y, &tk, &w, &wp, &v0, &V_l, &b, &cp, &cpr, &half, &docs, &n};
+        return mgc_cuda_launch(be, &k[0], (unsigned)((n + R - 1) / R), 1, 1,
+                               (unsigned)kconst(&k[0], "T"), 0, args);
     }
     /* EMBEDDING_BWD; in: tokens, dy; out: dword (+ dpos), fp32, accumulated */
     CHECK(act_dtype(be, c, tin(c, 1), &dt));

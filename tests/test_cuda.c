@@ -1772,6 +1772,14 @@ int main(int argc, char **argv) {
         check_ops("examples/tiny-gpt.yaml", h768);
         check_ops("models/tiny-llama.yaml", h768);
         check_ops("examples/tiny-gpt.yaml", h1600);
+        /* H 100 (heads of 16 apart from it): no 16-byte rows, so the norms' and the embedding's
+         * element-by-element paths, and the embedding forward one row a block */
+        static const char *const h100[] = {"model.hidden_size=100", "model.head_dim=16",
+                                           "model.num_attention_heads=4",
+                                           "model.ffn_hidden_size=200", "model.num_layers=3",
+                                           "model.seq_length=32", "training.micro_batch_size=3",
+                                           "training.global_batch_size=3", NULL};
+        check_ops("examples/tiny-gpt.yaml", h100);
     }
     if (only && !strcmp(only, "moe")) check_ops("models/tiny-moe.yaml", moe_bias);
     if (!only || !strcmp(only, "ops")) {
