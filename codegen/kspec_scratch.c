@@ -100,7 +100,9 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
                                       a row of fp32 partials a segment of them */
         uint64_t n = nonneg(in0->dim[0]) * (in0->rank > 1 ? nonneg(in0->dim[1]) : 1);
         const mgc_plan_tensor *dy = T(ch, op->n_in > 1 ? op->in[1] : -1);
-        if (op->iattr[0] <= 0) return 0; /* no word rows on this rank */
+        /* the word rows' sort, and under documents the position rows' (learned positions:
+         * a second output), one after the other */
+        if (op->iattr[0] <= 0 && !(op->n_out > 1 && (op->flags & MGC_POF_DOCS))) return 0;
         return mgc_kspec_emb_sort_bytes((int64_t)n, last_dim(dy));
     }
     case MGC_POP_CROSS_ENTROPY: { /* op_cross_entropy, the fused path: max and sums per row */

@@ -9,8 +9,9 @@
  *
  * Entries:
  *   embedding_fwd       out[r] = wte[tok[r] - v0] (0 outside the shard) + wpe[pos(r)]
- *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending; with documents
- *                       dwpe[p] += dy[r] for every row r with pos(r) = p, r ascending
+ *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending (without documents; with
+ *                       them the rows are sorted by position and added as the word rows are,
+ *                       r ascending)
  * Positions: pos(r) = mgc_ctx_pos(i) for row r = i*b + j, minus docs[r] (the row's document
  * start, data.reset_position_ids) when docs is not NULL.
  *   embedding_sort      keys = (v << 32 | r) sorted, v = tok[r] - v0 (V_l outside the shard):
@@ -130,28 +131,33 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
  *   mode 1: each key to dst[the keys of smaller digits + those of its digit in earlier tiles
  *           + its stable rank in its tile] (mgc_block_rank, chunk by chunk).
  * src: the previous pass's output, NULL in the first pass (the keys made from tok).  No
- * atomics: the counts are per warp, added in warp, chunk and tile order. */
+ * atomics: the counts are per warp, added in warp, chunk and tile order.
+ * tok NULL: the position gradient's sort under documents (data.reset_position_ids), v = the
+ * row's position pos(r) (below: mgc_ctx_pos(r / b) - docs[r]), v0 = 0, V_l = the positions. */
 typedef unsigned long long u64;
 __device__ __forceinline__ u64 mgc_sort_key(const u64 *__restrict__ src,
-                                            const i64 *__restrict__ tok, i64 v0, i64 V_l, int e) {
+                                            const i64 *__restrict__ tok, i64 v0, i64 V_l, i64 b,
+                                            i64 cp, i64 cpr, i64 half_len,
+                                            const int *__restrict__ docs, int e) {
     if (src) return src[e];
-    const i64 v = tok[e] - v0;
+    const i64 v = tok ? tok[e] - v0 : mgc_ctx_pos(e / b, cp, cpr, half_len) - docs[e];
     return (u64)(v >= 0 && v < V_l ? v : V_l) << 32 | (unsigned)e;
 }
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(u64 *__restrict__ dst, const u64 *__restrict__ src, const i64 *__restrict__ tok,
-                   int *__restrict__ cnt, i64 v0, i64 V_l, int n, int per, int shift, int mode) {
+                   int *__restrict__ cnt, i64 v0, i64 V_l, int n, int per, int shift, int mode,
+                   i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs) {
     __shared__ int wc[8 * 256]; /* the warps' counts of each digit in the chunk */
     __shared__ int next[256];   /* mode 1: where the next key of each digit goes */
     __shared__ int wt[8];
-    const int x = threadIdx.x, nt = gridDim.x, b = blockIdx.x, w = x >> 5;
+    const int x = threadIdx.x, nt = gridDim.x, tl = blockIdx.x, w = x >> 5;
     int mine = 0; /* mode 0: the tile's keys of digit x */
     if (mode == 1) {
         int tot = 0, pre = 0; /* digit x's keys: all of them; in the tiles before this one */
         for (int q = 0; q < nt; q++) {
             const int c = cnt[q * 256 + x];
             tot += c;
-            pre += q < b ? c : 0;
+            pre += q < tl ? c : 0;
         }
         /* the keys of digits below x: a scan over the warp (lane l adds the lower half's sum
          * at each level where its bit is set), then the warps before this one */
@@ -170,11 +176,11 @@ extern "C" __global__ void __launch_bounds__(256)
         next[x] = inc - tot + pre; /* read after mgc_block_rank's barriers */
     }
     for (int c = 0; c < per; c++) {
-        const int e = (b * per + c) * 256 + x;
+        const int e = (tl * per + c) * 256 + x;
         u64 key = 0;
         int d = -1;
         if (e < n) {
-            key = mgc_sort_key(src, tok, v0, V_l, e);
+            key = mgc_sort_key(src, tok, v0, V_l, b, cp, cpr, half_len, docs, e);
             d = (int)(key >> (32 + shift)) & 255;
         }
         int rank = mgc_block_rank(d, 256, wc);
@@ -193,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(256)
         else
             mine += s;
     }
-    if (mode == 0) cnt[b * 256 + x] = mine;
+    if (mode == 0) cnt[tl * 256 + x] = mine;
 }
 #endif
 
@@ -345,45 +351,31 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 
 #if defined(MGC_ENTRY_embedding_bwd_pos)
 /* grid s (one block per sequence row, i.e. per distinct position), block T, smem 0.
- * dwpe (P, H) fp32, accumulated.  With documents (docs, (s, b)): grid npos, one block per
- * position p < npos, which adds the rows r = i*b + j with pos(r) = p in ascending order (the
- * CPU's order), scanning the s*b rows' positions. */
+ * dwpe (P, H) fp32, accumulated.  Without documents only: with them (data.reset_position_ids)
+ * the launcher sorts the rows by position and adds them as the word gradient's rows
+ * (embedding_sort with tok NULL, embedding_bwd_sorted, embedding_bwd_join). */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp,
-                   i64 cpr, i64 half_len, const int *__restrict__ docs, i64 s) {
-    if (docs) {
-        i64 p = blockIdx.x;
-        float *d = dwpe + p * (i64)MGC_H;
-        float acc[MGC_EPER];
-#pragma unroll
-        for (int k = 0; k < MGC_EPER; k++) {
-            int c = k * MGC_T + threadIdx.x;
-            acc[k] = c < MGC_H ? d[c] : 0.0f;
-        }
-        for (i64 r = 0; r < s * b; r++) {
-            if (mgc_ctx_pos(r / b, cp, cpr, half_len) - docs[r] != p) continue;
-#pragma unroll
-            for (int k = 0; k < MGC_EPER; k++) {
-                int c = k * MGC_T + threadIdx.x;
-                if (c < MGC_H) acc[k] += mgc_ld(dy[r * (i64)MGC_H + c]);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < MGC_EPER; k++) {
-            int c = k * MGC_T + threadIdx.x;
-            if (c < MGC_H) d[c] = acc[k];
-        }
-        return;
-    }
+                   i64 cpr, i64 half_len) {
     i64 i = blockIdx.x;
     float *d = dwpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H;
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;
         if (c < MGC_H) {
+            /* j ascending; four rows' loads issued before their additions */
+            const mgc_t *y = dy + i * b * (i64)MGC_H + c;
             float acc = d[c];
-            for (i64 j = 0; j < b; j++)
-                acc += mgc_ld(dy[(i * b + j) * (i64)MGC_H + c]);
+            i64 j = 0;
+            for (; j + 4 <= b; j += 4) {
+                float x[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) x[u] = mgc_ld(y[(j + u) * (i64)MGC_H]);
+#pragma unroll
+                for (int u = 0; u < 4; u++) acc += x[u];
+            }
+            for (; j < b; j++)
+                acc += mgc_ld(y[j * (i64)MGC_H]);
             d[c] = acc;
         }
     }

@@ -103,6 +103,44 @@ static int norm_aligned(mgc_backend *be, const mgc_op_call *c, int64_t h, const 
 
 /* ---- the ops ------------------------------------------------------------------------------ */
 
+/* The rows of dy (n, h) added into the rows of the fp32 table dw (V_l, h) that their ids name
+ * (embedding.cuh): a radix sort of (id, row) keys (ids from tok - v0, or with tok NULL the rows'
+ * positions under documents), then one pass over the sorted rows and the join of the runs
+ * that cross segments.  k: the op's specs (sort, sorted, join); scratch: its
+ * mgc_kspec_emb_sort_bytes. */
+static int emb_scatter(mgc_backend *be, const mgc_kspec *k, char *scratch, void *dw, void *dy,
+                       void *tk, int64_t v0, int64_t V_l, int64_t n, int64_t b, int64_t cp,
+                       int64_t cpr, int64_t half, const void *docs) {
+    int in = (int)n, S = MGC_KSPEC_EMB_SEG;
+    int64_t per64;
+    unsigned tiles = (unsigned)mgc_kspec_emb_sort_tiles(n, &per64);
+    unsigned segs = (unsigned)((n + S - 1) / S);
+    char *keys = scratch, *tmp = keys + mgc_kspec_align((uint64_t)n * 8);
+    void *cnt = tmp + mgc_kspec_align((uint64_t)n * 8);
+    void *part = (char *)cnt + mgc_kspec_align((uint64_t)tiles * 256 * 4);
+    /* a pass a byte of the largest id, V_l (the rows outside the table, skipped); the last
+     * pass writes keys */
+    int passes = 1, per = (int)per64;
+    for (uint64_t m = (uint64_t)V_l >> 8; m; m >>= 8) passes++;
+    for (int pass = 0; pass < passes; pass++) {
+        void *dst = (passes - 1 - pass) % 2 ? (void *)tmp : (void *)keys;
+        void *src = pass == 0 ? NULL : (passes - pass) % 2 ? (void *)tmp : (void *)keys;
+        int shift = 8 * pass;
+        for (int mode = 0; mode < 2; mode++) {
+            void *a1[] = {&dst, &src,  &tk, &cnt, &v0,   &V_l,  &in, &per,
+                          &shift, &mode, &b, &cp, &cpr, &half, &docs};
+            CHECK(mgc_cuda_launch(be, &k[0], tiles, 1, 1, 256, 0, a1));
+        }
+    }
+    void *a2[] = {&dw, &part, &dy, &keys, &V_l, &n, &S};
+    CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)kconst(&k[1], "T"), 0, a2));
+    if (segs > 1) {
+        void *a3[] = {&dw, &part, &keys, &V_l, &n, &S};
+        CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a3));
+    }
+    return 0;
+}
+
 static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     const mgc_plan_tensor *tok = tin(c, 0);
@@ -143,53 +181,36 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
                              "its sort indexes",
                              opname(c), (long long)n, MGC_KSPEC_EMB_SORT_MAX);
     void *dw = c->out[0], *dy = c->in[1], *tk = c->in[0];
+    int64_t h = tin(c, 1)->dim[tin(c, 1)->rank - 1];
+    /* data.reset_position_ids: the rows' document starts (s, b) int32, the last input */
+    const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
+    char *scratch = NULL;
+    if (V_l > 0 || (with_dpos && docs)) {
+        scratch = mgc_cuda_scratch(be, (size_t)mgc_kspec_emb_sort_bytes(n, h));
+        if (!scratch) return -1;
+    }
     if (V_l > 0) { /* sort the rows by token, then one pass over dy (embedding.cuh) */
         if (V_l > (int64_t)UINT32_MAX - 1) /* the sort's keys hold a shard's id in 32 bits */
             return mgc_cuda_fail(be,
                                  "embedding_bwd '%s': a vocabulary shard of %lld rows, more than "
                                  "the %lu its sort keys hold",
                                  opname(c), (long long)V_l, (unsigned long)UINT32_MAX - 1);
-        int in = (int)n, S = MGC_KSPEC_EMB_SEG;
-        int64_t per64, h = tin(c, 1)->dim[tin(c, 1)->rank - 1];
-        unsigned tiles = (unsigned)mgc_kspec_emb_sort_tiles(n, &per64);
-        unsigned segs = (unsigned)((n + S - 1) / S);
-        char *keys = mgc_cuda_scratch(be, (size_t)mgc_kspec_emb_sort_bytes(n, h));
-        if (!keys) return -1;
-        char *tmp = keys + mgc_kspec_align((uint64_t)n * 8);
-        void *cnt = tmp + mgc_kspec_align((uint64_t)n * 8);
-        void *part = (char *)cnt + mgc_kspec_align((uint64_t)tiles * 256 * 4);
-        /* the radix sort (embedding.cuh): a pass a byte of the largest id, V_l (the tokens
-         * outside the shard); the last pass writes keys */
-        int passes = 1, per = (int)per64;
-        for (uint64_t m = (uint64_t)V_l >> 8; m; m >>= 8) passes++;
-        for (int pass = 0; pass < passes; pass++) {
-            void *dst = (passes - 1 - pass) % 2 ? (void *)tmp : (void *)keys;
-            void *src = pass == 0 ? NULL : (passes - pass) % 2 ? (void *)tmp : (void *)keys;
-            int shift = 8 * pass;
-            for (int mode = 0; mode < 2; mode++) {
-                void *a1[] = {&dst, &src, &tk, &cnt, &v0, &V_l, &in, &per, &shift, &mode};
-                CHECK(mgc_cuda_launch(be, &k[0], tiles, 1, 1, 256, 0, a1));
-            }
-        }
-        void *a2[] = {&dw, &part, &dy, &keys, &V_l, &n, &S};
-        CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)kconst(&k[1], "T"), 0, a2));
-        if (segs > 1) {
-            void *a3[] = {&dw, &part, &keys, &V_l, &n, &S};
-            CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a3));
-        }
+        CHECK(emb_scatter(be, k, scratch, dw, dy, tk, v0, V_l, n, b, cp, cpr, half, NULL));
     }
     if (!with_dpos) return 0;
     void *dp = c->out[1];
-    /* with documents a block per position of the sequence (rows past it cannot occur: a row's
-     * position is at most its place in the sequence); the position table has at least that
-     * many rows (mgc check: seq_length <= max_position_embeddings) */
-    const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
-    int64_t npos = docs ? c->seq_length : s;
-    if (docs && tout(c, 1)->dim[0] < npos)
-        return mgc_cuda_fail(be, "embedding_bwd '%s': %lld positions, the sequence has %lld", opname(c),
-                             (long long)tout(c, 1)->dim[0], (long long)npos);
-    void *args[] = {&dp, &dy, &b, &cp, &cpr, &half, &docs, &s};
-    return mgc_cuda_launch(be, &k[3], (unsigned)npos, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
+    if (docs) {
+        /* with documents the rows sorted by position, as the word rows by token: positions
+         * below seq_length (a row's position is at most its place in the sequence), which the
+         * position table holds (mgc check: seq_length <= max_position_embeddings) */
+        int64_t npos = c->seq_length;
+        if (tout(c, 1)->dim[0] < npos)
+            return mgc_cuda_fail(be, "embedding_bwd '%s': %lld positions, the sequence has %lld",
+                                 opname(c), (long long)tout(c, 1)->dim[0], (long long)npos);
+        return emb_scatter(be, k, scratch, dp, dy, NULL, 0, npos, n, b, cp, cpr, half, docs);
+    }
+    void *args[] = {&dp, &dy, &b, &cp, &cpr, &half};
+    return mgc_cuda_launch(be, &k[3], (unsigned)s, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
 }
 
 static int op_norm(mgc_backend *be, const mgc_op_call *c) {
