@@ -134,18 +134,6 @@ __device__ __forceinline__ void mgc_ld8(const mgc_t *__restrict__ p, float (&f)[
     f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 #endif
 }
-__device__ __forceinline__ void mgc_st8(mgc_t *__restrict__ p, const float (&f)[8]) {
-#if MGC_HALF
-    unsigned w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        w[j] = mgc_pack2(f[2 * j], f[2 * j + 1]);
-    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
-#else
-    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
-#endif
-}
 /* The same, element by element, for the first `nv` (<= 8; 0 past it on loads) of 8 elements
  * at any alignment. */
 __device__ __forceinline__ void mgc_ld8_part(const mgc_t *__restrict__ p, int nv, float (&f)[8]) {
@@ -195,7 +183,7 @@ __device__ __forceinline__ void mgc_unraw8(const mgc_raw8 &r, float (&f)[8]) {
     f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
 #endif
 }
-/* 8 fp32 values rounded to storage values (as mgc_st8 writes them). */
+/* 8 fp32 values rounded to storage values; mgc_st8 stores them (p 16-byte aligned, as mgc_ld8). */
 __device__ __forceinline__ mgc_raw8 mgc_toraw8(const float (&f)[8]) {
     mgc_raw8 r;
 #if MGC_HALF
@@ -206,6 +194,9 @@ __device__ __forceinline__ mgc_raw8 mgc_toraw8(const float (&f)[8]) {
     r.b = make_float4(f[4], f[5], f[6], f[7]);
 #endif
     return r;
+}
+__device__ __forceinline__ void mgc_st8(mgc_t *__restrict__ p, const float (&f)[8]) {
+    mgc_straw8(p, mgc_toraw8(f));
 }
 __device__ __forceinline__ mgc_raw8 mgc_raw8_zero() {
     mgc_raw8 r;
