@@ -134,4 +134,3 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     return mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G,
                            128, 0, a1);
 }
-
