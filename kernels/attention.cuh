@@ -164,31 +164,8 @@ __device__ __forceinline__ float att_exp2(float x) {
 #endif
 }
 
-/* ---- Philox-4x32-10 (runtime/rng.c): word of element e of (seed, stream) ---------------- */
-
-__device__ __forceinline__ unsigned att_philox_word(unsigned long long seed,
-                                                    unsigned long long stream,
-                                                    unsigned long long e) {
-    unsigned long long blk = e >> 2;
-    unsigned c0 = (unsigned)blk, c1 = (unsigned)(blk >> 32), c2 = (unsigned)stream,
-             c3 = (unsigned)(stream >> 32);
-    unsigned k0 = (unsigned)seed, k1 = (unsigned)(seed >> 32);
-#pragma unroll
-    for (int round = 0; round < 10; round++) {
-        unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    unsigned w = e & 1 ? c1 : c0, w2 = e & 1 ? c3 : c2;
-    return e & 2 ? w2 : w;
-}
-
-/* keep / (1-p) of probability (bi, a, qp, kp) (qp, kp: positions), or 1 when p = 0 */
+/* keep / (1-p) of probability (bi, a, qp, kp) (qp, kp: positions; the Philox word of
+ * mgc_common.cuh), or 1 when p = 0 */
 __device__ __forceinline__ float att_keep(float p, unsigned thr, float dscale,
                                           unsigned long long seed, unsigned long long stream,
                                           unsigned long long elem0, int bi, int a, int qp, int kp,
@@ -196,7 +173,7 @@ __device__ __forceinline__ float att_keep(float p, unsigned thr, float dscale,
     if (!(p > 0.0f)) return 1.0f;
     unsigned long long e =
         elem0 + (unsigned long long)((((i64)bi * heads + a) * s + qp) * (i64)s + kp);
-    return att_philox_word(seed, stream, e) >= thr ? dscale : 0.0f;
+    return mgc_philox_word(seed, stream, e) >= thr ? dscale : 0.0f;
 }
 /* the multiplier of query row i_ and key row j_ of head a, batch row bi (every kernel's names) */
 #define ATT_KEEP(i_, j_)                                                                         \
@@ -217,6 +194,44 @@ __device__ __forceinline__ void att_load_tile(float (*sh)[ATT_D + 1], const mgc_
         const int r = idx / ATT_D, c = idx % ATT_D, i = r0 + r;
         if (N % ATT_NT == 0 || idx < N)
             sh[r][c] = i < n ? mgc_ld(x[(((i64)i * b + bi) * H + h) * ATT_D + c]) : 0.0f;
+    }
+}
+
+/* The SIMT kernels' tile products over the head dim, tile row r = ty + 8 m against tile column
+ * tx + 16 n: s[m][n] = a[r] . b[col] and, when TWO, t[m][n] = c[r] . d[col] in the same loop
+ * (the backward's S and dP, each side's two tiles read together). */
+template <int RM, int RN, bool TWO>
+__device__ __forceinline__ void att_simt_dots(float (&s)[RM][RN], float (&t)[RM][RN],
+                                              const float (*a)[ATT_D + 1], const float (*b)[ATT_D + 1],
+                                              const float (*c)[ATT_D + 1], const float (*d)[ATT_D + 1],
+                                              int ty, int tx) {
+#pragma unroll
+    for (int m = 0; m < RM; m++)
+#pragma unroll
+        for (int n = 0; n < RN; n++) {
+            s[m][n] = 0.0f;
+            if (TWO) t[m][n] = 0.0f;
+        }
+#pragma unroll 4
+    for (int k = 0; k < ATT_D; k++) {
+        float ar[RM], br[RN], cr[RM], dr[RN];
+#pragma unroll
+        for (int m = 0; m < RM; m++) {
+            ar[m] = a[ty + 8 * m][k];
+            if (TWO) cr[m] = c[ty + 8 * m][k];
+        }
+#pragma unroll
+        for (int n = 0; n < RN; n++) {
+            br[n] = b[tx + 16 * n][k];
+            if (TWO) dr[n] = d[tx + 16 * n][k];
+        }
+#pragma unroll
+        for (int m = 0; m < RM; m++)
+#pragma unroll
+            for (int n = 0; n < RN; n++) {
+                s[m][n] = fmaf(ar[m], br[n], s[m][n]);
+                if (TWO) t[m][n] = fmaf(cr[m], dr[n], t[m][n]);
+            }
     }
 }
 
@@ -546,22 +561,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_load_tile<BK>(KVs, k, k0, sk, b, kH, bi, kh);
         __syncthreads();
         float s[RM][RN];
-#pragma unroll
-        for (int m = 0; m < RM; m++)
-#pragma unroll
-            for (int n = 0; n < RN; n++) s[m][n] = 0.0f;
-#pragma unroll 4
-        for (int c = 0; c < ATT_D; c++) {
-            float qa[RM], kb[RN];
-#pragma unroll
-            for (int m = 0; m < RM; m++) qa[m] = Qs[ty + 8 * m][c];
-#pragma unroll
-            for (int n = 0; n < RN; n++) kb[n] = KVs[tx + 16 * n][c];
-#pragma unroll
-            for (int m = 0; m < RM; m++)
-#pragma unroll
-                for (int n = 0; n < RN; n++) s[m][n] = fmaf(qa[m], kb[n], s[m][n]);
-        }
+        att_simt_dots<RM, RN, false>(s, s, Qs, KVs, Qs, KVs, ty, tx);
         int kp[RN];
 #pragma unroll
         for (int n = 0; n < RN; n++) {
@@ -924,31 +924,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             }
             __syncthreads();
             float s[RM][RN], dp[RM][RN];
-#pragma unroll
-            for (int m = 0; m < RM; m++)
-#pragma unroll
-                for (int n = 0; n < RN; n++) s[m][n] = dp[m][n] = 0.0f;
-#pragma unroll 4
-            for (int c = 0; c < ATT_D; c++) {
-                float ka[RM], va[RM], qb[RN], ob[RN];
-#pragma unroll
-                for (int m = 0; m < RM; m++) {
-                    ka[m] = Ks[ty + 8 * m][c];
-                    va[m] = Vs[ty + 8 * m][c];
-                }
-#pragma unroll
-                for (int n = 0; n < RN; n++) {
-                    qb[n] = Qs[tx + 16 * n][c];
-                    ob[n] = dOs[tx + 16 * n][c];
-                }
-#pragma unroll
-                for (int m = 0; m < RM; m++)
-#pragma unroll
-                    for (int n = 0; n < RN; n++) {
-                        s[m][n] = fmaf(ka[m], qb[n], s[m][n]);
-                        dp[m][n] = fmaf(va[m], ob[n], dp[m][n]);
-                    }
-            }
+            att_simt_dots<RM, RN, true>(s, dp, Ks, Qs, Vs, dOs, ty, tx);
 #pragma unroll
             for (int n = 0; n < RN; n++) {
                 int ql = tx + 16 * n, i = q0 + ql;
@@ -1081,31 +1057,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_load_tile<BC>(Vs, v, k0, sk, b, kH, bi, kh);
         __syncthreads();
         float s[RM][RN], dp[RM][RN];
-#pragma unroll
-        for (int m = 0; m < RM; m++)
-#pragma unroll
-            for (int n = 0; n < RN; n++) s[m][n] = dp[m][n] = 0.0f;
-#pragma unroll 4
-        for (int c = 0; c < ATT_D; c++) {
-            float qa[RM], oa[RM], kb[RN], vb[RN];
-#pragma unroll
-            for (int m = 0; m < RM; m++) {
-                qa[m] = Qs[ty + 8 * m][c];
-                oa[m] = dOs[ty + 8 * m][c];
-            }
-#pragma unroll
-            for (int n = 0; n < RN; n++) {
-                kb[n] = Ks[tx + 16 * n][c];
-                vb[n] = Vs[tx + 16 * n][c];
-            }
-#pragma unroll
-            for (int m = 0; m < RM; m++)
-#pragma unroll
-                for (int n = 0; n < RN; n++) {
-                    s[m][n] = fmaf(qa[m], kb[n], s[m][n]);
-                    dp[m][n] = fmaf(oa[m], vb[n], dp[m][n]);
-                }
-        }
+        att_simt_dots<RM, RN, true>(s, dp, Qs, Ks, dOs, Vs, ty, tx);
 #pragma unroll
         for (int n = 0; n < RN; n++) {
             int kl = tx + 16 * n, j = k0 + kl;

@@ -24,6 +24,41 @@
 #endif
 #include "mgc_common.cuh"
 
+/* One pass over a row's vv logits (l; l4 its first n4 float4 columns): the row max, returned,
+ * and this thread's sum of exp(l - max) in s.  Each thread keeps a running max and sum (the
+ * sum rescaled by exp(m_old - m_new) when the max grows); the block takes the max M and
+ * every thread rescales its sum to M (the block sum is the caller's). */
+__device__ __forceinline__ float ce_online_max(float &s, const float *l, const float4 *l4, i64 n4,
+                                               i64 vv, int tid, int bd, float *sh) {
+    float m = -INFINITY;
+    s = 0.0f;
+#pragma unroll 2
+    for (i64 q = tid; q < n4; q += bd) {
+        float4 a = l4[q];
+        float mn = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
+        if (mn > m) { /* m = -inf before: s = 0, exp(-inf) = 0 */
+            s *= expf(m - mn);
+            m = mn;
+        }
+        s += expf(a.x - m);
+        s += expf(a.y - m);
+        s += expf(a.z - m);
+        s += expf(a.w - m);
+    }
+    for (i64 c = 4 * n4 + tid; c < vv; c += bd) {
+        float v = l[c];
+        if (v > m) {
+            s *= expf(m - v);
+            m = v;
+        }
+        s += expf(v - m);
+    }
+    const float tm = m;
+    m = mgc_block_max(m, sh);
+    s = tm == -INFINITY ? 0.0f : tm == m ? s : s * expf(tm - m);
+    return m;
+}
+
 #if defined(MGC_ENTRY_ce_max) || defined(MGC_ENTRY_ce_sums) || defined(MGC_ENTRY_ce_rowstats)
 /* grid n (one block per row), block 512, smem 0 (static 128 B).  ce_max writes mx only;
  * ce_sums reads mx and writes sums; ce_rowstats does both (its mx goes to scratch) in one
@@ -70,31 +105,8 @@ extern "C" __global__ void __launch_bounds__(512)
     for (i64 c = 4 * n4 + tid; c < vv; c += bd)
         s += expf(l[c] - m);
 #else /* ce_rowstats: online */
-    float m = -INFINITY, s = 0.0f;
-#pragma unroll 2
-    for (i64 q = tid; q < n4; q += bd) {
-        float4 a = l4[q];
-        float mn = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
-        if (mn > m) { /* m = -inf before: s = 0, exp(-inf) = 0 */
-            s *= expf(m - mn);
-            m = mn;
-        }
-        s += expf(a.x - m);
-        s += expf(a.y - m);
-        s += expf(a.z - m);
-        s += expf(a.w - m);
-    }
-    for (i64 c = 4 * n4 + tid; c < vv; c += bd) {
-        float v = l[c];
-        if (v > m) {
-            s *= expf(m - v);
-            m = v;
-        }
-        s += expf(v - m);
-    }
-    const float tm = m;
-    m = mgc_block_max(m, sh);
-    s = tm == -INFINITY ? 0.0f : tm == m ? s : s * expf(tm - m);
+    float s;
+    float m = ce_online_max(s, l, l4, n4, vv, tid, bd, sh);
 #endif
     s = mgc_block_sum(s, sh);
     if (threadIdx.x == 0) {
@@ -245,31 +257,8 @@ extern "C" __global__ void __launch_bounds__(512)
     const float4 *l4 = (const float4 *)l;
     const i64 n4 = (ld & 3) == 0 && mgc_al16(logits) ? vv >> 2 : 0; /* float4 columns */
     const int tid = threadIdx.x, bd = blockDim.x;
-    float m = -INFINITY, s = 0.0f;
-#pragma unroll 2
-    for (i64 q = tid; q < n4; q += bd) {
-        float4 a = l4[q];
-        float mn = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
-        if (mn > m) { /* m = -inf before: s = 0, exp(-inf) = 0 */
-            s *= expf(m - mn);
-            m = mn;
-        }
-        s += expf(a.x - m);
-        s += expf(a.y - m);
-        s += expf(a.z - m);
-        s += expf(a.w - m);
-    }
-    for (i64 c = 4 * n4 + tid; c < vv; c += bd) {
-        float v = l[c];
-        if (v > m) {
-            s *= expf(m - v);
-            m = v;
-        }
-        s += expf(v - m);
-    }
-    const float tm = m;
-    m = mgc_block_max(m, sh);
-    s = tm == -INFINITY ? 0.0f : tm == m ? s : s * expf(tm - m);
+    float s;
+    float m = ce_online_max(s, l, l4, n4, vv, tid, bd, sh);
     s = mgc_block_sum(s, sh); /* its barriers: every global read of the row done */
     const i64 id = labels[r];
     if (tid == 0) {
