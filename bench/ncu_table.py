@@ -6,7 +6,8 @@
     python3 bench/ncu_table.py step.csv COPY_GBPS > kernels.md
 
 Each kernel launch's duration is measured by Nsight Compute on the device (no launch latency,
-no host synchronisation, unlike `mgc-run --profile`), with the bytes that reached DRAM.  A
+no host synchronisation; `mgc-run --profile` times each op on the device too, with CUDA events,
+and `mgc profile` divides the op's tensor bytes by that time), with the bytes that reached DRAM.  A
 kernel whose inputs the previous kernel left in L2 (50 MB on the H100) moves more bytes than
 reach DRAM: its achieved bandwidth is its tensors' bytes over this duration, which
 bench/results/gpu-h100.md works out for the memory-bound kernels.  The

@@ -287,6 +287,7 @@ typedef struct prof_meta {
     int64_t ranks;      /* step records */
     char device[128];   /* header's device */
     char backend[32];
+    int device_timing;  /* header's op_timing is "device" (absent: "host") */
 } prof_meta;
 
 static int read_profile(const char *path, mgc_calib_sample **out, int64_t *nout, prof_meta *meta, char *err,
@@ -332,6 +333,8 @@ static int read_profile(const char *path, mgc_calib_sample **out, int64_t *nout,
             if (steps && !isnan(steps->num)) meta->steps = steps->num;
             if (dev) snprintf(meta->device, sizeof meta->device, "%.127s", dev->str);
             if (be) snprintf(meta->backend, sizeof meta->backend, "%.31s", be->str);
+            const jfield *tm = get(f, nf, "op_timing");
+            meta->device_timing = tm && !strcmp(tm->str, "device");
             continue;
         }
         if (!strcmp(type->str, "step")) {
@@ -684,9 +687,11 @@ int mgc_cmd_profile(int argc, char **argv) {
     printf("# Kernels of %s measured on %s (%s backend)\n\n", files[0], meta.device[0] ? meta.device : "?",
            meta.backend[0] ? meta.backend : "?");
     printf("Ceilings: copy %.1f GB/s (%s), GEMM %.1f TFLOP/s (%s). Bytes are each op's inputs and outputs;\n"
-           "FLOPs the plan's (GEMMs and attention). Time per step per rank; ops run one at a time\n"
-           "(mgc-run --profile synchronises around each).\n\n",
-           copy_gbs, src_copy, gemm_tflops, src_gemm);
+           "FLOPs the plan's (GEMMs and attention). Time per step per rank; %s.\n\n",
+           copy_gbs, src_copy, gemm_tflops, src_gemm,
+           meta.device_timing ? "each op's time is the device's, between two timers queued around its work\n"
+                                "(mgc-run --profile on a backend with op timers: no host sync between ops)"
+                              : "ops run one at a time\n(mgc-run --profile synchronises around each)");
     printf("| kernel | pass | ops | ms/step | share | GB/s | %% of copy | TFLOP/s | %% of GEMM |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int64_t i = 0; i < na; i++) {

@@ -176,6 +176,15 @@ typedef struct mgc_backend_iface {
     /* Optional: the compute queue a device communicator's operations join (CUDA: the compute
      * stream, a cudaStream_t); NULL: the backend runs everything at once (CPU, emulator). */
     void *(*queue)(mgc_backend *be);
+    /* Optional, both or none: --profile's op times taken on the device's own clock (CUDA
+     * events), so that profiling waits for the device once an instruction, not once an op
+     * (docs/runtime.md, "Profiling").  time_mark records timer `i` (0, 1, ...; the backend
+     * keeps as many as it is asked for) on the compute queue, where it completes when the
+     * work queued before it has; time_between, once `sync` has returned, gives the seconds
+     * from timer a to timer b.  NULL: the executor syncs and reads the host clock around
+     * each op instead. */
+    int (*time_mark)(mgc_backend *be, int64_t i);
+    int (*time_between)(mgc_backend *be, int64_t a, int64_t b, double *seconds);
 } mgc_backend_iface;
 
 #define MGC_BACKEND_ERR_MAX 1024

@@ -89,6 +89,9 @@ typedef struct cuda_ctx {
     cudaStream_t pstream;
     struct p2p_handle **p2p;
     int n_p2p, cap_p2p;
+    /* --profile's op timers (time_mark): events with timing, made once and reused */
+    cudaEvent_t *timers;
+    int64_t n_timers;
 } cuda_ctx;
 
 /* A pipeline send's download: `mark` on the compute stream, `done` on the pipeline stream. */
@@ -488,6 +491,35 @@ static int cuda_xfer_mark(mgc_backend *be, void **mark) {
     return 0;
 }
 
+/* --profile's op timers (backend.h time_mark, time_between): timer i is an event recorded on
+ * the compute stream, so the time between two is the device's, whatever the host did. */
+static int cuda_time_mark(mgc_backend *be, int64_t i) {
+    cuda_ctx *c = be->context;
+    if (i < 0 || i >= (1 << 20)) return mgc_cuda_fail(be, "op timer %lld out of range", (long long)i);
+    if (i >= c->n_timers) {
+        int64_t n = c->n_timers ? c->n_timers : 256;
+        while (n <= i)
+            n *= 2;
+        cudaEvent_t *t = realloc(c->timers, (size_t)n * sizeof *t);
+        if (!t) return mgc_cuda_fail(be, "out of memory for op timers");
+        c->timers = t;
+        for (; c->n_timers < n; c->n_timers++)
+            CUDA_TRY(be, cudaEventCreate(&c->timers[c->n_timers]), "creating an op timer");
+    }
+    CUDA_TRY(be, cudaEventRecord(c->timers[i], c->stream), "recording an op timer");
+    return 0;
+}
+
+static int cuda_time_between(mgc_backend *be, int64_t a, int64_t b, double *seconds) {
+    cuda_ctx *c = be->context;
+    if (a < 0 || b < 0 || a >= c->n_timers || b >= c->n_timers)
+        return mgc_cuda_fail(be, "op timers %lld and %lld were never recorded", (long long)a, (long long)b);
+    float ms = 0;
+    CUDA_TRY(be, cudaEventElapsedTime(&ms, c->timers[a], c->timers[b]), "reading an op timer");
+    *seconds = ms * 1e-3;
+    return 0;
+}
+
 static int xfer_fail(char *err, size_t errsz, const char *what, cudaError_t e, int device) {
     snprintf(err, errsz, "GPU %d: %s: %s", device, what, cudaGetErrorString(e));
     return -1;
@@ -772,6 +804,9 @@ static void cuda_close(mgc_backend *be) {
             free(c->p2p[i]);
         }
         free(c->p2p);
+        for (int64_t i = 0; i < c->n_timers; i++)
+            cudaEventDestroy(c->timers[i]);
+        free(c->timers);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -811,6 +846,8 @@ static const mgc_backend_iface cuda_iface = {
     .p2p_fence = cuda_p2p_fence,
     .fold = mgc_cuda_fold,
     .queue = cuda_queue,
+    .time_mark = cuda_time_mark,
+    .time_between = cuda_time_between,
 };
 
 int mgc_backend_cuda_devices(void) {

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "cuda_int.h"
@@ -33,6 +34,8 @@ typedef struct emu_ctx {
     int scratch_owned;
     void *scratch_arena;           /* the arena that holds it when not owned */
     const mgc_stage_program *warm; /* the stage whose kernels were loaded last */
+    double *timers;                /* --profile's op timers: the clock when each was marked */
+    int64_t n_timers;
 } emu_ctx;
 
 static int emu_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
@@ -245,9 +248,47 @@ static int emu_p2p_wait(mgc_backend *be, void *done, char *err, size_t errsz) {
     return 0;
 }
 
+/* --profile's op timers: every launch has finished when it returns, so a timer is the host's
+ * clock when it is marked (the CUDA backend's are events on its stream). */
+static int emu_time_mark(mgc_backend *be, int64_t i) {
+    emu_ctx *c = be->context;
+    if (i < 0 || i >= (1 << 20)) {
+        snprintf(be->err, sizeof be->err, "op timer %" PRId64 " out of range", i);
+        return -1;
+    }
+    if (i >= c->n_timers) {
+        int64_t n = c->n_timers ? c->n_timers : 256;
+        while (n <= i)
+            n *= 2;
+        double *t = realloc(c->timers, (size_t)n * sizeof *t);
+        if (!t) {
+            snprintf(be->err, sizeof be->err, "out of memory for op timers");
+            return -1;
+        }
+        for (int64_t k = c->n_timers; k < n; k++)
+            t[k] = NAN;
+        c->timers = t, c->n_timers = n;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    c->timers[i] = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return 0;
+}
+
+static int emu_time_between(mgc_backend *be, int64_t a, int64_t b, double *seconds) {
+    emu_ctx *c = be->context;
+    if (a < 0 || b < 0 || a >= c->n_timers || b >= c->n_timers || isnan(c->timers[a]) || isnan(c->timers[b])) {
+        snprintf(be->err, sizeof be->err, "op timers %" PRId64 " and %" PRId64 " were never marked", a, b);
+        return -1;
+    }
+    *seconds = c->timers[b] - c->timers[a];
+    return 0;
+}
+
 static void emu_close(mgc_backend *be) {
     emu_ctx *c = be->context;
     if (c) {
+        free(c->timers);
         mgc_emu_close(c->emu);
         if (c->scratch_owned) free(c->scratch);
         free(c);
@@ -278,6 +319,8 @@ static const mgc_backend_iface emu_iface = {
     .p2p_wait = emu_p2p_wait,
     .p2p_fence = emu_p2p_wait,
     .fold = mgc_cuda_fold,
+    .time_mark = emu_time_mark,
+    .time_between = emu_time_between,
 };
 
 int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {

@@ -134,6 +134,11 @@ struct mgc_exec {
     mgc_exec_op_hook hook_before, hook_after;
     void *hook_ctx;
     mgc_profile *prof;         /* --profile: where the times go; NULL: no timing at all */
+    struct tpend {             /* ops timed on the device, read at the next prof_clock: the op */
+        int32_t c, pass;       /* (chunk, pass, index) between timers 2k and 2k + 1 */
+        int64_t i;
+    } *tpend;
+    int64_t tpend_n, tpend_cap;
     int graphs;                /* mgc_exec_set_graphs */
     uint8_t *graph_ok;         /* (n_chunks * 2) the chunk's forward / backward qualifies */
     struct xcomm *fg;          /* this thread's communication (staging on device memory) */
@@ -282,15 +287,61 @@ double mgc_exec_loss_scale(const mgc_exec *x) {
 }
 
 /* Profiling: wait for the backend's queued work, then read the clock, so an
- * asynchronous backend's time lands on the item that queued it. */
+ * asynchronous backend's time lands on the item that queued it.  The ops timed on the
+ * device since the last call are read first (prof_op_begin). */
 static int prof_clock(mgc_exec *x, double *t_s) {
     if (x->be->iface->sync(x->be)) {
         xfail(x, "rank %" PRId64 ": synchronizing the backend for --profile: %s", x->rank, x->be->err);
         return -1;
     }
+    for (int64_t k = 0; k < x->tpend_n; k++) {
+        double s = 0;
+        if (x->be->iface->time_between(x->be, 2 * k, 2 * k + 1, &s)) {
+            x->tpend_n = 0;
+            return xfail(x, "rank %" PRId64 ": reading an op's device time for --profile: %s", x->rank,
+                         x->be->err);
+        }
+        mgc_profile_add_op(x->prof, x->tpend[k].c, x->tpend[k].pass, x->tpend[k].i, s);
+    }
+    x->tpend_n = 0;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     *t_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return 0;
+}
+
+/* The start of compute op (c, pass, i) under --profile.  With device timers (backend.h
+ * time_mark) it queues the op's first timer and returns 0 in *t0: prof_op_end queues the
+ * second, and the next prof_clock reads the pair.  Without them it is prof_clock. */
+static int prof_op_begin(mgc_exec *x, double *t0) {
+    if (!x->be->iface->time_mark) return prof_clock(x, t0);
+    *t0 = 0;
+    if (x->tpend_n == x->tpend_cap) {
+        double t;
+        if (x->tpend_cap >= 4096) { /* read them now: the backend keeps fewer timers */
+            if (prof_clock(x, &t)) return -1;
+        } else {
+            int64_t n = x->tpend_cap ? 2 * x->tpend_cap : 256;
+            struct tpend *p = realloc(x->tpend, (size_t)n * sizeof *p);
+            if (!p) return xfail(x, "rank %" PRId64 ": out of memory for --profile's op timers", x->rank);
+            x->tpend = p, x->tpend_cap = n;
+        }
+    }
+    if (x->be->iface->time_mark(x->be, 2 * x->tpend_n))
+        return xfail(x, "rank %" PRId64 ": an op's device timer for --profile: %s", x->rank, x->be->err);
+    return 0;
+}
+
+static int prof_op_end(mgc_exec *x, int c, int pass, int64_t i, double t0) {
+    if (!x->be->iface->time_mark) {
+        double t1;
+        if (prof_clock(x, &t1)) return -1;
+        mgc_profile_add_op(x->prof, c, pass, i, t1 - t0);
+        return 0;
+    }
+    if (x->be->iface->time_mark(x->be, 2 * x->tpend_n + 1))
+        return xfail(x, "rank %" PRId64 ": an op's device timer for --profile: %s", x->rank, x->be->err);
+    x->tpend[x->tpend_n++] = (struct tpend){.c = c, .pass = pass, .i = i};
     return 0;
 }
 
@@ -1172,6 +1223,7 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->fg);
     free(x->last_bwd_mb);
     free(x->ready_op);
+    free(x->tpend);
     free(x->moe_local);
     free(x->moe_counts);
     free(x->moe_bias);
@@ -1889,12 +1941,9 @@ static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64
                 return xfail(x, "'%s' output %d (%s) has no memory", sname(x, op->name), k,
                              sname(x, ch->tensors[op->out[k]].name));
         if (x->hook_before) x->hook_before(x->hook_ctx, &call);
-        if (x->prof && prof_clock(x, &t0)) return -1;
+        if (x->prof && prof_op_begin(x, &t0)) return -1;
         int orc = x->be->iface->run_op(x->be, &call);
-        if (!orc && x->prof) {
-            if (prof_clock(x, &t1)) return -1;
-            mgc_profile_add_op(x->prof, c, pass, i, t1 - t0);
-        }
+        if (!orc && x->prof && prof_op_end(x, c, pass, i, t0)) return -1;
         if (!orc && x->hook_after) x->hook_after(x->hook_ctx, &call);
         if (!orc && pass == 0 && x->moe_local && !x->eval && op->kind == MGC_POP_MOE_DISPATCH &&
             op->iattr[0] == 0 && op->n_out > 1 && count_experts(x, op, call.out[1]))
@@ -2826,6 +2875,7 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     x->graph_replays = 0;
     x->fg->staged_bytes = 0;
     x->overlapped = 0;
+    x->tpend_n = 0; /* a failed step's op timers are not this step's */
     const mgc_stage_program *sp = x->sp;
     double step_t0 = 0, t0 = 0, t1 = 0;
     if (x->prof && prof_clock(x, &step_t0)) {

@@ -31,6 +31,7 @@ struct mgc_profile {
     tsum step;
     char backend[16];
     char device[256];
+    int device_timing; /* the ops timed by the backend's timers */
 };
 
 /* The instruction names of the file (mgc_instr_op, upper case). */
@@ -120,6 +121,10 @@ void mgc_profile_add_step(mgc_profile *p, double seconds) {
     p->step.total_s += seconds;
 }
 
+void mgc_profile_set_device_timing(mgc_profile *p, int device) {
+    p->device_timing = device != 0;
+}
+
 void mgc_profile_device_name(const char *backend, char *buf, size_t n) {
     snprintf(buf, n, "%s", backend ? backend : "cpu");
 #ifdef MGC_HAVE_CUDA_BACKEND
@@ -205,6 +210,7 @@ int mgc_profile_write(FILE *f, mgc_profile *const *ranks, int n, const mgc_profi
     json_str(f, h->backend);
     fputs(",\"device\":", f);
     json_str(f, h->device);
+    fprintf(f, ",\"op_timing\":\"%s\"", h->device_timing ? "device" : "host");
     fprintf(f,
             ",\"world_size\":%" PRId64 ",\"steps\":%" PRId64 ",\"warmup_steps\":%" PRId64
             ",\"precision\":\"%s\"}\n",

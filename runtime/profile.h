@@ -37,6 +37,10 @@ int mgc_profile_open(mgc_profile **out, const mgc_plan *plan, int64_t rank, cons
                      const char *device, char *err, size_t errsz);
 void mgc_profile_free(mgc_profile *p); /* NULL is a no-op */
 
+/* How the ops are timed, for the header's "op_timing": 1 "device" (the backend's timers,
+ * backend.h time_mark), 0 "host" (a sync and the host's clock around each op; the default). */
+void mgc_profile_set_device_timing(mgc_profile *p, int device);
+
 /* Sums: op `index` of chunk `chunk`'s forward (pass 0) or backward (pass 1)
  * program; instruction `instr` of the stage's stream (grouped by op, chunk,
  * arg); a whole step.  Out-of-range indices are ignored. */

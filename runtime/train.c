@@ -202,6 +202,7 @@ static int train_rank(const mgc_plan *plan, mgc_train_data *data, mgc_comm *worl
             mgc_comm_abort(world, err);
             goto done;
         }
+        mgc_profile_set_device_timing(prof, be->iface->time_mark != NULL); /* as exec.c times */
     }
     if (mgc_exec_open(&x, plan, world, be, err, errsz)) {
         mgc_comm_abort(world, err);

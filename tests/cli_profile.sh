@@ -3,9 +3,11 @@
 # JSON lines in format mgc-profile-1 (docs/runtime.md, "Profiling") with one
 # op record per (stage, chunk, pass, index) of each rank's stage program
 # (checked against `mgc inspect --ops`), calls = recorded steps x
-# microbatches, FORWARD + BACKWARD within the step total and a step record
-# per rank; local ranks all land in FILE, MPI rank k > 0 in FILE.rank<k>
-# (when MPIEXEC is given).  Bad input fails before the first step and leaves
+# microbatches, the ops within FORWARD + BACKWARD and those within the step
+# total, and a step record per rank; local ranks all land in FILE, MPI rank
+# k > 0 in FILE.rank<k> (when MPIEXEC is given).  The CUDA emulator's run
+# takes the ops' times from the backend's timers (backend.h time_mark), as
+# the CUDA backend does, where the CPU's syncs and reads the clock per op.  Bad input fails before the first step and leaves
 # no file.  Needs python3 for the format checks (skipped without it).
 set -u
 mgc=$1 run=$2 mpiexec=${3:-}
@@ -29,13 +31,14 @@ compile one
 compile tp2 --set parallel.tensor=2 --set parallel.world_size=2
 compile pp2 --set parallel.pipeline=2 --set parallel.world_size=2
 
-# check NAME PLAN RANKS STEPS FILE...: the profile files of one run of PLAN (.ops/.json beside it)
+# check NAME PLAN RANKS STEPS FILE...: the profile files of one run of PLAN (.ops/.json beside
+# it), on the backend named in $backend (cpu unless set)
 check() {
     name=$1 plan=$2 ranks=$3 steps=$4; shift 4
     if [ "$have_py" = 0 ]; then ok "$name (ran; format not checked)"; return; fi
-    if python3 - "$plan" "$ranks" "$steps" "$@" <<'PY'; then ok "$name"; else bad "$name"; fi
+    if python3 - "$plan" "$ranks" "$steps" "${backend:-cpu}" "$@" <<'PY'; then ok "$name"; else bad "$name"; fi
 import json, re, sys
-plan, want_ranks, steps, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+plan, want_ranks, steps, backend, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
 mb = json.load(open(plan[:-5] + ".json"))["microbatches"]
 # (stage, chunk) -> (forward ops, backward ops), from mgc inspect --ops
 expect, key = {}, None
@@ -51,7 +54,8 @@ for path in files:
     h = recs[0]
     if h.get("type") != "header" or h.get("format") != "mgc-profile-1": errs.append(path + ": no header first")
     if h.get("steps") != steps: errs.append("%s: header steps %s, expected %d" % (path, h.get("steps"), steps))
-    if h.get("backend") != "cpu" or h.get("precision") != "fp32" or h.get("plan") != plan:
+    timing = "device" if backend in ("emu", "cuda") else "host"  # backend.h time_mark
+    if h.get("backend") != backend or h.get("precision") != "fp32" or h.get("plan") != plan or h.get("op_timing") != timing:
         errs.append(path + ": header fields " + json.dumps(h))
     if any(r["type"] == "header" for r in recs[1:]): errs.append(path + ": a second header")
     kinds = [r["type"] for r in recs[1:]]
@@ -80,6 +84,9 @@ for path in files:
             errs.append("rank %d: FORWARD/BACKWARD records %s" % (rank, fb))
         if sum(r["total_s"] for r in fb) > st[0]["total_s"] or st[0]["steps"] != steps or not st[0]["total_s"] > 0:
             errs.append("rank %d: forward+backward %g s beyond the step total %s" % (rank, sum(r["total_s"] for r in fb), st[0]))
+        # every op runs inside a FORWARD or BACKWARD: their times hold the ops'
+        if sum(r["total_s"] for r in ops) > sum(r["total_s"] for r in fb):
+            errs.append("rank %d: the ops' %g s beyond forward+backward's %g s" % (rank, sum(r["total_s"] for r in ops), sum(r["total_s"] for r in fb)))
         if not any(r["op"] == "OPTIMIZER" and r["calls"] == steps for r in ins):
             errs.append("rank %d: no OPTIMIZER record" % rank)
 if ranks_seen != set(range(want_ranks)): errs.append("ranks %s, expected 0..%d" % (sorted(ranks_seen), want_ranks - 1))
@@ -107,6 +114,24 @@ if "$run" "$tmp/pp2.plan" -q --local-ranks 2 --iterations 3 --profile-warmup 2 -
         bad "pipeline 2: no SEND_ACT/RECV_GRAD records"
 else
     bad "pipeline 2 run"; cat "$tmp/err"
+fi
+# the CUDA emulator: the ops timed by the backend's timers, read once an instruction
+if "$run" "$tmp/one.plan" -q --backend emu --iterations 2 --profile "$tmp/pe.jsonl" 2>"$tmp/err"; then
+    backend=emu check "one rank on the CUDA emulator (the backend's op timers)" "$tmp/one.plan" 1 1 "$tmp/pe.jsonl"
+    if "$mgc" profile "$tmp/one.plan" "$tmp/pe.jsonl" 2>&1 | grep -q "each op's time is the device's"; then
+        ok "mgc profile says the emulator's ops were timed on the device"
+    else
+        bad "mgc profile on the emulator's profile"; "$mgc" profile "$tmp/one.plan" "$tmp/pe.jsonl"
+    fi
+    if "$mgc" profile "$tmp/one.plan" "$tmp/p1.jsonl" 2>&1 | grep -q "synchronises around each"; then
+        ok "mgc profile says the CPU's ops were timed by the host"
+    else
+        bad "mgc profile on the CPU's profile"; "$mgc" profile "$tmp/one.plan" "$tmp/p1.jsonl"
+    fi
+elif grep -q "C++ compiler" "$tmp/err"; then
+    echo "no C++ compiler: the emulator's case is skipped"
+else
+    bad "emulator run"; cat "$tmp/err"
 fi
 # under mpirun: rank 0 writes FILE, rank 1 FILE.rank1
 if [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null 2>&1; then
