@@ -581,6 +581,13 @@ typedef struct kagg {
     double bytes, flops;  /* moved / executed, times calls */
 } kagg;
 
+/* A memory-bound kind's (no FLOPs, no communication) bytes per second as a percentage of
+ * copy_gbs; -1 for the others and for kinds without time. */
+static double mem_pct(const kagg *k, double copy_gbs) {
+    if (k->flops > 0 || k->kind >= MGC_POP_ALL_REDUCE || !(k->time_s > 0)) return -1;
+    return 100 * k->bytes / k->time_s / 1e9 / copy_gbs;
+}
+
 static int kagg_cmp(const void *a, const void *b) {
     const kagg *x = a, *y = b;
     return x->time_s < y->time_s ? 1 : x->time_s > y->time_s ? -1 : (x->kind - y->kind) * 2 + (x->bwd - y->bwd);
@@ -689,8 +696,8 @@ int mgc_cmd_profile(int argc, char **argv) {
     printf("Ceilings: copy %.1f GB/s (%s), GEMM %.1f TFLOP/s (%s). Bytes are each op's inputs and outputs;\n"
            "FLOPs the plan's (GEMMs and attention). Time per step per rank; %s.\n\n",
            copy_gbs, src_copy, gemm_tflops, src_gemm,
-           meta.device_timing ? "each op's time is the device's, between two timers queued around its work\n"
-                                "(mgc-run --profile on a backend with op timers: no host sync between ops)"
+           meta.device_timing ? "each op's on the device\n(mgc-run --profile: timers queued around its work, no host sync "
+                                "between ops)"
                               : "ops run one at a time\n(mgc-run --profile synchronises around each)");
     printf("| kernel | pass | ops | ms/step | share | GB/s | %% of copy | TFLOP/s | %% of GEMM |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -710,6 +717,28 @@ int mgc_cmd_profile(int argc, char **argv) {
         printf("| %s | %s | %lld | %.3f | %.1f%% | %.1f | %s | %s | %s |\n", mgc_plan_op_name((mgc_plan_op_kind)k->kind),
                k->bwd ? "bwd" : "fwd", (long long)k->ops, k->time_s / per * 1e3, 100 * k->time_s / total, gbs, cpy, tf,
                gm);
+    }
+    /* the memory-bound kinds against 80% of copy, in the table's order */
+    double mem_t = 0, mem_ok_t = 0;
+    int n_mem = 0, n_ok = 0;
+    for (int64_t i = 0; i < na; i++) {
+        double pct = mem_pct(&agg[i], copy_gbs);
+        if (pct < 0) continue;
+        n_mem++, mem_t += agg[i].time_s;
+        if (pct >= 80) n_ok++, mem_ok_t += agg[i].time_s;
+    }
+    if (n_mem) {
+        printf("\nMemory-bound kinds at 80%% of copy or more: %d of %d (%.1f%% of their time).", n_ok, n_mem,
+               100 * mem_ok_t / mem_t);
+        const char *sep = " Below:";
+        for (int64_t i = 0; i < na; i++) {
+            double pct = mem_pct(&agg[i], copy_gbs);
+            if (pct < 0 || pct >= 80) continue;
+            printf("%s %s %s %.0f%% (%.3f ms)", sep, mgc_plan_op_name((mgc_plan_op_kind)agg[i].kind),
+                   agg[i].bwd ? "bwd" : "fwd", pct, agg[i].time_s / per * 1e3);
+            sep = ",";
+        }
+        printf("%s\n", n_ok < n_mem ? "." : "");
     }
     printf("\nOps total %.3f ms per step per rank", total / per * 1e3);
     if (meta.step_total > 0) printf(" of a measured %.3f ms step", meta.step_total / per * 1e3);

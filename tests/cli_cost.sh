@@ -128,6 +128,13 @@ assert 0.5 < p["step_s"] / step < 2, ("step", p["step_s"], step)' "$tmp/cj2" "$t
     grep -q "^| linear | fwd | [0-9]" "$tmp/k.md" && ok || bad "mgc profile: no linear row"
     grep -q "^| norm | fwd | .*%" "$tmp/k.md" && ok || bad "mgc profile: no bandwidth share for norm"
     grep -q "copy 10.0 GB/s (measured), GEMM 1.0 TFLOP/s (measured)" "$tmp/k.md" && ok || bad "mgc profile: ceilings not shown"
+    # the memory-bound kinds against 80% of copy: all of them under a ceiling of 1 kB/s, none under 1 PB/s
+    "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs 0.000001 >"$tmp/k1.md" 2>&1 &&
+        grep -q "^Memory-bound kinds at 80% of copy or more: \([1-9][0-9]*\) of \1 (100.0% of their time)\.$" "$tmp/k1.md" &&
+        ok || bad "mgc profile: not every kind at 80% of a 1 kB/s copy: $(grep Memory-bound "$tmp/k1.md")"
+    "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs 1000000 >"$tmp/k2.md" 2>&1 &&
+        grep -q "^Memory-bound kinds at 80% of copy or more: 0 of [1-9][0-9]* (0.0% of their time)\. Below: .*norm fwd 0% ([0-9.]* ms)" "$tmp/k2.md" &&
+        ok || bad "mgc profile: kinds at 80% of a 1 PB/s copy: $(grep Memory-bound "$tmp/k2.md")"
     "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs -1 >/dev/null 2>&1; [ $? -eq 2 ] && ok || bad "bad --copy-gbs accepted"
     "$mgc" profile "$tmp/g.plan" "$tmp/t.jsonl" >/dev/null 2>"$tmp/o" && bad "profile of another plan accepted" || ok
 fi
