@@ -318,7 +318,7 @@ static int prof_op_begin(mgc_exec *x, double *t0) {
     *t0 = 0;
     if (x->tpend_n == x->tpend_cap) {
         double t;
-        if (x->tpend_cap >= 4096) { /* read them now: the backend keeps fewer timers */
+        if (x->tpend_cap >= 4096) { /* enough ops pending: read them now, and reuse the timers */
             if (prof_clock(x, &t)) return -1;
         } else {
             int64_t n = x->tpend_cap ? 2 * x->tpend_cap : 256;
