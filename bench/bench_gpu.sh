@@ -21,6 +21,8 @@
 # built-in profile of the device (h100-sxm) and with a profile fitted from a
 # profiled run of the same plan (mgc-run --profile + mgc calibrate), against
 # the measured median; written to OUT/cost-model.md and appended to the report.
+# Last, bench/targets.py judges the report against the CUDA backend's targets
+# (docs/cuda-backend.md) and appends its table.
 set -u
 BUILD=${1:-build-gpu} OUT=${2:-build-gpu/out}
 MGC=$BUILD/compiler/mgc RUN=$BUILD/runtime/mgc-run
@@ -193,3 +195,5 @@ ranks_run() { # plan-name "tag|label|flag"
     cat "$OUT/attention.md" 2>/dev/null
     for k in "$OUT"/kernels-*.md; do [ -f "$k" ] && { echo; sed 's/^# /## /' "$k"; }; done
 } | tee "$T"
+# the targets, judged from the tables above (bench/targets.py)
+$PY bench/targets.py "$T" >"$OUT/targets.md" && { echo; cat "$OUT/targets.md"; } | tee -a "$T"
