@@ -91,7 +91,7 @@ static int job_poisoned(mgc_comm *c) {
     int failed = j->failed;
     if (failed) snprintf(msg, sizeof msg, "%s", j->msg);
     pthread_mutex_unlock(&j->mu);
-    if (failed) mgc_comm_fail(c, MGC_COMM_ERR_ABORTED, "the job failed earlier: %s", msg);
+    if (failed) mgc_comm_fail(c, MGC_COMM_ERR_ABORTED, "released because the job failed: %s", msg);
     return failed;
 }
 
