@@ -581,10 +581,16 @@ typedef struct kagg {
     double bytes, flops;  /* moved / executed, times calls */
 } kagg;
 
+/* A kind whose ops' bytes take less than this at copy bandwidth, on average a call, is bound by
+ * a launch's latency (a few microseconds), not by memory: its bandwidth is shown but not judged
+ * against the 80% line. */
+#define LATENCY_BOUND_S 1e-6
+
 /* A memory-bound kind's (no FLOPs, no communication) bytes per second as a percentage of
- * copy_gbs; -1 for the others and for kinds without time. */
+ * copy_gbs; -1 for the others and for kinds without time, -2 for latency-bound ones. */
 static double mem_pct(const kagg *k, double copy_gbs) {
     if (k->flops > 0 || k->kind >= MGC_POP_ALL_REDUCE || !(k->time_s > 0)) return -1;
+    if (!(k->calls > 0) || k->bytes / k->calls / (copy_gbs * 1e9) < LATENCY_BOUND_S) return -2;
     return 100 * k->bytes / k->time_s / 1e9 / copy_gbs;
 }
 
@@ -721,8 +727,10 @@ int mgc_cmd_profile(int argc, char **argv) {
     /* the memory-bound kinds against 80% of copy, in the table's order */
     double mem_t = 0, mem_ok_t = 0;
     int n_mem = 0, n_ok = 0;
+    int n_lat = 0;
     for (int64_t i = 0; i < na; i++) {
         double pct = mem_pct(&agg[i], copy_gbs);
+        n_lat += pct == -2;
         if (pct < 0) continue;
         n_mem++, mem_t += agg[i].time_s;
         if (pct >= 80) n_ok++, mem_ok_t += agg[i].time_s;
@@ -739,6 +747,18 @@ int mgc_cmd_profile(int argc, char **argv) {
             sep = ",";
         }
         printf("%s\n", n_ok < n_mem ? "." : "");
+    }
+    if (n_lat) {
+        printf("\nLatency-bound kinds, not judged (their bytes take under %.0f us a call at copy bandwidth):",
+               LATENCY_BOUND_S * 1e6);
+        const char *sep = "";
+        for (int64_t i = 0; i < na; i++) {
+            if (mem_pct(&agg[i], copy_gbs) != -2) continue;
+            printf("%s %s %s (%.3f ms)", sep, mgc_plan_op_name((mgc_plan_op_kind)agg[i].kind),
+                   agg[i].bwd ? "bwd" : "fwd", agg[i].time_s / per * 1e3);
+            sep = ",";
+        }
+        printf(".\n");
     }
     printf("\nOps total %.3f ms per step per rank", total / per * 1e3);
     if (meta.step_total > 0) printf(" of a measured %.3f ms step", meta.step_total / per * 1e3);

@@ -191,10 +191,43 @@ static double gemm_time(const ctx *c, const mgc_plan_chunk *ch, const mgc_plan_o
     return roofline(c, flops, eff, bytes);
 }
 
+/* The bytes of at most `rows` rows of table tensor i (dim 0 its rows): the rows a lookup of
+ * `rows` tokens touches at most. */
+static double table_bytes(const mgc_plan_chunk *ch, int32_t i, double rows) {
+    if (i < 0 || i >= ch->n_tensors) return 0;
+    const mgc_plan_tensor *t = &ch->tensors[i];
+    double all = (double)mgc_plan_tensor_data_bytes(t), n = t->rank > 0 ? (double)t->dim[0] : 0;
+    return n > 0 && rows < n ? all * rows / n : all;
+}
+
 static double op_bytes(double routed, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
     double bytes = 0;
+    if ((op->kind == MGC_POP_EMBEDDING || op->kind == MGC_POP_EMBEDDING_BWD) && op->n_in > 1) {
+        /* a lookup moves the rows its tokens name, not the table: the forward reads at most
+         * a row of each table a token (in 1, 2); the backward adds into at most a row of each
+         * fp32 gradient a token, read and written (out 0, 1) */
+        double n = 0; /* tokens */
+        if (op->in[0] >= 0 && op->in[0] < ch->n_tensors) {
+            const mgc_plan_tensor *tok = &ch->tensors[op->in[0]];
+            n = 1;
+            for (int d = 0; d < tok->rank; d++) n *= (double)tok->dim[d];
+        }
+        int bwd = op->kind == MGC_POP_EMBEDDING_BWD, docs = (op->flags & MGC_POF_DOCS) != 0;
+        for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) {
+            int table = !bwd && (i == 1 || (i == 2 && !(docs && i == op->n_in - 1)));
+            bytes += table ? table_bytes(ch, op->in[i], n) : tensor_bytes(routed, ch, op->in[i]);
+        }
+        for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++)
+            bytes += bwd ? 2 * table_bytes(ch, op->out[i], n) : tensor_bytes(routed, ch, op->out[i]);
+        return bytes;
+    }
     for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(routed, ch, op->in[i]);
     for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(routed, ch, op->out[i]);
+    /* a loss chunk's cross-entropy backward that computes the forward's row statistics too
+     * (MGC_POF_CE_STATS) does the unfused forward's work as well: the logits are read by the
+     * statistics' pass and again by the gradient's, as the unfused pair reads them once each */
+    if (op->kind == MGC_POP_CROSS_ENTROPY_BWD && (op->flags & MGC_POF_CE_STATS) && op->n_in > 0)
+        bytes += tensor_bytes(routed, ch, op->in[0]);
     return bytes;
 }
 

@@ -382,6 +382,64 @@ static void test_step(void) {
     mgc_plan_free(p);
 }
 
+/* ---- lookups and the fused cross-entropy ------------------------------------------------- */
+
+static double tbytes(const mgc_plan_chunk *ch, int32_t i) {
+    return (double)mgc_plan_tensor_data_bytes(&ch->tensors[i]);
+}
+
+/* The bytes an op must move, as `mgc profile` and the memory-bound ops' time count them.  An
+ * embedding moves the rows its tokens name: GPT-2 124M at micro batch 8 looks up 8,192 of the
+ * 50,304 word rows and (8,192 tokens, 1,024 positions) all of the position rows, and its
+ * backward reads and writes as many rows of each fp32 gradient.  A loss chunk's cross-entropy
+ * backward with the statistics fused in (MGC_POF_CE_STATS) reads the logits twice, as the
+ * unfused forward and backward do between them. */
+static void test_lookup_bytes(void) {
+    static const char *const sets[] = {"parallel.world_size=1", "parallel.data=1", "parallel.tensor=1",
+                                       "parallel.pipeline=1", "training.micro_batch_size=8",
+                                       "training.global_batch_size=8", "training.precision=bf16",
+                                       "training.loss_chunks=2", NULL};
+    mgc_plan *p = compile_with(GPT, sets);
+    if (!p) return;
+    const mgc_plan_chunk *ch = &p->stages[0].chunks[0];
+    int seen_fwd = 0, seen_bwd = 0, seen_ce = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+        int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+        for (int64_t i = 0; i < n; i++) {
+            const mgc_plan_op *op = &ops[i];
+            if (op->kind == MGC_POP_EMBEDDING) {
+                T_EQ_I64(op->n_in, 3);
+                const mgc_plan_tensor *word = &ch->tensors[op->in[1]], *pos = &ch->tensors[op->in[2]];
+                T_EQ_I64(word->dim[0], 50304);
+                T_EQ_I64(pos->dim[0], 1024);
+                double want = 8192 * 8.0 + 8192 * 768 * 2.0 + 1024 * 768 * 2.0 + tbytes(ch, op->out[0]);
+                T_EQ_I64((int64_t)tbytes(ch, op->out[0]), 8192 * 768 * 2);
+                T_NEAR_REL(mgc_cost_op_bytes(p, ch, op), want, 1e-12);
+                seen_fwd++;
+            } else if (op->kind == MGC_POP_EMBEDDING_BWD) {
+                T_EQ_I64(op->n_out, 2);
+                double want = 8192 * 8.0 + tbytes(ch, op->in[1]) + 2 * (8192 * 768 * 4.0) + 2 * (1024 * 768 * 4.0);
+                T_NEAR_REL(mgc_cost_op_bytes(p, ch, op), want, 1e-12);
+                seen_bwd++;
+            } else if (op->kind == MGC_POP_CROSS_ENTROPY_BWD) {
+                T_CHECK(op->flags & MGC_POF_CE_STATS);
+                double io = 0;
+                for (int k = 0; k < op->n_in; k++) io += tbytes(ch, op->in[k]);
+                for (int k = 0; k < op->n_out; k++) io += tbytes(ch, op->out[k]);
+                T_EQ_I64((int64_t)tbytes(ch, op->in[0]), 4096 * 50304 * 4LL); /* a chunk's fp32 logits */
+                T_NEAR_REL(mgc_cost_op_bytes(p, ch, op), io + tbytes(ch, op->in[0]), 1e-12);
+                seen_ce++;
+            }
+        }
+    }
+    T_EQ_I64(seen_fwd, 1);
+    T_EQ_I64(seen_bwd, 1);
+    T_EQ_I64(seen_ce, 2);
+    printf("test_lookup_bytes: embedding %d + %d, fused cross-entropy %d ops checked\n", seen_fwd, seen_bwd, seen_ce);
+    mgc_plan_free(p);
+}
+
 /* ---- dropless expert rows ---------------------------------------------------------------- */
 
 /* Expert rows received over EP are sized for the worst case; the exchanges, the sort and the
@@ -529,6 +587,7 @@ int main(void) {
     test_ops();
     test_step();
     test_routed();
+    test_lookup_bytes();
     test_calibrate();
     return t_summary("test_cost");
 }
