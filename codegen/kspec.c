@@ -91,11 +91,13 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
         if (max < 1) return 0;
         mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_bwd", ch->tensors[op->out[0]].dtype);
         return 1;
-    case MGC_POP_LINEAR_WGRAD: /* cuBLASLt; the bias gradient */
-        if (op->n_out < 2 || max < 2) return 0;
+    case MGC_POP_LINEAR_WGRAD: /* cuBLASLt; the bias gradient (its partitions' sums added in
+                                  order by the norm backward's reduce kernel) */
+        if (op->n_out < 2 || max < 3) return 0;
         mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_grad_partial", ch->tensors[op->in[0]].dtype);
         mgc_kspec_init(&out[1], "gemm_aux.cuh", "bias_grad_finish", ch->tensors[op->in[0]].dtype);
-        return 2;
+        mgc_kspec_init(&out[2], "norm.cuh", "norm_bwd_reduce", 0);
+        return 3;
     case MGC_POP_GROUPED_LINEAR: /* cuBLASLt; the experts' biases */
         if (op->n_in < 4 || max < 1) return 0;
         mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_add", ch->tensors[op->out[0]].dtype);
@@ -103,7 +105,7 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
     case MGC_POP_GROUPED_LINEAR_WGRAD: /* cuBLASLt; the experts' bias gradients */
         if (op->n_out < 2 || max < 2) return 0;
         mgc_kspec_init(&out[0], "gemm_aux.cuh", "bias_grad_partial", ch->tensors[op->in[0]].dtype);
-        mgc_kspec_init(&out[1], "gemm_aux.cuh", "bias_grad_finish", ch->tensors[op->in[0]].dtype);
+        mgc_kspec_init(&out[1], "norm.cuh", "norm_bwd_reduce", 0);
         return 2;
     case MGC_POP_LINEAR_DGRAD:
     case MGC_POP_GROUPED_LINEAR_DGRAD:

@@ -96,7 +96,7 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
 #define MGC_KSPEC_EMB_SORT_MAX (1 << 30) /* embedding backward: most tokens a microbatch (the sort's int indices) */
 #define MGC_KSPEC_EMB_SEG      32    /* embedding backward: sorted keys a block (kernels/embedding.cuh) */
 #define MGC_KSPEC_EMB_SORT_TILES 128 /* embedding sort: most tiles (blocks) of a pass */
-#define MGC_KSPEC_BGRAD_PARTS  64    /* bias gradient: most row partitions (kernels/gemm_aux.cuh) */
+#define MGC_KSPEC_BGRAD_PARTS  256   /* bias gradient: most row partitions (kernels/gemm_aux.cuh) */
 #define MGC_KSPEC_MOE_TILE     256   /* kernels/moe.cuh: assignments per map block */
 /* A carve's size: bytes rounded up to 256 (every carve starts 256-aligned). */
 uint64_t mgc_kspec_align(uint64_t bytes);
@@ -104,7 +104,8 @@ uint64_t mgc_kspec_align(uint64_t bytes);
  * decided by probability, two passes). */
 uint64_t mgc_kspec_moe_map_bytes(int64_t nk, int64_t E, int64_t cap, int probs);
 /* The bias gradient's row partitions of an M-row dy: at most MGC_KSPEC_BGRAD_PARTS of
- * *rows (a multiple of 8, about 128 or more) each; returns their number. */
+ * *rows (a multiple of 8, about 32 or more: every row lane of kernels/gemm_aux.cuh's
+ * bias_grad_partial loads its 4 rows at once) each; returns their number. */
 int64_t mgc_kspec_bias_grad_parts(int64_t M, int64_t *rows);
 /* The embedding sort's tiles of n keys: at most MGC_KSPEC_EMB_SORT_TILES of *per chunks of
  * 256 keys each; returns their number (kernels/embedding.cuh embedding_sort). */

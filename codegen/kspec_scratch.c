@@ -18,7 +18,7 @@ uint64_t mgc_kspec_moe_map_bytes(int64_t nk, int64_t E, int64_t cap, int probs) 
 }
 
 int64_t mgc_kspec_bias_grad_parts(int64_t M, int64_t *rows) {
-    int64_t P = M > 0 ? (M + 127) / 128 : 1;
+    int64_t P = M > 0 ? (M + 31) / 32 : 1;
     if (P > MGC_KSPEC_BGRAD_PARTS) P = MGC_KSPEC_BGRAD_PARTS;
     int64_t rp = M > 0 ? (M + P - 1) / P : 8;
     rp = (rp + 7) / 8 * 8;

@@ -46,11 +46,13 @@ static const mgc_plan_tensor *T_out(const mgc_op_call *c, int i) {
 }
 
 /* A deterministic bias gradient: db (N, fp32) += column sums of dy (M, N), in row partitions
- * whose sums are then added in order (kernels/gemm_aux.cuh; the partition by M alone). */
+ * of about 32 rows (kernels/gemm_aux.cuh; the partition by M alone) whose sums are then added
+ * in a fixed order by the norm backward's reduce kernel (norm.cuh norm_bwd_reduce: 32 lanes of
+ * partitions, then the lanes in order), which spreads them over ceil(N / 32) blocks. */
 static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, int64_t M, int64_t N) {
     mgc_kspec k[2];
     mgc_kspec_init(&k[0], "gemm_aux.cuh", "bias_grad_partial", dy_dtype);
-    mgc_kspec_init(&k[1], "gemm_aux.cuh", "bias_grad_finish", dy_dtype);
+    mgc_kspec_init(&k[1], "norm.cuh", "norm_bwd_reduce", 0);
     if (M <= 0 || N <= 0) return 0;
     int64_t RP, chunks = mgc_kspec_bias_grad_parts(M, &RP);
     float *part = mgc_cuda_scratch(be, (size_t)(chunks * N) * sizeof(float));
@@ -59,8 +61,10 @@ static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, i
     void *a1[] = {&part, (void *)&dy, &M, &N, &RP, &vec};
     if (mgc_cuda_launch(be, &k[0], (unsigned)((N + 255) / 256), (unsigned)chunks, 1, 256, 0, a1))
         return -1;
-    void *a2[] = {&db, &part, &chunks, &N};
-    return mgc_cuda_launch(be, &k[1], (unsigned)((N + 255) / 256), 1, 1, 256, 0, a2);
+    float *none = NULL;
+    int nb = (int)chunks;
+    void *a2[] = {&db, &none, &part, &nb, &N};
+    return mgc_cuda_launch(be, &k[1], (unsigned)((N + 31) / 32), 1, 1, 1024, 0, a2);
 }
 
 /* The plan's op as another kind on the same call (a fused op's unfused half). */

@@ -587,9 +587,9 @@ static void check_embedding_bwd(void) {
 
 /* ---- 7. the bias gradient -----------------------------------------------------------------
  * linear_wgrad's bias gradient is ours (kernels/gemm_aux.cuh bias_grad_partial: row partitions
- * of 8 lanes, 16-byte rows when N % 8 == 0), not cuBLASLt's BGRADB.  Shapes: 64 partitions of
- * 128 rows, a ragged last partition, columns past a multiple of 8 (element by element) and
- * past a 256-column block, a few rows; fp32 and bf16, onto random non-zero gradients, against
+ * of 8 lanes, 16-byte rows when N % 8 == 0, their sums added by norm.cuh's norm_bwd_reduce), not
+ * cuBLASLt's BGRADB.  Shapes: 256 partitions of 32 rows, a ragged last partition, columns past a
+ * multiple of 8 (element by element) and past a 256-column block, a few rows; fp32 and bf16, onto random non-zero gradients, against
  * double-precision column sums; the weight gradient alongside. */
 
 static void check_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int64_t N) {
