@@ -10,6 +10,13 @@
 #                                             fold alone), nccl, sanitize, bench, kern (every
 #                                             kernel of one step under ncu: device time, DRAM
 #                                             bytes; NCU_MODELS)
+#   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
+#                                             minutes): both benchmark models' steps and losses
+#                                             with the defaults and MGC_GEMM_BGRAD=0, SDPA at
+#                                             their shapes, the attention, norm and bias kernels
+#                                             of one GPT-2 124M step under ncu, test_cuda's bgrad
+#                                             and norm checks; into $OUT/quick.txt and
+#                                             $OUT/kern-quick.md as it goes
 #   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
 #                                             (one-off experiments within one lent call)
 #   sh scripts/gpu.sh ncu                     Nsight Compute on one GPT-2 124M step's attention
@@ -58,6 +65,58 @@ if has shell; then
     exec sh -c "$2"
 fi
 rc=0
+if has quick; then
+    # The plans of bench/bench_gpu.sh's rows (20 steps: their losses compare bit for bit with
+    # that script's .jsonl of an earlier commit when no kernel's arithmetic changed)
+    Q=$OUT/quick.txt
+    qplan() { # model mbs plan
+        build-gpu/compiler/mgc compile models/$1.yaml --set parallel.world_size=1 --set parallel.tensor=1 \
+            --set parallel.pipeline=1 --set parallel.data=1 --set parallel.context=1 \
+            --set training.precision=bf16 --set training.recompute=none --set training.micro_batch_size=$2 \
+            --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.global_batch_size=$2 \
+            --set hardware.cuda_archs=[90] -o "$3" >>"$Q" 2>&1
+    }
+    qrun() { # label plan [env]: 20 steps, the median of steps 9-20 and every step's loss and norm
+        label=$1 plan=$2
+        shift 2
+        # shellcheck disable=SC2068
+        if env $@ build-gpu/runtime/mgc-run "$plan" --backend cuda --iterations 20 -q --metrics build-gpu/q.jsonl >build-gpu/q.log 2>&1; then
+            python3 -c 'import json,sys,statistics
+r=[json.loads(l) for l in open(sys.argv[1])]
+print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x["step_ms"] for x in r][8:]),
+      " ".join("%d:%.9g/%.9g" % (x["step"], x["loss"], x["grad_norm"]) for x in r)))' build-gpu/q.jsonl "$label" | tee -a "$Q"
+        else
+            echo "$label: FAILED: $(tail -n 2 build-gpu/q.log)" | tee -a "$Q"; rc=1
+        fi
+    }
+    echo "== quick (commit ${MGC_COMMIT:-?})" | tee "$Q"
+    qplan gpt2-124m 8 build-gpu/q124.plan && qplan gpt2-1.5b 4 build-gpu/q15.plan || rc=1
+    for rep in 1 2; do
+        qrun "gpt2-124m defaults ($rep)" build-gpu/q124.plan
+        qrun "gpt2-124m MGC_GEMM_BGRAD=0 ($rep)" build-gpu/q124.plan MGC_GEMM_BGRAD=0
+    done
+    qrun "gpt2-1.5b defaults" build-gpu/q15.plan
+    qrun "gpt2-1.5b MGC_GEMM_BGRAD=0" build-gpu/q15.plan MGC_GEMM_BGRAD=0
+    for a in "768 12 12 3072 8" "1600 48 25 6400 4"; do
+        set -- $a
+        python3 bench/torch_gpt_gpu.py --hidden $1 --layers $2 --heads $3 --ffn $4 --mbs $5 --sdpa 2>&1 | tail -n 1 | tee -a "$Q"
+    done
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    : >"$OUT/kern-quick.md"
+    for v in 1 0; do
+        MGC_GEMM_BGRAD=$v timeout 120 "$NCU" --clock-control none --csv \
+            --kernel-name "regex:attention|norm|bias_grad|Bgrad" \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            build-gpu/runtime/mgc-run build-gpu/q124.plan --backend cuda --iterations 1 -q \
+            >build-gpu/q-ncu$v.csv 2>build-gpu/q-ncu$v.err || rc=1
+        { echo "## MGC_GEMM_BGRAD=$v"; python3 bench/ncu_table.py build-gpu/q-ncu$v.csv 4150; } >>"$OUT/kern-quick.md" 2>&1
+    done
+    cat "$OUT/kern-quick.md"
+    for t in bgrad norm; do
+        build-gpu/tests/test_cuda $t >build-gpu/q-$t.log 2>&1 && echo "test_cuda $t: passed" | tee -a "$Q" ||
+            { echo "test_cuda $t: FAILED"; tail -n 20 build-gpu/q-$t.log; rc=1; } | tee -a "$Q"
+    done
+fi
 if has ncu; then
     # One bf16 step of GPT-2 124M (seq 1024, no dropout), the first launch of each kernel whose
     # name the regex matches (--kernel-id ::regex:R:1) profiled with the sections that say where the time goes.  --clock-control
