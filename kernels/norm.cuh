@@ -411,16 +411,10 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
     int buf = 0; /* the slot-sum buffer of the next call: alternates */
 #if MGC_NORM_PREFETCH /* the slot's first row; each step then fetches the next one's */
     mgc_raw8 xn, gn;
-#if MGC_RES
-    mgc_raw8 rn;
-#endif
     {
         const i64 r0 = p + (i64)s * nb;
         xn = mgc_norm_ldraw(x + r0 * (i64)MGC_H, 0, t, s < mine);
         gn = mgc_norm_ldraw(dy + r0 * (i64)MGC_H, 0, t, s < mine);
-#if MGC_RES
-        rn = mgc_norm_ldraw(gres + r0 * (i64)MGC_H, 0, t, s < mine);
-#endif
     }
 #endif
 #pragma unroll 1
@@ -430,24 +424,17 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
         const mgc_t *xr = x + r * (i64)MGC_H, *gr = dy + r * (i64)MGC_H;
 #if MGC_NORM_PREFETCH
         const mgc_raw8 xq = xn, gq = gn;
-#if MGC_RES
-        const mgc_raw8 rq = rn;
-#endif
         {   /* the slot's next row, in flight during this one's statistics */
             const i64 r2 = r + MGC_R * nb;
             const bool ok2 = i + MGC_R < mine;
             xn = mgc_norm_ldraw(x + r2 * (i64)MGC_H, 0, t, ok2);
             gn = mgc_norm_ldraw(dy + r2 * (i64)MGC_H, 0, t, ok2);
-#if MGC_RES
-            rn = mgc_norm_ldraw(gres + r2 * (i64)MGC_H, 0, t, ok2);
-#endif
         }
         (void)xr, (void)gr;
 #elif MGC_NORM_HOLD && MGC_VEC8 /* the row's x, dy (and gres) held as raw storage values */
         mgc_raw8 xq = mgc_norm_ldraw(xr, 0, t, ok), gq = mgc_norm_ldraw(gr, 0, t, ok);
 #endif
-#if MGC_RES && MGC_NORM_HOLD && MGC_VEC8 && !MGC_NORM_PREFETCH /* issued early: its latency
-                                                                      hides behind the stats */
+#if MGC_RES && MGC_NORM_HOLD && MGC_VEC8 /* issued early: its latency hides behind the stats */
         mgc_raw8 rq = mgc_norm_ldraw(gres + r * (i64)MGC_H, 0, t, ok);
 #endif
 #if MGC_NORM_HOLD && MGC_VEC8
