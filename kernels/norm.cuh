@@ -347,9 +347,13 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
  * 85 registers at 384 threads, 64 at 512: 64 Ki registers, allocated 256 a warp), else one.
  * With one, the 256 blocks of the grid run in two rounds on a 132-multiprocessor H100 (GPT-2
  * 1.5B's H 1600 backward at 95 registers did).  fp16's conversions need more than 80 (it
- * would spill), and fp32 rows more than 64 (twice the registers of a 16-bit row): one. */
+ * would spill), and fp32 rows more than 64 (twice the registers of a 16-bit row): one.  At
+ * 512 threads only rows of whole 16-byte vectors, held as raw storage values: a row of other
+ * width holds its x and dy as floats, and at 64 registers spilled (H 100 in bf16: 28 bytes,
+ * found by test_cuda's norm check on an H200). */
 #define MGC_NORM_BWD_MINB                                                                      \
-    (MGC_NORM_HOLD && !MGC_FP16 && (MGC_T * MGC_R <= 384 || (MGC_HALF && MGC_T * MGC_R <= 512)) \
+    (MGC_NORM_HOLD && !MGC_FP16 &&                                                             \
+             (MGC_T * MGC_R <= 384 || (MGC_HALF && MGC_VEC8 && MGC_T * MGC_R <= 512))          \
          ? 2                                                                                   \
          : 1)
 

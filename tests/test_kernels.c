@@ -162,6 +162,14 @@ int main(void) {
             free(names[i]);
         }
     }
+    /* rows of a width that is no multiple of 8 (the norms' and the embedding's element-by-element
+     * paths), in each 16-bit precision: test_cuda's norm check at H 100, whose bf16 norm
+     * backward spilled at two blocks of 512 threads */
+    static const char *const h100 = "model.hidden_size=100 model.head_dim=16 "
+                                    "model.num_attention_heads=4 model.ffn_hidden_size=200";
+    check_file("examples/tiny-gpt.yaml", "bf16", h100);
+    check_file("examples/tiny-gpt.yaml", "fp16", h100);
+    check_file("models/tiny-llama.yaml", "bf16", h100);
     /* the attention kernels with documents (DOCS: data.reset_attention_mask), which no model
      * file uses: SIMT at head dim 16, tensor cores at 16, 64 and 128 */
     const char *docs = "data.reset_attention_mask=true";
