@@ -749,7 +749,8 @@ int mgc_cmd_profile(int argc, char **argv) {
         printf("%s\n", n_ok < n_mem ? "." : "");
     }
     if (n_lat) {
-        printf("\nLatency-bound kinds, not judged (their bytes take under %.0f us a call at copy bandwidth):",
+        printf("\nLatency-bound kinds, not judged (their bytes take under %.0f us a call at copy "
+               "bandwidth):",
                LATENCY_BOUND_S * 1e6);
         const char *sep = "";
         for (int64_t i = 0; i < na; i++) {

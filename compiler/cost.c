@@ -218,7 +218,8 @@ static double op_bytes(double routed, const mgc_plan_chunk *ch, const mgc_plan_o
             bytes += table ? table_bytes(ch, op->in[i], n) : tensor_bytes(routed, ch, op->in[i]);
         }
         for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++)
-            bytes += bwd ? 2 * table_bytes(ch, op->out[i], n) : tensor_bytes(routed, ch, op->out[i]);
+            bytes += bwd ? 2 * table_bytes(ch, op->out[i], n)
+                         : tensor_bytes(routed, ch, op->out[i]);
         return bytes;
     }
     for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) bytes += tensor_bytes(routed, ch, op->in[i]);

@@ -122,10 +122,10 @@
  * the tail at about 20% of the dK/dV kernel's time and 37% of the forward's).  A permutation
  * of the blocks: each computes what it did before, so no bit changes. */
 __device__ __forceinline__ void att_block_ids(int &tile, int &bi, int &h) {
-    const unsigned long long yz = (unsigned long long)gridDim.y * gridDim.z;
-    const unsigned long long lin =
-        blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
-    const unsigned long long p = lin % yz;
+    typedef unsigned long long u64;
+    const u64 yz = (u64)gridDim.y * gridDim.z;
+    const u64 lin = blockIdx.x + (u64)gridDim.x * (blockIdx.y + (u64)gridDim.y * blockIdx.z);
+    const u64 p = lin % yz;
     tile = (int)(lin / yz), bi = (int)(p % gridDim.y), h = (int)(p / gridDim.y);
 }
 
