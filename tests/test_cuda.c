@@ -1637,7 +1637,7 @@ int main(int argc, char **argv) {
         check_device_comm("examples/tiny-gpt.yaml", tpdp);
     }
     if (!only || !strcmp(only, "devcomm")) check_device_comm("models/tiny-moe.yaml", etp2ep2);
-    if (ci2 || (only && !strcmp(only, "moe"))) {
+    if (!only || ci2 || !strcmp(only, "moe")) {
         check_layout("models/tiny-moe.yaml", "bf16", etp2ep2, 3e-2, 1);
         /* the pre-softmax router: the route kernels' softmax over every expert (score 1); the
          * second halves re-run in the backward (recompute modules mlp and moe): the router,
@@ -1678,7 +1678,7 @@ int main(int argc, char **argv) {
         static const char *const seq_aux[] = {"moe.aux_loss_scope=sequence", NULL};
         check_ops("models/tiny-moe.yaml", seq_aux);
     }
-    if (ci2 || (only && !strcmp(only, "docs"))) {
+    if (!only || ci2 || !strcmp(only, "docs")) {
         /* documents: GPT's attention on the fused projection at head dim 32 (tensor cores in
          * 16 bits) with its learned positions restarting (the embedding and its positions'
          * gradient by document), LLaMA's unfused one (its backward's seventh input) at 16 with
@@ -1735,7 +1735,7 @@ int main(int argc, char **argv) {
             check_ops("models/tiny-llama.yaml", w128);
         }
     }
-    if (ci2 || (only && !strcmp(only, "qk"))) {
+    if (!only || ci2 || !strcmp(only, "qk")) {
         /* RMSNorm over 16 channels a head (LLaMA), LayerNorm with its bias over 32 (GPT) */
         static const char *const qk_llama[] = {"model.qk_layernorm=true", NULL};
         static const char *const qk_gpt[] = {"model.qk_layernorm=true", "model.hidden_size=128",
@@ -1744,7 +1744,7 @@ int main(int argc, char **argv) {
         check_ops("examples/tiny-gpt.yaml", qk_gpt);
         check_layout("models/tiny-llama.yaml", "bf16", qk_tp2, 3e-2, 0);
     }
-    if (ci2 || (only && !strcmp(only, "norm"))) {
+    if (!only || ci2 || !strcmp(only, "norm")) {
         /* 560 rows, and with query and key norms 3,360 head rows: the norm forwards' last
          * blocks (16 row slots of 2 rows each at H 96, 32 rows a block) partly past the rows,
          * and the backward's 35 and 210 blocks of partial sums (norm_bwd_reduce: more than its
