@@ -540,6 +540,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
                    const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank,
                    int k_gathered, int qkv) {
+    mgc_pdl_begin();
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, RM = BQ / 8, RN = BK / 16;
     __shared__ float Qs[BQ][ATT_D + 1];
     __shared__ float KVs[BK][ATT_D + 1];
@@ -708,6 +709,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
                    const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank,
                    int k_gathered, int qkv) {
+    mgc_pdl_begin();
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     constexpr int MT = ATT_FMT;
     __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
@@ -896,6 +898,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
+    mgc_pdl_begin();
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Ks[BR][ATT_D + 1];
     __shared__ float Vs[BR][ATT_D + 1];
@@ -1018,6 +1021,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
                    const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
+    mgc_pdl_begin();
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Qs[BR][ATT_D + 1];
     __shared__ float dOs[BR][ATT_D + 1];
@@ -1147,6 +1151,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
+    mgc_pdl_begin();
     constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     /* buffers of the query-side tiles: one at D = 128, where K and V take the shared memory
      * (the next tile is then fetched after this one is done) */
@@ -1325,6 +1330,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
                    const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
+    mgc_pdl_begin();
     constexpr int MT = ATT_QMT, BR = ATT_TBR_Q, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16,
                   DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[2][BC][ATT_D + 8];

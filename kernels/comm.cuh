@@ -25,6 +25,7 @@ __device__ __forceinline__ float mgc_fold_op(float a, float v, int op) {
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dst, const mgc_t *__restrict__ src, int parts, i64 count,
                    i64 stride, int op) {
+    mgc_pdl_begin();
     const bool ok8 = mgc_al16(dst) && mgc_al16(src) && stride % 8 == 0;
     for (i64 v = (i64)blockIdx.x * blockDim.x + threadIdx.x; v * 8 < count;
          v += (i64)gridDim.x * blockDim.x) {

@@ -70,6 +70,7 @@ extern "C" __global__ void __launch_bounds__(512)
     MGC_ENTRY_NAME(float *__restrict__ mx, float *__restrict__ sums,
                    const float *__restrict__ logits, const i64 *__restrict__ labels, i64 v0,
                    i64 vv, i64 ld) {
+    mgc_pdl_begin();
     __shared__ float sh[32];
     i64 r = blockIdx.x;
     const float *l = logits + r * ld;
@@ -129,6 +130,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     MGC_ENTRY_NAME(float *__restrict__ lse, float *__restrict__ loss,
                    const float *__restrict__ mx, const float *__restrict__ sums,
                    const float *__restrict__ mask, i64 n) {
+    mgc_pdl_begin();
     __shared__ float sh[32];
     float tot = 0.0f, cnt = 0.0f;
     for (i64 r = threadIdx.x; r < n; r += blockDim.x) {
@@ -152,6 +154,7 @@ extern "C" __global__ void __launch_bounds__(1024)
  * count is the one ce_finish writes.  mask is not NULL. */
 extern "C" __global__ void __launch_bounds__(1024)
     MGC_ENTRY_NAME(float *__restrict__ loss, const float *__restrict__ mask, i64 n) {
+    mgc_pdl_begin();
     __shared__ float sh[32];
     float cnt = 0.0f;
     for (i64 r = threadIdx.x; r < n; r += blockDim.x)
@@ -231,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(256)
                    const i64 *__restrict__ labels, const float *__restrict__ mask,
                    const float *__restrict__ loss, double dloss, i64 v0, i64 vv, i64 ld,
                    i64 dld) {
+    mgc_pdl_begin();
     i64 r = blockIdx.x;
     bool vec = (ld & 7) == 0 && (dld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);
     ce_bwd_row(dlogits + r * dld, logits + r * ld, ce_scale(mask, loss, dloss, r), lse[r],
@@ -251,6 +255,7 @@ extern "C" __global__ void __launch_bounds__(512)
                    float *__restrict__ sums, const i64 *__restrict__ labels,
                    const float *__restrict__ mask, const float *__restrict__ loss, double dloss,
                    i64 vv, i64 ld, i64 dld) {
+    mgc_pdl_begin();
     __shared__ float sh[32];
     i64 r = blockIdx.x;
     const float *l = logits + r * ld;

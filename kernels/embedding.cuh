@@ -61,6 +61,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
                    const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe, i64 v0,
                    i64 V_l, i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs,
                    i64 n) {
+    mgc_pdl_begin();
     const i64 r0 = (i64)blockIdx.x * MGC_R;
 #if MGC_H % 8 == 0
     /* every row 16-byte aligned (the arena aligns the tables); the same arithmetic per element.
@@ -147,6 +148,7 @@ extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(u64 *__restrict__ dst, const u64 *__restrict__ src, const i64 *__restrict__ tok,
                    int *__restrict__ cnt, i64 v0, i64 V_l, int n, int per, int shift, int mode,
                    i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs) {
+    mgc_pdl_begin();
     __shared__ int wc[8 * 256]; /* the warps' counts of each digit in the chunk */
     __shared__ int next[256];   /* mode 1: where the next key of each digit goes */
     __shared__ int wt[8];
@@ -227,6 +229,7 @@ __device__ __forceinline__ unsigned mgc_emb_tok(const unsigned long long *__rest
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwte, float *__restrict__ part, const mgc_t *__restrict__ dy,
                    const unsigned long long *__restrict__ keys, i64 V_l, i64 n, int S) {
+    mgc_pdl_begin();
     i64 g = blockIdx.x, j0 = g * S, j1 = j0 + S < n ? j0 + S : n;
     /* the token of the piece in progress, its gradient row (NULL: the head piece of a run
      * begun in an earlier segment, summed into part[g]; or a token outside the shard) */
@@ -294,6 +297,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwte, const float *__restrict__ part,
                    const unsigned long long *__restrict__ keys, i64 V_l, i64 n, int S) {
+    mgc_pdl_begin();
     i64 G = (n + S - 1) / S, g = blockIdx.x, last = (g + 1) * S - 1;
     if (last + 1 >= n) return;
     unsigned t = mgc_emb_tok(keys, last);
@@ -357,6 +361,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp,
                    i64 cpr, i64 half_len) {
+    mgc_pdl_begin();
     i64 i = blockIdx.x;
     float *d = dwpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H;
 #pragma unroll

@@ -6,6 +6,7 @@
 #if defined(MGC_ENTRY_bias_add)
 /* y (M, N) += bias (N).  grid ceil(M*N/256), block 256. */
 extern "C" __global__ void MGC_ENTRY_NAME(mgc_t *y, const mgc_t *bias, i64 M, i64 N) {
+    mgc_pdl_begin();
     i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * N) return;
     y[i] = mgc_st(mgc_ld(y[i]) + mgc_ld(bias[i % N]));
@@ -23,6 +24,7 @@ extern "C" __global__ void MGC_ENTRY_NAME(mgc_t *y, const mgc_t *bias, i64 M, i6
 #define MGC_BG_U 4
 extern "C" __global__ void __launch_bounds__(256) MGC_ENTRY_NAME(float *__restrict__ part,
         const mgc_t *__restrict__ dy, i64 M, i64 N, i64 RP, int vec) {
+    mgc_pdl_begin();
     __shared__ float sh[8][257];
     int cl = threadIdx.x & 31, rl = threadIdx.x >> 5;
     i64 c0 = (i64)blockIdx.x * 256 + cl * 8, p = blockIdx.y;
@@ -62,6 +64,7 @@ extern "C" __global__ void __launch_bounds__(256) MGC_ENTRY_NAME(float *__restri
 /* db (N) += sum over chunks of part (chunks, N), chunks in order.
  * grid ceil(N/256), block 256. */
 extern "C" __global__ void MGC_ENTRY_NAME(float *db, const float *part, i64 chunks, i64 N) {
+    mgc_pdl_begin();
     i64 col = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= N) return;
     float s = 0.0f;

@@ -29,6 +29,31 @@ typedef long long i64;
 #define MGC_DYN_SHARED(T, name) extern __shared__ T name[]
 #endif
 
+/* Programmatic dependent launch (docs/cuda-backend.md, "Programmatic dependent launch").
+ * Every kernel entry calls mgc_pdl_begin() first, before it touches global memory:
+ *   griddepcontrol.wait             returns once the grids this one was launched to overlap
+ *                                   (the previous kernel of the stream, launched early under
+ *                                   MGC_PDL) have completed and their writes are visible: a
+ *                                   no-op for a grid launched the ordinary way;
+ *   griddepcontrol.launch_dependents lets the next kernel of the stream, when it too was
+ *                                   launched under MGC_PDL, start its blocks (which wait in
+ *                                   their own mgc_pdl_begin) once every block of this grid
+ *                                   has passed here: they take the multiprocessors this
+ *                                   grid's last wave leaves idle.
+ * After the wait, so that at most one kernel waits at a time.  sm_90 and newer; elsewhere
+ * nothing (the runtime sets the launch attribute only on such GPUs).  The CUDA emulator
+ * checks that every thread of every kernel calls it before any collective. */
+#ifdef MGC_EMU
+#define mgc_pdl_begin() mgc_emu_pdl_begin()
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mgc_pdl_begin() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+#else
+__device__ __forceinline__ void mgc_pdl_begin() {}
+#endif
+
 #ifndef INFINITY /* NVRTC has no math.h */
 #define INFINITY __int_as_float(0x7f800000)
 #endif

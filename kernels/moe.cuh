@@ -152,6 +152,7 @@ extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, const float *__restrict__ bias,
                    float *__restrict__ probs, int *__restrict__ ids, float *__restrict__ zpart,
                    int n, int score, float scale) {
+    mgc_pdl_begin();
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return; /* whole warps */
@@ -267,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ logits, const void *__restrict__ counts, int c64,
                    float *__restrict__ part, int n, int score, int ncol) {
+    mgc_pdl_begin();
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return;
@@ -298,6 +300,7 @@ extern "C" __global__ void __launch_bounds__(128)
                    const float *__restrict__ dprobs, const void *__restrict__ counts, int c64,
                    mgc_t *__restrict__ dlogits, int n, int score, float auxk, float zk,
                    float scale, int ncol) {
+    mgc_pdl_begin();
     int lane = threadIdx.x & 31;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= n) return;
@@ -419,6 +422,7 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(const float *__restrict__ part, int n, float mul, float div,
                    float *__restrict__ out) {
+    mgc_pdl_begin();
     __shared__ float sh[32];
     float s = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += part[i];
@@ -439,6 +443,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(const int *__restrict__ ids, int n, int K, int ncol, int E,
                    void *__restrict__ counts, int c64) {
+    mgc_pdl_begin();
     __shared__ int part[8][32];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, eb = (E + 31) / 32;
     int j = blockIdx.x / eb, e = (blockIdx.x % eb) * 32 + lane, cnt = 0;
@@ -480,6 +485,7 @@ __device__ __forceinline__ int moe_tile_counts(const int *__restrict__ ids,
 extern "C" __global__ void __launch_bounds__(MOE_TILE)
     MGC_ENTRY_NAME(const int *__restrict__ ids, const unsigned char *__restrict__ keep, int nk,
                    int E, int *__restrict__ tilecnt) {
+    mgc_pdl_begin();
     MGC_DYN_SHARED(int, wc);
     int e;
     moe_tile_counts(ids, keep, nk, E, wc, &e);
@@ -501,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(const int *__restrict__ tilecnt, int ntiles, int E, long long cap,
                    int *__restrict__ tileoff, int *__restrict__ tot, int *__restrict__ off,
                    void *__restrict__ counts, int c64) {
+    mgc_pdl_begin();
     MGC_DYN_SHARED(int, kept);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int run = 0;
@@ -540,6 +547,7 @@ extern "C" __global__ void __launch_bounds__(MOE_TILE)
                    int E, long long cap, const int *__restrict__ tileoff,
                    const int *__restrict__ off, int *__restrict__ row_src,
                    int *__restrict__ row_of) {
+    mgc_pdl_begin();
     MGC_DYN_SHARED(int, wc);
     int e;
     int rank = moe_tile_counts(ids, keep, nk, E, wc, &e);
@@ -566,6 +574,7 @@ extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(const int *__restrict__ ids, const float *__restrict__ probs, int nk,
                    long long cap, const int *__restrict__ list, const int *__restrict__ off,
                    const int *__restrict__ tot, unsigned char *__restrict__ keep) {
+    mgc_pdl_begin();
     int a = blockIdx.x * blockDim.x + threadIdx.x;
     if (a >= nk) return;
     int e = ids[a], c = tot[e];
@@ -594,6 +603,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ x, const int *__restrict__ row_of,
                    mgc_t *__restrict__ rows) {
+    mgc_pdl_begin();
     i64 a = blockIdx.x;
     int r = row_of[a];
     if (r < 0) return;
@@ -609,6 +619,7 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ drows, const int *__restrict__ row_of,
                    mgc_t *__restrict__ dx) {
+    mgc_pdl_begin();
     i64 t = blockIdx.x;
     int r[MGC_K];
 #pragma unroll
@@ -629,6 +640,7 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ rows, const float *__restrict__ probs,
                    const int *__restrict__ row_of, mgc_t *__restrict__ y) {
+    mgc_pdl_begin();
     i64 t = blockIdx.x;
     int r[MGC_K];
     float p[MGC_K];
@@ -656,6 +668,7 @@ extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ dy, const mgc_t *__restrict__ rows,
                    const float *__restrict__ probs, const int *__restrict__ row_of,
                    mgc_t *__restrict__ drows, float *__restrict__ dprobs) {
+    mgc_pdl_begin();
     __shared__ float sh[32];
     i64 a = blockIdx.x, t = a / MGC_K;
     int r = row_of[a];
@@ -689,6 +702,7 @@ extern "C" __global__ void __launch_bounds__(32)
     MGC_ENTRY_NAME(const long long *__restrict__ counts, int chunks, int El,
                    long long *__restrict__ cm, long long *__restrict__ em,
                    long long *__restrict__ tpe) {
+    mgc_pdl_begin();
     if (threadIdx.x != 0) return;
     long long run = 0;
     for (int q = 0; q < chunks * El; q++) {
@@ -718,6 +732,7 @@ extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(const mgc_t *__restrict__ src, mgc_t *__restrict__ dst,
                    const long long *__restrict__ cm, const long long *__restrict__ em, int chunks,
                    int El, int inverse) {
+    mgc_pdl_begin();
     i64 r = blockIdx.x;
     int nb = chunks * El;
     if (r >= em[nb]) return;

@@ -233,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows,
                    float eps) {
+    mgc_pdl_begin();
     __shared__ float sh[MGC_R][2][MGC_NW * MGC_P];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
     float v[MGC_P][MGC_NV][8];
@@ -269,6 +270,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows, float eps,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    unsigned thr, float sc, int drop_arg) {
+    mgc_pdl_begin();
     const int drop = MGC_DROP && drop_arg; /* a kernel built with DROP = 0 draws nothing */
     __shared__ float sh[MGC_R][2][MGC_NW];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
@@ -402,6 +404,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
                    const mgc_t *__restrict__ dy, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ gres, i64 rows, float eps,
                    int want_db) {
+    mgc_pdl_begin();
     __shared__ float sh[MGC_R][2][MGC_NW * 3];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
     const i64 nb = gridDim.x, p = blockIdx.x;
@@ -566,6 +569,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
 extern "C" __global__ void __launch_bounds__(1024)
     MGC_ENTRY_NAME(float *__restrict__ dw, float *__restrict__ db,
                    const float *__restrict__ part, int nb, i64 h) {
+    mgc_pdl_begin();
     __shared__ float sh[32][33];
     const int cx = threadIdx.x & 31, j = threadIdx.x >> 5;
     const i64 c = (i64)blockIdx.x * 32 + cx;

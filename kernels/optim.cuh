@@ -78,6 +78,7 @@ struct mgc_aw_list {
  * part (nb) fp64. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(double *__restrict__ part, const __grid_constant__ mgc_sq_list L, int count) {
+    mgc_pdl_begin();
     __shared__ double sh[32];
     double s = 0.0;
     const i64 total = L.c0[count];
@@ -102,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(256)
  * part[0 .. nb). */
 extern "C" __global__ void __launch_bounds__(1024)
     MGC_ENTRY_NAME(double *__restrict__ out, const double *__restrict__ part, int nb, int first) {
+    mgc_pdl_begin();
     __shared__ double sh[32];
     double s = 0.0;
     for (int i = threadIdx.x; i < nb; i += blockDim.x)
@@ -135,6 +137,7 @@ __device__ __forceinline__ void mgc_adamw_elem(float g, float &m, float &v, floa
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(const __grid_constant__ mgc_aw_list L, int count, double lr, double b1,
                    double b2, double eps, double c1, double c2, double grad_scale) {
+    mgc_pdl_begin();
     const double ob1 = 1.0 - b1, ob2 = 1.0 - b2;
     const i64 total = L.c0[count];
     int t = 0;

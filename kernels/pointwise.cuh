@@ -55,6 +55,7 @@ extern "C" __global__ void __launch_bounds__(256)
                    const mgc_t *__restrict__ x, const mgc_t *__restrict__ res, i64 n,
                    unsigned long long seed, unsigned long long stream, unsigned long long elem0,
                    unsigned thr, float sc, int drop) {
+    mgc_pdl_begin();
     if (n <= 0) return;
 #if defined(MGC_ENTRY_dropout_add_fwd)
     const bool rok = mgc_al16(res);
@@ -132,6 +133,7 @@ extern "C" __global__ void __launch_bounds__(256)
                    const unsigned char *__restrict__ mask, i64 n, unsigned long long seed,
                    unsigned long long stream, unsigned long long elem0, unsigned thr, float sc,
                    int drop) {
+    mgc_pdl_begin();
     if (n <= 0) return;
     if ((elem0 & 3ull) == 0 && mgc_al16(dx) && mgc_al16(dy) && ((unsigned long long)mask & 7ull) == 0) {
         i64 n8 = n >> 3; /* 8 elements (2 Philox blocks, or 8 mask bytes) an item */
@@ -222,6 +224,7 @@ __device__ __forceinline__ float mgc_gelu_bwd(float g, float xi) {
 /* grid-stride over n; y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x, i64 n) {
+    mgc_pdl_begin();
 #define MGC_GELU_VEC(v)                                                                        \
     float f[8];                                                                                \
     mgc_ld8(x + 8 * (v), f);                                                                   \
@@ -237,6 +240,7 @@ extern "C" __global__ void __launch_bounds__(256)
  * DGELU epilogue runs it in place): each element is read before it is written, by one thread. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *dx, const mgc_t *dy, const mgc_t *__restrict__ x, i64 n) {
+    mgc_pdl_begin();
 #define MGC_GELUB_VEC(v)                                                                       \
     float f[8], g[8];                                                                          \
     mgc_ld8(x + 8 * (v), f);                                                                   \
@@ -255,6 +259,7 @@ extern "C" __global__ void __launch_bounds__(256)
  * F % 8 == 0 and the pointers are 16-byte aligned, else one. */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, const mgc_t *__restrict__ x, i64 rows) {
+    mgc_pdl_begin();
     const i64 F = MGC_F;
     if (MGC_F % 8 == 0 && mgc_al16(y) && mgc_al16(x)) {
         MGC_GRID_STRIDE(v, rows * (F / 8)) {
@@ -282,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, const mgc_t *__restrict__ dy,
                    const mgc_t *__restrict__ x, i64 rows) {
+    mgc_pdl_begin();
     const i64 F = MGC_F;
     if (MGC_F % 8 == 0 && mgc_al16(dx) && mgc_al16(dy) && mgc_al16(x)) {
         MGC_GRID_STRIDE(v, rows * (F / 8)) {
@@ -317,6 +323,7 @@ extern "C" __global__ void __launch_bounds__(256)
 /* grid-stride over n; y = a + b (y may alias a or b). */
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *y, const mgc_t *a, const mgc_t *b, i64 n) {
+    mgc_pdl_begin();
     /* y may alias a or b: an item reads its 8 elements before it writes them */
 #define MGC_ADD_VEC(v)                                                                         \
     float f[8], g[8];                                                                          \
@@ -376,6 +383,7 @@ __device__ __forceinline__ void mgc_qkv_copy(mgc_t *__restrict__ qkv, mgc_t *__r
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
                    mgc_t *__restrict__ v, i64 rows) {
+    mgc_pdl_begin();
     const bool v8 = MGC_D % 8 == 0 && mgc_al16(qkv) && mgc_al16(q) && mgc_al16(k) && mgc_al16(v);
     const i64 items = rows * MGC_QKV_W / (v8 ? 8 : 1);
     const bool small = items + (i64)gridDim.x * blockDim.x < 2147483647ll;
@@ -430,6 +438,7 @@ extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(mgc_t *__restrict__ qkv, mgc_t *__restrict__ q, mgc_t *__restrict__ k,
                    mgc_t *__restrict__ v, i64 bG, i64 cp, i64 cpr, i64 half_len, double theta,
                    const int *__restrict__ docs, i64 nb) {
+    mgc_pdl_begin();
     __shared__ float cs[MGC_QR_HALF > 0 ? MGC_QR_HALF : 1], sn[MGC_QR_HALF > 0 ? MGC_QR_HALF : 1];
 #if defined(MGC_ENTRY_qkv_rope_fwd)
     const double sign = 1.0;
@@ -525,6 +534,7 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     MGC_ENTRY_NAME(mgc_t *y, const mgc_t *x, i64 bH, i64 cp, i64 cpr, i64 half_len,
                    double theta, double sign, const int *__restrict__ docs, i64 nb) {
+    mgc_pdl_begin();
     __shared__ float cs[MGC_RHALF > 0 ? MGC_RHALF : 1], sn[MGC_RHALF > 0 ? MGC_RHALF : 1];
     i64 i = blockIdx.x; /* the row group */
     double p = (double)(mgc_ctx_pos(i / nb, cp, cpr, half_len) - (docs ? docs[i] : 0));

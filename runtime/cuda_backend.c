@@ -77,6 +77,7 @@ typedef struct cuda_ctx {
     int n_gemm;
     int jit_compiled, jit_cached;
     int dry;       /* bind's warm-up: GEMMs pick their algorithm, kernels load; nothing runs */
+    int pdl;       /* MGC_PDL=1 on sm_90 and newer: kernels launched to overlap the previous one */
     const mgc_stage_program *warm; /* the stage program warmed up last (bind again: no-op) */
     graph_entry graphs[MAX_GRAPHS];
     int n_graphs;
@@ -249,6 +250,18 @@ static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigne
     }
     if (gx == 0 || gy == 0 || gz == 0) return 0; /* nothing to do */
     dim3 g = {gx, gy, gz}, b = {block, 1, 1};
+    if (c->pdl) { /* programmatic dependent launch: the kernel waits in mgc_pdl_begin */
+        cudaLaunchAttribute at;
+        memset(&at, 0, sizeof at);
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDim = g, cfg.blockDim = b, cfg.dynamicSmemBytes = smem, cfg.stream = c->stream;
+        cfg.attrs = &at, cfg.numAttrs = 1;
+        CUDA_TRY(be, cudaLaunchKernelExC(&cfg, (const void *)lk->fn, args), lk->name);
+        return 0;
+    }
     CUDA_TRY(be, cudaLaunchKernel((const void *)lk->fn, g, b, args, smem, c->stream), lk->name);
     return 0;
 }
@@ -900,6 +913,9 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     c->host.epilogues = !(epi && !strcmp(epi, "0"));
     const char *bg = getenv("MGC_GEMM_BGRAD"); /* docs/cuda-backend.md: 0 = ours */
     c->host.bgrad_epilogue = !(bg && !strcmp(bg, "0"));
+    /* docs/cuda-backend.md, "Programmatic dependent launch": off until measured faster */
+    const char *pdl = getenv("MGC_PDL");
+    c->pdl = pdl && !strcmp(pdl, "1") && c->arch >= 90;
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, err_size, "CUDA device %d: cublasLtCreate failed", device);
         cuda_close(be);

@@ -570,6 +570,7 @@ static void coll(mgc_emu_thr *t, int kind, int line, unsigned mask, long long pa
     fiber *f = t->fiber;
     mgc_emu *e = tl_emu;
     if (kind > 0 && kind <= MGC_EMU_LDSM_T) e->arrivals[kind]++;
+    if (!t->pdl) t->pdl_late = 1; /* a collective before mgc_pdl_begin */
     f->kind = kind, f->line = line, f->mask = mask, f->param = param;
     if (in_bytes > MGC_EMU_OPND_MAX) in_bytes = MGC_EMU_OPND_MAX;
     if (in_bytes) memcpy(f->in, in, in_bytes);
@@ -769,11 +770,25 @@ static uint64_t mix(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* After a block: each thread called mgc_pdl_begin once, before anything else the emulator
+ * sees (kernels/mgc_common.cuh: the kernel may not touch global memory before it). */
+static int pdl_check(mgc_emu *e, int n) {
+    for (int i = 0; i < n; i++) {
+        const mgc_emu_thr *t = &e->f[i].t;
+        if (t->pdl != 1 || t->pdl_late)
+            return block_fail(e,
+                              "thread %d called mgc_pdl_begin() %u times%s: every kernel entry "
+                              "calls it once, first (kernels/mgc_common.cuh)",
+                              i, t->pdl, t->pdl_late ? ", after a collective or cp.async" : "");
+    }
+    return 0;
+}
 static int run_block(mgc_emu *e, const loaded *l, mgc_emu_u3 bid, mgc_emu_u3 gdim, int n) {
     if (e->dyn_bytes) memset(e->dyn, 0xff, e->dyn_bytes);
     for (int i = 0; i < n; i++) {
         fiber *f = &e->f[i];
         f->t.commits = 0, f->t.n_cp = 0; /* (not the whole struct: cp[] is large) */
+        f->t.pdl = 0, f->t.pdl_late = 0;
         f->t.tid.x = (unsigned)i, f->t.tid.y = 0, f->t.tid.z = 0;
         f->t.bid = bid;
         f->t.bdim.x = (unsigned)n, f->t.bdim.y = 1, f->t.bdim.z = 1;
@@ -814,7 +829,7 @@ static int run_block(mgc_emu *e, const loaded *l, mgc_emu_u3 bid, mgc_emu_u3 gdi
         }
         int r = resolve_block(e, n);
         if (r < 0) return -1;
-        if (r == 0) return 0; /* every thread returned */
+        if (r == 0) return pdl_check(e, n); /* every thread returned */
     }
 }
 

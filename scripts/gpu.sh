@@ -12,11 +12,12 @@
 #                                             bytes; NCU_MODELS)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes): both benchmark models' steps and losses
-#                                             with the defaults and MGC_GEMM_BGRAD=0, SDPA at
-#                                             their shapes, the attention, norm and bias kernels
-#                                             of one GPT-2 124M step under ncu, test_cuda's bgrad
-#                                             and norm checks; into $OUT/quick.txt and
-#                                             $OUT/kern-quick.md as it goes
+#                                             with the defaults and MGC_PDL=1 (the same bits
+#                                             checked), SDPA at their shapes, the copy curve
+#                                             (bench/copy_curve.py) and the attention and
+#                                             memory-bound kernels of one GPT-2 124M step under
+#                                             ncu, test_cuda's pdl and norm checks; into
+#                                             $OUT/quick.txt and $OUT/kern-quick.md as it goes
 #   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
 #                                             (one-off experiments within one lent call)
 #   sh scripts/gpu.sh ncu                     Nsight Compute on one GPT-2 124M step's attention
@@ -91,28 +92,38 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     }
     echo "== quick (commit ${MGC_COMMIT:-?})" | tee "$Q"
     qplan gpt2-124m 8 build-gpu/q124.plan && qplan gpt2-1.5b 4 build-gpu/q15.plan || rc=1
+    # programmatic dependent launch against ordinary launches: the step, and the same bits
+    samebits() { # label-a label-b: their losses and norms, as qrun printed them
+        a=$(grep "^$1: " "$Q" | tail -n 1 | sed 's/.*losses //') b=$(grep "^$2: " "$Q" | tail -n 1 | sed 's/.*losses //')
+        [ -n "$a" ] && [ "$a" = "$b" ] && echo "$2: losses and norms bit-identical to $1" | tee -a "$Q" ||
+            { echo "$2: losses or norms DIFFER from $1" | tee -a "$Q"; rc=1; }
+    }
     for rep in 1 2; do
         qrun "gpt2-124m defaults ($rep)" build-gpu/q124.plan
-        qrun "gpt2-124m MGC_GEMM_BGRAD=0 ($rep)" build-gpu/q124.plan MGC_GEMM_BGRAD=0
+        qrun "gpt2-124m MGC_PDL=1 ($rep)" build-gpu/q124.plan MGC_PDL=1
     done
+    samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_PDL=1 (1)"
     qrun "gpt2-1.5b defaults" build-gpu/q15.plan
-    qrun "gpt2-1.5b MGC_GEMM_BGRAD=0" build-gpu/q15.plan MGC_GEMM_BGRAD=0
+    qrun "gpt2-1.5b MGC_PDL=1" build-gpu/q15.plan MGC_PDL=1
+    samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_PDL=1"
     for a in "768 12 12 3072 8" "1600 48 25 6400 4"; do
         set -- $a
         python3 bench/torch_gpt_gpu.py --hidden $1 --layers $2 --heads $3 --ffn $4 --mbs $5 --sdpa 2>&1 | tail -n 1 | tee -a "$Q"
     done
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    : >"$OUT/kern-quick.md"
-    for v in 1 0; do
-        MGC_GEMM_BGRAD=$v timeout 120 "$NCU" --clock-control none --csv \
-            --kernel-name "regex:attention|norm|bias_grad|Bgrad" \
-            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-            build-gpu/runtime/mgc-run build-gpu/q124.plan --backend cuda --iterations 1 -q \
-            >build-gpu/q-ncu$v.csv 2>build-gpu/q-ncu$v.err || rc=1
-        { echo "## MGC_GEMM_BGRAD=$v"; python3 bench/ncu_table.py build-gpu/q-ncu$v.csv 4150; } >>"$OUT/kern-quick.md" 2>&1
-    done
+    NCUM=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+    # copies of each size and an empty kernel (bench/copy_curve.py), then the step's
+    # memory-bound and attention kernels beside them
+    timeout 120 "$NCU" --clock-control none --csv --metrics $NCUM python3 bench/copy_curve.py \
+        >build-gpu/q-curve.csv 2>build-gpu/q-curve.err || rc=1
+    timeout 120 "$NCU" --clock-control none --csv \
+        --kernel-name "regex:attention|norm|bias_grad|Bgrad|embedding|ce_|adamw|sumsq" --metrics $NCUM \
+        build-gpu/runtime/mgc-run build-gpu/q124.plan --backend cuda --iterations 1 -q \
+        >build-gpu/q-ncu.csv 2>build-gpu/q-ncu.err || rc=1
+    python3 bench/ncu_table.py --curve build-gpu/q-curve.csv build-gpu/q-ncu.csv 4150 >"$OUT/kern-quick.md" 2>&1 ||
+        { tail -n 5 build-gpu/q-curve.err; python3 bench/ncu_table.py build-gpu/q-ncu.csv 4150; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     cat "$OUT/kern-quick.md"
-    for t in bgrad norm; do
+    for t in pdl norm; do
         build-gpu/tests/test_cuda $t >build-gpu/q-$t.log 2>&1 && echo "test_cuda $t: passed" | tee -a "$Q" ||
             { echo "test_cuda $t: FAILED"; tail -n 20 build-gpu/q-$t.log; rc=1; } | tee -a "$Q"
     done
@@ -156,6 +167,9 @@ for _ in range(20): b.copy_(a)
 e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*1e-3)/1e9))' 2>/dev/null || echo 2970)
     echo "== kernels (ncu), copy ${copy} GB/s"
     rm -rf build-gpu/kern && mkdir -p build-gpu/kern
+    # copies of each size and an empty kernel: each kernel beside a copy of its bytes
+    "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        $PY bench/copy_curve.py >build-gpu/kern/curve.csv 2>build-gpu/kern/curve.err || rc=1
     for m in ${NCU_MODELS:-gpt2-124m}; do
         mbs=8
         case $m in gpt2-1.5b) mbs=4 ;; esac
@@ -169,7 +183,8 @@ e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
             build-gpu/runtime/mgc-run build-gpu/kern-$m.plan --backend cuda --iterations 1 -q \
             >build-gpu/kern/$m.csv 2>build-gpu/kern/$m.err || rc=1
-        $PY bench/ncu_table.py build-gpu/kern/$m.csv "$copy" >build-gpu/kern/kernels-$m.md || rc=1
+        $PY bench/ncu_table.py --curve build-gpu/kern/curve.csv build-gpu/kern/$m.csv "$copy" >build-gpu/kern/kernels-$m.md ||
+            $PY bench/ncu_table.py build-gpu/kern/$m.csv "$copy" >build-gpu/kern/kernels-$m.md || rc=1
         head -n 45 build-gpu/kern/kernels-$m.md
     done
     tar czf "$OUT/kern.tgz" -C build-gpu kern || rc=1

@@ -218,6 +218,17 @@ static inline void mgc_emu_ldsm4(int line, bool trans, unsigned r[4], const unsi
     mgc_emu_coll(trans ? MGC_EMU_LDSM_T : MGC_EMU_LDSM, line, 0xffffffffu, 0, &p, sizeof p, r, 16);
 }
 
+/* ---- programmatic dependent launch (kernels/mgc_common.cuh's mgc_pdl_begin) ------------ */
+
+/* Nothing to wait for here (launches run one after another), but the contract is checked: the
+ * emulator fails a launch where a thread did not call it exactly once, before its first
+ * collective (the emulator's side) and its first cp.async (here). */
+static inline void mgc_emu_pdl_begin() {
+    mgc_emu_thr *t = mgc_emu_cur;
+    if (t->pdl || t->n_cp || t->commits) t->pdl_late = 1;
+    t->pdl++;
+}
+
 /* ---- cp.async: pending until wait_group retires the group --------------------------------- */
 
 static inline void mgc_emu_cp_done(mgc_emu_cp *c) {

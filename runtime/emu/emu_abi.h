@@ -12,7 +12,7 @@
 #ifndef MGC_EMU_ABI_H
 #define MGC_EMU_ABI_H
 
-#define MGC_EMU_ABI 1
+#define MGC_EMU_ABI 2
 
 /* the most bytes one thread hands a collective, or gets back */
 #define MGC_EMU_OPND_MAX 48
@@ -51,6 +51,9 @@ typedef struct mgc_emu_thr {
     int n_cp;                        /* pending copies in cp[] */
     mgc_emu_cp cp[MGC_EMU_CP_MAX];
     void *fiber;                     /* the emulator's own state of this thread */
+    /* mgc_pdl_begin (kernels/mgc_common.cuh): calls so far, and calls that came after a
+     * collective or a cp.async (the entry must call it first, once) */
+    unsigned pdl, pdl_late;
 } mgc_emu_thr;
 
 typedef struct mgc_emu_rt {
