@@ -217,15 +217,25 @@ __device__ __forceinline__ unsigned mgc_emb_tok(const unsigned long long *__rest
 #endif
 
 #if defined(MGC_ENTRY_embedding_bwd_sorted)
+/* keys a batch: U rows of dy and U gradient rows (2 U EPER registers) and U keys (2 U) within
+ * what a thread of a block of T may hold beside the rest (64 registers at T = 1024) */
+#define MGC_EMB_SREGS (MGC_T <= 256 ? 160 : MGC_T <= 512 ? 80 : 44)
+#define MGC_EMB_SU0 (MGC_EMB_SREGS / (2 * MGC_EPER + 2))
+#define MGC_EMB_SU (MGC_EMB_SU0 > 8 ? 8 : MGC_EMB_SU0 < 1 ? 1 : MGC_EMB_SU0)
 /* grid ceil(n / S) (one block per segment of S = MGC_KSPEC_EMB_SEG sorted keys), block T.
  * The segment's keys fall into pieces of one token each.  A piece that is its token's whole
  * run of rows adds them, r ascending, to the token's gradient row starting from the row's
  * value (the CPU's order and rounding).  A run that crosses segments: its first piece is
  * added to the gradient row the same way; the piece at the start of each later segment it
  * covers is summed from zero into part[g] (the segment's own row of partials), and
- * embedding_bwd_join adds those in segment order.  Rows are read U at a time ahead of the
- * additions (independent loads in flight; the order of the additions is unchanged).  dwte
- * (V_l, H) fp32, accumulated; the keys' ids are the shard's (V_l: a token outside it, skipped). */
+ * embedding_bwd_join adds those in segment order.  dwte (V_l, H) fp32, accumulated; the
+ * keys' ids are the shard's (V_l: a token outside it, skipped).
+ * Keys are taken U (MGC_EMB_SU) at a time: a batch's rows of dy and the gradient rows of the runs that
+ * begin in it are loaded together, and the next batch's keys with them, before the batch's
+ * additions, so that a batch waits for memory once (a gradient row loaded when its run began,
+ * one run after another, made the kernel wait about once a run: 37 us of a GPT-2 124M step
+ * on the H200).  The additions keep their order; a run's gradient row is read before this
+ * block writes it, and no other block writes it in this kernel. */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwte, float *__restrict__ part, const mgc_t *__restrict__ dy,
                    const unsigned long long *__restrict__ keys, i64 V_l, i64 n, int S) {
@@ -238,29 +248,40 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     bool head = j0 > 0 && mgc_emb_tok(keys, j0 - 1) == cur;
     float *dst = head ? part + g * (i64)MGC_H : dwte + (i64)cur * MGC_H;
     float acc[MGC_EPER];
+    unsigned long long kb[MGC_EMB_SU]; /* the next batch's keys (the last key past j1) */
+#pragma unroll
+    for (int u = 0; u < MGC_EMB_SU; u++)
+        kb[u] = keys[j0 + u < j1 ? j0 + u : j1 - 1];
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;
-        acc[k] = !head && dst && c < MGC_H ? dst[c] : 0.0f;
+        acc[k] = !head && c < MGC_H ? dst[c] : 0.0f;
     }
-    for (i64 j = j0; j < j1; j += MGC_EMB_U) {
-        float x[MGC_EMB_U][MGC_EPER];
-        unsigned tk[MGC_EMB_U];
+    for (i64 j = j0; j < j1; j += MGC_EMB_SU) {
+        float x[MGC_EMB_SU][MGC_EPER], pre[MGC_EMB_SU][MGC_EPER];
+        unsigned tk[MGC_EMB_SU];
 #pragma unroll
-        for (int u = 0; u < MGC_EMB_U; u++) {
-            i64 q = j + u < j1 ? j + u : j1 - 1;
-            unsigned long long key = keys[q];
-            tk[u] = (unsigned)(key >> 32);
-            const mgc_t *row = dy + (i64)(unsigned)key * MGC_H;
+        for (int u = 0; u < MGC_EMB_SU; u++) {
+            tk[u] = (unsigned)(kb[u] >> 32);
+            const mgc_t *row = dy + (i64)(unsigned)kb[u] * MGC_H;
             const bool in = tk[u] < V_l; /* else a row outside the shard: not read */
+            /* a run that begins at this key: its gradient row, read now */
+            const bool starts = in && j + u < j1 && tk[u] != (u ? tk[u - 1] : cur);
+            const float *gr = dwte + (i64)tk[u] * MGC_H;
 #pragma unroll
             for (int k = 0; k < MGC_EPER; k++) {
                 int c = k * MGC_T + threadIdx.x;
                 x[u][k] = in && c < MGC_H ? mgc_ld(row[c]) : 0.0f;
+                pre[u][k] = starts && c < MGC_H ? gr[c] : 0.0f;
             }
         }
+        const i64 jn = j + MGC_EMB_SU;
+        if (jn < j1)
 #pragma unroll
-        for (int u = 0; u < MGC_EMB_U; u++) {
+            for (int u = 0; u < MGC_EMB_SU; u++)
+                kb[u] = keys[jn + u < j1 ? jn + u : j1 - 1];
+#pragma unroll
+        for (int u = 0; u < MGC_EMB_SU; u++) {
             if (j + u >= j1) break;
             if (tk[u] != cur) { /* the piece before ends here: a whole run, or a head piece */
 #pragma unroll
@@ -271,10 +292,8 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
                 cur = tk[u];
                 dst = cur < V_l ? dwte + (i64)cur * MGC_H : (float *)0;
 #pragma unroll
-                for (int k = 0; k < MGC_EPER; k++) {
-                    int c = k * MGC_T + threadIdx.x;
-                    acc[k] = dst && c < MGC_H ? dst[c] : 0.0f;
-                }
+                for (int k = 0; k < MGC_EPER; k++)
+                    acc[k] = pre[u][k]; /* 0 outside the shard */
             }
 #pragma unroll
             for (int k = 0; k < MGC_EPER; k++)
@@ -354,35 +373,52 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 #endif
 
 #if defined(MGC_ENTRY_embedding_bwd_pos)
+/* rows read ahead of their additions: U * EPER registers, 32 (20 in blocks of 1024, whose
+ * threads hold at most 64: fp16's conversions at H 12288 spilled with 24) */
+#define MGC_EMB_PREGS (MGC_T <= 512 ? 32 : 20)
+#define MGC_EMB_PU0 (MGC_EMB_PREGS / MGC_EPER)
+#define MGC_EMB_PU (MGC_EMB_PU0 > 8 ? 8 : MGC_EMB_PU0 < 1 ? 1 : MGC_EMB_PU0)
 /* grid s (one block per sequence row, i.e. per distinct position), block T, smem 0.
  * dwpe (P, H) fp32, accumulated.  Without documents only: with them (data.reset_position_ids)
  * the launcher sorts the rows by position and adds them as the word gradient's rows
- * (embedding_sort with tok NULL, embedding_bwd_sorted, embedding_bwd_join). */
+ * (embedding_sort with tok NULL, embedding_bwd_sorted, embedding_bwd_join).  A column's
+ * additions are j ascending; the gradient row and U rows of dy (all b of them for GPT-2's
+ * micro batches) are loaded for every column of the thread before the first addition (a
+ * column at a time, four rows ahead, waited for memory three times a column: 11.2 us of a
+ * GPT-2 124M step on the H200). */
 extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     MGC_ENTRY_NAME(float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp,
                    i64 cpr, i64 half_len) {
     mgc_pdl_begin();
     i64 i = blockIdx.x;
     float *d = dwpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H;
+    const mgc_t *y = dy + i * b * (i64)MGC_H;
+    float acc[MGC_EPER];
 #pragma unroll
     for (int k = 0; k < MGC_EPER; k++) {
         int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) {
-            /* j ascending; four rows' loads issued before their additions */
-            const mgc_t *y = dy + i * b * (i64)MGC_H + c;
-            float acc = d[c];
-            i64 j = 0;
-            for (; j + 4 <= b; j += 4) {
-                float x[4];
+        acc[k] = c < MGC_H ? d[c] : 0.0f;
+    }
+    for (i64 j = 0; j < b; j += MGC_EMB_PU) {
+        float x[MGC_EMB_PU][MGC_EPER];
 #pragma unroll
-                for (int u = 0; u < 4; u++) x[u] = mgc_ld(y[(j + u) * (i64)MGC_H]);
+        for (int u = 0; u < MGC_EMB_PU; u++)
 #pragma unroll
-                for (int u = 0; u < 4; u++) acc += x[u];
+            for (int k = 0; k < MGC_EPER; k++) {
+                int c = k * MGC_T + threadIdx.x;
+                x[u][k] = j + u < b && c < MGC_H ? mgc_ld(y[(j + u) * (i64)MGC_H + c]) : 0.0f;
             }
-            for (; j < b; j++)
-                acc += mgc_ld(y[j * (i64)MGC_H]);
-            d[c] = acc;
-        }
+#pragma unroll
+        for (int u = 0; u < MGC_EMB_PU; u++)
+            if (j + u < b)
+#pragma unroll
+                for (int k = 0; k < MGC_EPER; k++)
+                    acc[k] += x[u][k];
+    }
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) d[c] = acc[k];
     }
 }
 #endif
