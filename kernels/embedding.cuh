@@ -154,6 +154,18 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ int wt[8];
     const int x = threadIdx.x, nt = gridDim.x, tl = blockIdx.x, w = x >> 5;
     int mine = 0; /* mode 0: the tile's keys of digit x */
+    /* the key of this thread in chunk c (d = -1 past n), loaded one chunk ahead: chunk 0's
+     * before the counts are read and scanned, chunk c + 1's before chunk c is ranked (each
+     * load waited for memory on its own before: a round trip a launch and a chunk) */
+    u64 key = 0;
+    int d = -1;
+    {
+        const int e = tl * per * 256 + x;
+        if (per > 0 && e < n) {
+            key = mgc_sort_key(src, tok, v0, V_l, b, cp, cpr, half_len, docs, e);
+            d = (int)(key >> (32 + shift)) & 255;
+        }
+    }
     if (mode == 1) {
         int tot = 0, pre = 0; /* digit x's keys: all of them; in the tiles before this one */
         for (int q = 0; q < nt; q++) {
@@ -178,12 +190,12 @@ extern "C" __global__ void __launch_bounds__(256)
         next[x] = inc - tot + pre; /* read after mgc_block_rank's barriers */
     }
     for (int c = 0; c < per; c++) {
-        const int e = (tl * per + c) * 256 + x;
-        u64 key = 0;
-        int d = -1;
-        if (e < n) {
-            key = mgc_sort_key(src, tok, v0, V_l, b, cp, cpr, half_len, docs, e);
-            d = (int)(key >> (32 + shift)) & 255;
+        u64 nkey = 0;
+        int nd = -1;
+        const int en = (tl * per + c + 1) * 256 + x;
+        if (c + 1 < per && en < n) {
+            nkey = mgc_sort_key(src, tok, v0, V_l, b, cp, cpr, half_len, docs, en);
+            nd = (int)(nkey >> (32 + shift)) & 255;
         }
         int rank = mgc_block_rank(d, 256, wc);
         if (mode == 1 && d >= 0) {
@@ -200,6 +212,7 @@ extern "C" __global__ void __launch_bounds__(256)
             next[x] += s;
         else
             mine += s;
+        key = nkey, d = nd;
     }
     if (mode == 0) cnt[tl * 256 + x] = mine;
 }

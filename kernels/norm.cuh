@@ -575,6 +575,9 @@ extern "C" __global__ void __launch_bounds__(1024)
     const i64 c = (i64)blockIdx.x * 32 + cx;
     const float *src = part + (blockIdx.y ? (i64)nb * h : 0);
     float *dst = blockIdx.y ? db : dw;
+    /* thread row 0 reads dst with the partials, not after the barrier: one wait for memory
+     * less (dst[c] + t, as dst[c] += t) */
+    const float d0 = j == 0 && c < h ? dst[c] : 0.0f;
     float s = 0.0f;
     if (c < h)
 #pragma unroll 8 /* the 8 partials of nb = 256 loaded together, then added in order */
@@ -586,7 +589,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         float t = 0.0f;
         for (int q = 0; q < 32; q++)
             t += sh[q][cx];
-        dst[c] += t;
+        dst[c] = d0 + t;
     }
 }
 #endif
