@@ -20,6 +20,7 @@
 
 #include "backend.h"
 #include "cuda_int.h"
+#include "gemm_tuning.h"
 #include "kspec.h"
 #include "nvrtc.h"
 
@@ -31,11 +32,7 @@ typedef struct loaded_kernel {
     size_t smem_set; /* dynamic shared memory the attribute allows */
 } loaded_kernel;
 
-typedef struct gemm_key {
-    int ta, tb;
-    int64_t m, n, k, lda, ldb, ldc, aux_ld;
-    int atype, btype, ctype, epilogue, has_bias, biastype, has_aux, auxtype, beta1;
-} gemm_key;
+typedef mgc_gemm_key gemm_key; /* gemm_tuning.h: the key of the tuning file too */
 
 typedef struct gemm_entry {
     gemm_key key;
@@ -43,6 +40,9 @@ typedef struct gemm_entry {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
     int ok; /* the heuristic found an algorithm */
+    /* MGC_GEMM_TUNE: the heuristic's candidates, timed at the first run that launches */
+    cublasLtMatmulAlgo_t cand[MGC_GEMM_TUNING_MAX_CAND];
+    int n_cand, tuned;
 } gemm_entry;
 
 /* A program's CUDA graph (backend.h graph_begin): recorded on its second run, replayed after. */
@@ -78,6 +78,14 @@ typedef struct cuda_ctx {
     int jit_compiled, jit_cached;
     int dry;       /* bind's warm-up: GEMMs pick their algorithm, kernels load; nothing runs */
     int pdl;       /* MGC_PDL=1 on sm_90 and newer: kernels launched to overlap the previous one */
+    /* GEMM tuning (gemm_tuning.h, docs/cuda-backend.md): MGC_GEMM_TUNING's table, whose
+     * candidate each GEMM uses (checked against this device at the first GEMM: tuning_ok);
+     * or MGC_GEMM_TUNE's, filled as GEMMs are timed and written to tune_path each time */
+    mgc_gemm_tuning *tuning, *tune;
+    int tuning_checked, tuning_ok;
+    int64_t tuning_absent, tuning_moved;
+    char tune_path[1024], tuning_path[1024], device_name[128];
+    long lt_version;
     const mgc_stage_program *warm; /* the stage program warmed up last (bind again: no-op) */
     graph_entry graphs[MAX_GRAPHS];
     int n_graphs;
@@ -334,13 +342,101 @@ static int gemm_entry_make(mgc_backend *be, gemm_entry *e, const gemm_key *k) {
                     CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
                                          sizeof mask);
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
+    cublasLtMatmulHeuristicResult_t res[MGC_GEMM_TUNING_MAX_CAND];
+    int found = 0, want = c->tune || c->tuning ? MGC_GEMM_TUNING_MAX_CAND : 1;
     cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->a, e->b, e->c, e->c, pref,
-                                                       1, &res, &found);
+                                                       want, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     e->ok = hs == CUBLAS_STATUS_SUCCESS && found > 0;
-    if (e->ok) e->algo = res.algo;
+    if (!e->ok) return 0;
+    e->algo = res[0].algo; /* cuBLASLt's first choice */
+    e->n_cand = found < MGC_GEMM_TUNING_MAX_CAND ? found : MGC_GEMM_TUNING_MAX_CAND;
+    for (int i = 0; i < e->n_cand; i++)
+        e->cand[i] = res[i].algo;
+    if (c->tuning && !c->tuning_checked) { /* the workspace is known from the first GEMM on */
+        char why[512];
+        c->tuning_checked = 1;
+        c->tuning_ok = mgc_gemm_tuning_matches(c->tuning, c->device_name, c->lt_version,
+                                               c->ws_bytes, why, sizeof why);
+        if (!c->tuning_ok)
+            fprintf(stderr, "mgc-run: warning: MGC_GEMM_TUNING=%s is not for this run (%s): GEMMs "
+                            "use cuBLASLt's first choice (hint: MGC_GEMM_TUNE=FILE makes one "
+                            "here)\n", c->tuning_path, why);
+    }
+    if (c->tuning && c->tuning_ok) {
+        const mgc_gemm_tuned *t = mgc_gemm_tuning_find(c->tuning, k);
+        if (!t || t->n != found)
+            c->tuning_absent++; /* not in the file, or cuBLASLt offers another list */
+        else
+            e->algo = e->cand[t->pick], c->tuning_moved += t->pick != 0;
+    }
+    return 0;
+}
+
+static size_t dt_bytes(int cuda_type) {
+    return cuda_type == CUDA_R_32F ? 4 : 2;
+}
+
+/* MGC_GEMM_TUNE: times each of e's candidates on this call's operands (a run's first, eager
+ * call of the key), picks one (mgc_gemm_tuning_choose) and rewrites the tuning file.  The
+ * timed runs write D (and aux, which DGELU reads); both are saved first and restored after,
+ * so the call that follows computes what it would have.  0, or -1 with be->err. */
+static int gemm_tune(mgc_backend *be, gemm_entry *e, const void *A, const void *B, void *D,
+                     float beta, const mgc_gemm_epi *ep) {
+    cuda_ctx *c = be->context;
+    const gemm_key *k = &e->key;
+    e->tuned = 1;
+    float us[MGC_GEMM_TUNING_MAX_CAND];
+    int n = e->n_cand;
+    size_t dbytes = (size_t)k->ldc * (size_t)k->n * dt_bytes(k->ctype);
+    size_t abytes = ep->aux ? (size_t)k->aux_ld * (size_t)k->n * dt_bytes(k->auxtype) : 0;
+    void *sd = NULL, *sa = NULL;
+    if (cudaMalloc(&sd, dbytes) != cudaSuccess || (abytes && cudaMalloc(&sa, abytes) != cudaSuccess)) {
+        cudaGetLastError();
+        cudaFree(sd);
+        fprintf(stderr, "mgc-run: warning: MGC_GEMM_TUNE: no memory to save a %" PRId64 "x%" PRId64
+                        "x%" PRId64 " GEMM's output: cuBLASLt's first choice, untimed\n",
+                k->m, k->n, k->k);
+        return 0;
+    }
+    CUDA_TRY(be, cudaMemcpyAsync(sd, D, dbytes, cudaMemcpyDeviceToDevice, c->stream), "MGC_GEMM_TUNE");
+    if (sa) CUDA_TRY(be, cudaMemcpyAsync(sa, ep->aux, abytes, cudaMemcpyDeviceToDevice, c->stream), "MGC_GEMM_TUNE");
+    cudaEvent_t t0, t1;
+    CUDA_TRY(be, cudaEventCreate(&t0), "MGC_GEMM_TUNE");
+    CUDA_TRY(be, cudaEventCreate(&t1), "MGC_GEMM_TUNE");
+    const float alpha = 1.0f;
+    enum { REPS = 5 };
+    for (int i = 0; i < n; i++) {
+        us[i] = -1.0f;
+        cublasStatus_t ms = cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D,
+                                           e->c, &e->cand[i], c->ws, c->ws_bytes, c->stream);
+        if (ms != CUBLAS_STATUS_SUCCESS) continue; /* this candidate refuses the call */
+        cudaEventRecord(t0, c->stream);
+        for (int r = 0; r < REPS && ms == CUBLAS_STATUS_SUCCESS; r++)
+            ms = cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D, e->c,
+                                &e->cand[i], c->ws, c->ws_bytes, c->stream);
+        cudaEventRecord(t1, c->stream);
+        float ms_t = 0;
+        if (cudaEventSynchronize(t1) == cudaSuccess && ms == CUBLAS_STATUS_SUCCESS &&
+            cudaEventElapsedTime(&ms_t, t0, t1) == cudaSuccess)
+            us[i] = ms_t * 1000.0f / REPS;
+    }
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    CUDA_TRY(be, cudaGetLastError(), "MGC_GEMM_TUNE: timing cuBLASLt's candidates");
+    CUDA_TRY(be, cudaMemcpyAsync(D, sd, dbytes, cudaMemcpyDeviceToDevice, c->stream), "MGC_GEMM_TUNE");
+    if (sa) CUDA_TRY(be, cudaMemcpyAsync((void *)ep->aux, sa, abytes, cudaMemcpyDeviceToDevice, c->stream), "MGC_GEMM_TUNE");
+    CUDA_TRY(be, cudaStreamSynchronize(c->stream), "MGC_GEMM_TUNE");
+    cudaFree(sd);
+    cudaFree(sa);
+    int pick = mgc_gemm_tuning_choose(us, n);
+    e->algo = e->cand[pick];
+    c->tuning_moved += pick != 0;
+    char err[1200];
+    if (!c->tune->n) c->tune->workspace = c->ws_bytes;
+    if (mgc_gemm_tuning_put(c->tune, k, pick, n, us) ||
+        mgc_gemm_tuning_save(c->tune, c->tune_path, err, sizeof err))
+        return mgc_cuda_fail(be, "MGC_GEMM_TUNE: %s", c->tune->n ? err : "out of memory");
     return 0;
 }
 
@@ -416,6 +512,9 @@ static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k
                cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep->aux,
                                               sizeof ep->aux),
                "aux pointer");
+    if (c->tune && !e->tuned && !c->recording && e->n_cand > 1 &&
+        gemm_tune(be, e, A, B, D, beta, ep))
+        return -1;
     float alpha = 1.0f;
     cublasStatus_t ms = cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D,
                                        e->c, &e->algo, c->ws, c->ws_bytes, c->stream);
@@ -793,6 +892,16 @@ static void cuda_close(mgc_backend *be) {
         }
         cudaStreamSynchronize(c->stream);
         graphs_drop(c);
+        if (c->tune && c->tune->n)
+            fprintf(stderr, "mgc-run: MGC_GEMM_TUNE: %" PRId64 " GEMM shapes timed, %" PRId64
+                            " of them faster on another candidate than cuBLASLt's first: %s\n",
+                    c->tune->n, c->tuning_moved, c->tune_path);
+        if (c->tuning && c->tuning_ok && c->tuning_absent)
+            fprintf(stderr, "mgc-run: warning: MGC_GEMM_TUNING=%s: %" PRId64 " GEMM shapes of this "
+                            "run were not in it (cuBLASLt's first choice used; hint: tune this plan)\n",
+                    c->tuning_path, c->tuning_absent);
+        mgc_gemm_tuning_free(c->tune);
+        mgc_gemm_tuning_free(c->tuning);
         for (int i = 0; i < c->n_gemm; i++) gemm_entry_free(&c->gemm[i]);
         for (int i = 0; i < c->n_libs; i++)
             cudaLibraryUnload(c->libs[i]);
@@ -916,6 +1025,31 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     /* docs/cuda-backend.md, "Programmatic dependent launch": off until measured faster */
     const char *pdl = getenv("MGC_PDL");
     c->pdl = pdl && !strcmp(pdl, "1") && c->arch >= 90;
+    snprintf(c->device_name, sizeof c->device_name, "%.127s", prop.name);
+    c->lt_version = (long)cublasLtGetVersion();
+    /* docs/cuda-backend.md, "GEMM tuning" */
+    const char *tn = getenv("MGC_GEMM_TUNE"), *tg = getenv("MGC_GEMM_TUNING");
+    if (tn && *tn && tg && *tg) {
+        snprintf(err, err_size, "MGC_GEMM_TUNE and MGC_GEMM_TUNING are both set: set one (TUNE "
+                                "times cuBLASLt's candidates and writes the file, TUNING reads it)");
+        cuda_close(be);
+        return -1;
+    }
+    if (tn && *tn) {
+        snprintf(c->tune_path, sizeof c->tune_path, "%s", tn);
+        if (!(c->tune = mgc_gemm_tuning_new(c->device_name, c->lt_version, 0))) {
+            snprintf(err, err_size, "out of memory");
+            cuda_close(be);
+            return -1;
+        }
+    }
+    if (tg && *tg) {
+        snprintf(c->tuning_path, sizeof c->tuning_path, "%s", tg);
+        if (mgc_gemm_tuning_load(tg, &c->tuning, err, err_size)) {
+            cuda_close(be);
+            return -1;
+        }
+    }
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, err_size, "CUDA device %d: cublasLtCreate failed", device);
         cuda_close(be);

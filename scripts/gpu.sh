@@ -12,11 +12,12 @@
 #                                             bytes; NCU_MODELS)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes): both benchmark models' steps and losses
-#                                             with the defaults and MGC_PDL=1 (the same bits
-#                                             checked), SDPA at their shapes, the copy curve
+#                                             with the defaults, MGC_PDL=1 (the same bits
+#                                             checked) and a GEMM tuning file made by
+#                                             MGC_GEMM_TUNE, SDPA at their shapes, the copy curve
 #                                             (bench/copy_curve.py) and the attention and
 #                                             memory-bound kernels of one GPT-2 124M step under
-#                                             ncu, test_cuda's pdl and norm checks; into
+#                                             ncu, test_cuda's pdl, tune and norm checks; into
 #                                             $OUT/quick.txt and $OUT/kern-quick.md as it goes
 #   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
 #                                             (one-off experiments within one lent call)
@@ -106,6 +107,17 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     qrun "gpt2-1.5b defaults" build-gpu/q15.plan
     qrun "gpt2-1.5b MGC_PDL=1" build-gpu/q15.plan MGC_PDL=1
     samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_PDL=1"
+    # GEMM tuning: cuBLASLt's candidates timed in two steps of each plan (MGC_GEMM_TUNE), then
+    # 20 steps with the file (twice for 124M: the same bits)
+    for m in q124 q15; do
+        MGC_GEMM_TUNE=build-gpu/$m.tune build-gpu/runtime/mgc-run build-gpu/$m.plan --backend cuda \
+            --iterations 2 -q >build-gpu/$m.tune.log 2>&1 || rc=1
+        { echo "== $m MGC_GEMM_TUNE"; tail -n 3 build-gpu/$m.tune.log; cat build-gpu/$m.tune; } >>"$Q" 2>&1
+    done
+    qrun "gpt2-124m MGC_GEMM_TUNING (1)" build-gpu/q124.plan MGC_GEMM_TUNING=build-gpu/q124.tune
+    qrun "gpt2-124m MGC_GEMM_TUNING (2)" build-gpu/q124.plan MGC_GEMM_TUNING=build-gpu/q124.tune
+    samebits "gpt2-124m MGC_GEMM_TUNING (1)" "gpt2-124m MGC_GEMM_TUNING (2)"
+    qrun "gpt2-1.5b MGC_GEMM_TUNING" build-gpu/q15.plan MGC_GEMM_TUNING=build-gpu/q15.tune
     for a in "768 12 12 3072 8" "1600 48 25 6400 4"; do
         set -- $a
         python3 bench/torch_gpt_gpu.py --hidden $1 --layers $2 --heads $3 --ffn $4 --mbs $5 --sdpa 2>&1 | tail -n 1 | tee -a "$Q"
@@ -123,7 +135,7 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     python3 bench/ncu_table.py --curve build-gpu/q-curve.csv build-gpu/q-ncu.csv 4150 >"$OUT/kern-quick.md" 2>&1 ||
         { tail -n 5 build-gpu/q-curve.err; python3 bench/ncu_table.py build-gpu/q-ncu.csv 4150; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     cat "$OUT/kern-quick.md"
-    for t in pdl norm; do
+    for t in pdl tune norm; do
         build-gpu/tests/test_cuda $t >build-gpu/q-$t.log 2>&1 && echo "test_cuda $t: passed" | tee -a "$Q" ||
             { echo "test_cuda $t: FAILED"; tail -n 20 build-gpu/q-$t.log; rc=1; } | tee -a "$Q"
     done

@@ -26,6 +26,9 @@
  *     the programs do replay.
  *     Under MGC_PDL=1 (programmatic dependent launch, sm_90 and newer) tiny GPT and tiny
  *     MoE train 6 steps in bf16, eagerly and with graphs, to the bits of ordinary launches.
+ *     GEMM tuning (`tune`): a run under MGC_GEMM_TUNE trains as an untuned one does (within
+ *     rounding), runs with its file give the same bits eagerly and with graphs, another GPU's
+ *     file is ignored and a malformed one refused.
  *  5. The cross-entropy backward on its own (`ce`, check_ce_inplace): over its own logits at
  *     a row pitch and into a separate poisoned tensor, at GPT-2's vocabulary and others.
  *  4. The optimizer's multi-tensor kernels on their own (`optim`): AdamW over 300 tensors
@@ -50,6 +53,7 @@
 #include "config.h"
 #include "diag.h"
 #include "exec.h"
+#include "gemm_tuning.h"
 #include "comm.h"
 #include "half.h"
 #include "ir.h"
@@ -1557,6 +1561,80 @@ static void check_pdl(void) {
     }
 }
 
+/* GEMM tuning (runtime/gemm_tuning.h): MGC_GEMM_TUNE times cuBLASLt's candidates in a run
+ * and writes the file, saving and restoring each GEMM's outputs around the timing (so that
+ * run trains as an untuned one does: its losses and gradient norms within bf16's rounding of
+ * one, where timed GEMMs accumulating into the gradients would multiply the norms); runs under
+ * MGC_GEMM_TUNING use the file's choices, eagerly and with graphs to the same bits, within
+ * rounding of the untuned run; a file for another GPU is ignored (the untuned bits); a
+ * malformed one stops the backend from opening, with the file's name. */
+static void check_tune(void) {
+    static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", "bf16", nodrop);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    char dir[] = "/tmp/mgc-tune-XXXXXX", path[256], other[256], bad[256], err[4096];
+    T_CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/t.txt", dir);
+    snprintf(other, sizeof other, "%s/other.txt", dir);
+    snprintf(bad, sizeof bad, "%s/bad.txt", dir);
+    enum { N = 6 };
+    double l0[N], n0[N], lt[N], nt[N], l1[N], n1[N], l2[N], n2[N], l3[N], n3[N];
+    int64_t r = 0;
+    T_EQ_I64(train_exec(p, 0, N, l0, n0, &r), 0);
+    setenv("MGC_GEMM_TUNE", path, 1);
+    T_EQ_I64(train_exec(p, 0, N, lt, nt, &r), 0);
+    unsetenv("MGC_GEMM_TUNE");
+    mgc_gemm_tuning *t = NULL;
+    T_EQ_I64(mgc_gemm_tuning_load(path, &t, err, sizeof err), 0);
+    int64_t shapes = t ? t->n : 0, moved = 0;
+    for (int64_t i = 0; t && i < t->n; i++)
+        moved += t->e[i].pick != 0;
+    T_CHECK(shapes > 0);
+    setenv("MGC_GEMM_TUNING", path, 1);
+    T_EQ_I64(train_exec(p, 0, N, l1, n1, &r), 0);
+    T_EQ_I64(train_exec(p, 1, N, l2, n2, &r), 0);
+    unsetenv("MGC_GEMM_TUNING");
+    int same = !memcmp(l1, l2, sizeof l1) && !memcmp(n1, n2, sizeof n1);
+    T_CHECK(same);
+    for (int i = 0; i < N; i++) {
+        T_NEAR_REL(lt[i], l0[i], 3e-2);
+        T_NEAR_REL(nt[i], n0[i], 5e-2);
+        T_NEAR_REL(l1[i], l0[i], 3e-2);
+        T_NEAR_REL(n1[i], n0[i], 5e-2);
+    }
+    /* the same file said to be another GPU's: ignored, cuBLASLt's first choices, their bits */
+    if (t) {
+        snprintf(t->device, sizeof t->device, "Another GPU");
+        T_EQ_I64(mgc_gemm_tuning_save(t, other, err, sizeof err), 0);
+    }
+    setenv("MGC_GEMM_TUNING", other, 1);
+    T_EQ_I64(train_exec(p, 0, N, l3, n3, &r), 0);
+    T_CHECK(!memcmp(l3, l0, sizeof l0) && !memcmp(n3, n0, sizeof n0));
+    /* a malformed file: the backend does not open, and says which file */
+    FILE *f = fopen(bad, "w");
+    if (f) {
+        fputs("mgc-gemm-tuning 1\ndevice x\ncublaslt 1\nworkspace 1\ngemm 1 2 3\n", f);
+        fclose(f);
+    }
+    setenv("MGC_GEMM_TUNING", bad, 1);
+    mgc_backend *be = NULL;
+    err[0] = 0;
+    T_CHECK(mgc_backend_cuda_open(&be, 0, err, sizeof err) != 0 && strstr(err, "bad.txt:5:"));
+    if (be) mgc_backend_close(be);
+    unsetenv("MGC_GEMM_TUNING");
+    printf("GEMM tuning (tiny GPT bf16): %lld shapes timed, %lld on another candidate than "
+           "cuBLASLt's first; the tuning run within rounding of an untuned one; runs with the "
+           "file %s eagerly and with graphs (loss %.5f -> %.5f, untuned %.5f -> %.5f); another "
+           "GPU's file ignored; a malformed one refused\n",
+           (long long)shapes, (long long)moved, same ? "bit-identical" : "DIFFER", l1[0], l1[N - 1],
+           l0[0], l0[N - 1]);
+    mgc_gemm_tuning_free(t);
+    unlink(path), unlink(other), unlink(bad);
+    rmdir(dir);
+    mgc_plan_free(p);
+}
+
 /* The head in three row chunks (compiler/losschunk.h): the mask count (ce_count), and each
  * chunk's GEMMs and cross-entropy on row views -- at tensor parallel 1 the statistics fused
  * into the backward (ce_fused); the norms and GELUs recomputed in the backward by their
@@ -1624,6 +1702,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!emu && (!only || !strcmp(only, "graphs"))) check_graphs();
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "pdl"))) check_pdl();
+    if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "tune"))) check_tune();
     if (!only || !strcmp(only, "chunks")) check_chunks(1);
     if (ci1) { /* the op replays and layouts of CI's first half */
         static const char *const d64[] = {"model.hidden_size=128", "model.num_attention_heads=2",
