@@ -388,8 +388,11 @@ static int gemm_tune(mgc_backend *be, gemm_entry *e, const void *A, const void *
     e->tuned = 1;
     float us[MGC_GEMM_TUNING_MAX_CAND];
     int n = e->n_cand;
-    size_t dbytes = (size_t)k->ldc * (size_t)k->n * dt_bytes(k->ctype);
-    size_t abytes = ep->aux ? (size_t)k->aux_ld * (size_t)k->n * dt_bytes(k->auxtype) : 0;
+    /* column-major m x n at a leading dimension: the last column ends m elements in (a view
+     * at a row pitch, such as the logits', may end its tensor there) */
+    size_t dbytes = ((size_t)(k->n - 1) * (size_t)k->ldc + (size_t)k->m) * dt_bytes(k->ctype);
+    size_t abytes =
+        ep->aux ? ((size_t)(k->n - 1) * (size_t)k->aux_ld + (size_t)k->m) * dt_bytes(k->auxtype) : 0;
     void *sd = NULL, *sa = NULL;
     if (cudaMalloc(&sd, dbytes) != cudaSuccess || (abytes && cudaMalloc(&sa, abytes) != cudaSuccess)) {
         cudaGetLastError();
