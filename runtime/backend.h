@@ -167,6 +167,14 @@ typedef struct mgc_backend_iface {
                         char *err, size_t errsz);
     int (*p2p_wait)(mgc_backend *be, void *done, char *err, size_t errsz);
     int (*p2p_fence)(mgc_backend *be, void *done, char *err, size_t errsz);
+    /* Optional (device memory): the step's zeroing of the gradients beside the forward, which
+     * writes none.  zero_beside queues the zeroing of dst on a queue of its own, after the
+     * compute issued so far, and returns 0 at once; or zeroes in line, as `zero`, and returns
+     * 1 (the backend's choice: the CUDA backend's MGC_ZERO_BESIDE).  zero_fence holds the
+     * compute issued after it until the zeroing queued last is done, without waiting on the
+     * host.  -1 with be->err on failure. */
+    int (*zero_beside)(mgc_backend *be, void *dst, size_t bytes);
+    int (*zero_fence)(mgc_backend *be);
     /* Optional, for a device communicator (exec.h mgc_exec_set_device_comm): the fold of a
      * reduction on arena memory, queued in order with the compute -- dst[i] = op (0 sum,
      * 1 max) over j = 0 .. parts-1, in order, of src[j * stride + i], in fp32, rounded once

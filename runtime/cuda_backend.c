@@ -78,6 +78,11 @@ typedef struct cuda_ctx {
     int jit_compiled, jit_cached;
     int dry;       /* bind's warm-up: GEMMs pick their algorithm, kernels load; nothing runs */
     int pdl;       /* MGC_PDL=1 on sm_90 and newer: kernels launched to overlap the previous one */
+    /* MGC_ZERO_BESIDE=1: the step's zeroing of the gradients on a stream of its own beside
+     * the forward (backend.h zero_beside), after zmark, finished at zdone */
+    int zero_beside;
+    cudaStream_t zstream;
+    cudaEvent_t zmark, zdone;
     /* GEMM tuning (gemm_tuning.h, docs/cuda-backend.md): MGC_GEMM_TUNING's table, whose
      * candidate each GEMM uses (checked against this device at the first GEMM: tuning_ok);
      * or MGC_GEMM_TUNE's, filled as GEMMs are timed and written to tune_path each time */
@@ -825,6 +830,23 @@ static int cuda_zero(mgc_backend *be, void *dst, size_t n) {
     return 0;
 }
 
+/* backend.h zero_beside / zero_fence */
+static int cuda_zero_beside(mgc_backend *be, void *dst, size_t n) {
+    cuda_ctx *c = be->context;
+    if (!c->zero_beside) return cuda_zero(be, dst, n) ? -1 : 1;
+    CUDA_TRY(be, cudaEventRecord(c->zmark, c->stream), "zeroing the gradients beside the forward");
+    CUDA_TRY(be, cudaStreamWaitEvent(c->zstream, c->zmark, 0), "zeroing the gradients beside the forward");
+    if (n) CUDA_TRY(be, cudaMemsetAsync(dst, 0, n, c->zstream), "zeroing the gradients beside the forward");
+    CUDA_TRY(be, cudaEventRecord(c->zdone, c->zstream), "zeroing the gradients beside the forward");
+    return 0;
+}
+
+static int cuda_zero_fence(mgc_backend *be) {
+    cuda_ctx *c = be->context;
+    CUDA_TRY(be, cudaStreamWaitEvent(c->stream, c->zdone, 0), "waiting for the gradients' zeroing");
+    return 0;
+}
+
 static int cuda_sync(mgc_backend *be) {
     cuda_ctx *c = be->context;
     CUDA_TRY(be, cudaStreamSynchronize(c->stream), "stream synchronize");
@@ -923,6 +945,12 @@ static void cuda_close(mgc_backend *be) {
             cudaStreamSynchronize(c->pstream);
             cudaStreamDestroy(c->pstream);
         }
+        if (c->zstream) {
+            cudaStreamSynchronize(c->zstream);
+            cudaStreamDestroy(c->zstream);
+        }
+        if (c->zmark) cudaEventDestroy(c->zmark);
+        if (c->zdone) cudaEventDestroy(c->zdone);
         for (int i = 0; i < c->n_p2p; i++) {
             cudaEventDestroy(c->p2p[i]->mark);
             cudaEventDestroy(c->p2p[i]->done);
@@ -969,6 +997,8 @@ static const mgc_backend_iface cuda_iface = {
     .p2p_download = cuda_p2p_download,
     .p2p_wait = cuda_p2p_wait,
     .p2p_fence = cuda_p2p_fence,
+    .zero_beside = cuda_zero_beside,
+    .zero_fence = cuda_zero_fence,
     .fold = mgc_cuda_fold,
     .queue = cuda_queue,
     .time_mark = cuda_time_mark,
@@ -1011,7 +1041,10 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
         (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&c->xstream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&c->pstream, cudaStreamNonBlocking)) != cudaSuccess) {
+        (e = cudaStreamCreateWithFlags(&c->pstream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&c->zstream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->zmark, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->zdone, cudaEventDisableTiming)) != cudaSuccess) {
         snprintf(err, err_size, "CUDA device %d: %s", device, cudaGetErrorString(e));
         cuda_close(be);
         return -1;
@@ -1028,6 +1061,9 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     /* docs/cuda-backend.md, "Programmatic dependent launch": off until measured faster */
     const char *pdl = getenv("MGC_PDL");
     c->pdl = pdl && !strcmp(pdl, "1") && c->arch >= 90;
+    /* docs/cuda-backend.md, "The gradients' zeroing beside the forward": off until measured */
+    const char *zb = getenv("MGC_ZERO_BESIDE");
+    c->zero_beside = zb && !strcmp(zb, "1");
     snprintf(c->device_name, sizeof c->device_name, "%.127s", prop.name);
     c->lt_version = (long)cublasLtGetVersion();
     /* docs/cuda-backend.md, "GEMM tuning" */

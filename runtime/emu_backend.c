@@ -36,6 +36,8 @@ typedef struct emu_ctx {
     const mgc_stage_program *warm; /* the stage whose kernels were loaded last */
     double *timers;                /* --profile's op timers: the clock when each was marked */
     int64_t n_timers;
+    void *zdst; /* the gradients' zeroing queued "beside" the forward (emu_zero_beside) */
+    size_t zbytes;
 } emu_ctx;
 
 static int emu_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
@@ -207,6 +209,25 @@ static int emu_zero(mgc_backend *be, void *dst, size_t n) {
     if (n) memset(dst, 0, n);
     return 0;
 }
+/* The gradients' zeroing beside the forward (backend.h zero_beside), as a GPU may leave it
+ * until the fence: the bytes are poisoned now (0xff: a NaN in every float type, what a
+ * zeroing still running may look like) and zeroed only by zero_fence.  So an executor that
+ * touched the gradients before the fence computes NaNs or loses its writes, and the tests'
+ * comparisons with the CPU fail. */
+static int emu_zero_beside(mgc_backend *be, void *dst, size_t n) {
+    emu_ctx *c = be->context;
+    /* one pending at a time: a failed step's, never fenced, is replaced (the next step zeroes
+     * the same gradients, and its arena may be gone) */
+    if (n) memset(dst, 0xff, n);
+    c->zdst = dst, c->zbytes = n;
+    return 0;
+}
+static int emu_zero_fence(mgc_backend *be) {
+    emu_ctx *c = be->context;
+    if (c->zdst && c->zbytes) memset(c->zdst, 0, c->zbytes);
+    c->zdst = NULL, c->zbytes = 0;
+    return 0;
+}
 static int emu_sync(mgc_backend *be) {
     (void)be;
     return 0;
@@ -318,6 +339,8 @@ static const mgc_backend_iface emu_iface = {
     .p2p_download = emu_p2p_download,
     .p2p_wait = emu_p2p_wait,
     .p2p_fence = emu_p2p_wait,
+    .zero_beside = emu_zero_beside,
+    .zero_fence = emu_zero_fence,
     .fold = mgc_cuda_fold,
     .time_mark = emu_time_mark,
     .time_between = emu_time_between,

@@ -2868,6 +2868,30 @@ int mgc_exec_eval(mgc_exec *x, int64_t first_sample, mgc_sample_fn fn, void *ctx
     return rc;
 }
 
+/* Whether chunk c's forward program writes the gradient buffer (the zeroing queued beside the
+ * forward must be done before such a program; no plan of today's compiler has one). */
+static int fwd_writes_grads(const mgc_exec *x, int c) {
+    const mgc_plan_chunk *ch = &x->sp->chunks[c];
+    for (int64_t i = 0; i < ch->n_fwd; i++)
+        for (int k = 0; k < ch->fwd[i].n_out; k++) {
+            int32_t t = ch->fwd[i].out[k];
+            if (t >= 0 && t < ch->n_tensors && ch->tensors[t].buffer == x->grad_buf) return 1;
+        }
+    return 0;
+}
+
+/* Instruction in may touch the gradients: everything but loading, forward programs that
+ * write none, and activation transfers. */
+static int touches_grads(const mgc_exec *x, const mgc_instr *in) {
+    switch ((mgc_instr_op)in->op) {
+    case MGC_I_LOAD_BATCH:
+    case MGC_I_SEND_ACT:
+    case MGC_I_RECV_ACT: return 0;
+    case MGC_I_FORWARD: return fwd_writes_grads(x, in->chunk);
+    default: return 1;
+    }
+}
+
 int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, mgc_step_stats *st) {
     memset(st, 0, sizeof *st);
     x->iteration = iteration;
@@ -2885,12 +2909,28 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     reducer_reset(x); /* a failed step's reductions have drained */
     x->sends_queued = 0;
     if (x->snd) sender_drain(x, 0); /* and a failed step's transfers; a new epoch */
-    if (x->be->iface->zero(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes))
+    /* the gradients start the step at zero: zeroed beside the forward where the backend can
+     * (docs/runtime.md), fenced before the first instruction that may touch them */
+    int zpend = 0;
+    if (x->be->iface->zero_beside) {
+        int zr = x->be->iface->zero_beside(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes);
+        if (zr < 0) return be_fail(x, "zeroing gradients");
+        zpend = zr == 0;
+    } else if (x->be->iface->zero(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes)) {
         return be_fail(x, "zeroing gradients");
+    }
     int did_opt = 0;
     for (int64_t i = 0; i < sp->n_instrs; i++) {
         const mgc_instr *in = &sp->instrs[i];
         int rc = 0;
+        if (zpend && touches_grads(x, in)) {
+            if (x->be->iface->zero_fence(x->be)) {
+                be_fail(x, "ordering the backward after the gradients' zeroing");
+                job_abort(x, x->err);
+                return -1;
+            }
+            zpend = 0;
+        }
         if (x->prof && prof_clock(x, &t0)) {
             job_abort(x, x->err);
             return -1;

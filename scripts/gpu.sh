@@ -12,8 +12,8 @@
 #                                             bytes; NCU_MODELS)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes): both benchmark models' steps and losses
-#                                             with the defaults, MGC_PDL=1 (the same bits
-#                                             checked) and a GEMM tuning file made by
+#                                             with the defaults, MGC_PDL=1, MGC_ZERO_BESIDE=1
+#                                             (the same bits checked) and a GEMM tuning file made by
 #                                             MGC_GEMM_TUNE, SDPA at their shapes, the copy curve
 #                                             (bench/copy_curve.py) and the attention and
 #                                             memory-bound kernels of one GPT-2 124M step under
@@ -104,9 +104,13 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
         qrun "gpt2-124m MGC_PDL=1 ($rep)" build-gpu/q124.plan MGC_PDL=1
     done
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_PDL=1 (1)"
+    qrun "gpt2-124m MGC_ZERO_BESIDE=1" build-gpu/q124.plan MGC_ZERO_BESIDE=1
+    samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_ZERO_BESIDE=1"
     qrun "gpt2-1.5b defaults" build-gpu/q15.plan
     qrun "gpt2-1.5b MGC_PDL=1" build-gpu/q15.plan MGC_PDL=1
     samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_PDL=1"
+    qrun "gpt2-1.5b MGC_ZERO_BESIDE=1" build-gpu/q15.plan MGC_ZERO_BESIDE=1
+    samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_ZERO_BESIDE=1"
     # GEMM tuning: cuBLASLt's candidates timed in two steps of each plan (MGC_GEMM_TUNE), then
     # 20 steps with the file (twice for 124M: the same bits)
     for m in q124 q15; do

@@ -24,8 +24,9 @@
  *  3. CUDA graphs: tiny GPT without dropout trains 6 steps in fp32 and bf16 with graphs
  *     (recorded on the second step, replayed after) to the same bits as without, and
  *     the programs do replay.
- *     Under MGC_PDL=1 (programmatic dependent launch, sm_90 and newer) tiny GPT and tiny
- *     MoE train 6 steps in bf16, eagerly and with graphs, to the bits of ordinary launches.
+ *     Under MGC_PDL=1 (programmatic dependent launch, sm_90 and newer), MGC_ZERO_BESIDE=1 (the
+ *     gradients zeroed beside the forward) and both, tiny GPT and tiny MoE train 6 steps in
+ *     bf16, eagerly and with graphs, to the bits of ordinary launches.
  *     GEMM tuning (`tune`): a run under MGC_GEMM_TUNE trains as an untuned one does (within
  *     rounding), runs with its file give the same bits eagerly and with graphs, another GPU's
  *     file is ignored and a malformed one refused.
@@ -1532,12 +1533,16 @@ static void check_graphs(void) {
 
 /* Programmatic dependent launch (MGC_PDL=1; docs/cuda-backend.md): every kernel launched to
  * start while the one before it still runs, waiting in mgc_pdl_begin before it touches
- * memory.  The same kernels in the same order, so the bits of ordinary launches, eagerly and
- * replayed from graphs; tiny MoE adds the host's reads of the experts' row counts between
- * kernels.  A GPU before sm_90 launches the ordinary way (the backend ignores MGC_PDL). */
+ * memory; and the gradients zeroed on a stream of their own beside the forward
+ * (MGC_ZERO_BESIDE=1), the backward fenced after it; and both.  The same kernels in the same
+ * order, so the bits of ordinary launches, eagerly and replayed from graphs; tiny MoE adds
+ * the host's reads of the experts' row counts between kernels.  A GPU before sm_90 launches
+ * the ordinary way (the backend ignores MGC_PDL). */
 static void check_pdl(void) {
     static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
     static const char *const files[2] = {"examples/tiny-gpt.yaml", "models/tiny-moe.yaml"};
+    static const char *const envs[3][2] = {{"MGC_PDL", NULL}, {"MGC_ZERO_BESIDE", NULL},
+                                           {"MGC_PDL", "MGC_ZERO_BESIDE"}};
     for (int k = 0; k < 2; k++) {
         mgc_plan *p = compile(files[k], "bf16", nodrop);
         T_CHECK(p != NULL);
@@ -1546,17 +1551,23 @@ static void check_pdl(void) {
         double l0[N], n0[N], l1[N], n1[N], l2[N], n2[N];
         int64_t r0 = 0, r1 = 0, r2 = 0;
         T_EQ_I64(train_exec(p, 0, N, l0, n0, &r0), 0);
-        setenv("MGC_PDL", "1", 1);
-        T_EQ_I64(train_exec(p, 0, N, l1, n1, &r1), 0);
-        T_EQ_I64(train_exec(p, 1, N, l2, n2, &r2), 0);
-        unsetenv("MGC_PDL");
-        int same = !memcmp(l0, l1, sizeof l0) && !memcmp(n0, n1, sizeof n0) &&
-                   !memcmp(l0, l2, sizeof l0) && !memcmp(n0, n2, sizeof n0);
-        T_CHECK(same);
         T_CHECK(isfinite(l0[N - 1]) && l0[N - 1] < l0[0]);
-        printf("MGC_PDL=1 (%s bf16): %d steps eager and with graphs (%lld programs replayed) %s "
-               "ordinary launches (loss %.5f -> %.5f)\n",
-               files[k], N, (long long)r2, same ? "bit-identical to" : "DIFFER from", l0[0], l0[N - 1]);
+        for (int v = 0; v < 3; v++) {
+            for (int j = 0; j < 2; j++)
+                if (envs[v][j]) setenv(envs[v][j], "1", 1);
+            T_EQ_I64(train_exec(p, 0, N, l1, n1, &r1), 0);
+            T_EQ_I64(train_exec(p, 1, N, l2, n2, &r2), 0);
+            for (int j = 0; j < 2; j++)
+                if (envs[v][j]) unsetenv(envs[v][j]);
+            int same = !memcmp(l0, l1, sizeof l0) && !memcmp(n0, n1, sizeof n0) &&
+                       !memcmp(l0, l2, sizeof l0) && !memcmp(n0, n2, sizeof n0);
+            T_CHECK(same);
+            printf("%s=1%s%s%s (%s bf16): %d steps eager and with graphs (%lld programs replayed) %s "
+                   "ordinary launches (loss %.5f -> %.5f)\n",
+                   envs[v][0], envs[v][1] ? " " : "", envs[v][1] ? envs[v][1] : "",
+                   envs[v][1] ? "=1" : "", files[k], N,
+                   (long long)r2, same ? "bit-identical to" : "DIFFER from", l0[0], l0[N - 1]);
+        }
         mgc_plan_free(p);
     }
 }
