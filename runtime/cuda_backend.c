@@ -40,9 +40,11 @@ typedef struct gemm_entry {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
     int ok; /* the heuristic found an algorithm */
-    /* MGC_GEMM_TUNE: the heuristic's candidates, timed at the first run that launches */
+    /* MGC_GEMM_TUNE: the heuristic's candidates, timed at the first run that launches; only
+     * for the shapes bind's warm-up makes (`planned`), not the expert GEMMs sized by each
+     * step's routing */
     cublasLtMatmulAlgo_t cand[MGC_GEMM_TUNING_MAX_CAND];
-    int n_cand, tuned;
+    int n_cand, tuned, planned;
 } gemm_entry;
 
 /* A program's CUDA graph (backend.h graph_begin): recorded on its second run, replayed after. */
@@ -368,7 +370,8 @@ static int gemm_entry_make(mgc_backend *be, gemm_entry *e, const gemm_key *k) {
                             "use cuBLASLt's first choice (hint: MGC_GEMM_TUNE=FILE makes one "
                             "here)\n", c->tuning_path, why);
     }
-    if (c->tuning && c->tuning_ok) {
+    e->planned = c->dry;
+    if (c->tuning && c->tuning_ok && e->planned) {
         const mgc_gemm_tuned *t = mgc_gemm_tuning_find(c->tuning, k);
         if (!t || t->n != found)
             c->tuning_absent++; /* not in the file, or cuBLASLt offers another list */
@@ -520,8 +523,7 @@ static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k
                cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep->aux,
                                               sizeof ep->aux),
                "aux pointer");
-    if (c->tune && !e->tuned && !c->recording && e->n_cand > 1 &&
-        gemm_tune(be, e, A, B, D, beta, ep))
+    if (c->tune && !e->tuned && e->planned && !c->recording && gemm_tune(be, e, A, B, D, beta, ep))
         return -1;
     float alpha = 1.0f;
     cublasStatus_t ms = cublasLtMatmul(c->lt, e->op, &alpha, A, e->a, B, e->b, &beta, D, e->c, D,
