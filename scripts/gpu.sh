@@ -122,6 +122,16 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     qrun "gpt2-124m MGC_GEMM_TUNING (2)" build-gpu/q124.plan MGC_GEMM_TUNING=build-gpu/q124.tune
     samebits "gpt2-124m MGC_GEMM_TUNING (1)" "gpt2-124m MGC_GEMM_TUNING (2)"
     qrun "gpt2-1.5b MGC_GEMM_TUNING" build-gpu/q15.plan MGC_GEMM_TUNING=build-gpu/q15.tune
+    # each variant's median step against the defaults' (their mean over the default runs)
+    python3 -c 'import re,sys
+runs=[(m.group(1),m.group(2),float(m.group(3))) for m in (re.match(r"(gpt2-\S+) (.*?): median step ([0-9.]+) ms",l) for l in open(sys.argv[1])) if m]
+for model in dict.fromkeys(r[0] for r in runs):
+    d=[t for mm,lab,t in runs if mm==model and lab.startswith("defaults")]
+    if not d: continue
+    base=sum(d)/len(d)
+    for mm,lab,t in runs:
+        if mm==model and not lab.startswith("defaults"):
+            print("%s %s: %.3f ms, %+.2f%% against the defaults %.3f ms" % (model, lab, t, 100*(t-base)/base, base))' "$Q" 2>&1 | tee -a "$Q"
     for a in "768 12 12 3072 8" "1600 48 25 6400 4"; do
         set -- $a
         python3 bench/torch_gpt_gpu.py --hidden $1 --layers $2 --heads $3 --ffn $4 --mbs $5 --sdpa 2>&1 | tail -n 1 | tee -a "$Q"
