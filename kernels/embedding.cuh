@@ -218,6 +218,28 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 #endif
 
+#if defined(MGC_ENTRY_embedding_bwd_join) || defined(MGC_ENTRY_embedding_bwd_pos)
+/* acc += x[0], x[1], .. x[nv - 1] (nv <= U rows read ahead), in that order, column by column */
+template <int U>
+__device__ __forceinline__ void mgc_emb_add_rows(float (&acc)[MGC_EPER], const float (&x)[U][MGC_EPER],
+                                                 i64 nv) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (u < nv)
+#pragma unroll
+            for (int k = 0; k < MGC_EPER; k++)
+                acc[k] += x[u][k];
+}
+/* The thread's columns of an fp32 gradient row d = acc. */
+__device__ __forceinline__ void mgc_emb_put_row(float *__restrict__ d, const float (&acc)[MGC_EPER]) {
+#pragma unroll
+    for (int k = 0; k < MGC_EPER; k++) {
+        int c = k * MGC_T + threadIdx.x;
+        if (c < MGC_H) d[c] = acc[k];
+    }
+}
+#endif
+
 #if defined(MGC_ENTRY_embedding_bwd_sorted) || defined(MGC_ENTRY_embedding_bwd_join)
 /* rows (or partial rows) read ahead of their additions: U * EPER registers, within the 64 a
  * thread has at T = 1024 */
@@ -370,18 +392,9 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
                 x[u][k] = c < MGC_H ? p[c] : 0.0f;
             }
         }
-#pragma unroll
-        for (int u = 0; u < MGC_EMB_U; u++)
-            if (q + u < ge)
-#pragma unroll
-                for (int k = 0; k < MGC_EPER; k++)
-                    acc[k] += x[u][k];
+        mgc_emb_add_rows<MGC_EMB_U>(acc, x, ge - q);
     }
-#pragma unroll
-    for (int k = 0; k < MGC_EPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) d[c] = acc[k];
-    }
+    mgc_emb_put_row(d, acc);
 }
 #endif
 
@@ -421,17 +434,8 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
                 int c = k * MGC_T + threadIdx.x;
                 x[u][k] = j + u < b && c < MGC_H ? mgc_ld(y[(j + u) * (i64)MGC_H + c]) : 0.0f;
             }
-#pragma unroll
-        for (int u = 0; u < MGC_EMB_PU; u++)
-            if (j + u < b)
-#pragma unroll
-                for (int k = 0; k < MGC_EPER; k++)
-                    acc[k] += x[u][k];
+        mgc_emb_add_rows<MGC_EMB_PU>(acc, x, b - j);
     }
-#pragma unroll
-    for (int k = 0; k < MGC_EPER; k++) {
-        int c = k * MGC_T + threadIdx.x;
-        if (c < MGC_H) d[c] = acc[k];
-    }
+    mgc_emb_put_row(d, acc);
 }
 #endif
