@@ -226,22 +226,20 @@ int mgc_gemm_tuning_load(const char *path, mgc_gemm_tuning **out, char *err, siz
         } else if (!strncmp(line, "device ", 7)) {
             snprintf(t->device, sizeof t->device, "%.127s", line + 7);
             have[1] = 1;
-        } else if (!strncmp(line, "cublaslt ", 9)) {
+        } else if (!strncmp(line, "cublaslt ", 9) || !strncmp(line, "workspace ", 10)) {
+            int ws = line[0] == 'w';
+            const char *v = line + (ws ? 10 : 9);
             char *end;
-            t->cublaslt = strtol(line + 9, &end, 10);
-            if (end == line + 9 || *end) {
-                snprintf(err, errsz, "%s:%d: cublaslt: expected the library's version number", path, ln);
+            unsigned long long x = strtoull(v, &end, 10);
+            if (end == v || *end || *v == '-') {
+                snprintf(err, errsz, "%s:%d: %s", path, ln,
+                         ws ? "workspace: expected a number of bytes"
+                            : "cublaslt: expected the library's version number");
                 rc = -1;
             }
-            have[2] = 1;
-        } else if (!strncmp(line, "workspace ", 10)) {
-            char *end;
-            t->workspace = strtoull(line + 10, &end, 10);
-            if (end == line + 10 || *end) {
-                snprintf(err, errsz, "%s:%d: workspace: expected a number of bytes", path, ln);
-                rc = -1;
-            }
-            have[3] = 1;
+            if (ws) t->workspace = x;
+            else t->cublaslt = (long)x;
+            have[ws ? 3 : 2] = 1;
         } else if (!strncmp(line, "gemm ", 5)) {
             mgc_gemm_key k;
             int pick, n;
