@@ -67,6 +67,17 @@ if has shell; then
     exec sh -c "$2"
 fi
 rc=0
+# the device-to-device copy bandwidth of a 512 MiB cudaMemcpy (PyTorch), in GB/s: the ceiling
+# the memory-bound kernels are compared with
+copy_gbps() {
+    python3 -c 'import torch
+n=1<<28; a=torch.empty(n,dtype=torch.uint8,device="cuda"); b=torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+s=torch.cuda.Event(enable_timing=True); e=torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20): b.copy_(a)
+e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*1e-3)/1e9))' 2>/dev/null || echo 2970
+}
 if has quick; then
     # The plans of bench/bench_gpu.sh's rows (20 steps: their losses compare bit for bit with
     # that script's .jsonl of an earlier commit when no kernel's arithmetic changed)
@@ -147,8 +158,10 @@ for model in dict.fromkeys(r[0] for r in runs):
         --kernel-name "regex:attention|norm|bias_grad|Bgrad|embedding|ce_|adamw|sumsq" --metrics $NCUM \
         build-gpu/runtime/mgc-run build-gpu/q124.plan --backend cuda --iterations 1 -q \
         >build-gpu/q-ncu.csv 2>build-gpu/q-ncu.err || rc=1
-    python3 bench/ncu_table.py --curve build-gpu/q-curve.csv build-gpu/q-ncu.csv 4150 >"$OUT/kern-quick.md" 2>&1 ||
-        { tail -n 5 build-gpu/q-curve.err; python3 bench/ncu_table.py build-gpu/q-ncu.csv 4150; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
+    copy=$(copy_gbps)
+    echo "copy ${copy} GB/s" | tee -a "$Q"
+    python3 bench/ncu_table.py --curve build-gpu/q-curve.csv build-gpu/q-ncu.csv "$copy" >"$OUT/kern-quick.md" 2>&1 ||
+        { tail -n 5 build-gpu/q-curve.err; python3 bench/ncu_table.py build-gpu/q-ncu.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     cat "$OUT/kern-quick.md"
     for a in "768 12 12 3072 8" "1600 48 25 6400 4"; do
         set -- $a
@@ -185,13 +198,7 @@ if has kern; then
     # device-to-device copy bandwidth measured here (PyTorch): bench/ncu_table.py's table.
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     PY=${PY:-python3}
-    copy=$($PY -c 'import torch
-n=1<<28; a=torch.empty(n,dtype=torch.uint8,device="cuda"); b=torch.empty_like(a)
-for _ in range(3): b.copy_(a)
-s=torch.cuda.Event(enable_timing=True); e=torch.cuda.Event(enable_timing=True)
-s.record()
-for _ in range(20): b.copy_(a)
-e.record(); torch.cuda.synchronize(); print("%.0f" % (2*n*20/(s.elapsed_time(e)*1e-3)/1e9))' 2>/dev/null || echo 2970)
+    copy=$(copy_gbps)
     echo "== kernels (ncu), copy ${copy} GB/s"
     rm -rf build-gpu/kern && mkdir -p build-gpu/kern
     # copies of each size and an empty kernel: each kernel beside a copy of its bytes
