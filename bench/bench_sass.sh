@@ -38,7 +38,8 @@ echo "- commit: $(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null || echo u
 echo "- $("$MGC" version | sed -n 2p | cut -d' ' -f1-2), sm_90 cubins as \`mgc compile\` writes them"
 echo "- command: \`sh bench/bench_sass.sh\` (bench/sass_stats.py: registers, instructions of the"
 echo "  kernel and of its hot loop: the loop with the most mma, else the most global memory"
-echo "  instructions, every path of it)"
+echo "  instructions, every path of it; LDG: global loads, LDG waits: the instructions that read"
+echo "  a register one of them writes, a wait for memory each, walking the code in order)"
 for m in "gpt2-124m|models/gpt2-124m.yaml|--set training.micro_batch_size=8 --set training.global_batch_size=8" \
          "llama-d128|models/llama2-7b.yaml|--set training.micro_batch_size=1 --set training.global_batch_size=1 --set model.num_layers=2"; do
     name=${m%%|*} rest=${m#*|} yaml=${rest%%|*} sets=${rest#*|}

@@ -6,7 +6,13 @@
 For each kernel: registers (from the cache header), the SASS instruction count, and the same
 for its hot loop (the loop whose body holds the most tensor-core mma, else the most global
 loads and stores), with the body's mma (HMMA), ldmatrix (LDSM), MUFU (exp2, reciprocals),
-shuffles, barriers and branches.
+shuffles, barriers and branches; and its global loads (LDG) with the waits they cause (LDG
+waits: instructions that read a register some load since the last wait writes).  A batch of
+loads issued before any of them is used is one wait; a load used at once is a wait of its own.
+Many waits for few loads in a loop meant to read ahead is a kernel that waits for its rows one
+at a time: embedding_bwd_sorted's loop (both paths of a batch of 8 rows) had 44 waits for 136
+loads when each row's bf16 conversion sat beside its load (32.7 us on the H100), 9 once the
+conversions moved to the additions (10.8 us).
 The body is every path of the loop (masked and unmasked tiles both), so the figure is a size,
 not a trace; comparing two builds of a kernel shows what a source change did to its inner loop.
 
@@ -89,6 +95,47 @@ def classes(ins):
     return c
 
 
+NO_DEST = ("ST", "STG", "STS", "STL", "RED", "BRA", "BAR", "EXIT", "BSYNC", "BSSY", "WARPSYNC",
+           "CALL", "RET", "MEMBAR", "DEPBAR", "NOP", "YIELD", "PREEXIT", "ACQBULK", "ERRBAR")
+REG = re.compile(r"\bR(\d+)(\.64)?")
+
+
+def regs_of(operand):
+    """the general registers an operand names (R10.64: R10 and R11; RZ none)"""
+    out = []
+    for m in REG.finditer(operand):
+        r = int(m.group(1))
+        out += [r, r + 1] if m.group(2) else [r]
+    return out
+
+
+def load_waits(ins):
+    """(global loads, waits): walking the code in address order, a wait is an instruction that
+    reads a register some global load since the last wait writes.  A batch of loads issued
+    before the first use of any counts one wait; loads each used before the next is issued
+    count one wait each, and their warp waits for memory that many times.  Static: every path
+    of a branch is walked, once."""
+    pending, loads, waits = set(), 0, 0
+    for _, t in ins:
+        tok = t.split(None, 1)
+        if tok[0].startswith("@"):
+            tok = tok[1].split(None, 1)
+        op, ops = tok[0], (tok[1] if len(tok) > 1 else "")
+        operands = [o.strip() for o in ops.split(",")] if ops else []
+        base = op.split(".")[0]
+        srcs = operands if base in NO_DEST else operands[1:]
+        if pending and any(r in pending for o in srcs for r in regs_of(o)):
+            waits += 1
+            pending.clear()
+        if base == "LDG" and operands:
+            loads += 1
+            width = 4 if ".128" in op else 2 if ".64" in op else 1
+            r0 = regs_of(operands[0])
+            if r0:
+                pending.update(range(r0[0], r0[0] + width))
+    return loads, waits
+
+
 def hot_loop(ins):
     """(start, end) addresses of the loop (a backward branch and its target) whose body holds
     the most tensor-core mma (the shortest such), else the most global loads and stores."""
@@ -108,7 +155,39 @@ def hot_loop(ins):
     return span
 
 
+def self_test():
+    """load_waits and hot_loop on made-up SASS: a batch read ahead, rows used one at a time"""
+    def sass(lines):
+        return parse("\tFunction : k\n" + "".join(
+            "        /*%04x*/                   %s ;\n" % (16 * i, t) for i, t in enumerate(lines)))["k"]
+    batched = sass(["LDG.E.U16.CONSTANT R4, desc[UR4][R2.64]",
+                    "@!P0 LDG.E.U16.CONSTANT R5, desc[UR4][R2.64+0x180]",
+                    "LDG.E.128 R8, desc[UR4][R6.64]",
+                    "IMAD.U32 R4, R4, 0x10000, RZ",  # the first use: one wait for all three
+                    "FADD R20, R5, R11",
+                    "STG.E desc[UR4][R2.64], R20",
+                    "BRA 0x0"])
+    serial = sass(["LDG.E.U16.CONSTANT R4, desc[UR4][R2.64]",
+                   "@!P1 IMAD.U32 R12, R4, 0x10000, RZ",  # used at once
+                   "LDG.E.U16.CONSTANT R5, desc[UR4][R2.64+0x180]",
+                   "IMAD.U32 R13, R5, 0x10000, RZ",
+                   "LDG.E.64 R14, desc[UR4][R6.64]",  # a pointer
+                   "STG.E desc[UR4][R14.64], R2",  # a store reads its address and value
+                   "PRMT R4, RZ, 0x7610, R4",  # no load pending: not a wait
+                   "BRA 0x0"])
+    checks = [(load_waits(batched), (3, 1)), (load_waits(serial), (3, 3)),
+              (hot_loop(batched), (0, 0x60)), (regs_of("desc[UR4][R2.64+0x10]"), [2, 3]),
+              (regs_of("RZ"), [])]
+    for got, want in checks:
+        if got != want:
+            sys.exit("sass_stats.py: self-test failed: %r, expected %r" % (got, want))
+    print("sass_stats.py: self-test passed")
+
+
 def main(argv):
+    if argv[1:] == ["--self-test"]:
+        self_test()
+        return 0
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print(__doc__)
         return 0 if len(argv) >= 2 else 2
@@ -118,8 +197,8 @@ def main(argv):
               "environment; MGC_CUOBJDUMP names one)", file=sys.stderr)
         return 2
     cols = ["all", "HMMA", "LDSM", "MUFU.EX2", "MUFU.RCP", "SHFL", "BAR", "BRA"]
-    print("| kernel | regs | where | " + " | ".join(cols) + " |")
-    print("|---|---:|---|" + "---:|" * len(cols))
+    print("| kernel | regs | where | " + " | ".join(cols) + " | LDG | LDG waits |")
+    print("|---|---:|---|" + "---:|" * (len(cols) + 2))
     for path in argv[1:]:
         try:
             elf, regs = elf_of(path)
@@ -145,8 +224,10 @@ def main(argv):
                 rows.append(("hot loop", [x for x in ins if span[0] <= x[0] <= span[1]]))
             for where, part in rows:
                 c = classes(part)
-                print("| %s | %s | %s | %s |" % (name, regs if regs is not None else "", where,
-                                                  " | ".join(str(c[k]) for k in cols)))
+                ld, wt = load_waits(part)
+                print("| %s | %s | %s | %s | %d | %d |" % (
+                    name, regs if regs is not None else "", where,
+                    " | ".join(str(c[k]) for k in cols), ld, wt))
     return 0
 
 
