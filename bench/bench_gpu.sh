@@ -10,7 +10,7 @@
 # BENCH_PROFILE_MODELS="gpt2-124m" (per-kernel profile and fitted cost model only for
 # these; default every model) and BENCH_AB=0 (no extra mgc rows: without cuBLASLt's
 # epilogues, without CUDA graphs; BENCH_AB_MODELS, default gpt2-124m, says for which; and the
-# two-ranks-on-one-GPU rows) shorten a run.
+# two-ranks-on-one-GPU rows) and BENCH_TUNE=0 (no row with a GEMM tuning file) shorten a run.
 #
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
@@ -81,6 +81,18 @@ row() { # name model-args mgc-sets mbs
         predict_row "$name" "$(med "$OUT/$name.jsonl" step_ms)" "$margs" "$mbs"
     else
         echo "| $name | mgc | failed: $(tail -n 1 "$OUT/$name.run.log") |"
+    fi
+    # GEMM tuning (docs/cuda-backend.md): cuBLASLt's candidates timed in two steps
+    # (MGC_GEMM_TUNE), then the plan run with the file (MGC_GEMM_TUNING); BENCH_TUNE=0 skips it
+    if [ "${BENCH_TUNE:-1}" = 1 ]; then
+        if MGC_GEMM_TUNE="$OUT/$name.tune" $RUN "$OUT/$name.plan" --backend cuda --iterations 2 -q \
+            >"$OUT/$name.tune.log" 2>&1 &&
+            MGC_GEMM_TUNING="$OUT/$name.tune" $RUN "$OUT/$name.plan" --backend cuda --iterations $STEPS -q \
+                --metrics "$OUT/$name.tuned.jsonl" >>"$OUT/$name.tune.log" 2>&1; then
+            echo "| $name | mgc, MGC_GEMM_TUNING (its file made by MGC_GEMM_TUNE) | $(med "$OUT/$name.tuned.jsonl" step_ms) | $(med "$OUT/$name.tuned.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.tuned.jsonl" | tail -n 1) |"
+        else
+            echo "| $name | mgc, MGC_GEMM_TUNING | failed: $(tail -n 1 "$OUT/$name.tune.log") |"
+        fi
     fi
     # the same plan without cuBLASLt's epilogues (the fused linear ops on element-wise kernels,
     # docs/cuda-backend.md), and without CUDA graphs (the default has them): what each buys
