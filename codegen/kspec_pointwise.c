@@ -115,6 +115,8 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         }
         /* a 4th input: the residual gradient fused in (compiler/fusion.c) */
         mgc_kspec_const(&out[0], "RES", op->n_in > 3);
+        /* the column sums of dx: a linear's bias gradient (compiler/fusion.c, MGC_POF_COLSUM) */
+        mgc_kspec_const(&out[0], "CS", (op->flags & MGC_POF_COLSUM) != 0);
         mgc_kspec_init(&out[1], "norm.cuh", "norm_bwd_reduce", 0);
         return 2;
     }

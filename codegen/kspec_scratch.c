@@ -90,11 +90,11 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
         if (op->kind == MGC_POP_ATTENTION && op->n_out > 1) return 0;
         return nonneg(g.sq) * nonneg(g.b) * nonneg(g.A) * 4;
     }
-    case MGC_POP_NORM_BWD: { /* cuda_ops_pointwise.c op_norm: dw (and db) partials */
+    case MGC_POP_NORM_BWD: { /* cuda_ops_pointwise.c op_norm: dw (, db, dx's column sums)
+                                 partials */
         uint64_t rows = nonneg(op->iattr[1]), h = nonneg(op->iattr[2]);
         uint64_t nb = rows < MGC_KSPEC_NORM_NB ? rows : MGC_KSPEC_NORM_NB;
-        int want_db = op->iattr[0] != 1 && op->n_out > 2;
-        return nb * h * (want_db ? 2 : 1) * 4;
+        return nb * h * (uint64_t)mgc_plan_norm_bwd_sets(op) * 4;
     }
     case MGC_POP_EMBEDDING_BWD: { /* cuda_ops_pointwise.c op_embedding: the sort keys, then
                                       a row of fp32 partials a segment of them */

@@ -72,6 +72,49 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
     return fused;
 }
 
+/* norm_bwd (..) -> (dx, dw [, db]) ... linear_wgrad (dx, x) -> (dW, dbias), the linear reading
+ * dx whole as its output gradient (rows x width the norm's): norm_bwd with MGC_POF_COLSUM ->
+ * (dx, dw [, db], dbias), and linear_wgrad (dx, x) -> (dW).  The bias gradient is the column
+ * sums of dx, which the norm's backward kernel holds in registers as it writes them, in place
+ * of a pass over dx after the GEMM (cuBLASLt's BGRADB reduction kernel, 15.9 us a bias on the
+ * H100 at GPT-2 124M, and bias_grad_finish, 3.3 us).  GPT's residual branches (the
+ * attention's output projection, the second MLP layer) read the residual stream's gradient,
+ * which a norm backward wrote, when no dropout sits between.  Only when dbias is touched by
+ * nothing else in the program (its sum keeps the wgrad's order: rows ascending). */
+static int64_t fuse_norm_bwd_bias(mgc_plan_chunk *ch) {
+    int64_t fused = 0;
+    mgc_plan_op *ops = ch->bwd;
+    int64_t n = ch->n_bwd;
+    int32_t *uses = count_uses(ch, ops, n);
+    if (!uses) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        mgc_plan_op *nb = &ops[i];
+        if (nb->kind != MGC_POP_NORM_BWD || nb->n_out < 2 || nb->n_out >= 4 ||
+            (nb->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM)))
+            continue;
+        int32_t dx = nb->out[0];
+        for (int64_t j = i + 1; j < n; j++) {
+            mgc_plan_op *w = &ops[j];
+            if (w->kind != MGC_POP_LINEAR_WGRAD || w->n_out != 2 || w->in[0] != dx ||
+                (w->flags & MGC_POF_RECOMPUTE))
+                continue;
+            int32_t db = w->out[1];
+            const mgc_plan_tensor *D = &ch->tensors[dx], *B = &ch->tensors[db];
+            if (w->iattr[0] != nb->iattr[1] || w->iattr[1] != nb->iattr[2] || nb->iattr[2] <= 0 ||
+                D->ld || B->dtype != MGC_DT_F32 || B->bytes != (uint64_t)nb->iattr[2] * 4 || uses[db] != 1)
+                break;
+            nb->out[nb->n_out++] = db;
+            nb->flags |= MGC_POF_COLSUM;
+            w->n_out = 1;
+            w->out[1] = -1;
+            fused++;
+            break;
+        }
+    }
+    free(uses);
+    return fused;
+}
+
 /* Replaces each adjacent pair (a, b) of the forward program that `pair` fuses (it writes the
  * fused op to *f and returns 1) by that op; the number fused.  Neither op may be a recompute
  * copy. */
@@ -491,6 +534,7 @@ static int64_t fuse_qkv_rope(mgc_plan_chunk *ch) {
 
 void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
     int64_t a = fuse_norm_bwd_add(ch);
+    int64_t g = fuse_norm_bwd_bias(ch);
     int64_t b = fuse_fwd_pairs(ch, pair_add_norm);
     int64_t c = fuse_fwd_pairs(ch, pair_linear_gelu);
     int64_t d = fuse_dgrad_gelu(ch);
@@ -498,6 +542,6 @@ void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
     int64_t f = fuse_qkv_rope(ch);
     if (st) {
         st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
-        st->qkv_attention += e, st->qkv_rope += f;
+        st->qkv_attention += e, st->qkv_rope += f, st->norm_bwd_bias += g;
     }
 }

@@ -21,6 +21,10 @@
  *     -> attention and attention_bwd with MGC_POF_QKV: q, k, v read in place from qkv and
  *        their gradients written in place into dqkv (no split copy either way; qkv is
  *        stashed instead of q, k, v, in their slot)
+ *   norm_bwd (.. -> dx) ... linear_wgrad (dx, x -> dW, dbias)
+ *     -> norm_bwd with MGC_POF_COLSUM (.. -> dx, .., dbias) and linear_wgrad (dx, x -> dW): the
+ *        bias gradient (dx's column sums) summed by the norm's kernel as it writes dx, not by a
+ *        pass over dx after the GEMM
  *   qkv_split (q, k, v = split(qkv)) ; rope (q) ; rope (k),  and in the backward
  *   rope_bwd (dq') ; rope_bwd (dk') ... qkv_split_bwd (dqkv = join(dq, dk, dv))
  *     -> qkv_split and qkv_split_bwd with MGC_POF_ROPE: q and k rotated as they leave the
@@ -44,6 +48,7 @@ typedef struct mgc_fusion_stats {
     int64_t dgrad_gelu;   /* linear_dgrad + gelu_bwd pairs fused */
     int64_t qkv_attention; /* qkv_split + attention (and their backwards) fused */
     int64_t qkv_rope;      /* qkv_split + its two ropes, and qkv_split_bwd + its rope_bwds */
+    int64_t norm_bwd_bias; /* linear bias gradients moved into the norm_bwd writing their dy */
 } mgc_fusion_stats;
 
 /* Fuse in place what can be fused in one chunk; counts added to *st (may be

@@ -20,8 +20,11 @@
  *   layernorm_fwd, rmsnorm_fwd    y = (x - mean) rstd w + b  /  x rstd w
  *   layernorm_bwd, rmsnorm_bwd    dx (written) and per-block partial sums of dw (and db);
  *                                 RES = 1: dx = gres + d norm (the residual stream's gradient
- *                                 added in the same pass, compiler/fusion.c); RES = 0: gres unused
- *   norm_bwd_reduce               dw += sum of the partials, db likewise (fixed order)
+ *                                 added in the same pass, compiler/fusion.c); RES = 0: gres unused;
+ *                                 CS = 1: also the column sums of dx as stored (the bias
+ *                                 gradient of the linear that reads dx, compiler/fusion.c)
+ *   norm_bwd_reduce               d0 += sum of the partials of set 0, d1, d2 likewise (fixed
+ *                                 order)
  *   add_layernorm_fwd, add_rmsnorm_fwd   the fused dropout_add + norm (compiler/fusion.c):
  *                                 h = residual + dropout(branch) (written, rounded to the
  *                                 compute dtype), y = norm(h as rounded), mask (may be NULL);
@@ -335,8 +338,9 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
  * count, so the bits do not depend on the GPU), block T * R, smem 0 (static: R NW 6 floats, and (R - 1) T 8 NV
  * floats for the slots' column sums).  Block p handles its rows p + i NB (i < its count),
  * R at a time (slot s: i = s, s + R, ...), and writes part[p*H + c] = sum over its rows of
- * dy xhat (dw) and, when want_db, part[(NB + p)*H + c] = sum of dy (db): each slot sums its
- * rows in order, then the slots are added in order 0, 1, .., R-1.
+ * dy xhat (dw), then the next sets: when want_db, part[(NB + p)*H + c] = sum of dy (db); when
+ * CS, in the set after those, the sum of dx as stored (rounded to the row's dtype): each slot
+ * sums its rows in order, then the slots are added in order 0, 1, .., R-1.
  * dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: no mean(g) term,
  * xhat = x rstd); mean(g xhat) is computed as rstd mean(g (x - mean)). */
 #define MGC_NORM_HOLD (MGC_NV == 1) /* x and dy held in registers, else re-read (L1/L2) */
@@ -410,11 +414,18 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
     const i64 nb = gridDim.x, p = blockIdx.x;
     const i64 mine = rows > p ? (rows - 1 - p) / nb + 1 : 0; /* rows of this block */
     float aw[MGC_NV][8], ab[MGC_NV][8];
+#if MGC_CS
+    float ac[MGC_NV][8]; /* the column sums of dx as stored */
+#endif
 #pragma unroll
     for (int k = 0; k < MGC_NV; k++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++) {
             aw[k][j] = ab[k][j] = 0.0f;
+#if MGC_CS
+            ac[k][j] = 0.0f;
+#endif
+        }
     int buf = 0; /* the slot-sum buffer of the next call: alternates */
 #if MGC_NORM_PREFETCH /* the slot's first row; each step then fetches the next one's */
     mgc_raw8 xn, gn;
@@ -542,6 +553,9 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
 #if MGC_RES /* the fused residual add: dx = g_res + d norm, rounded once */
                 o[j] = rv[j] + o[j];
 #endif
+#if MGC_CS /* what the linear's bias gradient would read back: dx rounded to the dtype */
+                ac[k][j] += mgc_ld(mgc_st(o[j]));
+#endif
             }
             mgc_norm_st(dr, k, t, o);
         }
@@ -557,27 +571,31 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
 #endif
     mgc_norm_put_part(aw, part + p * (i64)MGC_H, cmb, s, t);
     if (want_db) mgc_norm_put_part(ab, part + (nb + p) * (i64)MGC_H, cmb, s, t);
+#if MGC_CS
+    mgc_norm_put_part(ac, part + ((want_db ? 2 : 1) * nb + p) * (i64)MGC_H, cmb, s, t);
+#endif
 }
 #endif
 
 #if defined(MGC_ENTRY_norm_bwd_reduce)
-/* grid (ceil(h / 32), db ? 2 : 1), block 1024, smem 0 (static 4 KiB).  Block (x, y) owns
- * the 32 columns c = 32x + (tid & 31) of dw (y = 0) or db (y = 1, the partials from
- * part[nb*h]): thread row j = tid >> 5 sums the partials p = j, j + 32, ... < nb in order,
- * then thread row 0 adds the 32 row sums in order j = 0..31: dw[c] += that.  The order
- * depends on nb only. */
+/* grid (ceil(h / 32), sets: 1 to 3), block 1024, smem 0 (static 4 KiB).  Block (x, y) owns
+ * the 32 columns c = 32x + (tid & 31) of set y: destination d0, d1 or d2, its partials from
+ * part[y*nb*h] (the sets of the norm backward: dw, then db, then the column sums of dx; of
+ * a bias gradient: one).  Thread row j = tid >> 5 sums the partials p = j, j + 32, ... < nb
+ * in order, then thread row 0 adds the 32 row sums in order j = 0..31: d[c] += that.  The
+ * order depends on nb only. */
 extern "C" __global__ void __launch_bounds__(1024)
-    MGC_ENTRY_NAME(float *__restrict__ dw, float *__restrict__ db,
+    MGC_ENTRY_NAME(float *__restrict__ d0, float *__restrict__ d1, float *__restrict__ d2,
                    const float *__restrict__ part, int nb, i64 h) {
     mgc_pdl_begin();
     __shared__ float sh[32][33];
     const int cx = threadIdx.x & 31, j = threadIdx.x >> 5;
     const i64 c = (i64)blockIdx.x * 32 + cx;
-    const float *src = part + (blockIdx.y ? (i64)nb * h : 0);
-    float *dst = blockIdx.y ? db : dw;
+    const float *src = part + (i64)blockIdx.y * nb * h;
+    float *dst = blockIdx.y == 0 ? d0 : blockIdx.y == 1 ? d1 : d2;
     /* thread row 0 reads dst with the partials, not after the barrier: one wait for memory
      * less (dst[c] + t, as dst[c] += t) */
-    const float d0 = j == 0 && c < h ? dst[c] : 0.0f;
+    const float v0 = j == 0 && c < h ? dst[c] : 0.0f;
     float s = 0.0f;
     if (c < h)
 #pragma unroll 8 /* the 8 partials of nb = 256 loaded together, then added in order */
@@ -589,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         float t = 0.0f;
         for (int q = 0; q < 32; q++)
             t += sh[q][cx];
-        dst[c] = d0 + t;
+        dst[c] = v0 + t;
     }
 }
 #endif

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 8u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+#define MGC_PLAN_VERSION 9u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
                               4: row views (tensor view); 5: a second split (tensor split2_*);
                               6: the attention kernels' dropout numbering (their argument
@@ -42,7 +42,9 @@ extern "C" {
                               scale, the expert bias, the counts' rows), the router's packed
                               iattr[3] and expert-bias input, LOAD_BATCH's bias bit;
                               8: the fused cross-entropy of the loss chunks
-                              (MGC_POF_CE_STATS); docs/plan-format.md */
+                              (MGC_POF_CE_STATS); 9: the norm backward's fused bias gradient
+                              (MGC_POF_COLSUM, a third destination of norm_bwd_reduce);
+                              docs/plan-format.md */
 
 typedef enum mgc_plan_status {
     MGC_PLAN_OK = 0,
@@ -285,6 +287,16 @@ typedef enum mgc_plan_op_kind {
                                 logits), lse, the chunk's loss (sum, count) -- what the
                                 cross-entropy of phase 3 and the unfused backward compute, bit
                                 for bit */
+#define MGC_POF_COLSUM 256u  /* norm_bwd: its last output is the bias gradient of the linear
+                                whose output gradient is dx (out[0]; compiler/fusion.c):
+                                db += the column sums of dx, rows ascending, as linear_wgrad
+                                adds them.  out: dx, dw (, db of the norm), that bias gradient */
+
+/* The norm_bwd's fp32 column-sum outputs after dx: dw, the norm's db (LayerNorm with a bias),
+ * the fused bias gradient (MGC_POF_COLSUM), 1 to 3; the GPU kernel's sets of partial sums. */
+static inline int mgc_plan_norm_bwd_sets(const mgc_plan_op *op) {
+    return op->n_out > 1 ? op->n_out - 1 : 1;
+}
 
 /* moe_route and moe_route_bwd of phase 0 keep three numbers in iattr[3]: the score function
  * (config.h mgc_score) in bits 0-7, and group-limited routing's expert groups in bits 8-31 and

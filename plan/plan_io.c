@@ -562,7 +562,7 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
     if (o->flags &
         ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE | MGC_POF_ROPE |
-          MGC_POF_DOCS | MGC_POF_ROWS | MGC_POF_CE_STATS))
+          MGC_POF_DOCS | MGC_POF_ROWS | MGC_POF_CE_STATS | MGC_POF_COLSUM))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
     if (o->flags & MGC_POF_ROPE) {
         if (o->kind != MGC_POP_QKV_SPLIT && o->kind != MGC_POP_QKV_SPLIT_BWD)
@@ -664,6 +664,16 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
         INVALID("%s (%s): the fused cross-entropy flag on an op that is not a cross_entropy_bwd "
                 "of 4 inputs and 3 outputs",
                 WH, kn);
+    if (o->flags & MGC_POF_COLSUM) {
+        /* the bias gradient fused into the norm backward: an fp32 vector of the norm's width */
+        const mgc_plan_tensor *b = o->kind == MGC_POP_NORM_BWD && o->n_out >= 3 && o->n_out <= 4
+                                       ? &c->tensors[o->out[o->n_out - 1]]
+                                       : NULL;
+        if (!b || b->dtype != MGC_DT_F32 || o->iattr[2] <= 0 || b->bytes != (uint64_t)o->iattr[2] * 4)
+            INVALID("%s (%s): the column-sum flag on an op that is not a norm_bwd of 3 or 4 "
+                    "outputs whose last is an fp32 vector of its width",
+                    WH, kn);
+    }
     if (o->flags & MGC_POF_INPLACE) {
         /* the launchers that write out[0] over in[0] (cross_entropy.cuh, cpu_ops) */
         if (o->kind != MGC_POP_CROSS_ENTROPY_BWD || o->n_in < 1 || o->n_out < 1)

@@ -149,12 +149,14 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
                                       op->n_in > 2 ? CF(c->in[2]) : NULL, rows, h, eps);
         return 0;
     }
-    /* in: x, w, dy (, g: the residual gradient, fused); out: dx, dw, (db) */
+    /* in: x, w, dy (, g: the residual gradient, fused); out: dx, dw (, db) (, a linear's bias
+     * gradient: MGC_POF_COLSUM) */
+    int cs = (op->flags & MGC_POF_COLSUM) != 0;
     if (rms)
         mgc_cpu_rmsnorm_bwd_f32(F(c->out[0]), F(c->out[1]), CF(c->in[2]), CF(c->in[0]),
                                 CF(c->in[1]), rows, h, eps);
     else
-        mgc_cpu_layernorm_bwd_f32(F(c->out[0]), F(c->out[1]), op->n_out > 2 ? F(c->out[2]) : NULL,
+        mgc_cpu_layernorm_bwd_f32(F(c->out[0]), F(c->out[1]), op->n_out - cs > 2 ? F(c->out[2]) : NULL,
                                   CF(c->in[2]), CF(c->in[0]), CF(c->in[1]), rows, h, eps);
     if (op->n_in > 3) {
         /* the fused residual add (compiler/fusion.c): dx = g + d norm, the add it replaces */
@@ -162,6 +164,8 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         const float *g = CF(c->in[3]);
         for (int64_t i = 0; i < rows * h; i++) dx[i] = g[i] + dx[i];
     }
+    /* the fused bias gradient: linear_wgrad's own sum over dx (no weight gradient: K = 0) */
+    if (cs) mgc_cpu_linear_wgrad_f32(NULL, F(c->out[op->n_out - 1]), CF(c->out[0]), NULL, rows, h, 0);
     return 0;
 }
 

@@ -63,7 +63,7 @@ static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, i
         return -1;
     float *none = NULL;
     int nb = (int)chunks;
-    void *a2[] = {&db, &none, &part, &nb, &N};
+    void *a2[] = {&db, &none, &none, &part, &nb, &N};
     return mgc_cuda_launch(be, &k[1], (unsigned)((N + 31) / 32), 1, 1, 1024, 0, a2);
 }
 

@@ -241,8 +241,9 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         return mgc_cuda_launch(be, &k[0], (unsigned)((rows + RP - 1) / RP), 1, 1,
                                (unsigned)(kconst(&k[0], "T") * R), 0, args);
     }
-    /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient); out: dx, dw (, db) -- dw, db
-     * fp32, accumulated */
+    /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient); out: dx, dw (, db) (, the
+     * column sums of dx: a linear's bias gradient, MGC_POF_COLSUM) -- dw, db and the column
+     * sums fp32, accumulated */
     CHECK(want(be, c, tin(c, 2), dt, "the output gradient"));
     const void *gres = NULL;
     if (op->n_in > 3) {
@@ -251,15 +252,19 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     }
     CHECK(want(be, c, tout(c, 0), dt, "the input gradient"));
     CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the weight's gradient"));
-    int want_db = !rms && op->n_out > 2;
+    int cs = (op->flags & MGC_POF_COLSUM) != 0, sets = mgc_plan_norm_bwd_sets(op);
+    int want_db = !rms && op->n_out - cs > 2;
+    if (sets != 1 + want_db + cs || (cs && numel(tout(c, op->n_out - 1)) != h))
+        return mgc_cuda_fail(be, "norm_bwd '%s': %d outputs do not fit its flags", opname(c), op->n_out);
     if (want_db) CHECK(want(be, c, tout(c, 2), MGC_DT_F32, "the bias's gradient"));
+    if (cs) CHECK(want(be, c, tout(c, op->n_out - 1), MGC_DT_F32, "the linear's bias gradient"));
     CHECK(get_specs(be, c, k, 2));
     if (rows == 0 || h == 0) return 0;
     /* blocks: enough for every row slot to have a row (R slots a block), at most NORM_NB; a
      * function of the shape only, so the bits do not depend on the GPU */
     int64_t slots = (rows + kconst(&k[0], "R") - 1) / kconst(&k[0], "R");
     int nb = slots < NORM_NB ? (int)slots : NORM_NB;
-    float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (want_db ? 2 : 1) * sizeof(float));
+    float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (size_t)sets * sizeof(float));
     if (!part) return -1;
     void *dx = c->out[0], *dy = c->in[2], *x = c->in[0], *w = c->in[1];
     const void *al[] = {dx, dy, x, w, gres, part};
@@ -267,9 +272,10 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     void *a1[] = {&dx, &part, &dy, &x, &w, &gres, &rows, &eps, &want_db};
     CHECK(mgc_cuda_launch(be, &k[0], (unsigned)nb, 1, 1,
                           (unsigned)(kconst(&k[0], "T") * kconst(&k[0], "R")), 0, a1));
-    void *dw = c->out[1], *db = want_db ? c->out[2] : NULL;
-    void *a2[] = {&dw, &db, &part, &nb, &h};
-    return mgc_cuda_launch(be, &k[1], (unsigned)((h + 31) / 32), want_db ? 2 : 1, 1, 1024, 0, a2);
+    /* the sets' destinations in order: dw (, db) (, the column sums) */
+    void *d[3] = {c->out[1], sets > 1 ? c->out[2] : NULL, sets > 2 ? c->out[3] : NULL};
+    void *a2[] = {&d[0], &d[1], &d[2], &part, &nb, &h};
+    return mgc_cuda_launch(be, &k[1], (unsigned)((h + 31) / 32), (unsigned)sets, 1, 1024, 0, a2);
 }
 
 /* ADD_NORM (compiler/fusion.c); in: branch, residual, w (, bias); out: h, y (, mask) */

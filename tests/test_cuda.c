@@ -895,10 +895,12 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
         int bad_int = 0;
         /* a norm's bias gradient sums the rows of dy; a key norm's cancel (softmax ignores a
          * shift every key shares, so the exact gradient is 0): its floor is the rows' sum of
-         * |dy| a channel */
+         * |dy| a channel.  Likewise a linear's bias gradient fused in (MGC_POF_COLSUM, the last
+         * output): the rows of dx, which the GPU sums as rounded to 16 bits */
         double floor = 0;
-        if (kind == MGC_POP_NORM_BWD && k == 2) {
-            const float *dy = c->in[2];
+        int colsum = kind == MGC_POP_NORM_BWD && (gop->flags & MGC_POF_COLSUM) && k == gop->n_out - 1;
+        if (kind == MGC_POP_NORM_BWD && (k == 2 || colsum)) {
+            const float *dy = colsum ? c->out[0] : c->in[2];
             int64_t rows = c->op->iattr[1], w = c->op->iattr[2];
             for (int64_t j = 0; j < w; j++) {
                 double col = 0;

@@ -814,28 +814,33 @@ static void test_hostile(void) {
     wr32(b + 8, 2); /* a version-2 plan (no row pitch: its reserved word could be garbage) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 2, this mgc-run reads 8: recompile with mgc compile");
+                  "plan format version 2, this mgc-run reads 9: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 5); /* version 5: the attention kernels it carries take other arguments */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 5, this mgc-run reads 8: recompile with mgc compile");
+                  "plan format version 5, this mgc-run reads 9: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 6); /* version 6: its router kernels take other arguments */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 6, this mgc-run reads 8: recompile with mgc compile");
+                  "plan format version 6, this mgc-run reads 9: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 7); /* version 7: no fused cross-entropy flag */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 7, this mgc-run reads 8: recompile with mgc compile");
+                  "plan format version 7, this mgc-run reads 9: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 9);
+    wr32(b + 8, 8); /* version 8: its norm_bwd_reduce takes two destinations, not three */
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 9, this mgc-run reads 8");
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION,
+                  "plan format version 8, this mgc-run reads 9: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 9); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 10);
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 10, this mgc-run reads 9");
+    memcpy(b, orig, len);
+    wr32(b + 8, 10); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
@@ -1288,8 +1293,9 @@ static void test_validate(void) {
         }
         T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     }
-    BREAK(ch->fwd[0].flags, 256, "unknown flags");
+    BREAK(ch->fwd[0].flags, 512, "unknown flags");
     BREAK(ch->fwd[0].flags, MGC_POF_CE_STATS, "fused cross-entropy flag on an op that is not");
+    BREAK(ch->fwd[0].flags, MGC_POF_COLSUM, "column-sum flag on an op that is not a norm_bwd");
     BREAK(ch->fwd[0].flags, MGC_POF_ROWS, "routed-rows flag on an op that is not an activation");
     BREAK(ch->tensors[0].flags, 2, "flags 0x2 unknown");
     BREAK(ch->fwd[0].flags, MGC_POF_DOCS, "document flag on an op that is not attention, a rope");

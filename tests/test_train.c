@@ -984,7 +984,7 @@ static void check_loss_scaling(void) {
  * norm_bwd + add_bwd, dropout_add + norm, linear + gelu or gelu_bwd is left (GPT's MLP:
  * every gelu and gelu_bwd is fused), nor a qkv_split where no rotary embedding sits between
  * it and the attention. */
-static void check_fusion(const char *path, const char *const *sets) {
+static int64_t check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
     mgc_plan *u = compile(path, NULL, sets);
     unsetenv("MGC_FUSION");
@@ -997,9 +997,10 @@ static void check_fusion(const char *path, const char *const *sets) {
         mgc_plan_free(u);
         mgc_plan_free(f);
         mgc_plan_free(o);
-        return;
+        return 0;
     }
     int64_t inpl_f = 0, inpl_o = 0, qr = 0, qrb = 0, rope_f = 0, rope_u2 = 0;
+    int64_t colsum = 0, bias_u = 0, bias_f = 0, bias_left = 0;
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
     int64_t qa = 0, qab = 0, split_u = 0, split_f = 0, splitb_u = 0, splitb_f = 0, rope_u = 0, att = 0;
@@ -1019,12 +1020,18 @@ static void check_fusion(const char *path, const char *const *sets) {
                 for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_GELU_BWD; j++)
                     pairs += ch->bwd[j].kind == MGC_POP_LINEAR_DGRAD && ch->bwd[j].out[0] == ch->bwd[i].in[1];
                 fused += ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i].n_in == 4;
+                colsum += ch->bwd[i].kind == MGC_POP_NORM_BWD && (ch->bwd[i].flags & MGC_POF_COLSUM);
+                bias_f += ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch->bwd[i].n_out == 2;
+                /* a bias gradient left to a linear that reads a norm backward's dx */
+                for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch->bwd[i].n_out == 2; j++)
+                    bias_left += ch->bwd[j].kind == MGC_POP_NORM_BWD && ch->bwd[j].out[0] == ch->bwd[i].in[0];
                 adds_f += ch->bwd[i].kind == MGC_POP_ADD_BWD;
                 if (i + 1 < ch->n_bwd && ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i + 1].kind == MGC_POP_ADD_BWD &&
                     (ch->bwd[i + 1].in[0] == ch->bwd[i].out[0] || ch->bwd[i + 1].in[1] == ch->bwd[i].out[0]))
                     pairs++;
             }
             for (int64_t i = 0; i < cu->n_bwd; i++) {
+                bias_u += cu->bwd[i].kind == MGC_POP_LINEAR_WGRAD && cu->bwd[i].n_out == 2;
                 splitb_u += cu->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
                 gelub_u += cu->bwd[i].kind == MGC_POP_GELU_BWD;
@@ -1074,6 +1081,10 @@ static void check_fusion(const char *path, const char *const *sets) {
     T_EQ_I64(rope_f, 0);
     T_EQ_I64(2 * qr, rope_u);
     T_EQ_I64(2 * qrb, rope_u2);
+    /* each bias gradient a norm backward took is one a linear_wgrad gave up, and none is left
+     * where a linear reads a norm backward's dx */
+    T_EQ_I64(bias_u - bias_f, colsum);
+    T_EQ_I64(bias_left, 0);
     T_EQ_I64(inpl_f, 1); /* the loss chunk's cross_entropy_bwd */
     T_EQ_I64(inpl_o, 0);
     double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS], lo[STEPS], no[STEPS];
@@ -1085,14 +1096,15 @@ static void check_fusion(const char *path, const char *const *sets) {
         same &= lu[i] == lf[i] && nu[i] == nf[i] && lo[i] == lf[i] && no[i] == nf[i];
     T_CHECK(same);
     printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu, %lld "
-           "linear_dgrad + gelu_bwd, %lld qkv_split + attention pairs and %lld + %lld qkv_split "
-           "(_bwd) + ropes fused, %d steps bit-identical to the unfused plan and to the plan "
-           "without in-place outputs\n",
+           "linear_dgrad + gelu_bwd, %lld qkv_split + attention pairs, %lld + %lld qkv_split "
+           "(_bwd) + ropes and %lld bias gradients into norm_bwd fused, %d steps bit-identical "
+           "to the unfused plan and to the plan without in-place outputs\n",
            path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, (long long)qa,
-           (long long)qr, (long long)qrb, STEPS);
+           (long long)qr, (long long)qrb, (long long)colsum, STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
     mgc_plan_free(o);
+    return colsum;
 }
 
 /* ---- graphs (backend.h graph_begin / graph_end) on the CPU ------------------------------
@@ -2254,7 +2266,13 @@ int main(int argc, char **argv) {
         static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
         static const char *const drop_tp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",
                                               "parallel.sequence_parallel=true", NULL};
-        check_fusion("examples/tiny-gpt.yaml", NULL);
+        /* without dropout, the residual branches' bias gradients go into the norm backwards:
+         * two a layer (the attention's output projection, the MLP's second layer), also under
+         * tp2, where every rank has the whole residual gradient (not under SP: there the
+         * linears read it all-gathered) */
+        static const char *const tp2[] = {"parallel.world_size=2", "parallel.tensor=2", NULL};
+        T_CHECK(check_fusion("examples/tiny-gpt.yaml", NULL) > 0);
+        T_CHECK(check_fusion("examples/tiny-gpt.yaml", tp2) > 0);
         check_fusion("examples/tiny-gpt.yaml", drop);
         check_fusion("examples/tiny-gpt.yaml", drop_tp);
         /* selective recompute re-runs the attention in the backward: it reads qkv too */
