@@ -138,10 +138,19 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
                 goto fail;
             }
         /* fusions (fusion.h): before the memory plan, which sees the fused programs;
-         * MGC_FUSION=0 in the environment turns them off (debugging, tests) */
-        const char *fz = getenv("MGC_FUSION");
-        if (!(fz && !strcmp(fz, "0")))
-            for (int64_t k = 0; k < sp->n_chunks; k++) mgc_fuse_chunk(&sp->chunks[k], NULL);
+         * MGC_FUSION in the environment chooses them (debugging, tests, A/B timings) */
+        unsigned fuse;
+        const char *bad = NULL;
+        size_t bad_len = 0;
+        if (mgc_fusion_parse(getenv("MGC_FUSION"), &fuse, &bad, &bad_len)) {
+            mgc_diag(d, MGC_SEV_ERROR, at,
+                     "MGC_FUSION takes 0, 1 or a comma-separated list of norm_bwd_add, add_norm, "
+                     "linear_gelu, dgrad_gelu, qkv_attention, qkv_rope, norm_bwd_bias, each "
+                     "with an optional leading '-' (docs/partitioning.md#fusions)",
+                     "the environment's MGC_FUSION names no fusion '%.*s'", (int)bad_len, bad);
+            goto fail;
+        }
+        for (int64_t k = 0; k < sp->n_chunks; k++) mgc_fuse_chunk(&sp->chunks[k], fuse, NULL);
         /* in-place outputs (memplan.h), on the fused programs; MGC_INPLACE=0 turns them off */
         const char *ip = getenv("MGC_INPLACE");
         if (!(ip && !strcmp(ip, "0")))

@@ -532,14 +532,57 @@ static int64_t fuse_qkv_rope(mgc_plan_chunk *ch) {
     return fused;
 }
 
-void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st) {
-    int64_t a = fuse_norm_bwd_add(ch);
-    int64_t g = fuse_norm_bwd_bias(ch);
-    int64_t b = fuse_fwd_pairs(ch, pair_add_norm);
-    int64_t c = fuse_fwd_pairs(ch, pair_linear_gelu);
-    int64_t d = fuse_dgrad_gelu(ch);
-    int64_t e = fuse_qkv_attention(ch);
-    int64_t f = fuse_qkv_rope(ch);
+static const struct {
+    const char *name;
+    unsigned bit;
+} fusion_names[] = {
+    {"norm_bwd_add", MGC_FUSE_NORM_BWD_ADD},   {"add_norm", MGC_FUSE_ADD_NORM},
+    {"linear_gelu", MGC_FUSE_LINEAR_GELU},     {"dgrad_gelu", MGC_FUSE_DGRAD_GELU},
+    {"qkv_attention", MGC_FUSE_QKV_ATTENTION}, {"qkv_rope", MGC_FUSE_QKV_ROPE},
+    {"norm_bwd_bias", MGC_FUSE_NORM_BWD_BIAS},
+};
+
+int mgc_fusion_parse(const char *spec, unsigned *which, const char **bad, size_t *bad_len) {
+    *which = MGC_FUSE_ALL;
+    if (!spec || !*spec || !strcmp(spec, "1")) return 0;
+    if (!strcmp(spec, "0")) {
+        *which = 0;
+        return 0;
+    }
+    unsigned on = 0, off = 0;
+    for (const char *p = spec; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int minus = n > 0 && *p == '-';
+        const char *name = p + minus;
+        size_t len = n - (size_t)minus;
+        unsigned bit = 0;
+        for (size_t i = 0; i < sizeof fusion_names / sizeof fusion_names[0] && !bit; i++)
+            if (strlen(fusion_names[i].name) == len && !strncmp(fusion_names[i].name, name, len))
+                bit = fusion_names[i].bit;
+        if (!bit) {
+            *bad = p, *bad_len = n;
+            return -1;
+        }
+        if (minus)
+            off |= bit;
+        else
+            on |= bit;
+        p = e ? e + 1 : p + n;
+    }
+    *which = (on ? on : MGC_FUSE_ALL) & ~off;
+    return 0;
+}
+
+void mgc_fuse_chunk(mgc_plan_chunk *ch, unsigned which, mgc_fusion_stats *st) {
+    /* the norm backward takes its residual add before it can take a bias gradient */
+    int64_t a = which & MGC_FUSE_NORM_BWD_ADD ? fuse_norm_bwd_add(ch) : 0;
+    int64_t g = which & MGC_FUSE_NORM_BWD_BIAS ? fuse_norm_bwd_bias(ch) : 0;
+    int64_t b = which & MGC_FUSE_ADD_NORM ? fuse_fwd_pairs(ch, pair_add_norm) : 0;
+    int64_t c = which & MGC_FUSE_LINEAR_GELU ? fuse_fwd_pairs(ch, pair_linear_gelu) : 0;
+    int64_t d = which & MGC_FUSE_DGRAD_GELU ? fuse_dgrad_gelu(ch) : 0;
+    int64_t e = which & MGC_FUSE_QKV_ATTENTION ? fuse_qkv_attention(ch) : 0;
+    int64_t f = which & MGC_FUSE_QKV_ROPE ? fuse_qkv_rope(ch) : 0;
     if (st) {
         st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
         st->qkv_attention += e, st->qkv_rope += f, st->norm_bwd_bias += g;

@@ -51,10 +51,28 @@ typedef struct mgc_fusion_stats {
     int64_t norm_bwd_bias; /* linear bias gradients moved into the norm_bwd writing their dy */
 } mgc_fusion_stats;
 
-/* Fuse in place what can be fused in one chunk; counts added to *st (may be
- * NULL).  Tensors whose only reader went away stay in the chunk's list,
+/* The fusions, as bits of the set to make (named as the fields of mgc_fusion_stats). */
+enum {
+    MGC_FUSE_NORM_BWD_ADD = 1u << 0,
+    MGC_FUSE_ADD_NORM = 1u << 1,
+    MGC_FUSE_LINEAR_GELU = 1u << 2,
+    MGC_FUSE_DGRAD_GELU = 1u << 3,
+    MGC_FUSE_QKV_ATTENTION = 1u << 4,
+    MGC_FUSE_QKV_ROPE = 1u << 5,
+    MGC_FUSE_NORM_BWD_BIAS = 1u << 6,
+    MGC_FUSE_ALL = (1u << 7) - 1
+};
+
+/* The set MGC_FUSION names (docs/partitioning.md#fusions): NULL, "" or "1" all of them, "0"
+ * none, else a comma-separated list of names, each making that fusion or, with a leading
+ * '-', leaving it out of all of them (a list of only '-' names starts from all).  0, or -1
+ * with *bad pointing at the first name not known (its length in *bad_len). */
+int mgc_fusion_parse(const char *spec, unsigned *which, const char **bad, size_t *bad_len);
+
+/* Fuse in place what can be fused in one chunk, of the fusions in `which`; counts added to
+ * *st (may be NULL).  Tensors whose only reader went away stay in the chunk's list,
  * unreferenced (the memory plan gives them no buffer).  Never fails. */
-void mgc_fuse_chunk(mgc_plan_chunk *ch, mgc_fusion_stats *st);
+void mgc_fuse_chunk(mgc_plan_chunk *ch, unsigned which, mgc_fusion_stats *st);
 
 #ifdef __cplusplus
 }

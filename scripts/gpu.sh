@@ -12,8 +12,11 @@
 #                                             bytes; NCU_MODELS)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes): both benchmark models' steps and losses
-#                                             with the defaults, MGC_PDL=1, MGC_ZERO_BESIDE=1
-#                                             (the same bits checked) and a GEMM tuning file made by
+#                                             with the defaults, compiled without the bias
+#                                             gradients in the norm backwards
+#                                             (MGC_FUSION=-norm_bwd_bias), MGC_PDL=1,
+#                                             MGC_ZERO_BESIDE=1 (the same bits checked) and a GEMM
+#                                             tuning file made by
 #                                             MGC_GEMM_TUNE, SDPA at their shapes, the copy curve
 #                                             (bench/copy_curve.py) and the attention and
 #                                             memory-bound kernels of one GPT-2 124M step under
@@ -82,8 +85,8 @@ if has quick; then
     # The plans of bench/bench_gpu.sh's rows (20 steps: their losses compare bit for bit with
     # that script's .jsonl of an earlier commit when no kernel's arithmetic changed)
     Q=$OUT/quick.txt
-    qplan() { # model mbs plan
-        build-gpu/compiler/mgc compile models/$1.yaml --set parallel.world_size=1 --set parallel.tensor=1 \
+    qplan() { # model mbs plan [MGC_FUSION]
+        MGC_FUSION="${4:-1}" build-gpu/compiler/mgc compile models/$1.yaml --set parallel.world_size=1 --set parallel.tensor=1 \
             --set parallel.pipeline=1 --set parallel.data=1 --set parallel.context=1 \
             --set training.precision=bf16 --set training.recompute=none --set training.micro_batch_size=$2 \
             --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.global_batch_size=$2 \
@@ -104,6 +107,12 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     }
     echo "== quick (commit ${MGC_COMMIT:-?})" | tee "$Q"
     qplan gpt2-124m 8 build-gpu/q124.plan && qplan gpt2-1.5b 4 build-gpu/q15.plan || rc=1
+    # and without the bias gradients in the norm backwards (compiler/fusion.c norm_bwd_bias):
+    # the same steps with cuBLASLt's BGRADB (losses within bf16 rounding, not the same bits)
+    qplan gpt2-124m 8 build-gpu/q124nb.plan -norm_bwd_bias &&
+        qplan gpt2-1.5b 4 build-gpu/q15nb.plan -norm_bwd_bias || rc=1
+    qrun "gpt2-124m MGC_FUSION=-norm_bwd_bias" build-gpu/q124nb.plan
+    qrun "gpt2-1.5b MGC_FUSION=-norm_bwd_bias" build-gpu/q15nb.plan
     # programmatic dependent launch against ordinary launches: the step, and the same bits
     samebits() { # label-a label-b: their losses and norms, as qrun printed them
         a=$(grep "^$1: " "$Q" | tail -n 1 | sed 's/.*losses //') b=$(grep "^$2: " "$Q" | tail -n 1 | sed 's/.*losses //')

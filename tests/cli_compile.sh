@@ -49,6 +49,16 @@ head -c 200 "$tmp/p.plan" >"$tmp/trunc.plan"
 [ $rc = 1 ] && grep -q "not an mgc plan" "$tmp/e" && ok || bad "YAML given to inspect: status $rc"
 "$mgc" compile models/tiny-gpt.yaml -o "$tmp/missing/dir/x.plan" >/dev/null 2>"$tmp/e"; rc=$?
 [ $rc = 1 ] && [ -z "$(ls "$tmp" | grep -v '^[a-z]*$\|\.plan$\|\.svg$')" ] && ok || bad "unwritable output: status $rc"
+# MGC_FUSION chooses the fusions by name: one left out, or a name it does not know (an error
+# naming it, no plan)
+MGC_FUSION=-norm_bwd_bias "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/f.plan" >/dev/null 2>&1 &&
+  "$mgc" inspect --ops "$tmp/f.plan" >"$tmp/fo" 2>&1 && ! grep -q " +bias " "$tmp/fo" && grep -q "add_norm" "$tmp/fo" &&
+  ok || bad "MGC_FUSION=-norm_bwd_bias: still a bias gradient in a norm backward, or no other fusion"
+"$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/g.plan" >/dev/null 2>&1 &&
+  "$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q "norm_bwd +bias " && ok || bad "no bias gradient in a norm backward by default"
+MGC_FUSION=add_norm,bogus "$mgc" compile examples/tiny-gpt.yaml -o "$tmp/nf.plan" >/dev/null 2>"$tmp/e"; rc=$?
+[ $rc = 1 ] && grep -q "MGC_FUSION names no fusion 'bogus'" "$tmp/e" && [ ! -e "$tmp/nf.plan" ] &&
+  ok || bad "MGC_FUSION=add_norm,bogus: status $rc, $(cat "$tmp/e")"
 cp "$tmp/p.plan" "$tmp/keep.plan"
 "$mgc" compile tests/bad/heads-tensor.yaml -o "$tmp/keep.plan" >/dev/null 2>&1
 cmp -s "$tmp/p.plan" "$tmp/keep.plan" && ok || bad "a failed compile changed an existing plan"
