@@ -1911,6 +1911,9 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "ops")) {
         check_ops("examples/tiny-gpt.yaml", NULL);
         check_ops("models/tiny-llama.yaml", NULL);
+        /* RMSNorm's backward with a linear's bias gradient (norm.cuh CS, MGC_POF_COLSUM) */
+        static const char *const llama_bias[] = {"model.add_bias_linear=true", NULL};
+        check_ops("models/tiny-llama.yaml", llama_bias);
         check_ops("models/tiny-moe.yaml", NULL);
         check_ops("models/tiny-moe.yaml", moe_bias);
         /* head dims 32, 64 and 128 (the 16-bit tensor-core attention; the tiny models have

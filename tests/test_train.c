@@ -2279,6 +2279,9 @@ int main(int argc, char **argv) {
         static const char *const sel[] = {"training.recompute=selective", NULL};
         check_fusion("examples/tiny-gpt.yaml", sel);
         check_fusion("models/tiny-llama.yaml", NULL);
+        /* RMSNorm's backward takes the bias gradients too */
+        static const char *const llama_bias[] = {"model.add_bias_linear=true", NULL};
+        T_CHECK(check_fusion("models/tiny-llama.yaml", llama_bias) > 0);
         /* full recompute re-runs the split and its ropes in the backward: they fuse too; with
          * context parallelism the rotation takes the load-balanced positions */
         static const char *const full[] = {"training.recompute=full", NULL};
