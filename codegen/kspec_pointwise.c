@@ -132,6 +132,17 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mgc_kspec_const(&out[0], "DROP", op->fattr[1] > 0);
         return 1;
     }
+    case MGC_POP_EMBEDDING_NORM: { /* the fused embedding + norm (compiler/fusion.c) */
+        const mgc_plan_tensor *x = tout(ch, op, 0);
+        int64_t h = x->dim[x->rank - 1];
+        if (h <= 0) return -1;
+        mgc_kspec_init(&out[0], "norm.cuh",
+                       op->fattr[1] == 1 ? "embedding_rmsnorm_fwd" : "embedding_layernorm_fwd", dt(x));
+        int64_t t = mgc_kspec_norm_threads(h, 0);
+        mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
+        mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
+        return 1;
+    }
     case MGC_POP_DROPOUT:
         mgc_kspec_init(&out[0], "pointwise.cuh", "dropout_fwd", dt(tin(ch, op, 0)));
         return 1;

@@ -202,10 +202,12 @@ static double table_bytes(const mgc_plan_chunk *ch, int32_t i, double rows) {
 
 static double op_bytes(double routed, const mgc_plan_chunk *ch, const mgc_plan_op *op) {
     double bytes = 0;
-    if ((op->kind == MGC_POP_EMBEDDING || op->kind == MGC_POP_EMBEDDING_BWD) && op->n_in > 1) {
+    if ((op->kind == MGC_POP_EMBEDDING || op->kind == MGC_POP_EMBEDDING_BWD ||
+         op->kind == MGC_POP_EMBEDDING_NORM) &&
+        op->n_in > 1) {
         /* a lookup moves the rows its tokens name, not the table: the forward reads at most
-         * a row of each table a token (in 1, 2); the backward adds into at most a row of each
-         * fp32 gradient a token, read and written (out 0, 1) */
+         * a row of each table a token (the word and position tables); the backward adds into
+         * at most a row of each fp32 gradient a token, read and written (out 0, 1) */
         double n = 0; /* tokens */
         if (op->in[0] >= 0 && op->in[0] < ch->n_tensors) {
             const mgc_plan_tensor *tok = &ch->tensors[op->in[0]];
@@ -213,8 +215,11 @@ static double op_bytes(double routed, const mgc_plan_chunk *ch, const mgc_plan_o
             for (int d = 0; d < tok->rank; d++) n *= (double)tok->dim[d];
         }
         int bwd = op->kind == MGC_POP_EMBEDDING_BWD, docs = (op->flags & MGC_POF_DOCS) != 0;
+        int pos = op->n_in > 2 && !(docs && op->n_in == 3) ? 2 : -1; /* the position table */
+        mgc_emb_norm_io io;
+        if (op->kind == MGC_POP_EMBEDDING_NORM) pos = mgc_plan_emb_norm_io(op, &io) ? -1 : io.pos;
         for (int i = 0; i < op->n_in && i < MGC_PLAN_MAX_IO; i++) {
-            int table = !bwd && (i == 1 || (i == 2 && !(docs && i == op->n_in - 1)));
+            int table = !bwd && (i == 1 || i == pos);
             bytes += table ? table_bytes(ch, op->in[i], n) : tensor_bytes(routed, ch, op->in[i]);
         }
         for (int i = 0; i < op->n_out && i < MGC_PLAN_MAX_IO; i++)
@@ -372,7 +377,8 @@ static double embed_grad_bytes(const mgc_stage_program *sp) {
     for (int64_t k = 0; k < sp->n_chunks; k++) {
         const mgc_plan_chunk *ch = &sp->chunks[k];
         for (int64_t i = 0; i < ch->n_fwd; i++)
-            if (ch->fwd[i].kind == MGC_POP_EMBEDDING && ch->fwd[i].n_in > 1) {
+            if ((ch->fwd[i].kind == MGC_POP_EMBEDDING || ch->fwd[i].kind == MGC_POP_EMBEDDING_NORM) &&
+                ch->fwd[i].n_in > 1) {
                 int32_t w = ch->fwd[i].in[1];
                 if (w >= 0 && w < ch->n_tensors) {
                     const mgc_plan_tensor *t = &ch->tensors[w];

@@ -49,6 +49,7 @@ typedef struct mgc_fusion_stats {
     int64_t qkv_attention; /* qkv_split + attention (and their backwards) fused */
     int64_t qkv_rope;      /* qkv_split + its two ropes, and qkv_split_bwd + its rope_bwds */
     int64_t norm_bwd_bias; /* linear bias gradients moved into the norm_bwd writing their dy */
+    int64_t embedding_norm; /* embedding + norm pairs fused (the first layer's norm) */
 } mgc_fusion_stats;
 
 /* The fusions, as bits of the set to make (named as the fields of mgc_fusion_stats). */
@@ -60,7 +61,8 @@ enum {
     MGC_FUSE_QKV_ATTENTION = 1u << 4,
     MGC_FUSE_QKV_ROPE = 1u << 5,
     MGC_FUSE_NORM_BWD_BIAS = 1u << 6,
-    MGC_FUSE_ALL = (1u << 7) - 1
+    MGC_FUSE_EMBEDDING_NORM = 1u << 7,
+    MGC_FUSE_ALL = (1u << 8) - 1
 };
 
 /* The set MGC_FUSION names (docs/partitioning.md#fusions): NULL, "" or "1" all of them, "0"

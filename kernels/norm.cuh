@@ -29,6 +29,9 @@
  *                                 h = residual + dropout(branch) (written, rounded to the
  *                                 compute dtype), y = norm(h as rounded), mask (may be NULL);
  *                                 constant DROP (0: no dropout code)
+ *   embedding_layernorm_fwd, embedding_rmsnorm_fwd   the fused embedding + norm
+ *                                 (compiler/fusion.c): x = wte[tok - v0] + wpe[pos] (written,
+ *                                 rounded to the compute dtype), y = norm(x as rounded)
  * The backward never uses atomics: block p of the first kernel owns rows p, p + NB, ... (its
  * slot s the i-th of them for i = s mod R), adds the R slots' column sums in slot order and
  * writes them to part[p][.]; the reduce kernel adds part[0..NB) in a fixed tree. */
@@ -38,7 +41,8 @@
 #endif
 #include "mgc_common.cuh"
 
-#if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_layernorm_bwd) || defined(MGC_ENTRY_add_layernorm_fwd)
+#if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_layernorm_bwd) || \
+    defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_embedding_layernorm_fwd)
 #define MGC_NORM_RMS 0
 #else
 #define MGC_NORM_RMS 1
@@ -140,7 +144,8 @@ template <int N> __device__ __forceinline__ void mgc_slot_sum(float (&v)[N], flo
 #endif /* MGC_H */
 
 #if defined(MGC_ENTRY_layernorm_fwd) || defined(MGC_ENTRY_rmsnorm_fwd) || \
-    defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd)
+    defined(MGC_ENTRY_add_layernorm_fwd) || defined(MGC_ENTRY_add_rmsnorm_fwd) || \
+    defined(MGC_ENTRY_embedding_layernorm_fwd) || defined(MGC_ENTRY_embedding_rmsnorm_fwd)
 /* The forward of NP rows held in registers (v[q]: thread t's vectors of row q, 0 past H):
  * their statistics by slot sums (the NP rows' sums side by side, so one barrier serves them
  * all, each summed in the same order as alone), then yr[q] = (v - mean) rstd w + b  /
@@ -326,6 +331,69 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
                 if (j < nv) mr[j] = kb[j];
 #endif
         }
+    }
+    mgc_t *const yr[1] = {y + r * (i64)MGC_H};
+    const bool oks[1] = {ok};
+    mgc_norm_rows_fwd<1>(v, yr, w, bias, eps, t, oks, sh[s]);
+}
+#endif
+
+#if defined(MGC_ENTRY_embedding_layernorm_fwd) || defined(MGC_ENTRY_embedding_rmsnorm_fwd)
+/* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row r = b R + s of
+ * the rows = s_c * b, r = i * b + j.  The fused embedding + norm (compiler/fusion.c): x[r] =
+ * wte[tok[r] - v0] (0 outside the shard) + wpe[pos(r)] (wpe NULL: none), written rounded to
+ * the compute dtype, and y[r] = norm(x[r] as rounded): embedding.cuh's embedding_fwd and the
+ * plain norm's forward, bit for bit, without the norm's re-read of x.  Positions as there:
+ * mgc_ctx_pos(i, cp, cpr, half_len) - docs[r] (docs may be NULL).  bias may be NULL (LayerNorm
+ * only). */
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
+    MGC_ENTRY_NAME(mgc_t *__restrict__ x, mgc_t *__restrict__ y, const i64 *__restrict__ tok,
+                   const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe,
+                   const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 v0, i64 V_l,
+                   i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs, i64 rows,
+                   float eps) {
+    mgc_pdl_begin();
+    __shared__ float sh[MGC_R][2][MGC_NW];
+    const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
+    const i64 r = (i64)blockIdx.x * MGC_R + s;
+    const bool ok = r < rows;
+    /* the row's table rows (every thread of the slot reads the same token: one transaction) */
+    const i64 id = ok ? tok[r] - v0 : -1;
+    const bool in = id >= 0 && id < V_l;
+    const mgc_t *wr = wte + (in ? id : 0) * (i64)MGC_H;
+    const i64 p = ok ? mgc_ctx_pos(r / b, cp, cpr, half_len) - (docs ? docs[r] : 0) : 0;
+    const mgc_t *pr = wpe && ok ? wpe + p * (i64)MGC_H : (const mgc_t *)0;
+    mgc_t *xr = x + r * (i64)MGC_H;
+    float v[1][MGC_NV][8];
+    float wv[MGC_NV][8], pv[MGC_NV][8];
+#pragma unroll
+    for (int k = 0; k < MGC_NV; k++) { /* every load of the row before the first addition */
+        mgc_norm_ld(wr, k, t, ok && in, wv[k]);
+        mgc_norm_ld(pr, k, t, pr != 0, pv[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < MGC_NV; k++) {
+        int c0 = 8 * (k * MGC_T + t), nv = mgc_norm_nvalid(k, t);
+        if (pr) /* as embedding_fwd adds: not at all without positions (-0 stays -0) */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                wv[k][j] += pv[k][j];
+        /* rounded to the compute dtype once (as embedding_fwd writes it): x's storage values,
+         * and v their values */
+        const mgc_raw8 xq = mgc_toraw8(wv[k]);
+        mgc_unraw8(xq, v[0][k]);
+        if (!ok || nv <= 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[0][k][j] = 0.0f;
+            continue;
+        }
+#if MGC_VEC8
+        mgc_straw8(xr + c0, xq);
+#else
+        (void)c0;
+        mgc_norm_st(xr, k, t, v[0][k]); /* exact: v holds values of the dtype */
+#endif
     }
     mgc_t *const yr[1] = {y + r * (i64)MGC_H};
     const bool oks[1] = {ok};

@@ -37,6 +37,7 @@ static const char *const op_names[MGC_POP__END] = {
     [MGC_POP_CROSS_ENTROPY] = "cross_entropy",
     [MGC_POP_ADD_NORM] = "add_norm",
     [MGC_POP_LINEAR_GELU] = "linear_gelu",
+    [MGC_POP_EMBEDDING_NORM] = "embedding_norm",
     [MGC_POP_EMBEDDING_BWD] = "embedding_bwd",
     [MGC_POP_DROPOUT_BWD] = "dropout_bwd",
     [MGC_POP_NORM_BWD] = "norm_bwd",

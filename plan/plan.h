@@ -44,6 +44,8 @@ extern "C" {
                               8: the fused cross-entropy of the loss chunks
                               (MGC_POF_CE_STATS); 9: the norm backward's fused bias gradient
                               (MGC_POF_COLSUM, a third destination of norm_bwd_reduce);
+                              within 9, op kind 18 (embedding_norm), which older version-9
+                              readers refuse as unknown (docs/plan-format.md, Versioning);
                               docs/plan-format.md */
 
 typedef enum mgc_plan_status {
@@ -237,6 +239,10 @@ typedef enum mgc_plan_op_kind {
                              (, dropout mask) */
     MGC_POP_LINEAR_GELU,  /* fused linear + gelu (compiler/fusion.c): in x, W (, bias); out
                              y = gelu(h), h = x W^T (+ bias) (the GELU input the backward reads) */
+    MGC_POP_EMBEDDING_NORM, /* fused embedding + the first layer's norm (compiler/fusion.c): in
+                               tokens, word (, positions), the norm's weight (, its bias)
+                               (, doc starts); out x = the embedding, y = norm(x)
+                               (mgc_plan_emb_norm_io) */
     /* backward compute */
     MGC_POP_EMBEDDING_BWD = 32, MGC_POP_DROPOUT_BWD, MGC_POP_NORM_BWD, MGC_POP_LINEAR_DGRAD,
     MGC_POP_LINEAR_WGRAD, MGC_POP_QKV_SPLIT_BWD, MGC_POP_ROPE_BWD, MGC_POP_ATTENTION_BWD,
@@ -251,7 +257,7 @@ typedef enum mgc_plan_op_kind {
     MGC_POP__END
 } mgc_plan_op_kind;
 
-#define MGC_POP_LAST_FWD MGC_POP_LINEAR_GELU       /* forward kinds are 0 .. this */
+#define MGC_POP_LAST_FWD MGC_POP_EMBEDDING_NORM    /* forward kinds are 0 .. this */
 #define MGC_POP_LAST_BWD MGC_POP_LINEAR_DGRAD_GELU /* backward kinds are 32 .. this */
 
 #define MGC_POF_RECOMPUTE 1u /* a forward op of a backward program: re-run for recompute, or the
@@ -296,6 +302,25 @@ typedef enum mgc_plan_op_kind {
  * the fused bias gradient (MGC_POF_COLSUM), 1 to 3; the GPU kernel's sets of partial sums. */
 static inline int mgc_plan_norm_bwd_sets(const mgc_plan_op *op) {
     return op->n_out > 1 ? op->n_out - 1 : 1;
+}
+
+/* Where embedding_norm's inputs are: tokens 0, word 1, then the positions (iattr[1] set: learned
+ * positions, as the embedding's), the norm's weight, its bias (LayerNorm with one) and the
+ * document starts (MGC_POF_DOCS), each -1 when absent.  iattr[0..3] are the embedding's,
+ * fattr[0] the norm's eps, fattr[1] 1 for RMSNorm (the norm's iattr[0]) and 0 for LayerNorm.
+ * 0, or -1 when n_in does not fit these. */
+typedef struct mgc_emb_norm_io {
+    int pos, w, b, docs; /* input indices, -1: none */
+} mgc_emb_norm_io;
+static inline int mgc_plan_emb_norm_io(const mgc_plan_op *op, mgc_emb_norm_io *io) {
+    int k = 2, docs = (op->flags & MGC_POF_DOCS) != 0;
+    io->pos = op->iattr[1] ? k++ : -1;
+    io->w = k++;
+    int extra = (int)op->n_in - k - docs; /* the bias: 0 or 1 */
+    if (extra < 0 || extra > 1 || (extra && op->fattr[1] != 0)) return -1;
+    io->b = extra ? k++ : -1;
+    io->docs = docs ? k++ : -1;
+    return 0;
 }
 
 /* moe_route and moe_route_bwd of phase 0 keep three numbers in iattr[3]: the score function

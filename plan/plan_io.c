@@ -614,6 +614,7 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
         if (o->kind == MGC_POP_ROPE || o->kind == MGC_POP_ROPE_BWD) need = 1;
         else if (o->kind == MGC_POP_EMBEDDING) need = 3; /* tokens, word, positions */
         else if (o->kind == MGC_POP_EMBEDDING_BWD) need = 2; /* tokens, dy */
+        else if (o->kind == MGC_POP_EMBEDDING_NORM) need = o->n_in - 1; /* below */
         else if (o->kind == MGC_POP_QKV_SPLIT && (o->flags & MGC_POF_ROPE)) need = 1;
         else if (o->kind == MGC_POP_QKV_SPLIT_BWD && (o->flags & MGC_POF_ROPE)) need = 3;
         else if (o->kind != MGC_POP_ATTENTION && o->kind != MGC_POP_ATTENTION_BWD)
@@ -673,6 +674,21 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
             INVALID("%s (%s): the column-sum flag on an op that is not a norm_bwd of 3 or 4 "
                     "outputs whose last is an fp32 vector of its width",
                     WH, kn);
+    }
+    if (o->kind == MGC_POP_EMBEDDING_NORM) {
+        if (!(o->fattr[0] > 0) || !(o->fattr[0] <= 1) || (o->fattr[1] != 0 && o->fattr[1] != 1))
+            INVALID("%s (%s): eps %g outside (0, 1] or norm kind %g neither 0 (LayerNorm) nor 1 "
+                    "(RMSNorm)",
+                    WH, kn, o->fattr[0], o->fattr[1]);
+        /* the inputs' places follow from the attributes and flags (mgc_plan_emb_norm_io) */
+        mgc_emb_norm_io io;
+        if (o->n_out != 2 || !o->iattr[1] != !(o->n_in > 3 && o->in[2] >= 0 && o->in[2] < c->n_tensors &&
+                                               c->tensors[o->in[2]].rank == 2) ||
+            mgc_plan_emb_norm_io(o, &io) != 0 || (io.docs >= 0 && !o->iattr[1]))
+            INVALID("%s (%s): %u inputs and %u outputs do not fit its attributes (tokens, word, "
+                    "positions when iattr[1], norm weight, a LayerNorm's bias, document starts "
+                    "with learned positions; out x, y)",
+                    WH, kn, o->n_in, o->n_out);
     }
     if (o->flags & MGC_POF_INPLACE) {
         /* the launchers that write out[0] over in[0] (cross_entropy.cuh, cpu_ops) */

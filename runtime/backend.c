@@ -98,3 +98,53 @@ void mgc_op_split_add_norm(const mgc_op_call *c, mgc_plan_op *add_op, mgc_op_cal
     norm_call->in[2] = f->n_in > 3 ? c->in[3] : NULL;
     norm_call->out[0] = c->out[1];
 }
+
+int mgc_op_split_embedding_norm(const mgc_op_call *c, mgc_plan_op *emb_op, mgc_op_call *emb_call,
+                                mgc_plan_op *norm_op, mgc_op_call *norm_call) {
+    const mgc_plan_op *f = c->op; /* mgc_plan_emb_norm_io; out: x, y */
+    mgc_emb_norm_io io;
+    if (mgc_plan_emb_norm_io(f, &io) || f->n_out != 2) return -1;
+    *emb_op = *f; /* in: tokens, word (, positions) (, doc starts); out: x */
+    emb_op->kind = MGC_POP_EMBEDDING;
+    *emb_call = *c;
+    emb_call->op = emb_op;
+    int k = io.pos >= 0 ? 3 : 2;
+    if (io.docs >= 0) {
+        emb_op->in[k] = f->in[io.docs];
+        emb_call->in[k] = c->in[io.docs];
+        k++;
+    }
+    emb_op->n_in = (uint16_t)k;
+    emb_op->n_out = 1;
+    emb_op->out[1] = -1;
+    emb_call->out[1] = NULL;
+    memset(emb_op->fattr, 0, sizeof emb_op->fattr);
+
+    const mgc_plan_tensor *x = &c->chunk->tensors[f->out[0]];
+    int64_t h = x->rank > 0 ? x->dim[x->rank - 1] : 0, rows = 1;
+    for (int i = 0; i + 1 < x->rank; i++) rows *= x->dim[i];
+    *norm_op = *f; /* in: x, w (, b); out: y */
+    norm_op->kind = MGC_POP_NORM;
+    norm_op->flags = (uint16_t)(f->flags & ~MGC_POF_DOCS);
+    norm_op->n_in = (uint16_t)(io.b >= 0 ? 3 : 2);
+    norm_op->in[0] = f->out[0];
+    norm_op->in[1] = f->in[io.w];
+    norm_op->in[2] = io.b >= 0 ? f->in[io.b] : -1;
+    norm_op->n_out = 1;
+    norm_op->out[0] = f->out[1];
+    norm_op->out[1] = -1;
+    memset(norm_op->fattr, 0, sizeof norm_op->fattr);
+    norm_op->fattr[0] = f->fattr[0];
+    norm_op->iattr[0] = f->fattr[1] == 1;
+    norm_op->iattr[1] = rows;
+    norm_op->iattr[2] = h;
+    norm_op->iattr[3] = 0;
+    *norm_call = *c;
+    norm_call->op = norm_op;
+    norm_call->in[0] = c->out[0];
+    norm_call->in[1] = c->in[io.w];
+    norm_call->in[2] = io.b >= 0 ? c->in[io.b] : NULL;
+    norm_call->out[0] = c->out[1];
+    norm_call->out[1] = NULL;
+    return 0;
+}

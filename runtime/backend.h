@@ -72,6 +72,12 @@ mgc_dropout_rng mgc_op_attn_drop_rng(const mgc_op_call *c, int64_t A);
 void mgc_op_split_add_norm(const mgc_op_call *c, mgc_plan_op *add_op, mgc_op_call *add_call,
                            mgc_plan_op *norm_op, mgc_op_call *norm_call);
 
+/* A fused embedding_norm call (compiler/fusion.c) as the two it replaces: the embedding
+ * (same name) into x, and the norm of x into y.  -1 when the op's inputs do not fit
+ * mgc_plan_emb_norm_io.  The CPU backend runs an embedding_norm this way. */
+int mgc_op_split_embedding_norm(const mgc_op_call *c, mgc_plan_op *emb_op, mgc_op_call *emb_call,
+                                mgc_plan_op *norm_op, mgc_op_call *norm_call);
+
 typedef struct mgc_backend mgc_backend;
 
 /* One tensor of an AdamW step (the optimizer's multi-tensor call): n fp32 elements. */

@@ -755,6 +755,16 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     return op_norm(be, &nc);
 }
 
+static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
+    /* the pair it replaces, in order (bit for bit the unfused result) */
+    mgc_plan_op eop, nop;
+    mgc_op_call ec, nc;
+    if (mgc_op_split_embedding_norm(c, &eop, &ec, &nop, &nc))
+        return fail(be, "embedding_norm: inputs that do not fit its attributes");
+    if (op_embedding(be, &ec)) return -1;
+    return op_norm(be, &nc);
+}
+
 /* linear_gelu and linear_dgrad_gelu (compiler/fusion.c) as the pairs they replace: the
  * linear into h, then y = gelu(h); the dgrad into dh, then dh = gelu'(h) dh in place. */
 static int op_linear_gelu(mgc_backend *be, const mgc_op_call *c) {
@@ -782,6 +792,7 @@ static int op_linear_gelu(mgc_backend *be, const mgc_op_call *c) {
 static int cpu_run_op(mgc_backend *be, const mgc_op_call *c) {
     switch ((mgc_plan_op_kind)c->op->kind) {
     case MGC_POP_ADD_NORM: return op_add_norm(be, c);
+    case MGC_POP_EMBEDDING_NORM: return op_embedding_norm(be, c);
     case MGC_POP_LINEAR_GELU:
     case MGC_POP_LINEAR_DGRAD_GELU: return op_linear_gelu(be, c);
     case MGC_POP_EMBEDDING:

@@ -337,6 +337,49 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     return 0;
 }
 
+/* EMBEDDING_NORM (compiler/fusion.c; plan.h mgc_plan_emb_norm_io): in tokens, word
+ * (, positions), w (, bias) (, doc starts); out x, y */
+static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
+    const mgc_plan_op *op = c->op;
+    mgc_emb_norm_io io;
+    if (mgc_plan_emb_norm_io(op, &io) || op->n_out != 2)
+        return mgc_cuda_fail(be, "embedding_norm '%s': inputs that do not fit its attributes", opname(c));
+    const mgc_plan_tensor *tok = tin(c, 0), *xt = tout(c, 0);
+    int64_t s = tok->dim[0], b = tok->rank > 1 ? tok->dim[1] : 1, V_l = op->iattr[0];
+    int64_t h = xt->dim[xt->rank - 1], rows = s * b;
+    int64_t cp = op->iattr[3] > 0 ? op->iattr[3] : 1, cpr = c->co.cp;
+    int64_t half = cp > 1 ? c->seq_length / (2 * cp) : 0, v0 = c->co.tp * V_l;
+    int rms = op->fattr[1] == 1, dt = MGC_DT_F32;
+    float eps = (float)op->fattr[0];
+    mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
+    CHECK(want(be, c, tok, MGC_DT_I64, "the token tensor"));
+    CHECK(act_dtype(be, c, xt, &dt));
+    if (numel(xt) != rows * h || numel(tout(c, 1)) != rows * h)
+        return mgc_cuda_fail(be, "embedding_norm '%s': outputs are not the %lld tokens x h %lld", opname(c),
+                             (long long)rows, (long long)h);
+    CHECK(want(be, c, tin(c, 1), dt, "the word embedding"));
+    int with_pos = io.pos >= 0 && (!op->iattr[2] || c->co.tp == 0);
+    if (with_pos) CHECK(want(be, c, tin(c, io.pos), dt, "the position embedding"));
+    CHECK(want(be, c, tin(c, io.w), dt, "the norm's weight"));
+    const void *bias = NULL;
+    if (!rms && io.b >= 0) {
+        CHECK(want(be, c, tin(c, io.b), dt, "the norm's bias"));
+        bias = c->in[io.b];
+    }
+    CHECK(want(be, c, tout(c, 1), dt, "the norm's output"));
+    CHECK(get_specs(be, c, k, 1));
+    if (rows == 0) return 0;
+    void *x = c->out[0], *y = c->out[1], *tk = c->in[0], *wte = c->in[1];
+    void *wpe = with_pos ? c->in[io.pos] : NULL, *w = c->in[io.w];
+    const void *docs = io.docs >= 0 ? c->in[io.docs] : NULL;
+    const void *al[] = {x, y, wte, wpe, w, bias}; /* 16-byte rows when h % 8 == 0 */
+    CHECK(norm_aligned(be, c, h, al, 6));
+    int64_t R = kconst(&k[0], "R");
+    void *args[] = {&x, &y, &tk, &wte, &wpe, &w, &bias, &v0, &V_l, &b, &cp, &cpr, &half, &docs, &rows, &eps};
+    return mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1,
+                           (unsigned)(kconst(&k[0], "T") * R), 0, args);
+}
+
 static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     int fwd = op->kind == MGC_POP_DROPOUT || op->kind == MGC_POP_DROPOUT_ADD;
@@ -700,6 +743,7 @@ int mgc_cuda_ops_pointwise(mgc_backend *be, const mgc_op_call *c) {
     case MGC_POP_DROPOUT_ADD:
     case MGC_POP_DROPOUT_ADD_BWD: return op_dropout(be, c);
     case MGC_POP_ADD_NORM: return op_add_norm(be, c);
+    case MGC_POP_EMBEDDING_NORM: return op_embedding_norm(be, c);
     case MGC_POP_GELU:
     case MGC_POP_GELU_BWD:
     case MGC_POP_SWIGLU:

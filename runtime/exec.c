@@ -857,7 +857,8 @@ static void mark_param_uses(mgc_exec *x, int c, uint8_t *glu, uint8_t *vocab, ui
     }
     for (int64_t i = 0; i < ch->n_fwd; i++) {
         const mgc_plan_op *op = &ch->fwd[i];
-        if (op->kind == MGC_POP_EMBEDDING && op->n_in > 1) vocab[op->in[1]] = 1;
+        if ((op->kind == MGC_POP_EMBEDDING || op->kind == MGC_POP_EMBEDDING_NORM) && op->n_in > 1)
+            vocab[op->in[1]] = 1;
         if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & (LIN_TIED | LIN_FP32_OUT))) {
             vocab[op->in[1]] = 1;
             if (op->iattr[3] & LIN_TIED) tied[op->in[1]] = 1;

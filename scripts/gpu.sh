@@ -14,8 +14,10 @@
 #                                             minutes): both benchmark models' steps and losses
 #                                             with the defaults, compiled without the bias
 #                                             gradients in the norm backwards
-#                                             (MGC_FUSION=-norm_bwd_bias), MGC_PDL=1,
-#                                             MGC_ZERO_BESIDE=1 (the same bits checked) and a GEMM
+#                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
+#                                             fused embedding + norm (-embedding_norm),
+#                                             MGC_PDL=1, MGC_ZERO_BESIDE=1 (the same bits
+#                                             checked) and a GEMM
 #                                             tuning file made by
 #                                             MGC_GEMM_TUNE, SDPA at their shapes, the copy curve
 #                                             (bench/copy_curve.py) and the attention and
@@ -113,6 +115,9 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
         qplan gpt2-1.5b 4 build-gpu/q15nb.plan -norm_bwd_bias || rc=1
     qrun "gpt2-124m MGC_FUSION=-norm_bwd_bias" build-gpu/q124nb.plan
     qrun "gpt2-1.5b MGC_FUSION=-norm_bwd_bias" build-gpu/q15nb.plan
+    # and with the embedding and the first norm as two kernels (compiler/fusion.c
+    # embedding_norm): the same bits as the defaults (checked below)
+    qplan gpt2-124m 8 build-gpu/q124ne.plan -embedding_norm || rc=1
     # programmatic dependent launch against ordinary launches: the step, and the same bits
     samebits() { # label-a label-b: their losses and norms, as qrun printed them
         a=$(grep "^$1: " "$Q" | tail -n 1 | sed 's/.*losses //') b=$(grep "^$2: " "$Q" | tail -n 1 | sed 's/.*losses //')
@@ -124,6 +129,8 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
         qrun "gpt2-124m MGC_PDL=1 ($rep)" build-gpu/q124.plan MGC_PDL=1
     done
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_PDL=1 (1)"
+    qrun "gpt2-124m MGC_FUSION=-embedding_norm" build-gpu/q124ne.plan
+    samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_FUSION=-embedding_norm"
     qrun "gpt2-124m MGC_ZERO_BESIDE=1" build-gpu/q124.plan MGC_ZERO_BESIDE=1
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_ZERO_BESIDE=1"
     qrun "gpt2-1.5b defaults" build-gpu/q15.plan

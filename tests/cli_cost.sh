@@ -126,7 +126,7 @@ assert 0.5 < p["step_s"] / step < 2, ("step", p["step_s"], step)' "$tmp/cj2" "$t
     # mgc profile: each kernel kind's time and achieved rate against the ceilings
     "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs 10 --gemm-tflops 1 >"$tmp/k.md" 2>&1 && ok || bad "mgc profile failed"
     grep -q "^| linear | fwd | [0-9]" "$tmp/k.md" && ok || bad "mgc profile: no linear row"
-    grep -q "^| norm | fwd | .*%" "$tmp/k.md" && ok || bad "mgc profile: no bandwidth share for norm"
+    grep -q "^| embedding_norm | fwd | .*%" "$tmp/k.md" && ok || bad "mgc profile: no bandwidth share for embedding_norm"
     grep -q "copy 10.0 GB/s (measured), GEMM 1.0 TFLOP/s (measured)" "$tmp/k.md" && ok || bad "mgc profile: ceilings not shown"
     # the memory-bound kinds against 80% of copy: all of them under a ceiling of 1 kB/s, none under 1 PB/s
     "$mgc" profile "$tmp/t.plan" "$tmp/t.jsonl" --copy-gbs 0.000001 >"$tmp/k1.md" 2>&1 &&

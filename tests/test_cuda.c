@@ -1195,6 +1195,20 @@ static void check_training(const char *path, const char *const *extra) {
         printf("%s %s: the logits' gradient in place and in its own tensor: %s\n", path,
                prec[k], ident ? "bit-identical losses" : "losses differ (within tolerance)");
         mgc_plan_free(o);
+        if (k != 1) continue;
+        /* the embedding and the first norm as two kernels (MGC_FUSION=-embedding_norm): the
+         * fused kernel rounds x as embedding_fwd stores it and normalises it as the plain norm
+         * does, so the same bits, on the GPU too (no GEMM changes) */
+        setenv("MGC_FUSION", "-embedding_norm", 1);
+        mgc_plan *e = compile(path, prec[k], extra);
+        unsetenv("MGC_FUSION");
+        double ge[STEPS];
+        T_CHECK(e && train(e, gpu_name(), ge, cn) == 0);
+        int eq = e && !memcmp(ge, g[k], (size_t)steps * sizeof ge[0]);
+        T_CHECK(eq);
+        printf("%s %s: the embedding and first norm fused and as two kernels: %s\n", path, prec[k],
+               eq ? "bit-identical losses" : "losses DIFFER");
+        mgc_plan_free(e);
     }
     printf("%s: %d steps: cpu %.5f -> %.5f; %s worst rel fp32 %.2e, bf16 %.2e (%.5f -> %.5f), "
            "fp16 %.2e (%.5f -> %.5f); reruns %s\n",

@@ -1293,6 +1293,38 @@ static void test_validate(void) {
         }
         T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
     }
+    {   /* the fused embedding + norm: its inputs' places follow from iattr[1], fattr[1] and the
+         * document flag (mgc_plan_emb_norm_io) */
+        mgc_plan_op save = ch->fwd[0];
+        mgc_plan_op *o = &ch->fwd[0];
+        o->kind = MGC_POP_EMBEDDING_NORM;
+        o->flags = 0;
+        o->n_in = 3; /* tokens, word, the norm's weight */
+        o->n_out = 2;
+        o->in[0] = o->in[1] = o->in[2] = o->in[3] = o->in[4] = o->out[0] = o->out[1] = 0;
+        memset(o->iattr, 0, sizeof o->iattr);
+        memset(o->fattr, 0, sizeof o->fattr);
+        o->fattr[0] = 1e-5;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+        mgc_emb_norm_io io;
+        T_EQ_I64(mgc_plan_emb_norm_io(o, &io), 0);
+        T_CHECK(io.pos == -1 && io.w == 2 && io.b == -1 && io.docs == -1);
+        o->n_in = 4; /* ... and a LayerNorm's bias */
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+        T_EQ_I64(mgc_plan_emb_norm_io(o, &io), 0);
+        T_CHECK(io.pos == -1 && io.w == 2 && io.b == 3 && io.docs == -1);
+        BREAK(o->fattr[1], 1.0, "do not fit its attributes"); /* an RMSNorm has no bias */
+        BREAK(o->iattr[1], 1, "do not fit its attributes");   /* in[2] is no position table */
+        BREAK(o->n_in, 5, "do not fit its attributes");
+        BREAK(o->n_out, 1, "do not fit its attributes");
+        BREAK(o->fattr[0], 0.0, "eps 0 outside (0, 1]");
+        BREAK(o->fattr[0], 2.0, "eps 2 outside (0, 1]");
+        BREAK(o->fattr[1], 0.5, "norm kind 0.5 neither 0");
+        BREAK(o->flags, MGC_POF_DOCS, "document"); /* documents without positions */
+        o->n_in = 3;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+        *o = save;
+    }
     BREAK(ch->fwd[0].flags, 512, "unknown flags");
     BREAK(ch->fwd[0].flags, MGC_POF_CE_STATS, "fused cross-entropy flag on an op that is not");
     BREAK(ch->fwd[0].flags, MGC_POF_COLSUM, "column-sum flag on an op that is not a norm_bwd");

@@ -1000,7 +1000,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
         return 0;
     }
     int64_t inpl_f = 0, inpl_o = 0, qr = 0, qrb = 0, rope_f = 0, rope_u2 = 0;
-    int64_t colsum = 0, bias_u = 0, bias_f = 0, bias_left = 0;
+    int64_t colsum = 0, bias_u = 0, bias_f = 0, bias_left = 0, embn = 0, embn_u = 0;
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
     int64_t qa = 0, qab = 0, split_u = 0, split_f = 0, splitb_u = 0, splitb_f = 0, rope_u = 0, att = 0;
@@ -1047,6 +1047,10 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                     ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
                     fpairs++;
                 addnorm += ch->fwd[i].kind == MGC_POP_ADD_NORM;
+                embn += ch->fwd[i].kind == MGC_POP_EMBEDDING_NORM;
+                if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_EMBEDDING && ch->fwd[i + 1].kind == MGC_POP_NORM &&
+                    ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
+                    fpairs++;
                 dadd_f += ch->fwd[i].kind == MGC_POP_DROPOUT_ADD;
                 if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_DROPOUT_ADD && ch->fwd[i + 1].kind == MGC_POP_NORM &&
                     ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
@@ -1060,6 +1064,8 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 att += cu->fwd[i].kind == MGC_POP_ATTENTION;
                 dadd_u += cu->fwd[i].kind == MGC_POP_DROPOUT_ADD;
                 gelu_u += cu->fwd[i].kind == MGC_POP_GELU;
+                embn_u += i + 1 < cu->n_fwd && cu->fwd[i].kind == MGC_POP_EMBEDDING &&
+                          cu->fwd[i + 1].kind == MGC_POP_NORM && cu->fwd[i + 1].in[0] == cu->fwd[i].out[0];
             }
         }
     T_CHECK(fused > 0 && addnorm > 0);
@@ -1069,13 +1075,14 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     T_EQ_I64(adds_u - adds_f, fused);
     T_EQ_I64(dadd_u - dadd_f, addnorm);
     T_EQ_I64(gelu_u - gelu_f, lg); /* each linear_gelu replaced one gelu */
+    T_EQ_I64(embn, embn_u);        /* each embedding that a norm reads straight from */
     T_EQ_I64(gelub_u - gelub_f, dg);
     /* each fused attention took its split and its backward's join; without rotary embeddings
-     * (between split and attention) every attention is fused */
+     * (between split and attention) or context parallelism every attention is fused */
     T_EQ_I64(split_u - split_f, qa);
     T_EQ_I64(splitb_u - splitb_f, qab);
     T_EQ_I64(qa, qab);
-    T_EQ_I64(qa, rope_u ? 0 : att);
+    T_EQ_I64(qa, rope_u || f->grid.cp > 1 ? 0 : att); /* under CP: k and v all-gathered */
     /* with rotary embeddings, each split took its two ropes and each join its two rope_bwds:
      * no rope is left */
     T_EQ_I64(rope_f, 0);
@@ -1097,10 +1104,10 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     T_CHECK(same);
     printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu, %lld "
            "linear_dgrad + gelu_bwd, %lld qkv_split + attention pairs, %lld + %lld qkv_split "
-           "(_bwd) + ropes and %lld bias gradients into norm_bwd fused, %d steps bit-identical "
-           "to the unfused plan and to the plan without in-place outputs\n",
+           "(_bwd) + ropes, %lld bias gradients into norm_bwd and %lld embedding + norm fused, %d "
+           "steps bit-identical to the unfused plan and to the plan without in-place outputs\n",
            path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, (long long)qa,
-           (long long)qr, (long long)qrb, (long long)colsum, STEPS);
+           (long long)qr, (long long)qrb, (long long)colsum, (long long)embn, STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
     mgc_plan_free(o);
@@ -2261,7 +2268,7 @@ int main(int argc, char **argv) {
         check_device_comm("models/tiny-llama.yaml", d4);
         check_device_comm("models/tiny-moe.yaml", d5);
     }
-    if (!only) {
+    if (!only || !strcmp(only, "fusion")) {
         /* dropout on: the fused op must draw the same dropout stream; tp2 + SP: sharded rows */
         static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
         static const char *const drop_tp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",
@@ -2273,6 +2280,12 @@ int main(int argc, char **argv) {
         static const char *const tp2[] = {"parallel.world_size=2", "parallel.tensor=2", NULL};
         T_CHECK(check_fusion("examples/tiny-gpt.yaml", NULL) > 0);
         T_CHECK(check_fusion("examples/tiny-gpt.yaml", tp2) > 0);
+        /* the embedding + first norm fused with learned positions restarting at documents, and
+         * with the context-parallel positions */
+        static const char *const gpt_docs[] = {"data.reset_position_ids=true", NULL};
+        static const char *const gpt_cp2[] = {"parallel.world_size=2", "parallel.context=2", NULL};
+        check_fusion("examples/tiny-gpt.yaml", gpt_docs);
+        check_fusion("examples/tiny-gpt.yaml", gpt_cp2);
         check_fusion("examples/tiny-gpt.yaml", drop);
         check_fusion("examples/tiny-gpt.yaml", drop_tp);
         /* selective recompute re-runs the attention in the backward: it reads qkv too */
