@@ -82,21 +82,22 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         return 1;
     }
     case MGC_POP_EMBEDDING_BWD: { /* in: tokens, dy; out: dword (+ dpos): sort + sorted +
-                                      join, pos */
+                                      join (with the positions' blocks) */
         const mgc_plan_tensor *dy = tin(ch, op, 1);
         int64_t h = dy->dim[dy->rank - 1];
         if (h <= 0) return -1;
         int64_t t = mgc_kspec_embedding_threads(h);
-        if (max < 4) return -1;
+        if (max < 3) return -1;
         mgc_kspec_init(&out[0], "embedding.cuh", "embedding_sort", MGC_DT_F32); /* any dtype */
         mgc_kspec_init(&out[1], "embedding.cuh", "embedding_bwd_sorted", dt(dy));
         mgc_kspec_const(mgc_kspec_const(&out[1], "H", h), "T", t);
-        mgc_kspec_init(&out[2], "embedding.cuh", "embedding_bwd_join", MGC_DT_F32); /* fp32 only */
+        /* the position gradient in the join's launch, without documents (with them its rows
+         * are sorted and joined as the word gradient's) */
+        int pos = op->n_out > 1 && !(op->flags & MGC_POF_DOCS);
+        mgc_kspec_init(&out[2], "embedding.cuh", "embedding_bwd_join", pos ? dt(dy) : MGC_DT_F32);
         mgc_kspec_const(mgc_kspec_const(&out[2], "H", h), "T", t);
-        if (op->n_out < 2) return 3;
-        mgc_kspec_init(&out[3], "embedding.cuh", "embedding_bwd_pos", dt(dy));
-        mgc_kspec_const(mgc_kspec_const(&out[3], "H", h), "T", t);
-        return 4;
+        mgc_kspec_const(&out[2], "POS", pos);
+        return 3;
     }
     case MGC_POP_NORM:
     case MGC_POP_NORM_BWD: {

@@ -9,16 +9,16 @@
  *
  * Entries:
  *   embedding_fwd       out[r] = wte[tok[r] - v0] (0 outside the shard) + wpe[pos(r)]
- *   embedding_bwd_pos   dwpe[pos(i)] += dy[i*b + j], j ascending (without documents; with
- *                       them the rows are sorted by position and added as the word rows are,
- *                       r ascending)
+ *   embedding_bwd_join, its position blocks (constant POS)   dwpe[pos(i)] += dy[i*b + j], j
+ *                       ascending (without documents; with them the rows are sorted by
+ *                       position and added as the word rows are, r ascending)
  * Positions: pos(r) = mgc_ctx_pos(i) for row r = i*b + j, minus docs[r] (the row's document
  * start, data.reset_position_ids) when docs is not NULL.
  *   embedding_sort      keys = (v << 32 | r) sorted, v = tok[r] - v0 (V_l outside the shard):
  *                       each token's rows together, ascending (a radix sort)
  *   embedding_bwd_sorted  the word gradient from the sorted keys, one block per segment of
  *                       S keys (MGC_KSPEC_EMB_SEG); embedding_bwd_join adds the pieces of the
- *                       runs that cross segments
+ *                       runs that cross segments, in the same launch as the position blocks
  * The backward is deterministic without atomics: each gradient row is written by one block at
  * a time, adding its contributions in a fixed order (row index ascending) starting from the
  * row's current value.  A token whose run of sorted rows lies within one segment gets the CPU
@@ -218,8 +218,7 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 #endif
 
-#if defined(MGC_ENTRY_embedding_bwd_join) || defined(MGC_ENTRY_embedding_bwd_pos) || \
-    defined(MGC_ENTRY_embedding_bwd_sorted)
+#if defined(MGC_ENTRY_embedding_bwd_join) || defined(MGC_ENTRY_embedding_bwd_sorted)
 /* A value read ahead as fp32: partial sums (fp32), or rows of dy as stored (bits), which are
  * converted only here, where they are added.  A conversion beside its load makes the compiler
  * put the load in a branch with its first use, and the warp waits for the rows one at a time
@@ -231,7 +230,7 @@ __device__ __forceinline__ float mgc_emb_f(mgc_t v) { return mgc_ld(v); }
 #endif
 #endif
 
-#if defined(MGC_ENTRY_embedding_bwd_join) || defined(MGC_ENTRY_embedding_bwd_pos)
+#if defined(MGC_ENTRY_embedding_bwd_join)
 /* acc += x[0], x[1], .. x[nv - 1] (nv <= U rows read ahead), in that order, column by column */
 template <int U, typename E>
 __device__ __forceinline__ void mgc_emb_add_rows(float (&acc)[MGC_EPER], const E (&x)[U][MGC_EPER],
@@ -358,15 +357,18 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
 #endif
 
 #if defined(MGC_ENTRY_embedding_bwd_join)
-/* grid ceil(n / S), block T: after embedding_bwd_sorted.  Block g owns the run whose first
- * piece ends segment g and goes on into segment g + 1 (when there is one): it adds part[g + 1],
+#ifndef MGC_POS
+#define MGC_POS 0 /* 1: the position gradient's blocks too (below) */
+#endif
+/* Join block g (after embedding_bwd_sorted): block g owns the run whose first piece ends
+ * segment g and goes on into segment g + 1 (when there is one): it adds part[g + 1],
  * part[g + 2], ... (each the run's piece in that segment), in segment order, to the token's
  * gradient row, up to the segment where the run ends.  U partial rows are read ahead. */
-extern "C" __global__ void __launch_bounds__(MGC_T, 1)
-    MGC_ENTRY_NAME(float *__restrict__ dwte, const float *__restrict__ part,
-                   const unsigned long long *__restrict__ keys, i64 V_l, i64 n, int S) {
-    mgc_pdl_begin();
-    i64 G = (n + S - 1) / S, g = blockIdx.x, last = (g + 1) * S - 1;
+__device__ __forceinline__ void mgc_emb_join_block(i64 g, float *__restrict__ dwte,
+                                                   const float *__restrict__ part,
+                                                   const unsigned long long *__restrict__ keys,
+                                                   i64 V_l, i64 n, int S) {
+    i64 G = (n + S - 1) / S, last = (g + 1) * S - 1;
     if (last + 1 >= n) return;
     unsigned t = mgc_emb_tok(keys, last);
     if (mgc_emb_tok(keys, last + 1) != t) return; /* the segment's last run ends in it */
@@ -410,27 +412,23 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
     }
     mgc_emb_put_row(d, acc);
 }
-#endif
 
-#if defined(MGC_ENTRY_embedding_bwd_pos)
+#if MGC_POS
 /* rows read ahead of their additions: U * EPER registers, 32 (20 in blocks of 1024, whose
  * threads hold at most 64: fp16's conversions at H 12288 spilled with 24) */
 #define MGC_EMB_PREGS (MGC_T <= 512 ? 32 : 20)
 #define MGC_EMB_PU0 (MGC_EMB_PREGS / MGC_EPER)
 #define MGC_EMB_PU (MGC_EMB_PU0 > 8 ? 8 : MGC_EMB_PU0 < 1 ? 1 : MGC_EMB_PU0)
-/* grid s (one block per sequence row, i.e. per distinct position), block T, smem 0.
- * dwpe (P, H) fp32, accumulated.  Without documents only: with them (data.reset_position_ids)
- * the launcher sorts the rows by position and adds them as the word gradient's rows
- * (embedding_sort with tok NULL, embedding_bwd_sorted, embedding_bwd_join).  A column's
- * additions are j ascending; the gradient row and U rows of dy (all b of them for GPT-2's
- * micro batches) are loaded for every column of the thread before the first addition (a
- * column at a time, four rows ahead, waited for memory three times a column: 11.2 us of a
- * GPT-2 124M step on the H200). */
-extern "C" __global__ void __launch_bounds__(MGC_T, 1)
-    MGC_ENTRY_NAME(float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp,
-                   i64 cpr, i64 half_len) {
-    mgc_pdl_begin();
-    i64 i = blockIdx.x;
+/* Position block i (sequence row i, i.e. one distinct position): dwpe[pos(i)] += dy[i*b + j],
+ * j ascending.  Without documents only: with them (data.reset_position_ids) the launcher sorts
+ * the rows by position and adds them as the word gradient's rows (embedding_sort with tok NULL,
+ * embedding_bwd_sorted, embedding_bwd_join).  A column's additions are j ascending; the
+ * gradient row and U rows of dy (all b of them for GPT-2's micro batches) are loaded for every
+ * column of the thread before the first addition (a column at a time, four rows ahead, waited
+ * for memory three times a column: 11.2 us of a GPT-2 124M step on the H200). */
+__device__ __forceinline__ void mgc_emb_pos_block(i64 i, float *__restrict__ dwpe,
+                                                  const mgc_t *__restrict__ dy, i64 b, i64 cp,
+                                                  i64 cpr, i64 half_len) {
     float *d = dwpe + mgc_ctx_pos(i, cp, cpr, half_len) * (i64)MGC_H;
     const mgc_t *y = dy + i * b * (i64)MGC_H;
     float acc[MGC_EPER];
@@ -451,5 +449,30 @@ extern "C" __global__ void __launch_bounds__(MGC_T, 1)
         mgc_emb_add_rows<MGC_EMB_PU>(acc, x, b - j);
     }
     mgc_emb_put_row(d, acc);
+}
+#endif
+
+/* grid G + P, block T: blocks 0 .. G-1 join the word gradient's runs that cross segments
+ * (G = ceil(n / S) after embedding_bwd_sorted, or 0 when nothing needs joining); with POS = 1,
+ * blocks G .. G+P-1 add the position gradient (P = the sequence rows; dwpe (P, H) fp32,
+ * accumulated), which needs nothing of the word gradient's: one launch for both (they took
+ * 8.3 and 9.3 us of a GPT-2 124M step on the H100 as two, each bound by its loads' latency
+ * with the GPU half idle).  POS = 0: dwpe, dy, b, cp, cpr, half_len unused. */
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+    MGC_ENTRY_NAME(float *__restrict__ dwte, const float *__restrict__ part,
+                   const unsigned long long *__restrict__ keys, i64 V_l, i64 n, int S, i64 G,
+                   float *__restrict__ dwpe, const mgc_t *__restrict__ dy, i64 b, i64 cp, i64 cpr,
+                   i64 half_len) {
+    mgc_pdl_begin();
+    const i64 g = blockIdx.x;
+    if (g < G) {
+        mgc_emb_join_block(g, dwte, part, keys, V_l, n, S);
+        return;
+    }
+#if MGC_POS
+    mgc_emb_pos_block(g - G, dwpe, dy, b, cp, cpr, half_len);
+#else
+    (void)dwpe, (void)dy, (void)b, (void)cp, (void)cpr, (void)half_len;
+#endif
 }
 #endif

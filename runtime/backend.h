@@ -52,6 +52,11 @@ typedef struct mgc_op_call {
     int64_t microbatch;         /* global microbatch index within the step (dropout streams) */
     double dloss;               /* cross-entropy backward: d(training loss)/d(loss sum) is
                                    dloss / count, count = the microbatch's loss[1] */
+    uint32_t fresh;             /* bit k: out[k] is a gradient that holds zeros, which no op of
+                                   the step has written yet (exec.c, "Gradients' first
+                                   writes"): the op may store it instead of adding into it.
+                                   A backend may ignore it: adding into zeros gives the same
+                                   bits */
 } mgc_op_call;
 
 /* What every backend derives the same way from a call (backend.c), so their dropout masks

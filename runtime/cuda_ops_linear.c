@@ -166,10 +166,16 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         const mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
         mgc_gemm_epi ep = none;
         float *part = NULL;
+        /* db holds zeros no op of the step has written (the executor's first write of it):
+         * BGRADB may write it itself (16-byte aligned: the flat parameter layout's 128-element
+         * alignment) */
+        int store = (c->fresh & 2u) && !((uintptr_t)c->out[1] & 15u);
         if (op->n_out > 1 && cx->bgrad_epilogue && use_epilogue(cx, T_in(c, 0))) {
             /* cuBLASLt's BGRADB writes the column sums of dy (the GEMM's B) to part; the plan
-             * accumulates db over microbatches, so bias_grad_finish adds part to it */
-            if (!(part = mgc_cuda_scratch(be, (size_t)N * sizeof(float)))) return -1;
+             * accumulates db over microbatches, so bias_grad_finish adds part to it, unless db
+             * is fresh (0 + part: the same bits) */
+            if (store) part = (float *)c->out[1];
+            else if (!(part = mgc_cuda_scratch(be, (size_t)N * sizeof(float)))) return -1;
             ep = (mgc_gemm_epi){MGC_GEMM_EPI_BGRADB, part, MGC_DT_F32, NULL, 0, 0};
         }
         int rc;
@@ -181,6 +187,7 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         if (rc) return -1;
         if (op->n_out < 2) return 0;
         if (!ep.bias) return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
+        if (store) return 0; /* BGRADB wrote db */
         mgc_kspec k;
         mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", T_in(c, 0)->dtype);
         void *db = c->out[1];

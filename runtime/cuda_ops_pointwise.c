@@ -106,11 +106,25 @@ static int norm_aligned(mgc_backend *be, const mgc_op_call *c, int64_t h, const 
 /* The rows of dy (n, h) added into the rows of the fp32 table dw (V_l, h) that their ids name
  * (embedding.cuh): a radix sort of (id, row) keys (ids from tok - v0, or with tok NULL the rows'
  * positions under documents), then one pass over the sorted rows and the join of the runs
- * that cross segments.  k: the op's specs (sort, sorted, join); scratch: its
- * mgc_kspec_emb_sort_bytes. */
+ * that cross segments, whose launch also adds the position gradient dp (P positions, P > 0
+ * with the join's constant POS; else dp NULL, P 0).  k: the op's specs (sort, sorted, join);
+ * scratch: its mgc_kspec_emb_sort_bytes. */
+/* embedding_bwd_join's launch: G join blocks (0: none) and, with POS, P position blocks adding
+ * dy's rows into the position gradient dp; nothing when both are 0. */
+static int emb_join(mgc_backend *be, const mgc_kspec *k, void *dw, void *part, void *keys,
+                    int64_t V_l, int64_t n, int64_t G, void *dp, void *dy, int64_t P, int64_t b,
+                    int64_t cp, int64_t cpr, int64_t half) {
+    int S = MGC_KSPEC_EMB_SEG;
+    if (!kconst(k, "POS")) P = 0, dp = NULL;
+    if (G + P == 0) return 0;
+    if (G + P > INT32_MAX) return mgc_cuda_fail(be, "embedding_bwd: %lld blocks", (long long)(G + P));
+    void *a[] = {&dw, &part, &keys, &V_l, &n, &S, &G, &dp, &dy, &b, &cp, &cpr, &half};
+    return mgc_cuda_launch(be, k, (unsigned)(G + P), 1, 1, (unsigned)kconst(k, "T"), 0, a);
+}
+
 static int emb_scatter(mgc_backend *be, const mgc_kspec *k, char *scratch, void *dw, void *dy,
                        void *tk, int64_t v0, int64_t V_l, int64_t n, int64_t b, int64_t cp,
-                       int64_t cpr, int64_t half, const void *docs) {
+                       int64_t cpr, int64_t half, const void *docs, void *dp, int64_t P) {
     int in = (int)n, S = MGC_KSPEC_EMB_SEG;
     int64_t per64;
     unsigned tiles = (unsigned)mgc_kspec_emb_sort_tiles(n, &per64);
@@ -134,11 +148,8 @@ static int emb_scatter(mgc_backend *be, const mgc_kspec *k, char *scratch, void 
     }
     void *a2[] = {&dw, &part, &dy, &keys, &V_l, &n, &S};
     CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)kconst(&k[1], "T"), 0, a2));
-    if (segs > 1) {
-        void *a3[] = {&dw, &part, &keys, &V_l, &n, &S};
-        CHECK(mgc_cuda_launch(be, &k[2], segs, 1, 1, (unsigned)kconst(&k[2], "T"), 0, a3));
-    }
-    return 0;
+    return emb_join(be, &k[2], dw, part, keys, V_l, n, segs > 1 ? (int64_t)segs : 0, dp, dy, P, b, cp,
+                    cpr, half);
 }
 
 static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
@@ -172,7 +183,7 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
     CHECK(want(be, c, tout(c, 0), MGC_DT_F32, "the word embedding's gradient"));
     int with_dpos = op->n_out > 1;
     if (with_dpos) CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the position embedding's gradient"));
-    CHECK(get_specs(be, c, k, with_dpos ? 4 : 3));
+    CHECK(get_specs(be, c, k, 3));
     int64_t n = s * b;
     if (n == 0) return 0;
     if (n > MGC_KSPEC_EMB_SORT_MAX) /* the sort indexes keys with int */
@@ -189,16 +200,20 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         scratch = mgc_cuda_scratch(be, (size_t)mgc_kspec_emb_sort_bytes(n, h));
         if (!scratch) return -1;
     }
+    /* without documents, the position gradient's blocks go in the word gradient's join
+     * launch (embedding.cuh, POS): s of them, one a sequence row */
+    void *dp = with_dpos ? c->out[1] : NULL;
+    int64_t P = with_dpos && !docs ? s : 0;
     if (V_l > 0) { /* sort the rows by token, then one pass over dy (embedding.cuh) */
         if (V_l > (int64_t)UINT32_MAX - 1) /* the sort's keys hold a shard's id in 32 bits */
             return mgc_cuda_fail(be,
                                  "embedding_bwd '%s': a vocabulary shard of %lld rows, more than "
                                  "the %lu its sort keys hold",
                                  opname(c), (long long)V_l, (unsigned long)UINT32_MAX - 1);
-        CHECK(emb_scatter(be, k, scratch, dw, dy, tk, v0, V_l, n, b, cp, cpr, half, NULL));
+        CHECK(emb_scatter(be, k, scratch, dw, dy, tk, v0, V_l, n, b, cp, cpr, half, NULL, dp, P));
+        P = 0; /* done */
     }
     if (!with_dpos) return 0;
-    void *dp = c->out[1];
     if (docs) {
         /* with documents the rows sorted by position, as the word rows by token: positions
          * below seq_length (a row's position is at most its place in the sequence), which the
@@ -207,10 +222,10 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         if (tout(c, 1)->dim[0] < npos)
             return mgc_cuda_fail(be, "embedding_bwd '%s': %lld positions, the sequence has %lld",
                                  opname(c), (long long)tout(c, 1)->dim[0], (long long)npos);
-        return emb_scatter(be, k, scratch, dp, dy, NULL, 0, npos, n, b, cp, cpr, half, docs);
+        return emb_scatter(be, k, scratch, dp, dy, NULL, 0, npos, n, b, cp, cpr, half, docs, NULL, 0);
     }
-    void *args[] = {&dp, &dy, &b, &cp, &cpr, &half};
-    return mgc_cuda_launch(be, &k[3], (unsigned)s, 1, 1, (unsigned)kconst(&k[3], "T"), 0, args);
+    /* no word gradient on this rank (an empty shard): the position blocks alone */
+    return emb_join(be, &k[2], NULL, NULL, NULL, V_l, n, 0, dp, dy, P, b, cp, cpr, half);
 }
 
 static int op_norm(mgc_backend *be, const mgc_op_call *c) {

@@ -367,6 +367,9 @@ int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {
     c->host.sms = 4; /* a small GPU: grid-stride kernels take several rounds */
     const char *epi = getenv("MGC_GEMM_EPILOGUES");
     c->host.epilogues = !(epi && !strcmp(epi, "0"));
+    /* the bias gradient's epilogue (BGRADB) as on the GPU, MGC_GEMM_BGRAD=0: mgc's kernels */
+    const char *bg = getenv("MGC_GEMM_BGRAD");
+    c->host.bgrad_epilogue = !(bg && !strcmp(bg, "0"));
     *out = be;
     return 0;
 }

@@ -148,6 +148,10 @@ struct mgc_exec {
     int send_overlap;          /* mgc_exec_set_send_overlap */
     int64_t sends_queued;      /* this step's sends handed to the sender */
     int32_t *last_bwd_mb;      /* (n_chunks) the microbatch of the chunk's last BACKWARD, -1 none */
+    int32_t *first_bwd_mb;     /* (n_chunks) the microbatch of the chunk's first BACKWARD, -1 none */
+    uint32_t **fresh;          /* (n_chunks) NULL, or (n_bwd) each backward op's outputs that are
+                                  gradients no earlier op writes (mgc_op_call.fresh) in the
+                                  chunk's first backward of a step; setup_fresh */
     int32_t *ready_op;         /* (n_buckets) the bucket is final after this op of its chunk's
                                   last backward (-1: before the first); INT32_MIN: at its
                                   REDUCE_GRADS only */
@@ -159,6 +163,8 @@ struct mgc_exec {
 static void reducer_stop(mgc_exec *x);
 static int64_t reducer_staged(mgc_exec *x);
 static int setup_overlap(mgc_exec *x);
+static int setup_fresh(mgc_exec *x);
+static int fwd_writes_grads(const mgc_exec *x, int c);
 static int overlapping(const mgc_exec *x);
 static int hand_over(mgc_exec *x, int c, int32_t op);
 static int hand_one(mgc_exec *x, int64_t bi);
@@ -1204,7 +1210,7 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->fg->staged = be->iface->device_memory && plan->grid.world > 1;
     /* sized once: no growth in a step */
     if (x->fg->staged && !stage(x->fg, stage_bytes(x))) goto done;
-    if (setup_overlap(x) || setup_sender(x)) goto done;
+    if (setup_overlap(x) || setup_sender(x) || setup_fresh(x)) goto done;
     rc = 0;
 done:
     if (rc) {
@@ -1223,6 +1229,9 @@ void mgc_exec_free(mgc_exec *x) {
     if (x->fg) host_release(x->fg);
     free(x->fg);
     free(x->last_bwd_mb);
+    free(x->first_bwd_mb);
+    for (int64_t c = 0; x->fresh && c < x->sp->n_chunks; c++) free(x->fresh[c]);
+    free(x->fresh);
     free(x->ready_op);
     free(x->tpend);
     free(x->moe_local);
@@ -1828,6 +1837,8 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
     call.microbatch = (int64_t)mb * x->dp + x->co.dp;
     /* the seed of every loss's gradient, times the loss scale when scaling */
     call.dloss = (x->ls_on ? x->ls_scale : 1.0) / (double)(x->mb_count * x->dp);
+    /* the gradients the step has not yet written (issue_ops sets call.fresh per op): a
+     * function of (chunk, pass, mb), which the graph key holds */
     /* the last backward of a chunk hands buckets to the reducer: never recorded */
     int hands = pass == 1 && overlapping(x) && x->last_bwd_mb[c] == mb;
     if (!x->graphs || x->eval || x->prof || x->hook_before || x->hook_after || !x->graph_ok[2 * c + pass] ||
@@ -1933,6 +1944,9 @@ static int issue_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64
             continue;
         }
         call.op = op;
+        call.fresh = pass == 1 && !x->eval && x->fresh && x->fresh[c] && x->first_bwd_mb[c] == mb
+                         ? x->fresh[c][i]
+                         : 0;
         for (int k = 0; k < op->n_in; k++)
             if (!(call.in[k] = taddr(x, c, op->in[k], mb)))
                 return xfail(x, "'%s' input %d (%s) has no memory", sname(x, op->name), k,
@@ -2147,6 +2161,90 @@ static int64_t reducer_staged(mgc_exec *x) {
 
 /* Which op of its chunk's last backward last writes each bucket's gradients, and the
  * reducer thread when overlap can run here. */
+/* ---- gradients' first writes ----------------------------------------------------------
+ * The step zeroes the gradient buffer before its first instruction that may touch it.  In a
+ * chunk's first backward of the step, an op that is the first of the backward program to touch
+ * a gradient tensor finds it zero, and may store the gradient instead of adding into it
+ * (mgc_op_call.fresh): the CUDA backend's weight-gradient GEMM then has cuBLASLt's BGRADB
+ * write the bias gradient itself, without bias_grad_finish's pass.  Only for a tensor no
+ * other gradient tensor of the rank overlaps (the tied embedding's copies, views), of a chunk
+ * whose forward writes no gradient.  MGC_GRAD_FRESH=0 turns it off (a debugging switch,
+ * docs/runtime.md). */
+static int cmp_range(const void *a, const void *b) {
+    const uint64_t *p = a, *q = b; /* (offset, end, chunk, tensor) */
+    return p[0] < q[0] ? -1 : p[0] > q[0];
+}
+
+static int setup_fresh(mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    int64_t C = sp->n_chunks;
+    x->first_bwd_mb = malloc((size_t)(C ? C : 1) * sizeof *x->first_bwd_mb);
+    x->fresh = calloc((size_t)(C ? C : 1), sizeof *x->fresh);
+    if (!x->first_bwd_mb || !x->fresh) return xfail(x, "out of memory");
+    for (int64_t c = 0; c < C; c++) x->first_bwd_mb[c] = -1;
+    for (int64_t i = sp->n_instrs - 1; i >= 0; i--)
+        if (sp->instrs[i].op == MGC_I_BACKWARD && sp->instrs[i].chunk < C)
+            x->first_bwd_mb[sp->instrs[i].chunk] = sp->instrs[i].mb;
+    const char *e = getenv("MGC_GRAD_FRESH");
+    if (x->grad_buf < 0 || (e && !strcmp(e, "0"))) return 0;
+    /* the gradient tensors' byte ranges, sorted: a tensor that overlaps another is never fresh */
+    int64_t n = 0;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t t = 0; t < sp->chunks[c].n_tensors; t++)
+            n += sp->chunks[c].tensors[t].buffer == x->grad_buf;
+    uint64_t *r = malloc((size_t)(n ? n : 1) * 4 * sizeof *r);
+    uint8_t **shared = calloc((size_t)(C ? C : 1), sizeof *shared);
+    int rc = !r || !shared;
+    for (int64_t c = 0; !rc && c < C; c++)
+        rc = !(shared[c] = calloc((size_t)(sp->chunks[c].n_tensors ? sp->chunks[c].n_tensors : 1), 1));
+    int64_t j = 0;
+    for (int64_t c = 0; !rc && c < C; c++)
+        for (int64_t t = 0; t < sp->chunks[c].n_tensors; t++) {
+            const mgc_plan_tensor *T = &sp->chunks[c].tensors[t];
+            if (T->buffer != x->grad_buf) continue;
+            uint64_t *q = r + 4 * j++;
+            q[0] = T->offset, q[1] = T->offset + T->bytes, q[2] = (uint64_t)c, q[3] = (uint64_t)t;
+        }
+    if (!rc) qsort(r, (size_t)n, 4 * sizeof *r, cmp_range);
+    uint64_t end = 0;
+    for (int64_t i = 0; !rc && i < n; i++) { /* overlaps its predecessors' furthest end */
+        if (i > 0 && r[4 * i] < end) {
+            shared[r[4 * i + 2]][r[4 * i + 3]] = 1;
+            for (int64_t k = i - 1; k >= 0 && r[4 * k + 1] > r[4 * i]; k--) shared[r[4 * k + 2]][r[4 * k + 3]] = 1;
+        }
+        if (r[4 * i + 1] > end) end = r[4 * i + 1];
+    }
+    for (int64_t c = 0; !rc && c < C; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        if (x->first_bwd_mb[c] < 0 || ch->n_bwd == 0 || fwd_writes_grads(x, (int)c)) continue;
+        uint8_t *touched = calloc((size_t)(ch->n_tensors ? ch->n_tensors : 1), 1);
+        x->fresh[c] = calloc((size_t)ch->n_bwd, sizeof **x->fresh);
+        if (!touched || !x->fresh[c]) {
+            free(touched);
+            rc = 1;
+            break;
+        }
+        for (int64_t i = 0; i < ch->n_bwd; i++) {
+            const mgc_plan_op *op = &ch->bwd[i];
+            for (int k = 0; k < op->n_out && k < 32; k++) {
+                int32_t t = op->out[k];
+                if (t >= 0 && t < ch->n_tensors && ch->tensors[t].buffer == x->grad_buf && !shared[c][t] &&
+                    !touched[t])
+                    x->fresh[c][i] |= 1u << k;
+            }
+            for (int k = 0; k < op->n_in; k++)
+                if (op->in[k] >= 0 && op->in[k] < ch->n_tensors) touched[op->in[k]] = 1;
+            for (int k = 0; k < op->n_out; k++)
+                if (op->out[k] >= 0 && op->out[k] < ch->n_tensors) touched[op->out[k]] = 1;
+        }
+        free(touched);
+    }
+    for (int64_t c = 0; shared && c < C; c++) free(shared[c]);
+    free(shared);
+    free(r);
+    return rc ? xfail(x, "out of memory") : 0;
+}
+
 static int setup_overlap(mgc_exec *x) {
     const mgc_stage_program *sp = x->sp;
     x->overlap = 1;

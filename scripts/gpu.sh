@@ -15,7 +15,8 @@
 #                                             with the defaults, compiled without the bias
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
-#                                             fused embedding + norm (-embedding_norm),
+#                                             fused embedding + norm (-embedding_norm) and
+#                                             with MGC_GRAD_FRESH=0,
 #                                             MGC_PDL=1, MGC_ZERO_BESIDE=1 (the same bits
 #                                             checked) and a GEMM
 #                                             tuning file made by
@@ -131,6 +132,10 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_PDL=1 (1)"
     qrun "gpt2-124m MGC_FUSION=-embedding_norm" build-gpu/q124ne.plan
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_FUSION=-embedding_norm"
+    # every bias gradient through bias_grad_finish (the executor's first writes off,
+    # docs/runtime.md): the same bits, one launch a bias gradient more
+    qrun "gpt2-124m MGC_GRAD_FRESH=0" build-gpu/q124.plan MGC_GRAD_FRESH=0
+    samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_GRAD_FRESH=0"
     qrun "gpt2-124m MGC_ZERO_BESIDE=1" build-gpu/q124.plan MGC_ZERO_BESIDE=1
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_ZERO_BESIDE=1"
     qrun "gpt2-1.5b defaults" build-gpu/q15.plan

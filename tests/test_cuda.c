@@ -434,16 +434,22 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     /* cases 8, 9: a vocabulary of 70,000, the sort's 3 passes (2 in the shard of 35,000) */
     const int64_t n = N[kase], V = kase >= 8 ? 70000 : 300, tp = kase == 4 || kase == 9;
     const int64_t Vl = tp ? V / 2 : V;
+    /* cases 0, 5, 6: the position gradient too, in the join's launch (embedding.cuh POS): the
+     * rows as n/4 positions of 4 sequences, each position's rows added j ascending */
+    const int pos = (kase == 0 || kase == 5 || kase == 6) && op0->n_out > 1, B = pos ? 4 : 1;
+    const int64_t S_ = n / B;
     mgc_plan_op op = *op0;
-    op.n_out = 1; /* the word table only */
+    op.n_out = pos ? 2 : 1; /* the word table (and the positions') */
     op.n_in = 2;
     op.flags &= (uint16_t)~MGC_POF_DOCS;
     op.iattr[0] = Vl;
     mgc_plan_tensor *tk = &tv[op.in[0]], *dy = &tv[op.in[1]], *dw = &tv[op.out[0]];
+    mgc_plan_tensor *dpt = pos ? &tv[op.out[1]] : NULL;
     const int64_t h = dy->dim[dy->rank - 1];
     size_t es = mgc_dtype_size((mgc_dtype)dy->dtype);
-    tk->rank = 2, tk->dim[0] = n, tk->dim[1] = 1, tk->bytes = (uint64_t)n * 8;
-    dy->rank = 3, dy->dim[0] = n, dy->dim[1] = 1, dy->dim[2] = h, dy->ld = 0;
+    tk->rank = 2, tk->dim[0] = S_, tk->dim[1] = B, tk->bytes = (uint64_t)n * 8;
+    if (dpt) dpt->rank = 2, dpt->dim[0] = S_, dpt->dim[1] = h, dpt->ld = 0, dpt->bytes = (uint64_t)(S_ * h) * 4;
+    dy->rank = 3, dy->dim[0] = S_, dy->dim[1] = B, dy->dim[2] = h, dy->ld = 0;
     dy->bytes = (uint64_t)(n * h) * es;
     dw->rank = 2, dw->dim[0] = Vl, dw->dim[1] = h, dw->ld = 0, dw->bytes = (uint64_t)(Vl * h) * 4;
     int64_t *tok = malloc((size_t)n * 8);
@@ -492,16 +498,42 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     c.in[0] = dtk, c.in[1] = ddy, c.out[0] = ddw;
     c.co.tp = (int32_t)tp;
     c.grid_tp = tp + 1, c.grid_cp = 1;
-    c.seq_length = n;
+    c.seq_length = S_;
+    /* the position gradient: random rows, each plus its 4 rows of dy in order (float) */
+    float *p0 = pos ? malloc((size_t)(S_ * h) * 4) : NULL, *p1 = pos ? malloc((size_t)(S_ * h) * 4) : NULL;
+    void *ddp = NULL;
+    if (pos) {
+        ok = ok && p0 && p1 && !be->iface->arena_alloc(be, dpt->bytes, &ddp);
+        c.out[1] = ddp;
+    }
     for (int rep = 0; rep < 2 && ok; rep++) {
         ok = !be->iface->upload(be, ddw, w0, dw->bytes);
+        if (pos && ok) {
+            for (int64_t i = 0; i < S_ * h; i++) p0[i] = ofloat(2.0);
+            ok = !be->iface->upload(be, ddp, p0, dpt->bytes);
+        }
         if (ok && be->iface->run_op(be, &c)) {
             fprintf(stderr, "embedding_bwd: %s\n", be->err);
             ok = 0;
         }
         ok = ok && !be->iface->download(be, rep ? g2 : g1, ddw, dw->bytes);
+        ok = ok && (!pos || !be->iface->download(be, p1, ddp, dpt->bytes));
     }
     T_CHECK(ok);
+    int pos_exact = 1;
+    for (int64_t i = 0; pos && ok && i < S_; i++)
+        for (int64_t col = 0; col < h; col++) {
+            float acc = p0[i * h + col];
+            for (int j = 0; j < B; j++) acc += y[(i * B + j) * h + col];
+            pos_exact &= memcmp(&acc, &p1[i * h + col], 4) == 0;
+        }
+    T_CHECK(pos_exact);
+    if (pos)
+        printf("embedding_bwd %s, %lld positions of %d rows: the position gradient %s\n",
+               mgc_dtype_name((mgc_dtype)dy->dtype), (long long)S_, B,
+               pos_exact ? "bit-identical to the rows added in order" : "DIFFERS");
+    if (ddp) be->iface->arena_free(be, ddp);
+    free(p0), free(p1);
     int64_t bad = 0;
     double worst = 0;
     for (int64_t i = 0; ok && i < Vl * h; i++) {
@@ -593,9 +625,11 @@ static void check_embedding_bwd(void) {
 }
 
 /* ---- 7. the bias gradient -----------------------------------------------------------------
- * linear_wgrad's bias gradient is ours (kernels/gemm_aux.cuh bias_grad_partial: row partitions
- * of 8 lanes, 16-byte rows when N % 8 == 0, their sums added by norm.cuh's norm_bwd_reduce), not
- * cuBLASLt's BGRADB.  Shapes: 256 partitions of 32 rows, a ragged last partition, columns past a
+ * linear_wgrad's bias gradient: in 16-bit plans cuBLASLt's BGRADB (emulated on the CPU) into
+ * scratch, added by bias_grad_finish, or stored into the gradient itself when it is the step's
+ * first write (mgc_op_call.fresh); in fp32 and under MGC_GEMM_BGRAD=0 ours
+ * (kernels/gemm_aux.cuh bias_grad_partial: row partitions of 8 lanes, 16-byte rows when
+ * N % 8 == 0, their sums added by norm.cuh's norm_bwd_reduce).  Shapes: 256 partitions of 32 rows, a ragged last partition, columns past a
  * multiple of 8 (element by element) and past a 256-column block, a few rows; fp32 and bf16, onto random non-zero gradients, against
  * double-precision column sums; the weight gradient alongside. */
 
@@ -672,9 +706,23 @@ static void check_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int6
                     (long long)N, (long long)n, (long long)k, w0[i], ref);
     }
     T_EQ_I64(bad, 0);
-    printf("linear_wgrad %s M %lld N %lld: bias gradient %s (worst %.2e of the magnitudes)\n",
+    /* a first write (mgc_op_call.fresh, bit 1: db holds zeros): stored where the backend can
+     * (16-bit: BGRADB into db, no bias_grad_finish), the bits of adding into zeros */
+    float *b2 = calloc((size_t)N, 4), *b3 = calloc((size_t)N, 4), *zero = calloc((size_t)N, 4);
+    int same = ok && b2 && b3 && zero;
+    for (int fresh = 0; same && fresh < 2; fresh++) {
+        c.fresh = fresh ? 2u : 0u;
+        same = !be->iface->upload(be, db, zero, tb->bytes) && !be->iface->run_op(be, &c) &&
+               !be->iface->download(be, fresh ? b2 : b3, db, tb->bytes);
+    }
+    same = same && memcmp(b2, b3, (size_t)N * 4) == 0;
+    for (int64_t col = 0; same && col < N; col++) same = b2[col] != 0.0f || y[col] == 0.0f;
+    T_CHECK(same);
+    free(b2), free(b3), free(zero);
+    printf("linear_wgrad %s M %lld N %lld: bias gradient %s (worst %.2e of the magnitudes); as a "
+           "first write %s\n",
            mgc_dtype_name((mgc_dtype)ty->dtype), (long long)M, (long long)N,
-           bad ? "DIFFERS" : "within rounding", worst);
+           bad ? "DIFFERS" : "within rounding", worst, same ? "bit-identical" : "DIFFERS");
     void *all[] = {dy, dx, dw, db};
     for (int k = 0; k < 4; k++)
         if (all[k]) be->iface->arena_free(be, all[k]);
@@ -1209,6 +1257,18 @@ static void check_training(const char *path, const char *const *extra) {
         printf("%s %s: the embedding and first norm fused and as two kernels: %s\n", path, prec[k],
                eq ? "bit-identical losses" : "losses DIFFER");
         mgc_plan_free(e);
+        /* every gradient added into, none stored by its first writer (MGC_GRAD_FRESH=0: the
+         * bias gradients through bias_grad_finish in the first microbatch too): the same
+         * losses and gradient norms (two microbatches a step: a first write stored in the
+         * second would lose the first's share) */
+        setenv("MGC_GRAD_FRESH", "0", 1);
+        double gf[STEPS], nf[STEPS];
+        T_CHECK(train(p[k], gpu_name(), gf, nf) == 0);
+        unsetenv("MGC_GRAD_FRESH");
+        int fr = !memcmp(gf, g[k], (size_t)steps * sizeof gf[0]) && !memcmp(nf, gn[k], (size_t)steps * sizeof nf[0]);
+        T_CHECK(fr);
+        printf("%s %s: the gradients' first writes stored and added (MGC_GRAD_FRESH=0): %s\n", path,
+               prec[k], fr ? "bit-identical losses and norms" : "losses or norms DIFFER");
     }
     printf("%s: %d steps: cpu %.5f -> %.5f; %s worst rel fp32 %.2e, bf16 %.2e (%.5f -> %.5f), "
            "fp16 %.2e (%.5f -> %.5f); reruns %s\n",
