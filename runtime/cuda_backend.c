@@ -487,7 +487,7 @@ static int gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k
     key.has_aux = ep->aux != NULL;
     key.aux_ld = ep->aux ? ep->aux_ld : 0;
     key.auxtype = ep->aux ? dt_of((uint16_t)ep->aux_type) : 0;
-    key.beta1 = beta != 0.0f;
+    key.beta1 = beta != 0.0f || ep->as_beta1;
     gemm_entry *e = NULL;
     for (int i = 0; i < c->n_gemm; i++)
         if (!memcmp(&c->gemm[i].key, &key, sizeof key)) e = &c->gemm[i];

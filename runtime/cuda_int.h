@@ -46,6 +46,8 @@ typedef struct mgc_gemm_epi {
     const void *aux;
     int64_t aux_ld;
     int aux_type;     /* mgc_dtype */
+    int as_beta1;     /* beta 0 into a D of zeros: the GEMM chosen (and tuned) as with beta 1,
+                         so the same algorithm and the bits of adding into them */
 } mgc_gemm_epi;
 
 typedef struct mgc_cuda_host {

@@ -178,12 +178,18 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
             else if (!(part = mgc_cuda_scratch(be, (size_t)N * sizeof(float)))) return -1;
             ep = (mgc_gemm_epi){MGC_GEMM_EPI_BGRADB, part, MGC_DT_F32, NULL, 0, 0};
         }
+        /* dW holds zeros no op of the step has written: beta 0 spares the GEMM its read of
+         * them, by beta 1's algorithm (as_beta1), so with the bits of adding into them */
+        int wfresh = (c->fresh & 1u) != 0;
+        ep.as_beta1 = wfresh;
         int rc;
         /* 1: cuBLASLt has no BGRADB algorithm; the plain GEMM (never 1) and the kernels then */
         while ((rc = host(be)->gemm(be, 0, 1, K, N, M, c->in[1], K, T_in(c, 1)->dtype, c->in[0], ldy,
-                          T_in(c, 0)->dtype, c->out[0], K, T_out(c, 0)->dtype, 1.0f,
-                          &ep)) == 1)
+                          T_in(c, 0)->dtype, c->out[0], K, T_out(c, 0)->dtype, wfresh ? 0.0f : 1.0f,
+                          &ep)) == 1) {
             ep = none;
+            ep.as_beta1 = wfresh;
+        }
         if (rc) return -1;
         if (op->n_out < 2) return 0;
         if (!ep.bias) return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);

@@ -132,8 +132,8 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_PDL=1 (1)"
     qrun "gpt2-124m MGC_FUSION=-embedding_norm" build-gpu/q124ne.plan
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_FUSION=-embedding_norm"
-    # every bias gradient through bias_grad_finish (the executor's first writes off,
-    # docs/runtime.md): the same bits, one launch a bias gradient more
+    # every gradient added into (the executor's first writes off, docs/runtime.md): weight
+    # gradients at beta 1, bias gradients through bias_grad_finish; the same bits
     qrun "gpt2-124m MGC_GRAD_FRESH=0" build-gpu/q124.plan MGC_GRAD_FRESH=0
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_GRAD_FRESH=0"
     qrun "gpt2-124m MGC_ZERO_BESIDE=1" build-gpu/q124.plan MGC_ZERO_BESIDE=1

@@ -706,19 +706,22 @@ static void check_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int6
                     (long long)N, (long long)n, (long long)k, w0[i], ref);
     }
     T_EQ_I64(bad, 0);
-    /* a first write (mgc_op_call.fresh, bit 1: db holds zeros): stored where the backend can
-     * (16-bit: BGRADB into db, no bias_grad_finish), the bits of adding into zeros */
-    float *b2 = calloc((size_t)N, 4), *b3 = calloc((size_t)N, 4), *zero = calloc((size_t)N, 4);
-    int same = ok && b2 && b3 && zero;
+    /* a first write (mgc_op_call.fresh: dW and db hold zeros): stored where the backend can
+     * (the GEMM at beta 0 by beta 1's algorithm; in 16 bits BGRADB into db, no
+     * bias_grad_finish), the bits of adding into zeros */
+    float *b2 = calloc((size_t)N, 4), *b3 = calloc((size_t)N, 4);
+    float *w2 = calloc((size_t)(N * K), 4), *w3 = calloc((size_t)(N * K), 4), *zero = calloc((size_t)(N * K), 4);
+    int same = ok && b2 && b3 && w2 && w3 && zero;
     for (int fresh = 0; same && fresh < 2; fresh++) {
-        c.fresh = fresh ? 2u : 0u;
-        same = !be->iface->upload(be, db, zero, tb->bytes) && !be->iface->run_op(be, &c) &&
-               !be->iface->download(be, fresh ? b2 : b3, db, tb->bytes);
+        c.fresh = fresh ? 3u : 0u;
+        same = !be->iface->upload(be, db, zero, tb->bytes) && !be->iface->upload(be, dw, zero, tw->bytes) &&
+               !be->iface->run_op(be, &c) && !be->iface->download(be, fresh ? b2 : b3, db, tb->bytes) &&
+               !be->iface->download(be, fresh ? w2 : w3, dw, tw->bytes);
     }
-    same = same && memcmp(b2, b3, (size_t)N * 4) == 0;
+    same = same && memcmp(b2, b3, (size_t)N * 4) == 0 && memcmp(w2, w3, (size_t)(N * K) * 4) == 0;
     for (int64_t col = 0; same && col < N; col++) same = b2[col] != 0.0f || y[col] == 0.0f;
     T_CHECK(same);
-    free(b2), free(b3), free(zero);
+    free(b2), free(b3), free(w2), free(w3), free(zero);
     printf("linear_wgrad %s M %lld N %lld: bias gradient %s (worst %.2e of the magnitudes); as a "
            "first write %s\n",
            mgc_dtype_name((mgc_dtype)ty->dtype), (long long)M, (long long)N,
