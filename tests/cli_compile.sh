@@ -56,6 +56,12 @@ MGC_FUSION=-norm_bwd_bias "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o 
   ok || bad "MGC_FUSION=-norm_bwd_bias: still a bias gradient in a norm backward, or no other fusion"
 "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/g.plan" >/dev/null 2>&1 &&
   "$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q "norm_bwd +bias " && ok || bad "no bias gradient in a norm backward by default"
+# the embedding and the first norm: one op by default, two without that fusion
+"$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q " #0 embedding_norm " && ok || bad "no embedding_norm by default"
+MGC_FUSION=-embedding_norm "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/h.plan" >/dev/null 2>&1 &&
+  "$mgc" inspect --ops "$tmp/h.plan" >"$tmp/ho" 2>&1 && ! grep -q "embedding_norm" "$tmp/ho" &&
+  grep -q " #1 norm saves decoder.layers.0.input_layernorm " "$tmp/ho" && grep -q " +bias " "$tmp/ho" &&
+  ok || bad "MGC_FUSION=-embedding_norm: still an embedding_norm, no first norm, or no other fusion"
 MGC_FUSION=add_norm,bogus "$mgc" compile examples/tiny-gpt.yaml -o "$tmp/nf.plan" >/dev/null 2>"$tmp/e"; rc=$?
 [ $rc = 1 ] && grep -q "MGC_FUSION names no fusion 'bogus'" "$tmp/e" && [ ! -e "$tmp/nf.plan" ] &&
   ok || bad "MGC_FUSION=add_norm,bogus: status $rc, $(cat "$tmp/e")"
