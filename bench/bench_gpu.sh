@@ -10,7 +10,8 @@
 # BENCH_PROFILE_MODELS="gpt2-124m" (per-kernel profile and fitted cost model only for
 # these; default every model) and BENCH_AB=0 (no extra mgc rows: without cuBLASLt's
 # epilogues, without CUDA graphs; BENCH_AB_MODELS, default gpt2-124m, says for which; and the
-# two-ranks-on-one-GPU rows) and BENCH_TUNE=0 (no row with a GEMM tuning file) shorten a run.
+# two-ranks-on-one-GPU rows), BENCH_TUNE=0 (no row with a GEMM tuning file) and BENCH_LOGITS=0
+# (no row with bf16 logits, training.logits_dtype: compute) shorten a run.
 #
 # MFU = model FLOPs per step / step time / 989.4e12 (H100 SXM dense bf16 peak),
 # model FLOPs = 6 N T + 12 L h s T (N parameters without the position table,
@@ -92,6 +93,23 @@ row() { # name model-args mgc-sets mbs
             echo "| $name | mgc, MGC_GEMM_TUNING (its file made by MGC_GEMM_TUNE) | $(med "$OUT/$name.tuned.jsonl" step_ms) | $(med "$OUT/$name.tuned.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.tuned.jsonl" | tail -n 1) |"
         else
             echo "| $name | mgc, MGC_GEMM_TUNING | failed: $(tail -n 1 "$OUT/$name.tune.log") |"
+        fi
+    fi
+    # the logits in bf16 (training.logits_dtype: compute), as PyTorch's autocast keeps them: the
+    # like-for-like row against torch.compile; BENCH_LOGITS=0 skips it
+    if [ "${BENCH_LOGITS:-1}" = 1 ]; then
+        # shellcheck disable=SC2086
+        if $MGC compile "$model" --set parallel.world_size=1 --set parallel.tensor=1 --set parallel.pipeline=1 \
+            --set parallel.data=1 --set parallel.context=1 --set training.precision=bf16 \
+            --set training.recompute=none --set training.micro_batch_size=$mbs \
+            --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+            --set training.global_batch_size=$mbs --set hardware.cuda_archs=[90] \
+            --set training.logits_dtype=compute -o "$OUT/$name.lc.plan" >"$OUT/$name.lc.log" 2>&1 &&
+            $RUN "$OUT/$name.lc.plan" --backend cuda --iterations $STEPS -q \
+                --metrics "$OUT/$name.lc.jsonl" >>"$OUT/$name.lc.log" 2>&1; then
+            echo "| $name | mgc, training.logits_dtype: compute (bf16 logits) | $(med "$OUT/$name.lc.jsonl" step_ms) | $(med "$OUT/$name.lc.jsonl" tokens_per_s) | $(sed -n 's/.*"arena_bytes": \([0-9]*\).*/\1/p' "$OUT/$name.lc.jsonl" | tail -n 1) |"
+        else
+            echo "| $name | mgc, training.logits_dtype: compute | failed: $(tail -n 1 "$OUT/$name.lc.log") |"
         fi
     fi
     # the same plan without cuBLASLt's epilogues (the fused linear ops on element-wise kernels,

@@ -66,6 +66,22 @@ static int dt(const mgc_plan_tensor *t) {
     return t->dtype;
 }
 
+/* A cross-entropy kernel that reads the logits (l): fp32 ones under `dtype` (fp32 for the
+ * entries that write no 16-bit tensor, else the gradient's), or 16-bit ones (training.logits_dtype
+ * compute) under their own dtype with constant LT = 1, which must then be `dtype` too where that
+ * is 16-bit (the gradient's: cross_entropy.cuh takes one 16-bit type).  -1 when it is not. */
+static int ce_spec(mgc_kspec *k, const char *entry, const mgc_plan_tensor *l, int dtype) {
+    if (mgc_kspec_storage(dt(l)) < 0) return -1;
+    if (dt(l) == MGC_DT_F32) {
+        mgc_kspec_init(k, "cross_entropy.cuh", entry, dtype);
+        return 0;
+    }
+    if (dtype != MGC_DT_F32 && dtype != dt(l)) return -1;
+    mgc_kspec_init(k, "cross_entropy.cuh", entry, dt(l));
+    mgc_kspec_const(k, "LT", 1);
+    return 0;
+}
+
 int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                          mgc_kspec *out, int max) {
     (void)p;
@@ -200,25 +216,24 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mgc_kspec_const(mgc_kspec_const(&out[0], "D", d), "ROT", rot);
         return 1;
     }
-    case MGC_POP_CROSS_ENTROPY:
+    case MGC_POP_CROSS_ENTROPY: /* phases 2 and 4 read no logits */
         switch (op->iattr[0]) {
-        case 0: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_max", 0); return 1;
-        case 1: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_sums", 0); return 1;
+        case 0: return ce_spec(&out[0], "ce_max", tin(ch, op, 0), 0) ? -1 : 1;
+        case 1: return ce_spec(&out[0], "ce_sums", tin(ch, op, 0), 0) ? -1 : 1;
         case 2: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_finish", 0); return 1;
         case 4: mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_count", 0); return 1;
         default:
-            mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_rowstats", 0);
+            if (ce_spec(&out[0], "ce_rowstats", tin(ch, op, 0), 0)) return -1;
             mgc_kspec_init(&out[1], "cross_entropy.cuh", "ce_finish", 0);
             return 2;
         }
     case MGC_POP_CROSS_ENTROPY_BWD: /* dlogits in the compute dtype */
         if (op->flags & MGC_POF_CE_STATS) { /* the statistics fused in; ce_finish after */
-            mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_fused", dt(tout(ch, op, 0)));
+            if (ce_spec(&out[0], "ce_fused", tin(ch, op, 0), dt(tout(ch, op, 0)))) return -1;
             mgc_kspec_init(&out[1], "cross_entropy.cuh", "ce_finish", 0);
             return 2;
         }
-        mgc_kspec_init(&out[0], "cross_entropy.cuh", "ce_bwd", dt(tout(ch, op, 0)));
-        return 1;
+        return ce_spec(&out[0], "ce_bwd", tin(ch, op, 0), dt(tout(ch, op, 0))) ? -1 : 1;
     default:
         return 0;
     }

@@ -21,6 +21,7 @@ const char *const mgc_enum_score[] = {"softmax", "sigmoid", "presoftmax", NULL};
 const char *const mgc_enum_drop_policy[] = {"probs", "position", NULL};
 const char *const mgc_enum_aux_scope[] = {"microbatch", "sequence", NULL};
 const char *const mgc_enum_router_dtype[] = {"compute", "fp32", NULL};
+const char *const mgc_enum_logits_dtype[] = {"fp32", "compute", NULL};
 const char *const mgc_enum_sched[] = {"gpipe", "1f1b", "interleaved-1f1b", NULL};
 const char *const mgc_enum_precision[] = {"fp32", "bf16", "fp16", NULL};
 const char *const mgc_enum_recompute[] = {"none", "selective", "full", NULL};

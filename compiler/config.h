@@ -34,6 +34,7 @@ typedef enum { MGC_SCORE_SOFTMAX, MGC_SCORE_SIGMOID, MGC_SCORE_PRESOFTMAX } mgc_
 typedef enum { MGC_DROP_PROBS, MGC_DROP_POSITION } mgc_drop_policy;
 typedef enum { MGC_AUX_MICROBATCH, MGC_AUX_SEQUENCE } mgc_aux_scope;
 typedef enum { MGC_ROUTER_DT_COMPUTE, MGC_ROUTER_DT_FP32 } mgc_router_dtype;
+typedef enum { MGC_LOGITS_DT_FP32, MGC_LOGITS_DT_COMPUTE } mgc_logits_dtype;
 typedef enum { MGC_SCHED_GPIPE, MGC_SCHED_1F1B, MGC_SCHED_INTERLEAVED } mgc_sched;
 typedef enum { MGC_PREC_FP32, MGC_PREC_BF16, MGC_PREC_FP16 } mgc_precision;
 typedef enum { MGC_RECOMPUTE_NONE, MGC_RECOMPUTE_SELECTIVE, MGC_RECOMPUTE_FULL } mgc_recompute;
@@ -50,6 +51,7 @@ extern const char *const mgc_enum_score[];
 extern const char *const mgc_enum_drop_policy[];
 extern const char *const mgc_enum_aux_scope[];
 extern const char *const mgc_enum_router_dtype[];
+extern const char *const mgc_enum_logits_dtype[];
 extern const char *const mgc_enum_sched[];
 extern const char *const mgc_enum_precision[];
 extern const char *const mgc_enum_recompute[];
@@ -281,7 +283,10 @@ typedef struct mgc_blend {
       NULL, MGC_KF_OPTIONAL, "none",                                                                         \
       "Also recomputed in the backward, whatever training.recompute says: `norm` (each layer's norm outputs, from the stashed norm input), `activation` (each layer's GELU or SwiGLU output, from the stashed GEMM output) and `dropout` (the hidden dropout masks, drawn again from the random stream), element-wise work for less stash; `mlp` and `moe` (each dense, resp. MoE, layer's second half -- pre-MLP norm, MLP or MoE block with its router and token exchange, residual add -- re-run from its input, which alone is stashed).") \
     X(TRAIN_LOSS_CHUNKS, "training.loss_chunks", INT, training.loss_chunks, 0, 0, 1048576, NULL, 0, NULL,   \
-      "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's fp32 logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 1 GiB of logits, 1: none.") \
+      "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 1 GiB of logits, 1: none.") \
+    X(TRAIN_LOGITS_DTYPE, "training.logits_dtype", ENUM, training.logits_dtype, MGC_LOGITS_DT_FP32, 0, 0,   \
+      mgc_enum_logits_dtype, 0, NULL,                                                                       \
+      "The output layer's logits, which the cross-entropy reads: fp32 from the 16-bit GEMM (no rounding of them; twice the bytes), or in the compute dtype (training.precision), as Megatron and PyTorch's autocast keep them; the cross-entropy computes in fp32 either way.") \
     X(TRAIN_ITERS, "training.iterations", INT, training.iterations, 1000, 1, 1125899906842624.0, NULL, 0,    \
       NULL, "Optimizer steps to train.")                                                                     \
     X(TRAIN_SEED, "training.seed", INT, training.seed, 1234, 0, MGC_I64_MAX_EXACT, NULL, 0, NULL,            \
@@ -463,6 +468,7 @@ typedef struct mgc_training_cfg {
     int64_t recompute_num_layers;    /* full: layers per group (uniform), per chunk (block) */
     mgc_str_list recompute_modules;  /* "norm", "activation", "dropout", "mlp", "moe" (MGC_RECOMPUTE_MOD_*) */
     int64_t loss_chunks;             /* row chunks of the head (compiler/losschunk.c); 0 auto */
+    int logits_dtype;                /* mgc_logits_dtype: the output layer's logits */
     int64_t iterations;
     int64_t seed;
     double initial_loss_scale;

@@ -198,7 +198,7 @@ static int pair_embedding_norm(const mgc_plan_op *em, const mgc_plan_op *nm, mgc
     return 1;
 }
 
-/* LINEAR iattr[3] flags of the output layer (partition.c LIN_TIED | LIN_FP32_OUT): never
+/* LINEAR iattr[3] flags of the output layer (partition.c LIN_TIED | LIN_VOCAB): never
  * fused. */
 #define LIN_OUTPUT_LAYER (1 | 2)
 

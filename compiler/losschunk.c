@@ -23,7 +23,9 @@ int64_t mgc_loss_chunks(const mgc_config *c) {
     int64_t cp = c->parallel.context > 0 ? c->parallel.context : 1;
     int64_t tp = c->parallel.tensor > 0 ? c->parallel.tensor : 1;
     int64_t s_c = c->model.seq_length / cp;
-    double logits = 4.0 * (double)s_c * (double)c->training.micro_batch_size *
+    /* the logits' bytes: fp32, or the compute dtype's (training.logits_dtype) */
+    double es = c->training.logits_dtype == MGC_LOGITS_DT_COMPUTE && c->training.precision != MGC_PREC_FP32 ? 2.0 : 4.0;
+    double logits = es * (double)s_c * (double)c->training.micro_batch_size *
                     (double)(c->derived.padded_vocab_size / tp);
     int64_t most = 1;
     for (int64_t k = 1; k <= s_c; k++) {

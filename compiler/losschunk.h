@@ -1,8 +1,8 @@
 /* losschunk.h - the output layer and cross-entropy in row chunks (docs/partitioning.md,
  * "Loss chunks").
  *
- * Unchunked, the loss chunk's forward ends with the output layer's GEMM, whose fp32 logits
- * [s_c, b, V_l] are stashed until the backward starts with the cross-entropy backward and the
+ * Unchunked, the loss chunk's forward ends with the output layer's GEMM, whose logits
+ * [s_c, b, V_l] (fp32 unless training.logits_dtype is compute) are stashed until the backward starts with the cross-entropy backward and the
  * output layer's dgrad and wgrad.  At GPT-2's vocabulary the logits are the largest tensor of
  * the step (3 GiB at micro batch 16, sequence 1024).  Chunked in k, the whole head moves to
  * the start of the backward pass:
@@ -41,7 +41,8 @@ extern "C" {
  * row of every viewed tensor is a multiple of 4 bytes). */
 #define MGC_LOSS_CHUNK_ROWS 64
 
-/* Auto (training.loss_chunks 0) keeps each chunk's fp32 logits at most this many bytes. */
+/* Auto (training.loss_chunks 0) keeps each chunk's logits (fp32, or 16-bit with
+ * training.logits_dtype compute) at most this many bytes. */
 #define MGC_LOSS_CHUNK_AUTO_BYTES (1ull << 30)
 
 /* 1 when k chunks fit the loss chunk's rows: k divides s_c = seq_length / context and each
@@ -50,7 +51,7 @@ extern "C" {
 int mgc_loss_chunks_fit(const mgc_config *c, int64_t k);
 
 /* training.loss_chunks resolved: the value given, or for 0 the fewest fitting chunks whose
- * fp32 logits are at most MGC_LOSS_CHUNK_AUTO_BYTES (the most fitting chunks when none
+ * logits are at most MGC_LOSS_CHUNK_AUTO_BYTES (the most fitting chunks when none
  * are, 1 when none but 1 fits).  MGC_LOSS_CHUNKS=1 in the environment forces 1
  * (debugging, tests). */
 int64_t mgc_loss_chunks(const mgc_config *c);

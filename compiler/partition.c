@@ -393,7 +393,7 @@ static int32_t reduce_tp(pctx *p, int32_t partial, int32_t ir, const char *modul
 
 /* LINEAR iattr[3] flags (docs/partitioning.md). */
 #define LIN_TIED       1
-#define LIN_FP32_OUT   2
+#define LIN_VOCAB      2
 #define LIN_COLUMN     4
 #define LIN_ROW        8
 #define LIN_BIAS_RANK0 16
@@ -494,7 +494,9 @@ static void op_linear(pctx *p, const mgc_ir_op *o) {
         return;
     }
     int64_t dims[3] = {xt.dim[0], xt.dim[1], N};
-    mgc_dtype ydt = logits || fp32_router ? MGC_DT_F32 : b->dt;
+    /* training.logits_dtype fp32: the logits in fp32 from the 16-bit GEMM, as the router's */
+    int fp32_logits = logits && p->c->training.logits_dtype == MGC_LOGITS_DT_FP32;
+    mgc_dtype ydt = fp32_logits || fp32_router ? MGC_DT_F32 : b->dt;
     int32_t y;
     if (row) {
         y = tmp(p, o->name, ".partial", ydt, 3, dims, NOS, NOG, 0);
@@ -516,7 +518,7 @@ static void op_linear(pctx *p, const mgc_ir_op *o) {
     op.iattr[0] = (int64_t)M;
     op.iattr[1] = N;
     op.iattr[2] = K;
-    op.iattr[3] = (o->attr.linear.tied ? LIN_TIED : 0) | (logits ? LIN_FP32_OUT : 0) |
+    op.iattr[3] = (o->attr.linear.tied ? LIN_TIED : 0) | (logits ? LIN_VOCAB : 0) |
                   (col ? LIN_COLUMN : 0) | (row ? LIN_ROW : 0) |
                   (row && bias >= 0 ? LIN_BIAS_RANK0 : 0);
     op.flops = 2 * M * (uint64_t)N * (uint64_t)K;

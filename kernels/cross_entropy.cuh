@@ -1,10 +1,11 @@
 /* cross_entropy.cuh - vocabulary-parallel cross-entropy (runtime/cpu_ops_tmpl.h mgc_cpu_ce_*).
  *
- * Logits, lse and the loss are fp32 whatever the compute dtype (the spec's bf16 flag is 0);
- * labels are int64.  Rows of the logits are `ld` (= V_l) apart and only their first `vv`
+ * The logits are fp32 (the spec's dtype fp32 for the entries that only read them), or with the
+ * constant LT = 1 in the spec's 16-bit dtype (training.logits_dtype compute); lse and the loss
+ * are fp32, labels int64.  Rows of the logits are `ld` (= V_l) apart and only their first `vv`
  * columns are real vocabulary (cpu_backend.c valid_columns): the padding columns
  * [vv, ld) take no part in the softmax and get a zero gradient.  The vocabulary start
- * v0 = tp_rank * V_l is an argument.  No constants.
+ * v0 = tp_rank * V_l is an argument.  One constant: LT (above).
  *
  * Entries, by phase of the op (iattr[0]):
  *   ce_max       0: mx (n) = row max
@@ -24,29 +25,68 @@
 #endif
 #include "mgc_common.cuh"
 
-/* One pass over a row's vv logits (l; l4 its first n4 float4 columns): the row max, returned,
- * and this thread's sum of exp(l - max) in s.  Each thread keeps a running max and sum (the
- * sum rescaled by exp(m_old - m_new) when the max grows); the block takes the max M and
+/* The logits' storage type ce_lt, and CE_V of them in a 16-byte vector. */
+#if defined(MGC_LT) && MGC_LT
+typedef mgc_t ce_lt;
+#define CE_V 8
+#else
+typedef float ce_lt;
+#define CE_V 4
+#endif
+/* 1: the logits' gradient (mgc_t) has their type (16-bit logits, or an fp32 plan) */
+#define CE_SAME (CE_V == 8 || !MGC_HALF)
+
+/* Logit c of a row l, as fp32; the q-th 16-byte vector of it (l 16-byte aligned) into fp32
+ * f[CE_V].  Macros, so that the loads stay in the kernel's scope, where a __restrict__
+ * pointer's loads may take the read-only path (a helper function's lost it). */
+#if CE_V == 8
+#define ce_ld(l, c)     mgc_ld((l)[c])
+#define ce_ldv(f, l, q) mgc_unraw8(((const uint4 *)(l))[q], f)
+#else
+#define ce_ld(l, c) ((l)[c])
+#define ce_ldv(f, l, q)                                                                      \
+    do {                                                                                     \
+        float4 ce_a_ = ((const float4 *)(l))[q];                                             \
+        f[0] = ce_a_.x, f[1] = ce_a_.y, f[2] = ce_a_.z, f[3] = ce_a_.w;                      \
+    } while (0)
+#endif
+
+/* The largest of a vector, in a pairwise tree. */
+__device__ __forceinline__ float ce_vmax(const float (&f)[CE_V]) {
+    float m = fmaxf(fmaxf(f[0], f[1]), fmaxf(f[2], f[3]));
+#if CE_V == 8
+    m = fmaxf(m, fmaxf(fmaxf(f[4], f[5]), fmaxf(f[6], f[7])));
+#endif
+    return m;
+}
+
+/* The row's columns read by vector: vv / CE_V when ld is a multiple of CE_V and the logits are
+ * 16-byte aligned (a uniform test), else 0 (one by one).  A macro, as ce_ld. */
+#define ce_nvec(logits, vv, ld)                                                              \
+    (((ld) & (CE_V - 1)) == 0 && mgc_al16(logits) ? (vv) >> (CE_V == 8 ? 3 : 2) : 0)
+
+/* One pass over a row's vv logits (its first nv CE_V-vectors, then one by one): the row max,
+ * returned, and this thread's sum of exp(l - max) in s.  Each thread keeps a running max and sum
+ * (the sum rescaled by exp(m_old - m_new) when the max grows); the block takes the max M and
  * every thread rescales its sum to M (the block sum is the caller's). */
-__device__ __forceinline__ float ce_online_max(float &s, const float *l, const float4 *l4, i64 n4,
-                                               i64 vv, int tid, int bd, float *sh) {
+__device__ __forceinline__ float ce_online_max(float &s, const ce_lt *l, i64 nv, i64 vv, int tid,
+                                               int bd, float *sh) {
     float m = -INFINITY;
     s = 0.0f;
 #pragma unroll 2
-    for (i64 q = tid; q < n4; q += bd) {
-        float4 a = l4[q];
-        float mn = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
+    for (i64 q = tid; q < nv; q += bd) {
+        float a[CE_V];
+        ce_ldv(a, l, q);
+        float mn = ce_vmax(a);
         if (mn > m) { /* m = -inf before: s = 0, exp(-inf) = 0 */
             s *= expf(m - mn);
             m = mn;
         }
-        s += expf(a.x - m);
-        s += expf(a.y - m);
-        s += expf(a.z - m);
-        s += expf(a.w - m);
+#pragma unroll
+        for (int j = 0; j < CE_V; j++) s += expf(a[j] - m);
     }
-    for (i64 c = 4 * n4 + tid; c < vv; c += bd) {
-        float v = l[c];
+    for (i64 c = CE_V * nv + tid; c < vv; c += bd) {
+        float v = ce_ld(l, c);
         if (v > m) {
             s *= expf(m - v);
             m = v;
@@ -65,27 +105,28 @@ __device__ __forceinline__ float ce_online_max(float &s, const float *l, const f
  * pass over the row: each thread keeps a running max m and sum s of exp(l - m) (s rescaled
  * by exp(m_old - m_new) when m grows), then the block takes M = max m and sums
  * s exp(m - M) (the same value as the CPU's two passes up to rounding).  Columns go by
- * float4 when ld % 4 == 0 and logits is 16-byte aligned (a uniform test), else one by one. */
+ * 16-byte vectors when ld is a multiple of CE_V and the logits 16-byte aligned (ce_nvec),
+ * else one by one. */
 extern "C" __global__ void __launch_bounds__(512)
     MGC_ENTRY_NAME(float *__restrict__ mx, float *__restrict__ sums,
-                   const float *__restrict__ logits, const i64 *__restrict__ labels, i64 v0,
+                   const ce_lt *__restrict__ logits, const i64 *__restrict__ labels, i64 v0,
                    i64 vv, i64 ld) {
     mgc_pdl_begin();
     __shared__ float sh[32];
     i64 r = blockIdx.x;
-    const float *l = logits + r * ld;
-    const float4 *l4 = (const float4 *)l;
-    const i64 n4 = (ld & 3) == 0 && mgc_al16(logits) ? vv >> 2 : 0; /* float4 columns */
+    const ce_lt *l = logits + r * ld;
+    const i64 nv = ce_nvec(logits, vv, ld);
     const int tid = threadIdx.x, bd = blockDim.x;
 #if defined(MGC_ENTRY_ce_max)
     float m = -INFINITY;
 #pragma unroll 4
-    for (i64 q = tid; q < n4; q += bd) {
-        float4 a = l4[q];
-        m = fmaxf(m, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
+    for (i64 q = tid; q < nv; q += bd) {
+        float a[CE_V];
+        ce_ldv(a, l, q);
+        m = fmaxf(m, ce_vmax(a));
     }
-    for (i64 c = 4 * n4 + tid; c < vv; c += bd)
-        m = fmaxf(m, l[c]);
+    for (i64 c = CE_V * nv + tid; c < vv; c += bd)
+        m = fmaxf(m, ce_ld(l, c));
     m = mgc_block_max(m, sh);
     (void)sums;
     (void)labels;
@@ -96,24 +137,23 @@ extern "C" __global__ void __launch_bounds__(512)
     const float m = mx[r];
     float s = 0.0f;
 #pragma unroll 4
-    for (i64 q = tid; q < n4; q += bd) {
-        float4 a = l4[q];
-        s += expf(a.x - m);
-        s += expf(a.y - m);
-        s += expf(a.z - m);
-        s += expf(a.w - m);
+    for (i64 q = tid; q < nv; q += bd) {
+        float a[CE_V];
+        ce_ldv(a, l, q);
+#pragma unroll
+        for (int j = 0; j < CE_V; j++) s += expf(a[j] - m);
     }
-    for (i64 c = 4 * n4 + tid; c < vv; c += bd)
-        s += expf(l[c] - m);
+    for (i64 c = CE_V * nv + tid; c < vv; c += bd)
+        s += expf(ce_ld(l, c) - m);
 #else /* ce_rowstats: online */
     float s;
-    float m = ce_online_max(s, l, l4, n4, vv, tid, bd, sh);
+    float m = ce_online_max(s, l, nv, vv, tid, bd, sh);
 #endif
     s = mgc_block_sum(s, sh);
     if (threadIdx.x == 0) {
         i64 id = labels[r] - v0;
         sums[2 * r] = s;
-        sums[2 * r + 1] = (id >= 0 && id < vv) ? l[id] : 0.0f;
+        sums[2 * r + 1] = (id >= 0 && id < vv) ? ce_ld(l, id) : 0.0f;
 #if defined(MGC_ENTRY_ce_rowstats)
         mx[r] = m;
 #endif
@@ -168,17 +208,21 @@ extern "C" __global__ void __launch_bounds__(1024)
 #endif
 
 #if defined(MGC_ENTRY_ce_bwd) || defined(MGC_ENTRY_ce_fused)
-/* Loads of 8 fp32 logits at columns [c0, c0 + 8): two 16-byte loads when vec, else one by
- * one (columns past ld read as 0). */
-__device__ __forceinline__ void ce_load8(float *x, const float *l, i64 c0, i64 ld, bool vec) {
+/* Loads of 8 logits at columns [c0, c0 + 8): 16-byte loads when vec (two of fp32, one of a
+ * 16-bit type), else one by one (columns past ld read as 0). */
+__device__ __forceinline__ void ce_load8(float (&x)[8], const ce_lt *l, i64 c0, i64 ld, bool vec) {
     if (c0 >= ld) return;
     if (vec) {
+#if CE_V == 8
+        mgc_unraw8(mgc_ldraw8(l + c0), x);
+#else
         float4 a = *(const float4 *)(l + c0), b = *(const float4 *)(l + c0 + 4);
         x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
         x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+#endif
     } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) x[j] = c0 + j < ld ? l[c0 + j] : 0.0f;
+        for (int j = 0; j < 8; j++) x[j] = c0 + j < ld ? ce_ld(l, c0 + j) : 0.0f;
     }
 }
 
@@ -190,9 +234,11 @@ __device__ __forceinline__ void ce_load8(float *x, const float *l, i64 c0, i64 l
  * writes the bytes of fp32 columns [4 T s, 4 T (s + 1)) (T threads), all read at steps <= s
  * (step 0 its own).  Every thread loads step s + 1, computes step s, and a barrier separates
  * all of step s's reads from its writes; step s + 1's columns start at 8 T (s + 1), past any
- * byte written up to step s.  (fp32 writes each column over itself.)  So the pointers are not
- * __restrict__.  Every thread of the block calls it (the barriers). */
-__device__ __forceinline__ void ce_bwd_row(mgc_t *d, const float *l, float m, float ls, i64 id,
+ * byte written up to step s.  Where d and l have one type (fp32 over fp32, 16-bit over 16-bit
+ * logits) each column is written over itself by the thread that read it, and there is no
+ * barrier.  So the pointers are not __restrict__.  Every thread of the block calls it (the
+ * barriers). */
+__device__ __forceinline__ void ce_bwd_row(mgc_t *d, const ce_lt *l, float m, float ls, i64 id,
                                            i64 vv, i64 ld, bool vec) {
     const i64 t8 = 8 * (i64)threadIdx.x, step = 8 * (i64)blockDim.x;
     float x[8] = {0, 0, 0, 0, 0, 0, 0, 0}, g[8];
@@ -205,7 +251,9 @@ __device__ __forceinline__ void ce_bwd_row(mgc_t *d, const float *l, float m, fl
             if (c < vv && m != 0.0f) g[j] = m * (expf(x[j] - ls) - (c == id ? 1.0f : 0.0f));
         }
         ce_load8(x, l, c0 + step, ld, vec); /* the next step's columns: never written yet */
-        __syncthreads();                     /* every read of this step before its writes */
+#if !CE_SAME
+        __syncthreads(); /* every read of this step before its writes */
+#endif
         if (c0 < ld) {
             if (vec) mgc_st8(d + c0, g);
             else mgc_st8_part(d + c0, (int)(ld - c0 < 8 ? ld - c0 : 8), g);
@@ -227,10 +275,10 @@ __device__ __forceinline__ float ce_scale(const float *mask, const float *loss, 
 /* grid n (one block per row), block 256, smem 0: ce_bwd_row over row r of the logits, whose
  * gradient row starts dld elements after row r - 1's (dld >= ld): 16-byte accesses when ld
  * and dld are multiples of 8 and the tensors 16-byte aligned.  In place (dlogits == logits,
- * dld = ld * 4 / sizeof(mgc_t)): row r's gradient lands on row r's own fp32 bytes, so rows
- * never meet.  Columns [vv, ld) get 0. */
+ * dld = ld * sizeof(ce_lt) / sizeof(mgc_t)): row r's gradient lands on row r's own bytes, so
+ * rows never meet.  Columns [vv, ld) get 0. */
 extern "C" __global__ void __launch_bounds__(256)
-    MGC_ENTRY_NAME(mgc_t *dlogits, const float *logits, const float *__restrict__ lse,
+    MGC_ENTRY_NAME(mgc_t *dlogits, const ce_lt *logits, const float *__restrict__ lse,
                    const i64 *__restrict__ labels, const float *__restrict__ mask,
                    const float *__restrict__ loss, double dloss, i64 v0, i64 vv, i64 ld,
                    i64 dld) {
@@ -244,32 +292,45 @@ extern "C" __global__ void __launch_bounds__(256)
 
 #if defined(MGC_ENTRY_ce_fused)
 /* grid n (one block per row), block 512, smem 0 (static 128 B).  v0 = 0 (tp = 1).  First
- * ce_rowstats' pass (online max and sum of exp over float4 columns); thread 0 writes mx and
+ * ce_rowstats' pass (online max and sum of exp over 16-byte vectors); thread 0 writes mx and
  * sums (sum exp, the label's logit) for ce_finish; lse = mx + log(sum exp), ce_finish's
  * expression.  Then ce_bwd_row over the row, read again from global memory (much of it from
- * L2).  Every global read of the first pass precedes the block reductions' barriers, so the
- * second pass's in-place writes meet none of them.  (Staging the row in shared memory instead,
- * 1024 threads and one row an SM, measured slower on an H100: bench/results/gpu-h100.md.) */
+ * L2).  Every global read of the first pass precedes the block reductions' barriers, and the
+ * label's logit precedes them or ce_bwd_row's own, so the second pass's in-place writes meet
+ * none of them.  (Staging the
+ * row in shared memory instead, 1024 threads and one row an SM, measured slower on an H100:
+ * bench/results/gpu-h100.md.) */
 extern "C" __global__ void __launch_bounds__(512)
-    MGC_ENTRY_NAME(mgc_t *dlogits, const float *logits, float *__restrict__ mx,
+    MGC_ENTRY_NAME(mgc_t *dlogits, const ce_lt *logits, float *__restrict__ mx,
                    float *__restrict__ sums, const i64 *__restrict__ labels,
                    const float *__restrict__ mask, const float *__restrict__ loss, double dloss,
                    i64 vv, i64 ld, i64 dld) {
     mgc_pdl_begin();
     __shared__ float sh[32];
     i64 r = blockIdx.x;
-    const float *l = logits + r * ld;
-    const float4 *l4 = (const float4 *)l;
-    const i64 n4 = (ld & 3) == 0 && mgc_al16(logits) ? vv >> 2 : 0; /* float4 columns */
+    const ce_lt *l = logits + r * ld;
+    const i64 nv = ce_nvec(logits, vv, ld);
     const int tid = threadIdx.x, bd = blockDim.x;
-    float s;
-    float m = ce_online_max(s, l, l4, n4, vv, tid, bd, sh);
-    s = mgc_block_sum(s, sh); /* its barriers: every global read of the row done */
+    /* the label's logit: read before the barriers where ce_bwd_row has none (the gradient's
+     * type is the logits'), else after them, as ce_bwd_row's own barrier orders it */
+#if CE_SAME
     const i64 id = labels[r];
+    const float tgt = tid == 0 && id >= 0 && id < vv ? ce_ld(l, id) : 0.0f;
+#endif
+    float s;
+    float m = ce_online_max(s, l, nv, vv, tid, bd, sh);
+    s = mgc_block_sum(s, sh); /* its barriers: every global read of the row done */
+#if !CE_SAME
+    const i64 id = labels[r];
+#endif
     if (tid == 0) {
         mx[r] = m;
         sums[2 * r] = s;
-        sums[2 * r + 1] = (id >= 0 && id < vv) ? l[id] : 0.0f;
+#if CE_SAME
+        sums[2 * r + 1] = tgt;
+#else
+        sums[2 * r + 1] = (id >= 0 && id < vv) ? ce_ld(l, id) : 0.0f;
+#endif
     }
     const float ls = m + logf(s);
     bool vec = (ld & 7) == 0 && (dld & 7) == 0 && mgc_al16(logits) && mgc_al16(dlogits);

@@ -74,6 +74,17 @@ static int want(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t,
                          mgc_dtype_name((mgc_dtype)t->dtype), mgc_dtype_name((mgc_dtype)dt));
 }
 
+/* The cross-entropy's logits: fp32, or 16-bit (training.logits_dtype compute) in the type of
+ * their gradient `gdt` (0: any 16-bit type, the forward's phases). */
+static int want_logits(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t, int gdt) {
+    int half = t->dtype == MGC_DT_BF16 || t->dtype == MGC_DT_F16;
+    if (t->dtype == MGC_DT_F32 || (half && (gdt == 0 || gdt == t->dtype))) return 0;
+    return mgc_cuda_fail(be, "%s '%s': the logits are %s, the CUDA kernel takes fp32 or %s",
+                         mgc_plan_op_name((mgc_plan_op_kind)c->op->kind), opname(c),
+                         mgc_dtype_name((mgc_dtype)t->dtype),
+                         gdt ? mgc_dtype_name((mgc_dtype)gdt) : "bf16 or fp16");
+}
+
 /* The compute dtype of an op: its main activation's, fp32, bf16 or fp16 only. */
 static int act_dtype(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t, int *dt) {
     if (mgc_kspec_storage(t->dtype) < 0)
@@ -615,7 +626,6 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
          * place), lse, loss[2].  ce_fused, then ce_finish over its mx and sums. */
         const mgc_plan_tensor *lab = tin(c, 1);
         int64_t n = numel(lab);
-        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
         CHECK(want(be, c, lab, I64, "the labels"));
         CHECK(want(be, c, tin(c, 2), F32, "the loss mask"));
         CHECK(want(be, c, tin(c, 3), F32, "the count"));
@@ -623,6 +633,7 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
         CHECK(want(be, c, tout(c, 2), F32, "the loss"));
         int gdt = MGC_DT_F32;
         CHECK(act_dtype(be, c, tout(c, 0), &gdt));
+        CHECK(want_logits(be, c, tin(c, 0), gdt));
         CHECK(get_specs(be, c, k, 2));
         int64_t dld = mgc_plan_tensor_ld(tout(c, 0));
         if (dld < ld || v0 != 0 || ((op->flags & MGC_POF_INPLACE) && c->out[0] != c->in[0]))
@@ -648,16 +659,16 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
         /* in: logits, lse, labels, mask, loss; out: dlogits */
         const mgc_plan_tensor *lab = tin(c, 2);
         int64_t n = numel(lab);
-        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
         CHECK(want(be, c, tin(c, 1), F32, "lse"));
         CHECK(want(be, c, lab, I64, "the labels"));
         CHECK(want(be, c, tin(c, 3), F32, "the loss mask"));
         CHECK(want(be, c, tin(c, 4), F32, "the loss"));
         int gdt = MGC_DT_F32;
         CHECK(act_dtype(be, c, tout(c, 0), &gdt)); /* the compute dtype */
+        CHECK(want_logits(be, c, tin(c, 0), gdt));
         CHECK(get_specs(be, c, k, 1));
         /* in place (MGC_POF_INPLACE): each row of the gradient over its own fp32 row, at a row
-         * pitch of dld elements (2 V_l for a 16-bit gradient, plan.h) */
+         * pitch of dld elements (2 V_l for a 16-bit gradient over fp32 logits, plan.h) */
         int64_t dld = mgc_plan_tensor_ld(tout(c, 0));
         if (dld < ld || ((op->flags & MGC_POF_INPLACE) && c->out[0] != c->in[0]))
             return mgc_cuda_fail(be,
@@ -675,7 +686,7 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
     switch (op->iattr[0]) {
     case 0: { /* in: logits; out: row max */
         int64_t n = numel(tout(c, 0));
-        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want_logits(be, c, tin(c, 0), 0));
         CHECK(want(be, c, tout(c, 0), F32, "the row max"));
         CHECK(get_specs(be, c, k, 1));
         if (n == 0) return 0;
@@ -685,7 +696,7 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
     }
     case 1: { /* in: logits, max, labels; out: (n, 2) = (sum exp, target logit) */
         int64_t n = numel(tin(c, 2));
-        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want_logits(be, c, tin(c, 0), 0));
         CHECK(want(be, c, tin(c, 1), F32, "the row max"));
         CHECK(want(be, c, tin(c, 2), I64, "the labels"));
         CHECK(want(be, c, tout(c, 0), F32, "the sums"));
@@ -722,7 +733,7 @@ static int op_cross_entropy(mgc_backend *be, const mgc_op_call *c) {
     }
     default: { /* 3 fused (tp = 1); in: logits, labels, mask; out: lse, loss[2] */
         int64_t n = numel(tin(c, 1)), z = 0;
-        CHECK(want(be, c, tin(c, 0), F32, "the logits"));
+        CHECK(want_logits(be, c, tin(c, 0), 0));
         CHECK(want(be, c, tin(c, 1), I64, "the labels"));
         void *mk = NULL;
         if (op->n_in > 2) {

@@ -18,7 +18,7 @@
 #include "rng.h"
 
 #define LIN_TIED     1
-#define LIN_FP32_OUT 2
+#define LIN_VOCAB    2
 #define PCOLL_MAX      1
 #define PCOLL_VARIABLE 16
 
@@ -856,7 +856,7 @@ static void mark_param_uses(mgc_exec *x, int c, uint8_t *glu, uint8_t *vocab, ui
     /* the output layer's GEMM runs in the backward with loss chunks (compiler/losschunk.h) */
     for (int64_t i = 0; i < ch->n_bwd; i++) {
         const mgc_plan_op *op = &ch->bwd[i];
-        if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & (LIN_TIED | LIN_FP32_OUT))) {
+        if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & (LIN_TIED | LIN_VOCAB))) {
             vocab[op->in[1]] = 1;
             if (op->iattr[3] & LIN_TIED) tied[op->in[1]] = 1;
         }
@@ -865,7 +865,7 @@ static void mark_param_uses(mgc_exec *x, int c, uint8_t *glu, uint8_t *vocab, ui
         const mgc_plan_op *op = &ch->fwd[i];
         if ((op->kind == MGC_POP_EMBEDDING || op->kind == MGC_POP_EMBEDDING_NORM) && op->n_in > 1)
             vocab[op->in[1]] = 1;
-        if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & (LIN_TIED | LIN_FP32_OUT))) {
+        if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & (LIN_TIED | LIN_VOCAB))) {
             vocab[op->in[1]] = 1;
             if (op->iattr[3] & LIN_TIED) tied[op->in[1]] = 1;
         }

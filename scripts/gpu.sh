@@ -16,7 +16,9 @@
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
 #                                             fused embedding + norm (-embedding_norm) and
-#                                             with MGC_GRAD_FRESH=0,
+#                                             with MGC_GRAD_FRESH=0, both with bf16 logits
+#                                             (training.logits_dtype=compute; their
+#                                             cross-entropy kernels under ncu too),
 #                                             MGC_PDL=1, MGC_ZERO_BESIDE=1 (the same bits
 #                                             checked) and a GEMM
 #                                             tuning file made by
@@ -88,12 +90,15 @@ if has quick; then
     # The plans of bench/bench_gpu.sh's rows (20 steps: their losses compare bit for bit with
     # that script's .jsonl of an earlier commit when no kernel's arithmetic changed)
     Q=$OUT/quick.txt
-    qplan() { # model mbs plan [MGC_FUSION]
-        MGC_FUSION="${4:-1}" build-gpu/compiler/mgc compile models/$1.yaml --set parallel.world_size=1 --set parallel.tensor=1 \
+    qplan() { # model mbs plan [MGC_FUSION [--set KEY=VALUE ...]]
+        m=$1 mb=$2 pl=$3 fu=${4:-1}
+        shift 3; [ $# -gt 0 ] && shift
+        # shellcheck disable=SC2068
+        MGC_FUSION="$fu" build-gpu/compiler/mgc compile models/$m.yaml $@ --set parallel.world_size=1 --set parallel.tensor=1 \
             --set parallel.pipeline=1 --set parallel.data=1 --set parallel.context=1 \
-            --set training.precision=bf16 --set training.recompute=none --set training.micro_batch_size=$2 \
-            --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.global_batch_size=$2 \
-            --set hardware.cuda_archs=[90] -o "$3" >>"$Q" 2>&1
+            --set training.precision=bf16 --set training.recompute=none --set training.micro_batch_size=$mb \
+            --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.global_batch_size=$mb \
+            --set hardware.cuda_archs=[90] -o "$pl" >>"$Q" 2>&1
     }
     qrun() { # label plan [env]: 20 steps, the median of steps 9-20 and every step's loss and norm
         label=$1 plan=$2
@@ -143,6 +148,12 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_PDL=1"
     qrun "gpt2-1.5b MGC_ZERO_BESIDE=1" build-gpu/q15.plan MGC_ZERO_BESIDE=1
     samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_ZERO_BESIDE=1"
+    # the logits in bf16 (training.logits_dtype compute): half the head's logit bytes, one loss
+    # chunk at 124M where fp32 takes two; the losses within bf16 rounding of the defaults'
+    qplan gpt2-124m 8 build-gpu/q124lc.plan 1 --set training.logits_dtype=compute &&
+        qplan gpt2-1.5b 4 build-gpu/q15lc.plan 1 --set training.logits_dtype=compute || rc=1
+    qrun "gpt2-124m training.logits_dtype=compute" build-gpu/q124lc.plan
+    qrun "gpt2-1.5b training.logits_dtype=compute" build-gpu/q15lc.plan
     # GEMM tuning: cuBLASLt's candidates timed in two steps of each plan (MGC_GEMM_TUNE), then
     # 20 steps with the file (twice for 124M: the same bits)
     for m in q124 q15; do
@@ -184,6 +195,12 @@ for model in dict.fromkeys(r[0] for r in runs):
     python3 bench/ncu_table.py --curve build-gpu/q-curve.csv build-gpu/q-ncu.csv "$copy" >"$OUT/kern-quick.md" 2>&1 ||
         { tail -n 5 build-gpu/q-curve.err; python3 bench/ncu_table.py build-gpu/q-ncu.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     cat "$OUT/kern-quick.md"
+    # the cross-entropy kernels over bf16 logits (cross_entropy.cuh LT)
+    timeout 60 "$NCU" --clock-control none --csv --kernel-name "regex:ce_" --metrics $NCUM \
+        build-gpu/runtime/mgc-run build-gpu/q124lc.plan --backend cuda --iterations 1 -q \
+        >build-gpu/q-ncu-lc.csv 2>build-gpu/q-ncu-lc.err || rc=1
+    { echo; echo "### training.logits_dtype=compute: the cross-entropy kernels"; echo
+      python3 bench/ncu_table.py build-gpu/q-ncu-lc.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     for a in "768 12 12 3072 8" "1600 48 25 6400 4"; do
         set -- $a
         python3 bench/torch_gpt_gpu.py --hidden $1 --layers $2 --heads $3 --ffn $4 --mbs $5 --sdpa 2>&1 | tail -n 1 | tee -a "$Q"

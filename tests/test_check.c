@@ -681,6 +681,22 @@ static void test_locations(void) {
     T_CHECK(has(&d, MGC_SEV_WARNING, 9, 26, "microbatch_group_size has no effect"));
     T_EQ_I64(c->parallel.microbatch_group_size, 4); /* given: kept */
     done(c, &d);
+
+    /* 16-bit logits in an fp32 plan: fp32 either way; in bf16 no warning */
+    for (int prec = 0; prec < 2; prec++) {
+        c = load(prec ? MODEL_32L "training:\n"            /* 7 */
+                        "  precision: bf16\n"              /* 8 */
+                        "  logits_dtype: compute\n"        /* 9:17 */
+                      : MODEL_32L "training:\n"
+                        "  precision: fp32\n"
+                        "  logits_dtype: compute\n",
+                 &d);
+        T_CHECK(clean(&d));
+        if (prec) T_EQ_I64(d.warnings, 0);
+        else T_CHECK(has(&d, MGC_SEV_WARNING, 9, 17, "training.logits_dtype compute has no effect"));
+        T_EQ_I64(c->training.logits_dtype, MGC_LOGITS_DT_COMPUTE);
+        done(c, &d);
+    }
 }
 
 int main(void) {

@@ -252,9 +252,11 @@ static const mgc_plan_op *bwd_op_copy(const mgc_plan_chunk *ch0, int kind, int n
  * 25 steps, the later ones writing over columns earlier steps read), an odd one (5,003: the
  * element-by-element path), one step exactly and a few columns, in the three precisions, in
  * place and into a separate poisoned tensor, against a double-precision reference per
- * element: within the storage type's rounding, padding columns exactly 0. */
+ * element: within the storage type's rounding, padding columns exactly 0.  In the 16-bit
+ * plans also with the logits in the gradient's type (training.logits_dtype compute: dense, in
+ * place column over column, the kernels' LT), the reference computed from the rounded logits. */
 
-static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int inplace) {
+static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int inplace, int lt16) {
     const mgc_stage_program *sp = &p->stages[p->n_stages - 1];
     /* the chunk with this op's tensors resized: n rows of Vp columns */
     mgc_plan_chunk ch;
@@ -273,11 +275,17 @@ static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int in
     if (!inplace) op.flags &= (uint16_t)~MGC_POF_INPLACE;
     mgc_plan_tensor *x = &tv[op.in[0]], *y = &tv[op.out[0]];
     size_t ys = mgc_dtype_size((mgc_dtype)y->dtype);
+    if (lt16 && ys == 4) {
+        free(tv);
+        return;
+    }
+    if (lt16) x->dtype = y->dtype;
+    size_t xs = mgc_dtype_size((mgc_dtype)x->dtype);
     x->rank = y->rank = 2;
     x->dim[0] = y->dim[0] = n;
     x->dim[1] = y->dim[1] = Vp;
-    x->bytes = (uint64_t)(n * Vp) * 4;
-    y->ld = inplace && ys < 4 ? (uint32_t)(Vp * (int64_t)(4 / ys)) : 0;
+    x->bytes = (uint64_t)(n * Vp) * xs;
+    y->ld = inplace && ys < xs ? (uint32_t)(Vp * (int64_t)(xs / ys)) : 0;
     y->bytes = inplace ? x->bytes : (uint64_t)(n * Vp) * ys;
     for (int k = 1; k < 4; k++) {
         tv[op.in[k]].rank = 1;
@@ -290,10 +298,17 @@ static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int in
     void *h = malloc(y->bytes > x->bytes ? y->bytes : x->bytes);
     void *dx = NULL, *dy = NULL, *dl = NULL, *dlab = NULL, *dm = NULL, *dloss = NULL;
     int ok = lg && lse && h;
+    uint16_t *lg16 = lt16 && lg ? malloc((size_t)(n * Vp) * 2) : NULL;
+    ok = ok && (!lt16 || lg16);
     for (int64_t r = 0; ok && r < n; r++) {
         double mx = -1e300, se = 0;
         for (int64_t c = 0; c < Vp; c++) {
-            lg[r * Vp + c] = ofloat(6.0);
+            float v = ofloat(6.0);
+            if (lt16) { /* the logit as stored, and its value */
+                lg16[r * Vp + c] = x->dtype == MGC_DT_BF16 ? mgc_f32_to_bf16(v) : mgc_f32_to_f16(v);
+                v = x->dtype == MGC_DT_BF16 ? mgc_bf16_to_f32(lg16[r * Vp + c]) : mgc_f16_to_f32(lg16[r * Vp + c]);
+            }
+            lg[r * Vp + c] = v;
             if (c < vocab && lg[r * Vp + c] > mx) mx = lg[r * Vp + c];
         }
         for (int64_t c = 0; c < vocab; c++)
@@ -312,7 +327,7 @@ static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int in
         memset(h, 0xff, y->bytes); /* poison: NaN in every float format */
         ok = !be->iface->upload(be, dy, h, y->bytes);
     }
-    ok = ok && !be->iface->upload(be, dx, lg, x->bytes) &&
+    ok = ok && !be->iface->upload(be, dx, lt16 ? (void *)lg16 : (void *)lg, x->bytes) &&
          !be->iface->upload(be, dl, lse, (size_t)n * 4) &&
          !be->iface->upload(be, dlab, lab, (size_t)n * 8) &&
          !be->iface->upload(be, dm, mask, (size_t)n * 4) && !be->iface->upload(be, dloss, loss, 8);
@@ -356,14 +371,14 @@ static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int in
             if (fabs(ref) >= 1e-4 && e / fabs(ref) > worst) worst = e / fabs(ref); /* normal */
         }
     T_EQ_I64(bad, 0);
-    printf("cross_entropy_bwd %s V %lld %s: %s (worst %.2e of the value)\n",
-           mgc_dtype_name((mgc_dtype)y->dtype), (long long)Vp,
-           inplace ? "in place, row pitch" : "separate, poisoned", bad ? "DIFFERS" : "within rounding",
-           worst);
+    printf("cross_entropy_bwd %s V %lld, %s logits, %s: %s (worst %.2e of the value)\n",
+           mgc_dtype_name((mgc_dtype)y->dtype), (long long)Vp, mgc_dtype_name((mgc_dtype)x->dtype),
+           !inplace ? "separate, poisoned" : y->ld ? "in place, row pitch" : "in place",
+           bad ? "DIFFERS" : "within rounding", worst);
     void *all[] = {dx, dy, dl, dlab, dm, dloss};
     for (int k = 0; k < 6; k++)
         if (all[k]) be->iface->arena_free(be, all[k]);
-    free(lg), free(lse), free(h), free(tv);
+    free(lg), free(lg16), free(lse), free(h), free(tv);
 }
 
 /* fn on tiny GPT's plan in each of the n precisions, bound on the GPU to an arena of its last
@@ -398,7 +413,8 @@ static void ce_cases(mgc_backend *be, const mgc_plan *p) {
     static const int64_t V[4] = {50304, 5003, 2048, 8};
     for (int v = 0; v < 4; v++)
         for (int inplace = 1; inplace >= 0; inplace--)
-            check_ce_case(be, p, V[v], inplace);
+            for (int lt16 = 0; lt16 < 2; lt16++)
+                check_ce_case(be, p, V[v], inplace, lt16);
 }
 
 static void check_ce_inplace(void) {
@@ -1753,6 +1769,29 @@ static void check_chunks(int all) {
     unsetenv("MGC_CE_FUSE");
 }
 
+/* ---- 2e. logits in the compute dtype (training.logits_dtype compute) -------------------
+ * The output layer's GEMM writes 16-bit logits and the cross-entropy kernels read them (LT):
+ * the fused backward of three loss chunks, over a vocabulary that is no multiple of 8 (60,000:
+ * the element-by-element tail) in two; the unchunked forward and backward at tp 1, and
+ * trained against the CPU (whose plan has fp32 logits: the 16-bit logits' rounding is within
+ * the 16-bit tolerances); the vocabulary-parallel phases (ce_max, ce_sums) over tp2 with
+ * sequence parallelism.  CI's emulator run (ci2) takes the first and the last. */
+static void check_logits(int all) {
+    static const char *const lc3[] = {"training.logits_dtype=compute", "training.loss_chunks=3", NULL};
+    static const char *const tp2[] = {"parallel.world_size=2", "parallel.tensor=2",
+                                      "parallel.sequence_parallel=true",
+                                      "training.logits_dtype=compute", NULL};
+    check_ops("examples/tiny-gpt.yaml", lc3);
+    check_layout("examples/tiny-gpt.yaml", "bf16", tp2, 3e-2, 0);
+    if (!all) return;
+    static const char *const wide[] = {"training.logits_dtype=compute", "training.loss_chunks=2",
+                                       "model.vocab_size=60000", NULL};
+    static const char *const lc[] = {"training.logits_dtype=compute", NULL};
+    check_ops("examples/tiny-gpt.yaml", wide);
+    check_ops("examples/tiny-gpt.yaml", lc);
+    check_training("examples/tiny-gpt.yaml", lc);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--emu")) {
         emu = 1, steps = EMU_STEPS;
@@ -1802,6 +1841,7 @@ int main(int argc, char **argv) {
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "pdl"))) check_pdl();
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "tune"))) check_tune();
     if (!only || !strcmp(only, "chunks")) check_chunks(1);
+    if (!only || ci2 || !strcmp(only, "logits")) check_logits(!ci2);
     if (only && !strcmp(only, "fresh")) {
         /* the gradients' first writes (check_layout: MGC_GRAD_FRESH=0 gives the same bits)
          * where chunks' first backwards come at different places of the schedule: interleaved

@@ -223,6 +223,11 @@ int main(void) {
     static const char *const nodrop = "model.hidden_dropout=0 model.attention_dropout=0";
     check_file("models/gpt2-124m.yaml", "bf16", nodrop);
     check_file("models/gpt2-1.5b.yaml", "bf16", nodrop);
+    /* 16-bit logits (training.logits_dtype compute: the cross-entropy kernels' LT), in each
+     * 16-bit precision: the loss chunks' fused pass, and at tp 2 the vocabulary-parallel
+     * phases */
+    check_file("models/gpt2-124m.yaml", "bf16", "training.logits_dtype=compute");
+    check_file("models/gpt2-124m.yaml", "fp16", "training.logits_dtype=compute parallel.tensor=2");
     /* the attention kernels with documents (DOCS: data.reset_attention_mask), which no model
      * file uses: SIMT at head dim 16, tensor cores at 16, 64 and 128 */
     const char *docs = "data.reset_attention_mask=true";

@@ -537,6 +537,48 @@ static void test_router_dtype(void) {
     }
 }
 
+/* training.logits_dtype: the output layer's GEMM writes fp32 logits by default and bf16 ones
+ * with compute, flagged as the output layer (iattr[3] bit 2) either way; every cross-entropy
+ * phase that reads them (tp 2: max and sums; tp 1: the fused phase) and the backward take that
+ * dtype, and the backward's gradient is bf16 both ways. */
+static void test_logits_dtype(void) {
+    for (int tp = 1; tp <= 2; tp++)
+        for (int lc = 0; lc < 2; lc++) {
+            const char *sets[] = {"training.precision=bf16", tp == 2 ? "parallel.tensor=2" : "parallel.tensor=1",
+                                  tp == 2 ? "parallel.world_size=2" : "parallel.world_size=1",
+                                  lc ? "training.logits_dtype=compute" : NULL, NULL};
+            built b = build(GPT, sets);
+            T_CHECK(b.ok);
+            if (!b.ok) continue;
+            const mgc_plan_chunk *ch = &b.ch[0][0];
+            int want = lc ? MGC_DT_BF16 : MGC_DT_F32, heads = 0, reads = 0, bwds = 0;
+            int32_t logits = -1;
+            for (int64_t i = 0; i < ch->n_fwd; i++) {
+                const mgc_plan_op *op = &ch->fwd[i];
+                if (op->kind == MGC_POP_LINEAR && (op->iattr[3] & 2)) {
+                    heads++;
+                    logits = op->out[0];
+                    T_EQ_I64(ch->tensors[logits].dtype, want);
+                }
+                if (op->kind == MGC_POP_CROSS_ENTROPY && op->in[0] == logits) {
+                    reads++;
+                    T_CHECK(op->iattr[0] == (tp == 1 ? 3 : reads - 1));
+                }
+            }
+            for (int64_t i = 0; i < ch->n_bwd; i++) {
+                const mgc_plan_op *op = &ch->bwd[i];
+                if (op->kind != MGC_POP_CROSS_ENTROPY_BWD) continue;
+                bwds++;
+                T_EQ_I64(ch->tensors[op->in[0]].dtype, want);
+                T_EQ_I64(ch->tensors[op->out[0]].dtype, MGC_DT_BF16);
+            }
+            T_EQ_I64(heads, 1);
+            T_EQ_I64(reads, tp == 1 ? 1 : 2);
+            T_EQ_I64(bwds, 1);
+            built_free(&b);
+        }
+}
+
 static void test_tiny_everything(void) {
     const char *sets[] = {"parallel.tensor=2",
                           "parallel.sequence_parallel=true",
@@ -639,6 +681,7 @@ int main(void) {
     test_collectives();
     test_moe();
     test_router_dtype();
+    test_logits_dtype();
     test_tiny_everything();
     test_empty_stage();
     test_bad_grid();
