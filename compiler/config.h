@@ -286,7 +286,7 @@ typedef struct mgc_blend {
       "Row chunks of the output layer and cross-entropy, each run with its backward at the start of the backward pass, so one chunk's logits exist at a time; each chunk must hold a multiple of 64 rows (sequence positions x micro batch); 0: the fewest chunks of at most 1 GiB of logits, 1: none.") \
     X(TRAIN_LOGITS_DTYPE, "training.logits_dtype", ENUM, training.logits_dtype, MGC_LOGITS_DT_FP32, 0, 0,   \
       mgc_enum_logits_dtype, 0, NULL,                                                                       \
-      "The output layer's logits, which the cross-entropy reads: fp32 from the 16-bit GEMM (no rounding of them; twice the bytes), or in the compute dtype (training.precision), as Megatron and PyTorch's autocast keep them; the cross-entropy computes in fp32 either way.") \
+      "The output layer's logits, which the cross-entropy reads: fp32 from the 16-bit GEMM (no rounding of them; twice the bytes), or in the compute dtype (training.precision), as Megatron and PyTorch's autocast keep them (fp16 logits must stay below 65504); the cross-entropy computes in fp32 either way.") \
     X(TRAIN_ITERS, "training.iterations", INT, training.iterations, 1000, 1, 1125899906842624.0, NULL, 0,    \
       NULL, "Optimizer steps to train.")                                                                     \
     X(TRAIN_SEED, "training.seed", INT, training.seed, 1234, 0, MGC_I64_MAX_EXACT, NULL, 0, NULL,            \
