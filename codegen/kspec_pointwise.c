@@ -240,24 +240,27 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
 }
 
 /* The optimizer's kernels, always in this order (the launcher indexes them):
- *   0 sumsq_partial, 1 sumsq_final, 2 adamw.
+ *   0 sumsq_partial, 1 sumsq_final, 2 adamw, 3 zero_list (the step's zeroing of the gradients,
+ *   runtime/exec.c: the sum of squares' table).
  * Sum of squares and AdamW take tables of tensors (optim.cuh): their constants CHUNK, SQ_LIST
  * and AW_LIST are kspec.h's.
  * They work on fp32 arrays whatever the compute dtype, so their storage dtype is fp32. AdamW's
  * 16-bit copy-out writes bf16 bits, or fp16 bits for fp16 weights: then AdamW has the constant
  * COPY = 2 (fp32 and bf16 plans share one set). */
 int mgc_kspecs_optimizer(int dtype, mgc_kspec *out, int max) {
-    static const char *const entries[] = {"sumsq_partial", "sumsq_final", "adamw"};
-    if (max < 3) return -1;
-    for (int i = 0; i < 3; i++)
+    static const char *const entries[] = {"sumsq_partial", "sumsq_final", "adamw", "zero_list"};
+    if (max < 4) return -1;
+    for (int i = 0; i < 4; i++)
         mgc_kspec_init(&out[i], "optim.cuh", entries[i], MGC_DT_F32);
     /* the multi-tensor tables' geometry (optim.cuh; runtime/cuda_ops_pointwise.c mirrors it) */
     mgc_kspec_const(mgc_kspec_const(&out[0], "CHUNK", MGC_KSPEC_OPT_CHUNK), "SQ_LIST",
                     MGC_KSPEC_SQ_LIST);
     mgc_kspec_const(mgc_kspec_const(&out[2], "CHUNK", MGC_KSPEC_OPT_CHUNK), "AW_LIST",
                     MGC_KSPEC_AW_LIST);
+    mgc_kspec_const(mgc_kspec_const(&out[3], "CHUNK", MGC_KSPEC_OPT_CHUNK), "SQ_LIST",
+                    MGC_KSPEC_SQ_LIST);
     if (dtype == MGC_DT_F16) mgc_kspec_const(&out[2], "COPY", 2);
-    return 3;
+    return 4;
 }
 
 void mgc_kspec_fold(int dtype, mgc_kspec *out) {

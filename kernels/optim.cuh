@@ -18,7 +18,10 @@
  *                  one launch pair per table, accumulated in table order
  *   adamw          mgc_cpu_adamw's fp64 math, bit for bit (no contraction: explicit _rn
  *                  intrinsics), with an optional 16-bit copy of the updated weights, rounded
- *                  to nearest even (fp16: overflow to infinity) */
+ *                  to nearest even (fp16: overflow to infinity)
+ *   zero_list      the step's zeroing of the gradients that their first writes do not store
+ *                  (runtime/exec.c, "gradients' first writes"): a sum-of-squares table's
+ *                  ranges set to +0 */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
@@ -71,6 +74,32 @@ struct mgc_aw_list {
     double wd[MGC_AW_LIST];            /* weight decay of that tensor (0: none) */
     i64 c0[MGC_AW_LIST + 1];
 };
+
+/* zero_list's table: sumsq's layout, the pointers writable */
+struct mgc_zl_list {
+    float *p[MGC_SQ_LIST];
+    i64 n[MGC_SQ_LIST];
+    i64 c0[MGC_SQ_LIST + 1];
+};
+
+#if defined(MGC_ENTRY_zero_list)
+/* grid: any (the launcher's min(chunks, SUMSQ_NB)), block 256, smem 0.  Block b zeroes chunks
+ * b, b + gridDim.x, ...: a chunk's elements by the block's threads, consecutive threads on
+ * consecutive elements. */
+extern "C" __global__ void __launch_bounds__(256)
+    MGC_ENTRY_NAME(const __grid_constant__ mgc_zl_list L, int count) {
+    mgc_pdl_begin();
+    const i64 total = L.c0[count];
+    int t = 0;
+    for (i64 c = blockIdx.x; c < total; c += gridDim.x) {
+        while (L.c0[t + 1] <= c) t++;
+        const i64 off = (c - L.c0[t]) * MGC_CHUNK, rest = L.n[t] - off;
+        const int len = rest < MGC_CHUNK ? (int)rest : MGC_CHUNK;
+        float *g = L.p[t] + off;
+        for (int i = threadIdx.x; i < len; i += 256) g[i] = 0.0f;
+    }
+}
+#endif
 
 #if defined(MGC_ENTRY_sumsq_partial)
 /* grid nb = min(c0[count], SUMSQ_NB): a function of the tensors' sizes only (never the SM

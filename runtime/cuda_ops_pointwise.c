@@ -788,7 +788,7 @@ int mgc_cuda_ops_pointwise(mgc_backend *be, const mgc_op_call *c) {
 
 /* ---- the optimizer ----------------------------------------------------------------------- */
 
-enum { OPT_SUMSQ_PARTIAL, OPT_SUMSQ_FINAL, OPT_ADAMW, OPT__N };
+enum { OPT_SUMSQ_PARTIAL, OPT_SUMSQ_FINAL, OPT_ADAMW, OPT_ZERO_LIST, OPT__N };
 
 /* the optimizer's specs for weights of dtype `w` (the 16-bit copy-out's type) */
 static int opt_specs(mgc_backend *be, mgc_kspec *k, int w) {
@@ -860,6 +860,38 @@ int mgc_cuda_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int
         return 0;
     }
     return be->iface->download(be, out, res, sizeof *out);
+}
+
+/* backend.h zero_list: the ranges in sum-of-squares tables (optim.cuh zero_list), a launch a
+ * table; base and bytes are the emulator's (it poisons them first). */
+int mgc_cuda_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p, const int64_t *n,
+                       int64_t count) {
+    (void)base, (void)bytes;
+    mgc_kspec k[OPT__N];
+    CHECK(opt_specs(be, k, MGC_DT_F32));
+    for (int64_t at = 0; at < count;) {
+        sq_list L;
+        memset(&L, 0, sizeof L);
+        int cnt = 0;
+        for (; at < count && cnt < SQ_LIST; at++, cnt++) {
+            L.g[cnt] = p[at];
+            L.n[cnt] = n[at] > 0 ? n[at] : 0;
+            L.c0[cnt + 1] = L.c0[cnt] + chunks_of(n[at]);
+        }
+        int64_t total = L.c0[cnt];
+        if (total == 0) continue;
+        int nb = total < SUMSQ_NB ? (int)total : SUMSQ_NB;
+        void *a[] = {&L, &cnt};
+        CHECK(mgc_cuda_launch(be, &k[OPT_ZERO_LIST], (unsigned)nb, 1, 1, 256, 0, a));
+    }
+    return 0;
+}
+
+/* backend.h stores_fresh: linear_wgrad's dW (cuda_ops_linear.c: its GEMM at beta 0, which
+ * reads no C; every row of it written).  Its bias gradient may go through kernels that add. */
+int mgc_cuda_stores_fresh(mgc_backend *be, const mgc_plan_op *op, int k) {
+    (void)be;
+    return op->kind == MGC_POP_LINEAR_WGRAD && k == 0;
 }
 
 /* AdamW in tables of up to AW_LIST tensors: a launch a table (element-wise, so any grid gives

@@ -228,6 +228,15 @@ static int emu_zero_fence(mgc_backend *be) {
     c->zdst = NULL, c->zbytes = 0;
     return 0;
 }
+/* backend.h zero_list: the gradients the step's first writes store hold NaN (0xff) before
+ * them, as a GPU's memory may hold anything, so a write that reads its output, or leaves part
+ * of it, makes NaNs the tests' comparisons with the CPU catch; the ranges are zeroed by the
+ * CUDA backend's kernel. */
+static int emu_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p, const int64_t *n,
+                         int64_t count) {
+    if (bytes) memset(base, 0xff, bytes);
+    return mgc_cuda_zero_list(be, base, bytes, p, n, count);
+}
 static int emu_sync(mgc_backend *be) {
     (void)be;
     return 0;
@@ -341,6 +350,8 @@ static const mgc_backend_iface emu_iface = {
     .p2p_fence = emu_p2p_wait,
     .zero_beside = emu_zero_beside,
     .zero_fence = emu_zero_fence,
+    .stores_fresh = mgc_cuda_stores_fresh,
+    .zero_list = emu_zero_list,
     .fold = mgc_cuda_fold,
     .time_mark = emu_time_mark,
     .time_between = emu_time_between,

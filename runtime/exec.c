@@ -152,6 +152,13 @@ struct mgc_exec {
     uint32_t **fresh;          /* (n_chunks) NULL, or (n_bwd) each backward op's outputs that are
                                   gradients no earlier op writes (mgc_op_call.fresh) in the
                                   chunk's first backward of a step; setup_fresh */
+    int64_t n_zl;              /* the step's zeroing: -1 the whole gradient buffer, else these
+                                  n_zl ranges of it, which the first writes do not store
+                                  (setup_zero_list) */
+    uint64_t *zl_off;          /* (n_zl) their byte offsets in the gradient buffer */
+    int64_t *zl_len;           /* (n_zl) their fp32 elements */
+    float **zl_p;              /* (n_zl) their addresses, set each step */
+    uint64_t zl_bytes;         /* the bytes a step zeroes */
     int32_t *ready_op;         /* (n_buckets) the bucket is final after this op of its chunk's
                                   last backward (-1: before the first); INT32_MIN: at its
                                   REDUCE_GRADS only */
@@ -164,6 +171,7 @@ static void reducer_stop(mgc_exec *x);
 static int64_t reducer_staged(mgc_exec *x);
 static int setup_overlap(mgc_exec *x);
 static int setup_fresh(mgc_exec *x);
+static int setup_zero_list(mgc_exec *x);
 static int fwd_writes_grads(const mgc_exec *x, int c);
 static int overlapping(const mgc_exec *x);
 static int hand_over(mgc_exec *x, int c, int32_t op);
@@ -212,6 +220,9 @@ int64_t mgc_exec_rank(const mgc_exec *x) {
 }
 int64_t mgc_exec_param_count(const mgc_exec *x) {
     return x->n_params;
+}
+uint64_t mgc_exec_zeroed_bytes(const mgc_exec *x) {
+    return x->zl_bytes;
 }
 const mgc_exec_param *mgc_exec_param_at(const mgc_exec *x, int64_t i) {
     return &x->params[i].pub;
@@ -1210,7 +1221,7 @@ int mgc_exec_open(mgc_exec **out, const mgc_plan *plan, mgc_comm *world, mgc_bac
     x->fg->staged = be->iface->device_memory && plan->grid.world > 1;
     /* sized once: no growth in a step */
     if (x->fg->staged && !stage(x->fg, stage_bytes(x))) goto done;
-    if (setup_overlap(x) || setup_sender(x) || setup_fresh(x)) goto done;
+    if (setup_overlap(x) || setup_sender(x) || setup_fresh(x) || setup_zero_list(x)) goto done;
     rc = 0;
 done:
     if (rc) {
@@ -1232,6 +1243,9 @@ void mgc_exec_free(mgc_exec *x) {
     free(x->first_bwd_mb);
     for (int64_t c = 0; x->fresh && c < x->sp->n_chunks; c++) free(x->fresh[c]);
     free(x->fresh);
+    free(x->zl_off);
+    free(x->zl_len);
+    free(x->zl_p);
     free(x->ready_op);
     free(x->tpend);
     free(x->moe_local);
@@ -2245,6 +2259,71 @@ static int setup_fresh(mgc_exec *x) {
     return rc ? xfail(x, "out of memory") : 0;
 }
 
+/* The step's zeroing of the gradients, where the backend stores some first writes whole
+ * (backend.h stores_fresh, zero_list): only the complement of those outputs' bytes in the
+ * gradient buffer is zeroed, padding between tensors included; the stored ones hold whatever
+ * the last step left until their first write of this step overwrites them without reading
+ * them.  MGC_ZERO_LIST=0 zeroes the whole buffer (as do backends without the two). */
+static int setup_zero_list(mgc_exec *x) {
+    const mgc_stage_program *sp = x->sp;
+    x->n_zl = -1;
+    x->zl_bytes = x->grad_buf >= 0 ? sp->buffers[x->grad_buf].bytes : 0;
+    const char *e = getenv("MGC_ZERO_LIST");
+    if (!x->fresh || x->grad_buf < 0 || !x->be->iface->stores_fresh || !x->be->iface->zero_list ||
+        (e && !strcmp(e, "0")))
+        return 0;
+    const uint64_t B = sp->buffers[x->grad_buf].bytes;
+    int64_t n = 0;
+    for (int64_t c = 0; c < sp->n_chunks; c++)
+        n += x->fresh[c] ? sp->chunks[c].n_bwd : 0;
+    uint64_t *r = malloc((size_t)(2 * (n ? n : 1) * MGC_PLAN_MAX_IO) * sizeof *r);
+    if (!r) return xfail(x, "out of memory");
+    int64_t m = 0; /* stored ranges (offset, end) */
+    for (int64_t c = 0; c < sp->n_chunks; c++) {
+        const mgc_plan_chunk *ch = &sp->chunks[c];
+        for (int64_t i = 0; x->fresh[c] && i < ch->n_bwd; i++)
+            for (int k = 0; k < ch->bwd[i].n_out && k < MGC_PLAN_MAX_IO; k++) {
+                if (!(x->fresh[c][i] >> k & 1u) || !x->be->iface->stores_fresh(x->be, &ch->bwd[i], k))
+                    continue;
+                const mgc_plan_tensor *T = &ch->tensors[ch->bwd[i].out[k]];
+                r[2 * m] = T->offset, r[2 * m + 1] = T->offset + T->bytes;
+                m++;
+            }
+    }
+    if (m == 0) {
+        free(r);
+        return 0;
+    }
+    qsort(r, (size_t)m, 2 * sizeof *r, cmp_range);
+    /* the complement, in fp32 elements (every gradient tensor is fp32 and 4-byte aligned) */
+    uint64_t *off = malloc((size_t)(m + 1) * sizeof *off);
+    int64_t *len = malloc((size_t)(m + 1) * sizeof *len);
+    float **p = malloc((size_t)(m + 1) * sizeof *p);
+    if (!off || !len || !p) {
+        free(r), free(off), free(len), free(p);
+        return xfail(x, "out of memory");
+    }
+    uint64_t at = 0, zb = 0;
+    int64_t z = 0;
+    int ok = 1;
+    for (int64_t i = 0; i <= m && ok; i++) {
+        uint64_t lo = i < m ? r[2 * i] : B, hi = i < m ? r[2 * i + 1] : B;
+        ok = lo >= at && hi <= B && lo % 4 == 0 && hi % 4 == 0; /* disjoint, inside, aligned */
+        if (ok && lo > at) {
+            off[z] = at, len[z] = (int64_t)((lo - at) / 4), zb += lo - at;
+            z++;
+        }
+        at = hi;
+    }
+    free(r);
+    if (!ok) { /* not what setup_fresh hands out: zero everything */
+        free(off), free(len), free(p);
+        return 0;
+    }
+    x->zl_off = off, x->zl_len = len, x->zl_p = p, x->n_zl = z, x->zl_bytes = zb;
+    return 0;
+}
+
 static int setup_overlap(mgc_exec *x) {
     const mgc_stage_program *sp = x->sp;
     x->overlap = 1;
@@ -3011,7 +3090,13 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
     /* the gradients start the step at zero: zeroed beside the forward where the backend can
      * (docs/runtime.md), fenced before the first instruction that may touch them */
     int zpend = 0;
-    if (x->be->iface->zero_beside) {
+    if (x->n_zl >= 0) { /* only what the first writes do not store (setup_zero_list) */
+        unsigned char *base = buf_addr(x, x->grad_buf);
+        for (int64_t i = 0; i < x->n_zl; i++)
+            x->zl_p[i] = (float *)(base + x->zl_off[i]);
+        if (x->be->iface->zero_list(x->be, base, sp->buffers[x->grad_buf].bytes, x->zl_p, x->zl_len, x->n_zl))
+            return be_fail(x, "zeroing gradients");
+    } else if (x->be->iface->zero_beside) {
         int zr = x->be->iface->zero_beside(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes);
         if (zr < 0) return be_fail(x, "zeroing gradients");
         zpend = zr == 0;

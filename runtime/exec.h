@@ -116,6 +116,10 @@ typedef struct mgc_exec_param {
     float *grad;
 } mgc_exec_param;
 int64_t mgc_exec_param_count(const mgc_exec *x);
+/* The gradient bytes a training step zeroes before its first writes: the whole gradient
+ * buffer, or less where the backend stores first writes whole (docs/runtime.md, "Gradients'
+ * first writes"). */
+uint64_t mgc_exec_zeroed_bytes(const mgc_exec *x);
 const mgc_exec_param *mgc_exec_param_at(const mgc_exec *x, int64_t i);
 mgc_backend *mgc_exec_backend(const mgc_exec *x);
 

@@ -16,7 +16,8 @@
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
 #                                             fused embedding + norm (-embedding_norm) and
-#                                             with MGC_GRAD_FRESH=0, both with bf16 logits
+#                                             with MGC_GRAD_FRESH=0, both with
+#                                             MGC_ZERO_LIST=0 and with bf16 logits
 #                                             (training.logits_dtype=compute; their
 #                                             cross-entropy kernels under ncu too),
 #                                             MGC_PDL=1, MGC_ZERO_BESIDE=1 (the same bits
@@ -141,13 +142,19 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     # gradients at beta 1, bias gradients through bias_grad_finish; the same bits
     qrun "gpt2-124m MGC_GRAD_FRESH=0" build-gpu/q124.plan MGC_GRAD_FRESH=0
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_GRAD_FRESH=0"
-    qrun "gpt2-124m MGC_ZERO_BESIDE=1" build-gpu/q124.plan MGC_ZERO_BESIDE=1
+    # the whole gradient buffer zeroed each step, not only what the first writes do not store
+    # (exec.c setup_zero_list): the same bits
+    qrun "gpt2-124m MGC_ZERO_LIST=0" build-gpu/q124.plan MGC_ZERO_LIST=0
+    samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_ZERO_LIST=0"
+    qrun "gpt2-124m MGC_ZERO_BESIDE=1" build-gpu/q124.plan MGC_ZERO_BESIDE=1 MGC_ZERO_LIST=0
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_ZERO_BESIDE=1"
     qrun "gpt2-1.5b defaults" build-gpu/q15.plan
     qrun "gpt2-1.5b MGC_PDL=1" build-gpu/q15.plan MGC_PDL=1
     samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_PDL=1"
-    qrun "gpt2-1.5b MGC_ZERO_BESIDE=1" build-gpu/q15.plan MGC_ZERO_BESIDE=1
+    qrun "gpt2-1.5b MGC_ZERO_BESIDE=1" build-gpu/q15.plan MGC_ZERO_BESIDE=1 MGC_ZERO_LIST=0
     samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_ZERO_BESIDE=1"
+    qrun "gpt2-1.5b MGC_ZERO_LIST=0" build-gpu/q15.plan MGC_ZERO_LIST=0
+    samebits "gpt2-1.5b defaults" "gpt2-1.5b MGC_ZERO_LIST=0"
     # the logits in bf16 (training.logits_dtype compute): half the head's logit bytes, one loss
     # chunk at 124M where fp32 takes two; the losses within bf16 rounding of the defaults'
     qplan gpt2-124m 8 build-gpu/q124lc.plan 1 --set training.logits_dtype=compute &&
@@ -176,7 +183,7 @@ for model in dict.fromkeys(r[0] for r in runs):
         if mm==model and not lab.startswith("defaults"):
             print("%s %s: %.3f ms, %+.2f%% against the defaults %.3f ms" % (model, lab, t, 100*(t-base)/base, base))' "$Q" 2>&1 | tee -a "$Q"
     # the correctness checks of this part before the profiles (a call cut at its limit keeps them)
-    for t in pdl tune norm; do
+    for t in pdl tune norm zero; do
         build-gpu/tests/test_cuda $t >build-gpu/q-$t.log 2>&1 && echo "test_cuda $t: passed" | tee -a "$Q" ||
             { echo "test_cuda $t: FAILED"; tail -n 20 build-gpu/q-$t.log; rc=1; } | tee -a "$Q"
     done

@@ -1637,7 +1637,8 @@ static void check_graphs(void) {
 /* Programmatic dependent launch (MGC_PDL=1; docs/cuda-backend.md): every kernel launched to
  * start while the one before it still runs, waiting in mgc_pdl_begin before it touches
  * memory; and the gradients zeroed on a stream of their own beside the forward
- * (MGC_ZERO_BESIDE=1), the backward fenced after it; and both.  The same kernels in the same
+ * (MGC_ZERO_BESIDE=1, with MGC_ZERO_LIST=0: the whole buffer, as zero_beside takes it), the
+ * backward fenced after it; and both.  The same kernels in the same
  * order, so the bits of ordinary launches, eagerly and replayed from graphs; tiny MoE adds
  * the host's reads of the experts' row counts between kernels.  A GPU before sm_90 launches
  * the ordinary way (the backend ignores MGC_PDL). */
@@ -1658,10 +1659,12 @@ static void check_pdl(void) {
         for (int v = 0; v < 3; v++) {
             for (int j = 0; j < 2; j++)
                 if (envs[v][j]) setenv(envs[v][j], "1", 1);
+            if (v > 0) setenv("MGC_ZERO_LIST", "0", 1);
             T_EQ_I64(train_exec(p, 0, N, l1, n1, &r1), 0);
             T_EQ_I64(train_exec(p, 1, N, l2, n2, &r2), 0);
             for (int j = 0; j < 2; j++)
                 if (envs[v][j]) unsetenv(envs[v][j]);
+            unsetenv("MGC_ZERO_LIST");
             int same = !memcmp(l0, l1, sizeof l0) && !memcmp(n0, n1, sizeof n0) &&
                        !memcmp(l0, l2, sizeof l0) && !memcmp(n0, n2, sizeof n0);
             T_CHECK(same);
@@ -1769,6 +1772,71 @@ static void check_chunks(int all) {
     unsetenv("MGC_CE_FUSE");
 }
 
+/* ---- 2f. the step's zeroing of the gradients their first writes do not store ------------
+ * (exec.c setup_zero_list; backend.h stores_fresh, zero_list).  Tiny GPT in bf16 with dropout
+ * off, 3 steps on one rank, through the executor: with the defaults only the complement of
+ * the weight gradients' bytes is zeroed (less than a quarter of the buffer: the tied word
+ * embedding is the output layer's dW), and the losses and gradient norms are the bits of
+ * zeroing everything (MGC_ZERO_LIST=0), which zeroes the whole buffer.  On the emulator the
+ * stored gradients hold NaN before their first writes (emu_zero_list), so a first write that
+ * read its output, or missed part of it, would show in the losses of every training check. */
+static int zl_run(const mgc_plan *p, double *loss, double *norm, uint64_t *zeroed) {
+    char err[4096];
+    mgc_backend *be = NULL;
+    mgc_comm *w[1] = {NULL};
+    mgc_exec *x = NULL;
+    mgc_train_data *data = NULL;
+    int rc = -1;
+    if (open_gpu(&be, err, sizeof err) ||
+        mgc_comm_local_world_create(1, NULL, w, err, sizeof err) != MGC_COMM_OK ||
+        mgc_exec_open(&x, p, w[0], be, err, sizeof err) || mgc_exec_init_params(x) ||
+        mgc_train_data_open(&data, p, 3, err, sizeof err))
+        goto out;
+    for (int i = 0; i < 3; i++) {
+        mgc_step_stats st;
+        if (mgc_exec_step(x, i, mgc_train_data_sample, data, &st)) {
+            snprintf(err, sizeof err, "%s", mgc_exec_error(x));
+            goto out;
+        }
+        loss[i] = st.loss, norm[i] = st.grad_norm;
+    }
+    *zeroed = mgc_exec_zeroed_bytes(x);
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "zero list: %s\n", err);
+    mgc_exec_free(x);
+    mgc_comm_free(w[0]);
+    mgc_train_data_free(data);
+    mgc_backend_close(be);
+    return rc;
+}
+
+static void check_zero_list(void) {
+    static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
+    mgc_plan *p = compile("examples/tiny-gpt.yaml", "bf16", nodrop);
+    T_CHECK(p != NULL);
+    if (!p) return;
+    uint64_t B = 0;
+    for (int64_t b = 0; b < p->stages[0].n_buffers; b++)
+        if (p->stages[0].buffers[b].kind == MGC_BUF_GRAD) B = p->stages[0].buffers[b].bytes;
+    double l[2][3], g[2][3];
+    uint64_t z[2] = {0, 0};
+    T_EQ_I64(zl_run(p, l[0], g[0], &z[0]), 0);
+    setenv("MGC_ZERO_LIST", "0", 1);
+    T_EQ_I64(zl_run(p, l[1], g[1], &z[1]), 0);
+    unsetenv("MGC_ZERO_LIST");
+    T_CHECK(B > 0 && z[0] > 0 && 4 * z[0] < B);
+    T_EQ_U64(z[1], B);
+    int same = !memcmp(l[0], l[1], sizeof l[0]) && !memcmp(g[0], g[1], sizeof g[0]);
+    T_CHECK(same);
+    T_CHECK(isfinite(l[0][2]) && isfinite(g[0][2]));
+    printf("the gradients' zeroing: %llu of %llu bytes a step (%.1f%%), the rest stored by the "
+           "weight gradients' first writes; losses and norms %s zeroing everything\n",
+           (unsigned long long)z[0], (unsigned long long)B, 100.0 * (double)z[0] / (double)(B ? B : 1),
+           same ? "bit-identical to" : "DIFFER from");
+    mgc_plan_free(p);
+}
+
 /* ---- 2e. logits in the compute dtype (training.logits_dtype compute) -------------------
  * The output layer's GEMM writes 16-bit logits and the cross-entropy kernels read them (LT):
  * the fused backward of three loss chunks, over a vocabulary that is no multiple of 8 (60,000:
@@ -1842,6 +1910,7 @@ int main(int argc, char **argv) {
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "tune"))) check_tune();
     if (!only || !strcmp(only, "chunks")) check_chunks(1);
     if (!only || ci2 || !strcmp(only, "logits")) check_logits(!ci2);
+    if (!only || ci1 || !strcmp(only, "zero")) check_zero_list();
     if (only && !strcmp(only, "fresh")) {
         /* the gradients' first writes (check_layout: MGC_GRAD_FRESH=0 gives the same bits)
          * where chunks' first backwards come at different places of the schedule: interleaved
