@@ -236,10 +236,17 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
     }
     int rc = 0;
     int64_t row = 0;
+    /* dW holds no step's write yet (mgc_op_call.fresh): each expert's GEMM at beta 0 by beta
+     * 1's algorithm (as op_linear's), and an expert that received no rows gets its zeros
+     * written, so that dW is stored whole (mgc_cuda_stores_fresh) */
+    const int wfresh = op->kind == MGC_POP_GROUPED_LINEAR_WGRAD && (c->fresh & 1u);
+    mgc_gemm_epi wep = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
+    wep.as_beta1 = wfresh;
     for (int64_t e = 0; e < E_l && !rc; e++) {
         int64_t r = cnt[e];
-        if (r <= 0) continue;
         size_t ws = mgc_dtype_size((mgc_dtype)w->dtype);
+        if (r <= 0 && wfresh) rc = be->iface->zero(be, (char *)c->out[0] + (size_t)(e * N * K) * ws, (size_t)(N * K) * ws);
+        if (r <= 0) continue;
         if (op->kind == MGC_POP_GROUPED_LINEAR) {
             const char *x = (const char *)c->in[0] + (size_t)(row * K) * xs;
             char *y = (char *)c->out[0] + (size_t)(row * N) * mgc_dtype_size((mgc_dtype)T_out(c, 0)->dtype);
@@ -261,7 +268,8 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
             const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
             const char *x = (const char *)c->in[1] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_in(c, 1)->dtype);
             rc = host(be)->gemm(be, 0, 1, K, N, r, x, K, T_in(c, 1)->dtype, dy, N, T_in(c, 0)->dtype,
-                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, w->dtype, 1.0f, NULL);
+                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, w->dtype, wfresh ? 0.0f : 1.0f,
+                      &wep);
             if (!rc && db) rc = bias_grad(be, db + e * N, dy, T_in(c, 0)->dtype, r, N);
         }
         row += r;

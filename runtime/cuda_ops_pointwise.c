@@ -887,11 +887,12 @@ int mgc_cuda_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *
     return 0;
 }
 
-/* backend.h stores_fresh: linear_wgrad's dW (cuda_ops_linear.c: its GEMM at beta 0, which
- * reads no C; every row of it written).  Its bias gradient may go through kernels that add. */
+/* backend.h stores_fresh: the weight gradients, linear_wgrad's and grouped_linear_wgrad's dW
+ * (cuda_ops_linear.c: their GEMMs at beta 0, which read no C, every row written; an expert
+ * with no rows gets its zeros).  Their bias gradients may go through kernels that add. */
 int mgc_cuda_stores_fresh(mgc_backend *be, const mgc_plan_op *op, int k) {
     (void)be;
-    return op->kind == MGC_POP_LINEAR_WGRAD && k == 0;
+    return (op->kind == MGC_POP_LINEAR_WGRAD || op->kind == MGC_POP_GROUPED_LINEAR_WGRAD) && k == 0;
 }
 
 /* AdamW in tables of up to AW_LIST tensors: a launch a table (element-wise, so any grid gives

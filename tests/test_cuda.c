@@ -1774,10 +1774,12 @@ static void check_chunks(int all) {
 
 /* ---- 2f. the step's zeroing of the gradients their first writes do not store ------------
  * (exec.c setup_zero_list; backend.h stores_fresh, zero_list).  Tiny GPT in bf16 with dropout
- * off, 3 steps on one rank, through the executor: with the defaults only the complement of
- * the weight gradients' bytes is zeroed (less than a quarter of the buffer: the tied word
- * embedding is the output layer's dW), and the losses and gradient norms are the bits of
- * zeroing everything (MGC_ZERO_LIST=0), which zeroes the whole buffer.  On the emulator the
+ * off, and tiny MoE with 32 experts, top 1, over 16 tokens a microbatch (experts that receive
+ * no row: their dW written as zeros), 3 steps on one rank, through the executor: with the
+ * defaults only the complement of the weight gradients' bytes is zeroed (less than a quarter
+ * of the buffer: the tied word embedding is the output layer's dW), and the losses and
+ * gradient norms are the bits of zeroing everything (MGC_ZERO_LIST=0), which zeroes the whole
+ * buffer.  On the emulator the
  * stored gradients hold NaN before their first writes (emu_zero_list), so a first write that
  * read its output, or missed part of it, would show in the losses of every training check. */
 static int zl_run(const mgc_plan *p, double *loss, double *norm, uint64_t *zeroed) {
@@ -1811,9 +1813,8 @@ out:
     return rc;
 }
 
-static void check_zero_list(void) {
-    static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
-    mgc_plan *p = compile("examples/tiny-gpt.yaml", "bf16", nodrop);
+static void check_zero_list1(const char *path, const char *const *sets) {
+    mgc_plan *p = compile(path, "bf16", sets);
     T_CHECK(p != NULL);
     if (!p) return;
     uint64_t B = 0;
@@ -1830,11 +1831,20 @@ static void check_zero_list(void) {
     int same = !memcmp(l[0], l[1], sizeof l[0]) && !memcmp(g[0], g[1], sizeof g[0]);
     T_CHECK(same);
     T_CHECK(isfinite(l[0][2]) && isfinite(g[0][2]));
-    printf("the gradients' zeroing: %llu of %llu bytes a step (%.1f%%), the rest stored by the "
-           "weight gradients' first writes; losses and norms %s zeroing everything\n",
+    printf("%s: the gradients' zeroing: %llu of %llu bytes a step (%.1f%%), the rest stored by "
+           "the weight gradients' first writes; losses and norms %s zeroing everything\n", path,
            (unsigned long long)z[0], (unsigned long long)B, 100.0 * (double)z[0] / (double)(B ? B : 1),
            same ? "bit-identical to" : "DIFFER from");
     mgc_plan_free(p);
+}
+
+static void check_zero_list(void) {
+    static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
+    static const char *const sparse[] = {"moe.num_experts=32", "moe.top_k=1", "model.seq_length=16",
+                                         "training.micro_batch_size=1", "training.global_batch_size=2",
+                                         NULL};
+    check_zero_list1("examples/tiny-gpt.yaml", nodrop);
+    check_zero_list1("models/tiny-moe.yaml", sparse);
 }
 
 /* ---- 2e. logits in the compute dtype (training.logits_dtype compute) -------------------
