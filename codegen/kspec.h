@@ -73,8 +73,8 @@ const char *mgc_kernel_template(const char *file);
 int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                       mgc_kspec *out, int max, char *err, size_t errsz);
 /* The kernels a plan runs outside its ops: the optimizer's (sum of squares, AdamW, the
- * gradients' zeroing), then
- * the folds of its reductions when it has more than one rank (mgc_kspec_fold). */
+ * gradients' zeroing), then the folds of its reductions when it has more than one rank
+ * (mgc_kspec_fold). */
 int mgc_kspecs_for_plan(const mgc_plan *p, mgc_kspec *out, int max);
 
 /* Per-family spec functions (kspec_<family>.c), called by mgc_kspecs_for_op. */
@@ -120,9 +120,8 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
 uint64_t mgc_kspec_optimizer_scratch_bytes(void);
 
 /* The optimizer's kernels (sum of squares, AdamW, the gradients' zeroing) for a plan whose
- * weights are `dtype` (fp32,
- * bf16 or fp16: AdamW's 16-bit copy-out writes that type); the order is fixed: see
- * kspec_pointwise.c. */
+ * weights are `dtype` (fp32, bf16 or fp16: AdamW's 16-bit copy-out writes that type); the
+ * order is fixed: see kspec_pointwise.c. */
 int mgc_kspecs_optimizer(int dtype, mgc_kspec *out, int max);
 /* The fold of reductions on device memory (kernels/comm.cuh) for storage `dtype`.  A plan of
  * more than one rank carries it for fp32 (gradients) and its 16-bit type if any. */

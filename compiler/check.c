@@ -907,9 +907,10 @@ static void check_training(mgc_check_ctx *k) {
     }
     if (mgc_check_given(k, KEY(TRAIN_LOGITS_DTYPE)) && t->logits_dtype == MGC_LOGITS_DT_COMPUTE &&
         t->precision == MGC_PREC_FP32)
-        mgc_check_warning(k, mgc_check_at(k, KEY(TRAIN_LOGITS_DTYPE)), "remove it, or train in bf16 or fp16",
-                          "training.logits_dtype compute has no effect: training.precision is fp32, "
-                          "so the logits are fp32 either way");
+        mgc_check_warning(k, mgc_check_at(k, KEY(TRAIN_LOGITS_DTYPE)),
+                          "remove it, or train in bf16 or fp16",
+                          "training.logits_dtype compute has no effect: training.precision is "
+                          "fp32, so the logits are fp32 either way");
     if (t->loss_chunks > 1 && c->parallel.context >= 1 &&
         c->model.seq_length % c->parallel.context == 0 && !mgc_loss_chunks_fit(c, t->loss_chunks)) {
         int64_t s_c = c->model.seq_length / c->parallel.context;

@@ -24,7 +24,9 @@ int64_t mgc_loss_chunks(const mgc_config *c) {
     int64_t tp = c->parallel.tensor > 0 ? c->parallel.tensor : 1;
     int64_t s_c = c->model.seq_length / cp;
     /* the logits' bytes: fp32, or the compute dtype's (training.logits_dtype) */
-    double es = c->training.logits_dtype == MGC_LOGITS_DT_COMPUTE && c->training.precision != MGC_PREC_FP32 ? 2.0 : 4.0;
+    int half = c->training.logits_dtype == MGC_LOGITS_DT_COMPUTE &&
+               c->training.precision != MGC_PREC_FP32;
+    double es = half ? 2.0 : 4.0;
     double logits = es * (double)s_c * (double)c->training.micro_batch_size *
                     (double)(c->derived.padded_vocab_size / tp);
     int64_t most = 1;

@@ -2,8 +2,8 @@
  * "Loss chunks").
  *
  * Unchunked, the loss chunk's forward ends with the output layer's GEMM, whose logits
- * [s_c, b, V_l] (fp32 unless training.logits_dtype is compute) are stashed until the backward starts with the cross-entropy backward and the
- * output layer's dgrad and wgrad.  At GPT-2's vocabulary the logits are the largest tensor of
+ * [s_c, b, V_l] (fp32 unless training.logits_dtype is compute) are stashed until the backward
+ * starts with the cross-entropy backward and the output layer's dgrad and wgrad.  At GPT-2's vocabulary the logits are the largest tensor of
  * the step (3 GiB at micro batch 16, sequence 1024).  Chunked in k, the whole head moves to
  * the start of the backward pass:
  *

@@ -297,9 +297,8 @@ extern "C" __global__ void __launch_bounds__(256)
  * expression.  Then ce_bwd_row over the row, read again from global memory (much of it from
  * L2).  Every global read of the first pass precedes the block reductions' barriers, and the
  * label's logit precedes them or ce_bwd_row's own, so the second pass's in-place writes meet
- * none of them.  (Staging the
- * row in shared memory instead, 1024 threads and one row an SM, measured slower on an H100:
- * bench/results/gpu-h100.md.) */
+ * none of them.  (Staging the row in shared memory instead, 1024 threads and one row an SM,
+ * measured slower on an H100: bench/results/gpu-h100.md.) */
 extern "C" __global__ void __launch_bounds__(512)
     MGC_ENTRY_NAME(mgc_t *dlogits, const ce_lt *logits, float *__restrict__ mx,
                    float *__restrict__ sums, const i64 *__restrict__ labels,

@@ -189,13 +189,14 @@ typedef struct mgc_backend_iface {
     /* Optional, both or none: the step's zeroing of only the gradients that their first
      * writes do not store (exec.c, "Gradients' first writes").  stores_fresh(op, k): 1 when
      * the backend, given mgc_op_call.fresh bit k, writes every element of op's out[k] without
-     * reading it (the CUDA backend: linear_wgrad's dW, by its GEMM at beta 0), whatever the
-     * memory held.  zero_list zeroes the count fp32 ranges p[i] (n[i] elements each; sorted,
-     * disjoint) of the gradients [base, base + bytes), in line with the compute; the rest of
-     * it is left as it is (the CUDA emulator poisons it first).  -1 with be->err. */
+     * reading it (the CUDA backend: the dW of linear_wgrad and grouped_linear_wgrad, by GEMMs
+     * at beta 0), whatever the memory held.  zero_list zeroes the count fp32 ranges p[i]
+     * (n[i] elements each; sorted, disjoint) of the gradients [base, base + bytes), in line
+     * with the compute; the rest of it is left as it is (the CUDA emulator poisons it first).
+     * -1 with be->err. */
     int (*stores_fresh)(mgc_backend *be, const mgc_plan_op *op, int k);
-    int (*zero_list)(mgc_backend *be, void *base, size_t bytes, float *const *p, const int64_t *n,
-                     int64_t count);
+    int (*zero_list)(mgc_backend *be, void *base, size_t bytes, float *const *p,
+                     const int64_t *n, int64_t count);
     /* Optional, for a device communicator (exec.h mgc_exec_set_device_comm): the fold of a
      * reduction on arena memory, queued in order with the compute -- dst[i] = op (0 sum,
      * 1 max) over j = 0 .. parts-1, in order, of src[j * stride + i], in fp32, rounded once

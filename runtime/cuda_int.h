@@ -105,8 +105,8 @@ int mgc_cuda_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int
                    double *out);
 int mgc_cuda_adamw(mgc_backend *be, const mgc_adamw_tensor *t, int64_t count,
                    const mgc_adamw_step *s);
-int mgc_cuda_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p, const int64_t *n,
-                       int64_t count);
+int mgc_cuda_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p,
+                       const int64_t *n, int64_t count);
 int mgc_cuda_stores_fresh(mgc_backend *be, const mgc_plan_op *op, int k);
 /* The fold of a reduction (backend.h fold): the plan's comm.cuh kernel for dt. */
 int mgc_cuda_fold(mgc_backend *be, void *dst, const void *src, int parts, size_t count,

@@ -245,7 +245,10 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
     for (int64_t e = 0; e < E_l && !rc; e++) {
         int64_t r = cnt[e];
         size_t ws = mgc_dtype_size((mgc_dtype)w->dtype);
-        if (r <= 0 && wfresh) rc = be->iface->zero(be, (char *)c->out[0] + (size_t)(e * N * K) * ws, (size_t)(N * K) * ws);
+        if (r <= 0 && wfresh) {
+            char *dw = (char *)c->out[0] + (size_t)(e * N * K) * ws;
+            rc = be->iface->zero(be, dw, (size_t)(N * K) * ws);
+        }
         if (r <= 0) continue;
         if (op->kind == MGC_POP_GROUPED_LINEAR) {
             const char *x = (const char *)c->in[0] + (size_t)(row * K) * xs;
@@ -268,8 +271,8 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
             const char *dy = (const char *)c->in[0] + (size_t)(row * N) * xs;
             const char *x = (const char *)c->in[1] + (size_t)(row * K) * mgc_dtype_size((mgc_dtype)T_in(c, 1)->dtype);
             rc = host(be)->gemm(be, 0, 1, K, N, r, x, K, T_in(c, 1)->dtype, dy, N, T_in(c, 0)->dtype,
-                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, w->dtype, wfresh ? 0.0f : 1.0f,
-                      &wep);
+                      (char *)c->out[0] + (size_t)(e * N * K) * ws, K, w->dtype,
+                      wfresh ? 0.0f : 1.0f, &wep);
             if (!rc && db) rc = bias_grad(be, db + e * N, dy, T_in(c, 0)->dtype, r, N);
         }
         row += r;

@@ -864,8 +864,8 @@ int mgc_cuda_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int
 
 /* backend.h zero_list: the ranges in sum-of-squares tables (optim.cuh zero_list), a launch a
  * table; base and bytes are the emulator's (it poisons them first). */
-int mgc_cuda_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p, const int64_t *n,
-                       int64_t count) {
+int mgc_cuda_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p,
+                       const int64_t *n, int64_t count) {
     (void)base, (void)bytes;
     mgc_kspec k[OPT__N];
     CHECK(opt_specs(be, k, MGC_DT_F32));

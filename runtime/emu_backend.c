@@ -232,8 +232,8 @@ static int emu_zero_fence(mgc_backend *be) {
  * them, as a GPU's memory may hold anything, so a write that reads its output, or leaves part
  * of it, makes NaNs the tests' comparisons with the CPU catch; the ranges are zeroed by the
  * CUDA backend's kernel. */
-static int emu_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p, const int64_t *n,
-                         int64_t count) {
+static int emu_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *p,
+                         const int64_t *n, int64_t count) {
     if (bytes) memset(base, 0xff, bytes);
     return mgc_cuda_zero_list(be, base, bytes, p, n, count);
 }

@@ -2283,7 +2283,8 @@ static int setup_zero_list(mgc_exec *x) {
         const mgc_plan_chunk *ch = &sp->chunks[c];
         for (int64_t i = 0; x->fresh[c] && i < ch->n_bwd; i++)
             for (int k = 0; k < ch->bwd[i].n_out && k < MGC_PLAN_MAX_IO; k++) {
-                if (!(x->fresh[c][i] >> k & 1u) || !x->be->iface->stores_fresh(x->be, &ch->bwd[i], k))
+                if (!(x->fresh[c][i] >> k & 1u) ||
+                    !x->be->iface->stores_fresh(x->be, &ch->bwd[i], k))
                     continue;
                 const mgc_plan_tensor *T = &ch->tensors[ch->bwd[i].out[k]];
                 r[2 * m] = T->offset, r[2 * m + 1] = T->offset + T->bytes;
@@ -3094,7 +3095,8 @@ int mgc_exec_step(mgc_exec *x, int64_t iteration, mgc_sample_fn fn, void *ctx, m
         unsigned char *base = buf_addr(x, x->grad_buf);
         for (int64_t i = 0; i < x->n_zl; i++)
             x->zl_p[i] = (float *)(base + x->zl_off[i]);
-        if (x->be->iface->zero_list(x->be, base, sp->buffers[x->grad_buf].bytes, x->zl_p, x->zl_len, x->n_zl))
+        size_t bytes = sp->buffers[x->grad_buf].bytes;
+        if (x->be->iface->zero_list(x->be, base, bytes, x->zl_p, x->zl_len, x->n_zl))
             return be_fail(x, "zeroing gradients");
     } else if (x->be->iface->zero_beside) {
         int zr = x->be->iface->zero_beside(x->be, buf_addr(x, x->grad_buf), sp->buffers[x->grad_buf].bytes);

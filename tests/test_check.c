@@ -693,7 +693,8 @@ static void test_locations(void) {
                  &d);
         T_CHECK(clean(&d));
         if (prec) T_EQ_I64(d.warnings, 0);
-        else T_CHECK(has(&d, MGC_SEV_WARNING, 9, 17, "training.logits_dtype compute has no effect"));
+        else
+            T_CHECK(has(&d, MGC_SEV_WARNING, 9, 17, "training.logits_dtype compute has no effect"));
         T_EQ_I64(c->training.logits_dtype, MGC_LOGITS_DT_COMPUTE);
         done(c, &d);
     }

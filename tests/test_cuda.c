@@ -305,8 +305,10 @@ static void check_ce_case(mgc_backend *be, const mgc_plan *p, int64_t Vp, int in
         for (int64_t c = 0; c < Vp; c++) {
             float v = ofloat(6.0);
             if (lt16) { /* the logit as stored, and its value */
-                lg16[r * Vp + c] = x->dtype == MGC_DT_BF16 ? mgc_f32_to_bf16(v) : mgc_f32_to_f16(v);
-                v = x->dtype == MGC_DT_BF16 ? mgc_bf16_to_f32(lg16[r * Vp + c]) : mgc_f16_to_f32(lg16[r * Vp + c]);
+                lg16[r * Vp + c] =
+                    x->dtype == MGC_DT_BF16 ? mgc_f32_to_bf16(v) : mgc_f32_to_f16(v);
+                uint16_t b = lg16[r * Vp + c];
+                v = x->dtype == MGC_DT_BF16 ? mgc_bf16_to_f32(b) : mgc_f16_to_f32(b);
             }
             lg[r * Vp + c] = v;
             if (c < vocab && lg[r * Vp + c] > mx) mx = lg[r * Vp + c];
@@ -1833,16 +1835,17 @@ static void check_zero_list1(const char *path, const char *const *sets) {
     T_CHECK(isfinite(l[0][2]) && isfinite(g[0][2]));
     printf("%s: the gradients' zeroing: %llu of %llu bytes a step (%.1f%%), the rest stored by "
            "the weight gradients' first writes; losses and norms %s zeroing everything\n", path,
-           (unsigned long long)z[0], (unsigned long long)B, 100.0 * (double)z[0] / (double)(B ? B : 1),
+           (unsigned long long)z[0], (unsigned long long)B,
+           100.0 * (double)z[0] / (double)(B ? B : 1),
            same ? "bit-identical to" : "DIFFER from");
     mgc_plan_free(p);
 }
 
 static void check_zero_list(void) {
     static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
-    static const char *const sparse[] = {"moe.num_experts=32", "moe.top_k=1", "model.seq_length=16",
-                                         "training.micro_batch_size=1", "training.global_batch_size=2",
-                                         NULL};
+    static const char *const sparse[] = {"moe.num_experts=32", "moe.top_k=1",
+                                         "model.seq_length=16", "training.micro_batch_size=1",
+                                         "training.global_batch_size=2", NULL};
     check_zero_list1("examples/tiny-gpt.yaml", nodrop);
     check_zero_list1("models/tiny-moe.yaml", sparse);
 }
@@ -1855,7 +1858,8 @@ static void check_zero_list(void) {
  * the 16-bit tolerances); the vocabulary-parallel phases (ce_max, ce_sums) over tp2 with
  * sequence parallelism.  CI's emulator run (ci2) takes the first and the last. */
 static void check_logits(int all) {
-    static const char *const lc3[] = {"training.logits_dtype=compute", "training.loss_chunks=3", NULL};
+    static const char *const lc3[] = {"training.logits_dtype=compute", "training.loss_chunks=3",
+                                      NULL};
     static const char *const tp2[] = {"parallel.world_size=2", "parallel.tensor=2",
                                       "parallel.sequence_parallel=true",
                                       "training.logits_dtype=compute", NULL};

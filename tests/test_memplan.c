@@ -1529,7 +1529,8 @@ static void test_inplace(void) {
         {"training.precision=fp16", "training.recompute=full", NULL, NULL},
         {"training.precision=bf16", "training.loss_chunks=1", NULL, NULL},
         /* 16-bit logits: the gradient over them, dense */
-        {"training.precision=bf16", "training.loss_chunks=1", "training.logits_dtype=compute", NULL},
+        {"training.precision=bf16", "training.loss_chunks=1", "training.logits_dtype=compute",
+         NULL},
     };
     const char *files[] = {"models/tiny-gpt.yaml", "models/tiny-llama.yaml", "models/tiny-moe.yaml",
                            "models/gpt2-124m.yaml", "models/gpt2-124m.yaml"};
@@ -1580,7 +1581,8 @@ static void test_inplace(void) {
             mgc_plan_op *wce = (mgc_plan_op *)ce;
             mgc_plan_tensor *wy = &wch->tensors[ce->out[0]];
             BREAK_INPLACE(wy->offset, wy->offset + 256, "in place, but output");
-            BREAK_INPLACE(wy->dtype, (uint16_t)(narrow || lt16 ? MGC_DT_F32 : MGC_DT_BF16), "bytes");
+            uint16_t wrong = narrow || lt16 ? MGC_DT_F32 : MGC_DT_BF16;
+            BREAK_INPLACE(wy->dtype, wrong, "bytes");
             if (narrow) {
                 BREAK_INPLACE(wy->ld, (uint32_t)wy->dim[wy->rank - 1], "not above");
                 BREAK_INPLACE(wce->flags, (uint16_t)(wce->flags & ~MGC_POF_INPLACE),
@@ -1642,7 +1644,9 @@ static void test_loss_chunks(void) {
     } cases[] = {
         {"models/gpt2-124m.yaml", {"training.precision=bf16", NULL}, 4}, /* auto: 1 GiB chunks */
         /* 16-bit logits: half the chunks of at most 1 GiB */
-        {"models/gpt2-124m.yaml", {"training.precision=bf16", "training.logits_dtype=compute", NULL}, 2},
+        {"models/gpt2-124m.yaml",
+         {"training.precision=bf16", "training.logits_dtype=compute", NULL},
+         2},
         {"models/tiny-gpt.yaml", {"training.loss_chunks=3", "parallel.tensor=2",
                                   "parallel.world_size=2", NULL}, 3},
         {"models/tiny-llama.yaml", {"training.loss_chunks=3", "parallel.context=2",

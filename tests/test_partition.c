@@ -544,7 +544,8 @@ static void test_router_dtype(void) {
 static void test_logits_dtype(void) {
     for (int tp = 1; tp <= 2; tp++)
         for (int lc = 0; lc < 2; lc++) {
-            const char *sets[] = {"training.precision=bf16", tp == 2 ? "parallel.tensor=2" : "parallel.tensor=1",
+            const char *sets[] = {"training.precision=bf16",
+                                  tp == 2 ? "parallel.tensor=2" : "parallel.tensor=1",
                                   tp == 2 ? "parallel.world_size=2" : "parallel.world_size=1",
                                   lc ? "training.logits_dtype=compute" : NULL, NULL};
             built b = build(GPT, sets);
