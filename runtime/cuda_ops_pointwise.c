@@ -825,6 +825,22 @@ static int64_t chunks_of(int64_t n) {
     return n > 0 ? (n + OPT_CHUNK - 1) / OPT_CHUNK : 0;
 }
 
+/* The next table of up to SQ_LIST of the count arrays g[i] (n[i] elements), from *at on (which
+ * it advances): its entries, and in *nb its blocks, min(chunks, SUMSQ_NB) (0: no element). */
+static int sq_table(sq_list *L, const float *const *g, const int64_t *n, int64_t count,
+                    int64_t *at, int *nb) {
+    memset(L, 0, sizeof *L);
+    int cnt = 0;
+    for (; *at < count && cnt < SQ_LIST; (*at)++, cnt++) {
+        L->g[cnt] = g[*at];
+        L->n[cnt] = n[*at] > 0 ? n[*at] : 0;
+        L->c0[cnt + 1] = L->c0[cnt] + chunks_of(n[*at]);
+    }
+    int64_t total = L->c0[cnt];
+    *nb = total < SUMSQ_NB ? (int)total : SUMSQ_NB;
+    return cnt;
+}
+
 /* out is a host address (the executor's, as for the CPU backend): the fp64 sum is reduced on
  * the device in a fixed order -- per table of up to SQ_LIST tensors nb block partials
  * (nb = min(chunks, SUMSQ_NB), a function of the sizes only, never of the GPU, so the bits are
@@ -839,16 +855,8 @@ int mgc_cuda_sumsq(mgc_backend *be, const float *const *g, const int64_t *n, int
     int first = 1;
     for (int64_t at = 0; at < count;) {
         sq_list L;
-        memset(&L, 0, sizeof L);
-        int cnt = 0;
-        for (; at < count && cnt < SQ_LIST; at++, cnt++) {
-            L.g[cnt] = g[at];
-            L.n[cnt] = n[at] > 0 ? n[at] : 0;
-            L.c0[cnt + 1] = L.c0[cnt] + chunks_of(n[at]);
-        }
-        int64_t total = L.c0[cnt];
-        if (total == 0) continue;
-        int nb = total < SUMSQ_NB ? (int)total : SUMSQ_NB;
+        int nb, cnt = sq_table(&L, g, n, count, &at, &nb);
+        if (nb == 0) continue;
         void *a1[] = {&part, &L, &cnt};
         CHECK(mgc_cuda_launch(be, &k[OPT_SUMSQ_PARTIAL], (unsigned)nb, 1, 1, 256, 0, a1));
         void *a2[] = {&res, &part, &nb, &first};
@@ -870,17 +878,9 @@ int mgc_cuda_zero_list(mgc_backend *be, void *base, size_t bytes, float *const *
     mgc_kspec k[OPT__N];
     CHECK(opt_specs(be, k, MGC_DT_F32));
     for (int64_t at = 0; at < count;) {
-        sq_list L;
-        memset(&L, 0, sizeof L);
-        int cnt = 0;
-        for (; at < count && cnt < SQ_LIST; at++, cnt++) {
-            L.g[cnt] = p[at];
-            L.n[cnt] = n[at] > 0 ? n[at] : 0;
-            L.c0[cnt + 1] = L.c0[cnt] + chunks_of(n[at]);
-        }
-        int64_t total = L.c0[cnt];
-        if (total == 0) continue;
-        int nb = total < SUMSQ_NB ? (int)total : SUMSQ_NB;
+        sq_list L; /* optim.cuh's mgc_zl_list: the same layout, the pointers writable */
+        int nb, cnt = sq_table(&L, (const float *const *)p, n, count, &at, &nb);
+        if (nb == 0) continue;
         void *a[] = {&L, &cnt};
         CHECK(mgc_cuda_launch(be, &k[OPT_ZERO_LIST], (unsigned)nb, 1, 1, 256, 0, a));
     }
