@@ -36,6 +36,12 @@ static int64_t mgc_kspec_norm_threads(int64_t h, int bwd) {
                   norm.cuh MGC_NORM_HOLD), so that a thread may use 168 registers */
     return (h + 7) / 8 > 1024 ? 384 : row_threads(h, 8, 1024);
 }
+int mgc_kspec_norm_colsum_fits(int64_t h, int dt) {
+    if (h <= 0 || (h + 7) / 8 > 1024) return 0; /* past 1024 vectors: 384 threads of several */
+    int64_t t = mgc_kspec_norm_threads(h, 1);
+    int64_t need = dt == MGC_DT_BF16 ? 64 : dt == MGC_DT_F16 ? 72 : 96;
+    return 65536 / t >= need; /* a block alone on a multiprocessor: 64 Ki registers */
+}
 /* Rows a norm block works on at once (constant R): the largest power of two with
  * T * R <= 512 (at least 1, at most 16), so that blocks of ~256-512 threads, two an SM, keep
  * enough rows in flight (norm.cuh). */
@@ -54,11 +60,17 @@ static int64_t mgc_kspec_norm_fwd_rows_held(int64_t h, int64_t t) {
 static int64_t mgc_kspec_embedding_threads(int64_t h) {
     return row_threads(h, 4, 1024);
 }
+/* The embedding forward's block: at most 512 threads, so that a thread may hold 128 registers
+ * (blocks of 1024 hold 64: fp16's conversions spilled 20 bytes there at H 5120 and 6144). */
+static int64_t mgc_kspec_embedding_fwd_threads(int64_t h) {
+    return row_threads(h, 4, 512);
+}
 /* Rows an embedding forward block copies (constant R): with 16-byte vectors (h % 8 == 0) about
- * four vectors a thread, all loaded before the first store (at most 16 rows); else one. */
-static int64_t mgc_kspec_embedding_rows(int64_t h, int64_t t) {
+ * 64 bytes of each table a thread, all loaded before the first store (four vectors of 8 16-bit
+ * values, two of fp32: four of fp32 spilled 180 bytes at H 4096), at most 16 rows; else one. */
+static int64_t mgc_kspec_embedding_rows(int64_t h, int64_t t, int dtype) {
     if (h % 8 != 0) return 1;
-    int64_t r = 4 * t / (h / 8);
+    int64_t r = (dtype == MGC_DT_BF16 || dtype == MGC_DT_F16 ? 4 : 2) * t / (h / 8);
     return r < 1 ? 1 : r > 16 ? 16 : r;
 }
 
@@ -91,10 +103,10 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         const mgc_plan_tensor *y = tout(ch, op, 0);
         int64_t h = y->dim[y->rank - 1];
         if (h <= 0) return -1;
-        int64_t t = mgc_kspec_embedding_threads(h);
+        int64_t t = mgc_kspec_embedding_fwd_threads(h);
         mgc_kspec_init(&out[0], "embedding.cuh", "embedding_fwd", dt(y));
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
-        mgc_kspec_const(&out[0], "R", mgc_kspec_embedding_rows(h, t));
+        mgc_kspec_const(&out[0], "R", mgc_kspec_embedding_rows(h, t, dt(y)));
         return 1;
     }
     case MGC_POP_EMBEDDING_BWD: { /* in: tokens, dy; out: dword (+ dpos): sort + sorted +

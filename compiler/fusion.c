@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include "kspec.h"
 
 /* Boundary tensors of a chunk (docs/partitioning.md, "Conventions of a chunk"):
  * the first four indices hold the activations and gradients that cross
@@ -80,7 +81,8 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
  * H100 at GPT-2 124M, and bias_grad_finish, 3.3 us).  GPT's residual branches (the
  * attention's output projection, the second MLP layer) read the residual stream's gradient,
  * which a norm backward wrote, when no dropout sits between.  Only when dbias is touched by
- * nothing else in the program (its sum keeps the wgrad's order: rows ascending). */
+ * nothing else in the program (its sum keeps the wgrad's order: rows ascending), and only at
+ * widths and dtypes whose kernel holds the sums without spilling (mgc_kspec_norm_colsum_fits). */
 static int64_t fuse_norm_bwd_bias(mgc_plan_chunk *ch) {
     int64_t fused = 0;
     mgc_plan_op *ops = ch->bwd;
@@ -101,7 +103,8 @@ static int64_t fuse_norm_bwd_bias(mgc_plan_chunk *ch) {
             int32_t db = w->out[1];
             const mgc_plan_tensor *D = &ch->tensors[dx], *B = &ch->tensors[db];
             if (w->iattr[0] != nb->iattr[1] || w->iattr[1] != nb->iattr[2] || nb->iattr[2] <= 0 ||
-                D->ld || B->dtype != MGC_DT_F32 || B->bytes != (uint64_t)nb->iattr[2] * 4 || uses[db] != 1)
+                D->ld || B->dtype != MGC_DT_F32 || B->bytes != (uint64_t)nb->iattr[2] * 4 ||
+                uses[db] != 1 || !mgc_kspec_norm_colsum_fits(nb->iattr[2], D->dtype))
                 break;
             nb->out[nb->n_out++] = db;
             nb->flags |= MGC_POF_COLSUM;

@@ -172,6 +172,7 @@ int mgc_compile_kernels(mgc_plan *p, const int *archs, int n_archs, int threads,
             else st->compiled++;
             if (j->res.registers > st->max_registers) st->max_registers = j->res.registers;
             if (j->res.stack_bytes > st->max_stack_bytes) st->max_stack_bytes = j->res.stack_bytes;
+            st->spilling += j->res.spill_bytes > 0;
             if (j->res.spill_bytes > st->max_spill_bytes) {
                 st->max_spill_bytes = j->res.spill_bytes;
                 snprintf(st->worst_spill, sizeof st->worst_spill, "%s (sm_%d)", j->name, j->arch);

@@ -16,6 +16,7 @@ typedef struct mgc_kernel_stats {
     int compiled;     /* NVRTC runs */
     int cached;       /* taken from the cache */
     long max_registers, max_spill_bytes, max_stack_bytes;
+    int spilling;          /* cubins (a kernel for one architecture) that spill */
     char worst_spill[192]; /* the kernel with the most spill bytes */
     double seconds;
     unsigned long long cubin_bytes;

@@ -657,8 +657,10 @@ static int add_kernels(mgc_plan *p, const opts *o, char *line, size_t n) {
                  st.compiled, st.cached, st.seconds, (double)st.cubin_bytes / 1048576.0,
                  st.max_registers, st.max_spill_bytes);
     if (st.max_spill_bytes > 0)
-        fprintf(stderr, "mgc compile: warning: %s spills %ld bytes to local memory\n", st.worst_spill,
-                st.max_spill_bytes);
+        fprintf(stderr,
+                "mgc compile: warning: %d cubin%s spill to local memory, the most %s: %ld bytes (a "
+                "slower kernel, not a wrong one)\n",
+                st.spilling, st.spilling == 1 ? "" : "s", st.worst_spill, st.max_spill_bytes);
     return 0;
 }
 

@@ -268,7 +268,8 @@ __device__ __forceinline__ unsigned mgc_emb_tok(const unsigned long long *__rest
  * what a thread of a block of T may hold beside the rest (64 registers at T = 1024) */
 #define MGC_EMB_SREGS (MGC_T <= 256 ? 160 : MGC_T <= 512 ? 80 : 44)
 #define MGC_EMB_SU0 (MGC_EMB_SREGS / (2 * MGC_EPER + 2))
-#define MGC_EMB_SU (MGC_EMB_SU0 > 8 ? 8 : MGC_EMB_SU0 < 1 ? 1 : MGC_EMB_SU0)
+/* a power of two (3 rows of 5 vectors at H 5120 spilled 12 bytes on sm_80) */
+#define MGC_EMB_SU (MGC_EMB_SU0 >= 8 ? 8 : MGC_EMB_SU0 >= 4 ? 4 : MGC_EMB_SU0 >= 2 ? 2 : 1)
 /* grid ceil(n / S) (one block per segment of S = MGC_KSPEC_EMB_SEG sorted keys), block T.
  * The segment's keys fall into pieces of one token each.  A piece that is its token's whole
  * run of rows adds them, r ascending, to the token's gradient row starting from the row's

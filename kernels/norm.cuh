@@ -55,10 +55,10 @@
 /* means as products with the float nearest 1 / H: an IEEE division is about 10 instructions
  * and a branch in the chain of every row's statistics */
 #define MGC_INV_H (1.0f / (float)MGC_H)
-/* forward: two blocks an SM (<= 64 registers) when they are small enough to share one; the
- * backward (its column sums in registers too) asks for one, and gets two at <= 80 registers
- * for T * R = 384 (H = 768) */
-#define MGC_NORM_MINB (MGC_T * MGC_R <= 512 ? 2 : 1)
+/* forward: two blocks an SM (<= 64 registers) when they are small enough to share one and a
+ * thread holds at most 4 vectors of its row (H <= 12288: fp32's H 16384 forward, 6 vectors of
+ * floats, spilled 84 bytes at 80 registers); the backward: MGC_NORM_BWD_MINB */
+#define MGC_NORM_MINB (MGC_T * MGC_R <= 512 && MGC_NV <= 4 ? 2 : 1)
 
 /* Columns of vector k of thread t that exist: 8, or fewer (<= 0: none) at the row's end. */
 __device__ __forceinline__ int mgc_norm_nvalid(int k, int t) {
@@ -365,22 +365,40 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
     const mgc_t *pr = wpe && ok ? wpe + p * (i64)MGC_H : (const mgc_t *)0;
     mgc_t *xr = x + r * (i64)MGC_H;
     float v[1][MGC_NV][8];
-    float wv[MGC_NV][8], pv[MGC_NV][8];
+#if MGC_VEC8 /* every load of the row before the first addition, held as storage values (half
+              * the registers of floats in 16 bits: H 16384 in bf16 spilled 144 bytes as floats) */
+    mgc_raw8 wq[MGC_NV], pq[MGC_NV];
+#pragma unroll
+    for (int k = 0; k < MGC_NV; k++) {
+        wq[k] = mgc_norm_ldraw(wr, k, t, ok && in);
+        pq[k] = mgc_norm_ldraw(pr, k, t, pr != 0);
+    }
+#else
+    float wvs[MGC_NV][8], pvs[MGC_NV][8];
 #pragma unroll
     for (int k = 0; k < MGC_NV; k++) { /* every load of the row before the first addition */
-        mgc_norm_ld(wr, k, t, ok && in, wv[k]);
-        mgc_norm_ld(pr, k, t, pr != 0, pv[k]);
+        mgc_norm_ld(wr, k, t, ok && in, wvs[k]);
+        mgc_norm_ld(pr, k, t, pr != 0, pvs[k]);
     }
+#endif
 #pragma unroll
     for (int k = 0; k < MGC_NV; k++) {
         int c0 = 8 * (k * MGC_T + t), nv = mgc_norm_nvalid(k, t);
+#if MGC_VEC8
+        float wv[8], pv[8];
+        mgc_unraw8(wq[k], wv);
+        mgc_unraw8(pq[k], pv);
+#else
+        float(&wv)[8] = wvs[k];
+        const float(&pv)[8] = pvs[k];
+#endif
         if (pr) /* as embedding_fwd adds: not at all without positions (-0 stays -0) */
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                wv[k][j] += pv[k][j];
+                wv[j] += pv[j];
         /* rounded to the compute dtype once (as embedding_fwd writes it): x's storage values,
          * and v their values */
-        const mgc_raw8 xq = mgc_toraw8(wv[k]);
+        const mgc_raw8 xq = mgc_toraw8(wv);
         mgc_unraw8(xq, v[0][k]);
         if (!ok || nv <= 0) {
 #pragma unroll
@@ -424,10 +442,13 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
  * would spill), and fp32 rows more than 64 (twice the registers of a 16-bit row): one.  At
  * 512 threads only rows of whole 16-byte vectors, held as raw storage values: a row of other
  * width holds its x and dy as floats, and at 64 registers spilled (H 100 in bf16: 28 bytes,
- * found by test_cuda's norm check on an H200). */
+ * found by test_cuda's norm check on an H200).  The column sums of dx (CS) take 8 registers
+ * more: two blocks of bf16 rows up to 448 threads (72 registers: GPT-2 1.5B's H 1600), not 512
+ * (64: H 1024 spilled 68 bytes), and fp32 rows one block (H 768 spilled 16 bytes at 80). */
 #define MGC_NORM_BWD_MINB                                                                      \
     (MGC_NORM_HOLD && !MGC_FP16 &&                                                             \
-             (MGC_T * MGC_R <= 384 || (MGC_HALF && MGC_VEC8 && MGC_T * MGC_R <= 512))          \
+             (MGC_T * MGC_R <= 384 || (MGC_HALF && MGC_VEC8 && MGC_T * MGC_R <= 512)) &&       \
+             (!MGC_CS || (MGC_HALF && MGC_T * MGC_R <= 448))                                   \
          ? 2                                                                                   \
          : 1)
 
@@ -475,8 +496,11 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, float *__restrict__ part,
                    const mgc_t *__restrict__ dy, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ gres, i64 rows, float eps,
-                   int want_db) {
+                   int want_db_arg) {
     mgc_pdl_begin();
+    /* RMSNorm has no bias: its db sums are then dead code, not NV 8 registers (H 16384 in bf16
+     * spilled 16 bytes with them) */
+    const int want_db = MGC_NORM_RMS ? 0 : want_db_arg;
     __shared__ float sh[MGC_R][2][MGC_NW * 3];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
     const i64 nb = gridDim.x, p = blockIdx.x;

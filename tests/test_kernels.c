@@ -175,8 +175,82 @@ static void check_pdl(void) {
     T_CHECK(entries >= 50); /* 52 when this was written: the parse finds them */
 }
 
+/* Model widths that no model file has, in each precision.  The row kernels' shapes (norm.cuh's
+ * threads T and row slots R, the embedding's T and R) and the registers their blocks leave a
+ * thread change with the width, and spills appeared between the models' widths: GPT-2 355M's
+ * H 1024 norm backward with the bias column sums (CS) in bf16 (68 bytes), fp32's embedding
+ * forward at H 4096 (180), fp16's at H 5120 (and the embedding + RMSNorm forward of Llama 3
+ * 405B's H 16384 in bf16, 144 bytes: models/llama3-405b.yaml).  GPT-2 (LayerNorm, biases: CS
+ * without dropout, learned positions) and tiny LLaMA (RMSNorm, rotary) at heads of 64. */
+static void check_widths(void) {
+    static const struct {
+        const char *file, *prec;
+        int h, nodrop;
+    } w[] = {
+        {"models/gpt2-124m.yaml", "bf16", 256, 1},   {"models/gpt2-124m.yaml", "bf16", 512, 1},
+        {"models/gpt2-124m.yaml", "bf16", 1024, 1},  {"models/gpt2-124m.yaml", "bf16", 2048, 1},
+        {"models/gpt2-124m.yaml", "bf16", 4096, 1},  {"models/gpt2-124m.yaml", "bf16", 8192, 1},
+        {"models/gpt2-124m.yaml", "bf16", 12288, 1}, {"models/gpt2-124m.yaml", "fp16", 1024, 1},
+        {"models/gpt2-124m.yaml", "fp16", 8192, 1},  {"models/gpt2-124m.yaml", "fp16", 5120, 0},
+        {"models/gpt2-124m.yaml", "fp32", 768, 1},   {"models/gpt2-124m.yaml", "fp32", 1024, 1},
+        {"models/gpt2-124m.yaml", "fp32", 3072, 1},  {"models/gpt2-124m.yaml", "fp32", 6144, 1},
+        {"models/gpt2-124m.yaml", "fp32", 8192, 1},  {"models/gpt2-124m.yaml", "fp32", 4096, 0},
+        {"models/tiny-llama.yaml", "fp16", 12288, 0},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        char extra[512];
+        snprintf(extra, sizeof extra,
+                 "model.hidden_size=%d model.num_attention_heads=%d model.head_dim=64 "
+                 "model.ffn_hidden_size=%d parallel.tensor=1%s%s",
+                 w[i].h, w[i].h / 64, 4 * w[i].h,
+                 strstr(w[i].file, "llama") ? " model.num_query_groups=1" : "",
+                 w[i].nodrop ? " model.hidden_dropout=0 model.attention_dropout=0" : "");
+        check_file(w[i].file, w[i].prec, extra);
+    }
+}
+
+/* The norm backward sums the bias gradient's columns (MGC_POF_COLSUM) only where its kernel
+ * leaves the registers for them (mgc_kspec_norm_colsum_fits): GPT-2 without dropout has 24
+ * such norms (two a layer) at H 768 in bf16 and fp32 and at H 8192 in bf16, none at H 8192 in
+ * fp32 (44 bytes spilled) nor at H 12288 (several vectors a thread). */
+static int colsum_norms(const char *prec, int h) {
+    char s0[64], s1[64], s2[64], s3[64], s4[64];
+    snprintf(s0, sizeof s0, "training.precision=%s", prec);
+    snprintf(s1, sizeof s1, "model.hidden_size=%d", h);
+    snprintf(s2, sizeof s2, "model.num_attention_heads=%d", h / 64);
+    snprintf(s3, sizeof s3, "model.ffn_hidden_size=%d", 4 * h);
+    snprintf(s4, sizeof s4, "parallel.tensor=1");
+    const char *const sets[] = {s0, s1, s2, s3, s4, "model.head_dim=64", "model.hidden_dropout=0",
+                                "model.attention_dropout=0", NULL};
+    mgc_plan *p = t_compile("models/gpt2-124m.yaml", (const char *const *const[]){sets}, 1);
+    int n = -1;
+    if (p) {
+        n = 0;
+        for (int64_t s = 0; s < p->n_stages; s++)
+            for (int64_t c = 0; c < p->stages[s].n_chunks; c++) {
+                const mgc_plan_chunk *ch = &p->stages[s].chunks[c];
+                for (int64_t i = 0; i < ch->n_bwd; i++)
+                    n += ch->bwd[i].kind == MGC_POP_NORM_BWD && (ch->bwd[i].flags & MGC_POF_COLSUM);
+            }
+    }
+    mgc_plan_free(p);
+    return n;
+}
+
+static void check_colsum_widths(void) {
+    int a = colsum_norms("bf16", 768), b = colsum_norms("fp32", 768);
+    int c = colsum_norms("bf16", 8192), d = colsum_norms("fp32", 8192);
+    int e = colsum_norms("bf16", 12288);
+    printf("norm backwards with bias column sums: bf16 H 768 %d, fp32 H 768 %d, bf16 H 8192 %d, "
+           "fp32 H 8192 %d, bf16 H 12288 %d\n", a, b, c, d, e);
+    T_CHECK(a > 0 && a == b && a == c);
+    T_EQ_I64(d, 0);
+    T_EQ_I64(e, 0);
+}
+
 int main(void) {
     check_pdl();
+    check_colsum_widths();
     if (!mgc_nvrtc_available()) {
         printf("test_kernels: NVRTC not found: skipped (after the templates' checks)\n");
         return t_failed ? 1 : 77;
@@ -218,6 +292,7 @@ int main(void) {
     check_file("examples/tiny-gpt.yaml", "bf16", h100);
     check_file("examples/tiny-gpt.yaml", "fp16", h100);
     check_file("models/tiny-llama.yaml", "bf16", h100);
+    check_widths();
     /* the benchmark's GPT-2 without dropout: its norm backwards sum the residual branches'
      * bias gradients too (CS, compiler/fusion.c), at H 768 and 1600 */
     static const char *const nodrop = "model.hidden_dropout=0 model.attention_dropout=0";
