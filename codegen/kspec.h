@@ -83,8 +83,8 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
 /* Whether the norm backward over rows of h elements of storage dtype `dt` can also sum the
  * columns of dx (constant CS; compiler/fusion.c asks before it moves a linear's bias gradient
  * there): only where a thread holds its row, one vector (h <= 8192), and its block leaves it
- * the registers the three sums of columns need (64 in bf16, 72 in fp16, 96 in fp32; fp32's
- * H 8192 spilled 44 bytes at 64). */
+ * the registers the three sums of columns need: 72 in 16 bits (bf16 spilled 44 bytes at 64
+ * from H 7424 to 7936, though not at 8192), 100 in fp32 (H 5376 spilled 28 bytes at 97). */
 int mgc_kspec_norm_colsum_fits(int64_t h, int dt);
 int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                          mgc_kspec *out, int max);

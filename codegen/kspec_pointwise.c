@@ -39,7 +39,7 @@ static int64_t mgc_kspec_norm_threads(int64_t h, int bwd) {
 int mgc_kspec_norm_colsum_fits(int64_t h, int dt) {
     if (h <= 0 || (h + 7) / 8 > 1024) return 0; /* past 1024 vectors: 384 threads of several */
     int64_t t = mgc_kspec_norm_threads(h, 1);
-    int64_t need = dt == MGC_DT_BF16 ? 64 : dt == MGC_DT_F16 ? 72 : 96;
+    int64_t need = dt == MGC_DT_F32 ? 100 : 72;
     return 65536 / t >= need; /* a block alone on a multiprocessor: 64 Ki registers */
 }
 /* Rows a norm block works on at once (constant R): the largest power of two with
