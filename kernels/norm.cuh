@@ -452,6 +452,13 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
          ? 2                                                                                   \
          : 1)
 
+/* The residual gradient's row loaded with x and dy, before the statistics, where a row is held
+ * (else in the pass that writes dx), but not by fp16 and fp32 blocks of more than 512 threads,
+ * whose 64-80 registers it crowds: fp16 spilled 12-16 bytes on sm_80 at H 7424-7936 (none
+ * since), fp32 32-68 at H 6400-7936 (8-44 since) */
+#define MGC_NORM_RES_EARLY                                                                     \
+    (MGC_RES && MGC_NORM_HOLD && MGC_VEC8 && (MGC_BF16 || MGC_T * MGC_R <= 512))
+
 /* Adds the R slots' column sums a (slot order 0, 1, ..) and writes them to pr[0..H) (slot 0).
  * cmb: (R - 1) NV 8 T floats of shared memory; every thread of the block calls it. */
 template <typename C>
@@ -544,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
 #elif MGC_NORM_HOLD && MGC_VEC8 /* the row's x, dy (and gres) held as raw storage values */
         mgc_raw8 xq = mgc_norm_ldraw(xr, 0, t, ok), gq = mgc_norm_ldraw(gr, 0, t, ok);
 #endif
-#if MGC_RES && MGC_NORM_HOLD && MGC_VEC8 /* issued early: its latency hides behind the stats */
+#if MGC_NORM_RES_EARLY /* issued early: its latency hides behind the stats */
         mgc_raw8 rq = mgc_norm_ldraw(gres + r * (i64)MGC_H, 0, t, ok);
 #endif
 #if MGC_NORM_HOLD && MGC_VEC8
@@ -628,7 +635,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
             MGC_XLOAD(k, xk);
             MGC_GLOAD(k, gk);
             MGC_WLOAD(k, wk);
-#if MGC_RES && MGC_NORM_HOLD && MGC_VEC8
+#if MGC_NORM_RES_EARLY
             float rv[8];
             mgc_unraw8(rq, rv);
 #elif MGC_RES
