@@ -103,6 +103,7 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
 #define MGC_KSPEC_EMB_SORT_MAX (1 << 30) /* embedding backward: most tokens a microbatch (the sort's int indices) */
 #define MGC_KSPEC_EMB_SEG      32    /* embedding backward: sorted keys a block (kernels/embedding.cuh) */
 #define MGC_KSPEC_EMB_SORT_TILES 128 /* embedding sort: most tiles (blocks) of a pass */
+#define MGC_KSPEC_EMB_BSORT_MAX 8192 /* embedding sort: most keys sorted in one block (embedding_sort_block) */
 #define MGC_KSPEC_BGRAD_PARTS  256   /* bias gradient: most row partitions (kernels/gemm_aux.cuh) */
 #define MGC_KSPEC_MOE_TILE     256   /* kernels/moe.cuh: assignments per map block */
 /* A carve's size: bytes rounded up to 256 (every carve starts 256-aligned). */

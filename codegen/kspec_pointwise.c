@@ -74,6 +74,24 @@ static int64_t mgc_kspec_embedding_rows(int64_t h, int64_t t, int dtype) {
     return r < 1 ? 1 : r > 16 ? 16 : r;
 }
 
+/* The one-block sort of the embedding backward (kernels/embedding.cuh embedding_sort_block) for
+ * n keys of values up to vmax: 1 with its threads *t, rounds of 32 keys a warp *k (a power of
+ * two) and row bits *rb where n <= MGC_KSPEC_EMB_BSORT_MAX and v << rb | r fits 32 bits; else 0
+ * (the tiled sort, two launches a byte of v).  A thread holds a key and its rank a round: 8
+ * rounds in the 64 registers of a block of 1024 (16 spilled 56-68 bytes, and 32 rounds in
+ * blocks of 512 spilled 180). */
+static int emb_block_sort(int64_t n, int64_t vmax, int64_t *t, int64_t *k, int64_t *rb) {
+    if (n < 1 || n > MGC_KSPEC_EMB_BSORT_MAX) return 0;
+    int64_t r = 1, vb = 0, per = 1;
+    while (((int64_t)1 << r) < n) r++;
+    for (int64_t m = vmax; m > 0; m >>= 1) vb++;
+    if (r + vb > 32) return 0;
+    while (per * 1024 < n) per *= 2;
+    *k = per, *rb = r;
+    *t = ((n + per - 1) / per + 31) / 32 * 32;
+    return 1;
+}
+
 static int dt(const mgc_plan_tensor *t) {
     return t->dtype;
 }
@@ -116,7 +134,19 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         if (h <= 0) return -1;
         int64_t t = mgc_kspec_embedding_threads(h);
         if (max < 3) return -1;
-        mgc_kspec_init(&out[0], "embedding.cuh", "embedding_sort", MGC_DT_F32); /* any dtype */
+        /* one block sorts the rows when they fit (the word ids up to V_l, or with documents the
+         * positions, up to the sequence's s * cp): the keys and the sort are shared */
+        const mgc_plan_tensor *tk = tin(ch, op, 0);
+        int64_t n = tk->dim[0] * (tk->rank > 1 ? tk->dim[1] : 1), bt, bk, brb;
+        int64_t vmax = op->iattr[0], npos = tk->dim[0] * (op->iattr[3] > 0 ? op->iattr[3] : 1);
+        if (op->n_out > 1 && (op->flags & MGC_POF_DOCS) && npos > vmax) vmax = npos;
+        if (emb_block_sort(n, vmax, &bt, &bk, &brb)) {
+            mgc_kspec_init(&out[0], "embedding.cuh", "embedding_sort_block", MGC_DT_F32);
+            mgc_kspec_const(mgc_kspec_const(&out[0], "T", bt), "K", bk);
+            mgc_kspec_const(&out[0], "RB", brb);
+        } else {
+            mgc_kspec_init(&out[0], "embedding.cuh", "embedding_sort", MGC_DT_F32); /* any dtype */
+        }
         mgc_kspec_init(&out[1], "embedding.cuh", "embedding_bwd_sorted", dt(dy));
         mgc_kspec_const(mgc_kspec_const(&out[1], "H", h), "T", t);
         /* the position gradient in the join's launch, without documents (with them its rows

@@ -15,7 +15,8 @@
  * Positions: pos(r) = mgc_ctx_pos(i) for row r = i*b + j, minus docs[r] (the row's document
  * start, data.reset_position_ids) when docs is not NULL.
  *   embedding_sort      keys = (v << 32 | r) sorted, v = tok[r] - v0 (V_l outside the shard):
- *                       each token's rows together, ascending (a radix sort)
+ *                       each token's rows together, ascending (a radix sort over tiles)
+ *   embedding_sort_block  the same keys from one block, where they fit (up to 8,192 rows)
  *   embedding_bwd_sorted  the word gradient from the sorted keys, one block per segment of
  *                       S keys (MGC_KSPEC_EMB_SEG); embedding_bwd_join adds the pieces of the
  *                       runs that cross segments, in the same launch as the position blocks
@@ -26,8 +27,9 @@
  * segment from zero), which are then added in segment order, so that a frequent token (a byte
  * tokenizer's space, say: a fifth of the rows) no longer makes one block read its rows one
  * after another (0.58 ms of a GPT-2 124M step on the H100 before).
- * The launcher sorts the rows by token (a stable radix sort, 8 bits of the id a pass: two
- * passes for a vocabulary shard of up to 65,535 ids), and embedding_bwd_sorted walks the
+ * The launcher sorts the rows by token (a stable radix sort, 8 bits of the id a pass: in one
+ * launch where the rows and ids fit, else over tiles, two launches a pass, four for a
+ * vocabulary shard of up to 65,535 ids), and embedding_bwd_sorted walks the
  * segments: every row of dy in the shard is read once, whatever the microbatch (up to 2^30
  * tokens: int indices). */
 /* NVRTC has no <math.h>: INFINITY (used by mgc_common.cuh's mgc_block_max) */
@@ -215,6 +217,90 @@ extern "C" __global__ void __launch_bounds__(256)
         key = nkey, d = nd;
     }
     if (mode == 0) cnt[tl * 256 + x] = mine;
+}
+#endif
+
+#if defined(MGC_ENTRY_embedding_sort_block)
+/* The same sort in one launch of one block, where the keys fit (codegen/kspec_pointwise.c
+ * emb_block_sort: n <= MGC_K * MGC_T <= MGC_KSPEC_EMB_BSORT_MAX, and v < 2^(32 - RB), RB the
+ * bits of a row index): the keys as 32 bits, v << RB | r, in shared memory, sorted by v a byte
+ * a pass, least significant first.  Warp w holds the keys at 32 K w .. 32 K (w + 1) - 1, taken
+ * 32 at a time (round k: lane l the key at 32 K w + 32 k + l), so that each pass is stable: a
+ * key's rank among its digit's keys in its round comes from __match_any_sync, the warp's
+ * earlier rounds from the warp's count of each digit (cnt[d][w], which the first lane of each
+ * digit's keys advances), and the keys of smaller digits and of its digit in earlier warps from
+ * an exclusive scan of cnt in that order (d major).  The keys finally written are the tiled
+ * sort's (v << 32 | r), bit for bit: the order of distinct keys is unique.  The tiled sort takes
+ * two launches a byte of v, each waiting on its loads (4 x 4.6 us for GPT-2's 8,192 rows on the
+ * H100); this takes one.
+ * grid 1, block MGC_T, dynamic shared memory: n keys, then 256 x MGC_T / 32 counts (words). */
+typedef unsigned long long u64;
+extern "C" __global__ void __launch_bounds__(MGC_T, 1)
+    MGC_ENTRY_NAME(u64 *__restrict__ keys, const i64 *__restrict__ tok, i64 v0, i64 V_l, int n,
+                   i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs) {
+    mgc_pdl_begin();
+    constexpr int NW = MGC_T / 32, E = 256 * NW / MGC_T; /* E = 8 counts a thread in the scan */
+    MGC_DYN_SHARED(unsigned, sk);
+    unsigned *cnt = sk + n; /* cnt[d * NW + w] */
+    __shared__ unsigned wt[NW];
+    const int x = threadIdx.x, lane = x & 31, w = x >> 5;
+    const unsigned lt = (1u << lane) - 1u;
+    for (int e = x; e < n; e += MGC_T) { /* the keys in row order, read coalesced */
+        const i64 v = tok ? tok[e] - v0 : mgc_ctx_pos(e / b, cp, cpr, half_len) - docs[e];
+        sk[e] = (unsigned)(v >= 0 && v < V_l ? v : V_l) << MGC_RB | (unsigned)e;
+    }
+    int vb = 0; /* the bits of v: V_l the largest */
+    for (i64 m = V_l; m; m >>= 1) vb++;
+    for (int shift = MGC_RB; shift < MGC_RB + vb; shift += 8) {
+#pragma unroll
+        for (int j = 0; j < 256 / 32; j++) cnt[(lane + 32 * j) * NW + w] = 0u;
+        __syncthreads(); /* the keys (the last pass's or the first) and the counts in place */
+        unsigned key[MGC_K], rank[MGC_K];
+#pragma unroll
+        for (int k = 0; k < MGC_K; k++) {
+            const int p = (w * MGC_K + k) * 32 + lane;
+            const bool in = p < n;
+            key[k] = in ? sk[p] : 0u;
+            const unsigned d = (key[k] >> shift) & 255u;
+            const unsigned peers = __match_any_sync(0xffffffffu, in ? d : 256u);
+            const unsigned base = in ? cnt[d * NW + w] : 0u;
+            __syncwarp();
+            if (in && lane == __ffs(peers) - 1) cnt[d * NW + w] = base + __popc(peers);
+            __syncwarp();
+            rank[k] = base + __popc(peers & lt);
+        }
+        __syncthreads();
+        /* cnt scanned (exclusive), d major: thread x's E consecutive counts, the warp, the warps */
+        unsigned c[E], sum = 0;
+#pragma unroll
+        for (int i = 0; i < E; i++) c[i] = cnt[x * E + i], sum += c[i];
+        unsigned inc = sum, all = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned other = __shfl_xor_sync(0xffffffffu, all, o);
+            inc += lane & o ? other : 0u;
+            all += other;
+        }
+        if (lane == 0) wt[w] = all;
+        __syncthreads();
+        unsigned pre = lane < w ? wt[lane] : 0u; /* the warps before this one, summed */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) pre += __shfl_xor_sync(0xffffffffu, pre, o);
+        pre += inc - sum;
+#pragma unroll
+        for (int i = 0; i < E; i++) cnt[x * E + i] = pre, pre += c[i];
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < MGC_K; k++) {
+            const int p = (w * MGC_K + k) * 32 + lane;
+            if (p < n) sk[cnt[((key[k] >> shift) & 255u) * NW + w] + rank[k]] = key[k];
+        }
+        __syncthreads(); /* the keys in place; wt and cnt read */
+    }
+    for (int e = x; e < n; e += MGC_T) {
+        const unsigned u = sk[e];
+        keys[e] = (u64)(u >> MGC_RB) << 32 | (u & ((1u << MGC_RB) - 1u));
+    }
 }
 #endif
 

@@ -133,30 +133,55 @@ static int emb_join(mgc_backend *be, const mgc_kspec *k, void *dw, void *part, v
     return mgc_cuda_launch(be, k, (unsigned)(G + P), 1, 1, (unsigned)kconst(k, "T"), 0, a);
 }
 
+/* The rows' sort keys (embedding.cuh embedding_sort_block / embedding_sort) into keys[0 .. n),
+ * the tiled sort using tmp and cnt beside them. */
+static int emb_sort(mgc_backend *be, const mgc_kspec *k, void *keys, void *tmp, void *cnt, void *tk,
+                    int64_t v0, int64_t V_l, int64_t n, int64_t b, int64_t cp, int64_t cpr,
+                    int64_t half, const void *docs) {
+    int in = (int)n;
+    if (!strcmp(k->entry, "embedding_sort_block")) { /* one block */
+        int64_t T = kconst(k, "T"), K = kconst(k, "K"), rb = kconst(k, "RB"), vb = 0;
+        for (int64_t m = V_l; m > 0; m >>= 1) vb++;
+        if (n > T * K || vb + rb > 32) /* the spec was made for these shapes: not reached */
+            return mgc_cuda_fail(be,
+                                 "embedding_bwd: %lld keys up to %lld do not fit the one-block "
+                                 "sort of %lld x %lld keys of %lld row bits",
+                                 (long long)n, (long long)V_l, (long long)T, (long long)K,
+                                 (long long)rb);
+        void *a[] = {&keys, &tk, &v0, &V_l, &in, &b, &cp, &cpr, &half, &docs};
+        size_t words = (size_t)n + 256 * (size_t)(T / 32); /* the keys, the warps' counts */
+        return mgc_cuda_launch(be, k, 1, 1, 1, (unsigned)T, words * 4, a);
+    }
+    /* tiles: a pass a byte of the largest id, V_l (the rows outside the table, skipped); the
+     * last pass writes keys */
+    int64_t per64;
+    unsigned tiles = (unsigned)mgc_kspec_emb_sort_tiles(n, &per64);
+    int passes = 1, per = (int)per64;
+    for (uint64_t m = (uint64_t)V_l >> 8; m; m >>= 8) passes++;
+    for (int pass = 0; pass < passes; pass++) {
+        void *dst = (passes - 1 - pass) % 2 ? tmp : keys;
+        void *src = pass == 0 ? NULL : (passes - pass) % 2 ? tmp : keys;
+        int shift = 8 * pass;
+        for (int mode = 0; mode < 2; mode++) {
+            void *a[] = {&dst, &src, &tk, &cnt, &v0, &V_l, &in, &per,
+                         &shift, &mode, &b, &cp, &cpr, &half, &docs};
+            CHECK(mgc_cuda_launch(be, k, tiles, 1, 1, 256, 0, a));
+        }
+    }
+    return 0;
+}
+
 static int emb_scatter(mgc_backend *be, const mgc_kspec *k, char *scratch, void *dw, void *dy,
                        void *tk, int64_t v0, int64_t V_l, int64_t n, int64_t b, int64_t cp,
                        int64_t cpr, int64_t half, const void *docs, void *dp, int64_t P) {
-    int in = (int)n, S = MGC_KSPEC_EMB_SEG;
+    int S = MGC_KSPEC_EMB_SEG;
     int64_t per64;
     unsigned tiles = (unsigned)mgc_kspec_emb_sort_tiles(n, &per64);
     unsigned segs = (unsigned)((n + S - 1) / S);
     char *keys = scratch, *tmp = keys + mgc_kspec_align((uint64_t)n * 8);
     void *cnt = tmp + mgc_kspec_align((uint64_t)n * 8);
     void *part = (char *)cnt + mgc_kspec_align((uint64_t)tiles * 256 * 4);
-    /* a pass a byte of the largest id, V_l (the rows outside the table, skipped); the last
-     * pass writes keys */
-    int passes = 1, per = (int)per64;
-    for (uint64_t m = (uint64_t)V_l >> 8; m; m >>= 8) passes++;
-    for (int pass = 0; pass < passes; pass++) {
-        void *dst = (passes - 1 - pass) % 2 ? (void *)tmp : (void *)keys;
-        void *src = pass == 0 ? NULL : (passes - pass) % 2 ? (void *)tmp : (void *)keys;
-        int shift = 8 * pass;
-        for (int mode = 0; mode < 2; mode++) {
-            void *a1[] = {&dst, &src,  &tk, &cnt, &v0,   &V_l,  &in, &per,
-                          &shift, &mode, &b, &cp, &cpr, &half, &docs};
-            CHECK(mgc_cuda_launch(be, &k[0], tiles, 1, 1, 256, 0, a1));
-        }
-    }
+    CHECK(emb_sort(be, &k[0], keys, tmp, cnt, tk, v0, V_l, n, b, cp, cpr, half, docs));
     void *a2[] = {&dw, &part, &dy, &keys, &V_l, &n, &S};
     CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)kconst(&k[1], "T"), 0, a2));
     return emb_join(be, &k[2], dw, part, keys, V_l, n, segs > 1 ? (int64_t)segs : 0, dp, dy, P, b, cp,

@@ -431,11 +431,13 @@ static void check_ce_inplace(void) {
  * distributions that stress the segments: one token for a whole microbatch (a run over 64
  * segments), half the rows one token, runs ending exactly at segment ends, a run one row past
  * one, a vocabulary shard (tensor rank 1 of 2: tokens outside it leave the table alone), and
- * 5,000, 16,384 and 40,000 rows (the radix sort's 20, 64 and 79 tiles, the last of two chunks
- * of 256 keys each; at 40,000 a token's run over 625 segments, whose end the join finds in 20
- * passes of its 32 threads), a vocabulary of 70,000 (the sort's three passes; two in a shard
- * of it), in fp32 and bf16, against a double-precision sum onto random non-zero gradient rows.
- * Rows no token hits must keep their bits; a rerun must give the same bits. */
+ * 5,000, 16,384 and 40,000 rows (the first sorted in one block, embedding_sort_block: 640
+ * threads, 8 rounds of 32 keys a warp; the others by the tiled radix sort, 64 and 79 tiles, the
+ * last of two chunks of 256 keys each; at 40,000 a token's run over 625 segments, whose end the
+ * join finds in 20 passes of its 32 threads), a vocabulary of 70,000 (3,000 rows: the one-block
+ * sort's three passes of a byte, 29 bits a key; 20,000 rows: the tiled sort's three passes; a
+ * shard of it), in fp32 and bf16, against a double-precision sum onto random non-zero gradient
+ * rows.  Rows no token hits must keep their bits; a rerun must give the same bits. */
 
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -448,8 +450,9 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
     const mgc_plan_op *op0 =
         bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_EMBEDDING_BWD, 0, &ch, &tv);
     if (!op0) return;
-    static const int64_t N[10] = {1000, 2048, 96, 33, 1000, 5000, 16384, 40000, 3000, 3000};
-    /* cases 8, 9: a vocabulary of 70,000, the sort's 3 passes (2 in the shard of 35,000) */
+    static const int64_t N[11] = {1000, 2048, 96, 33, 1000, 5000, 16384, 40000, 3000, 3000, 20000};
+    /* cases 8-10: a vocabulary of 70,000 (case 9 the shard of 35,000); case 10 past the one-block
+     * sort's 8,192 keys, the tiled sort's three passes */
     const int64_t n = N[kase], V = kase >= 8 ? 70000 : 300, tp = kase == 4 || kase == 9;
     const int64_t Vl = tp ? V / 2 : V;
     /* cases 0, 5, 6: the position gradient too, in the join's launch (embedding.cuh POS): the
@@ -633,7 +636,7 @@ static void check_emb_case(mgc_backend *be, const mgc_plan *p, int kase) {
 }
 
 static void emb_cases(mgc_backend *be, const mgc_plan *p) {
-    for (int kase = 0; kase < 10; kase++)
+    for (int kase = 0; kase < 11; kase++)
         check_emb_case(be, p, kase);
 }
 
