@@ -840,6 +840,11 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
     if (block == 0 || block > MAX_BLOCK)
         return fail(err, errsz, "kernel %s: a block of %u threads (1 to %d)", l->name, block,
                     MAX_BLOCK);
+    /* the most dynamic shared memory a block of every sm_80+ GPU may ask for (99 KB on sm_86
+     * and sm_89; 163 KB on sm_80, 227 KB on sm_90): a launch that a GPU would refuse fails here */
+    if (smem_bytes > 101376)
+        return fail(err, errsz, "kernel %s: %zu bytes of dynamic shared memory, more than the "
+                    "101,376 every sm_80+ GPU allows a block", l->name, smem_bytes);
     while (e->n_stacks < (int)block) { /* stacks stay for later launches */
         size_t len = STACK_BYTES + 4096;
         char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
