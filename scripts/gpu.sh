@@ -39,7 +39,10 @@
 # without dropout for three steps with --cuda-graphs); bench/bench_gpu.sh
 # reads BENCH_MODELS, BENCH_TORCH, BENCH_PROFILE_MODELS and STEPS.  On the lent
 # H100, `test` took about 5 minutes and `bench` about 5: run them as two calls
-# (one call is limited to 10 minutes).  The device's copy of .git can be stale:
+# (one call is limited to 10 minutes).  With 15 minutes of device time a session and a
+# machine that goes back 30 s after a call, `sh scripts/gpu.sh 'ctest quick'` in one call
+# (the build, test_cuda's 3 minutes and quick's 3) checks a session's kernel changes and
+# times them; then give the machine back.  The device's copy of .git can be stale:
 # pass MGC_COMMIT=$(git rev-parse --short HEAD) so that the reports name the
 # commit that was sent.
 #
