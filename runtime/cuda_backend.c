@@ -256,8 +256,8 @@ static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigne
     loaded_kernel *lk = find_kernel(be, k);
     if (!lk) return -1;
     /* more than the default 48 KB of dynamic shared memory (embedding_sort_block's 64 KB at
-     * 8,192 rows): allowed once, at bind's warm-up (dry) where the launch is planned, so that
-     * no CUDA graph capture makes the call */
+     * 8,192 rows): allowed once, at bind's warm-up (dry) where the launch is planned, before
+     * any run (a program's first run, eager, would do too: no capture makes the call) */
     if (smem > lk->smem_set) {
         CUDA_TRY(be,
                  cudaKernelSetAttributeForDevice(lk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
