@@ -840,6 +840,10 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
     if (block == 0 || block > MAX_BLOCK)
         return fail(err, errsz, "kernel %s: a block of %u threads (1 to %d)", l->name, block,
                     MAX_BLOCK);
+    /* a grid a GPU launches: x below 2^31, y and z at most 65,535 */
+    if (gx > 0x7fffffffu || gy > 65535u || gz > 65535u)
+        return fail(err, errsz, "kernel %s: a grid of (%u, %u, %u) blocks (x below 2^31, y and z "
+                    "at most 65,535)", l->name, gx, gy, gz);
     /* the most dynamic shared memory a block of every sm_80+ GPU may ask for (99 KB on sm_86
      * and sm_89; 163 KB on sm_80, 227 KB on sm_90): a launch that a GPU would refuse fails here */
     if (smem_bytes > 101376)
