@@ -2205,9 +2205,57 @@ static const layout moe_capacity[] = {
     {"pp2 1f1b", {W(2), "parallel.pipeline=2"}},
 };
 
+/* main's sections: `test_train NAME` runs one of them (and `eval` or `eod` one check of
+ * `basics`), no argument all of them.  ci1 and ci2 are the two halves that ctest runs side by
+ * side as test_train1 and test_train2 (tests/CMakeLists.txt), and that scripts/test.sh runs
+ * side by side under ThreadSanitizer; the halves are balanced by the sections' seconds on a
+ * 2-core machine (gcc, docs/testing.md). */
+static const struct {
+    const char *name;
+    int half;
+} sections[] = {
+    /* ci1: about 93 s of 187 (gcc, one 2-core machine, 2026-11-29) */
+    {"grads", 1}, {"basics", 1}, {"overlap", 1}, {"fusion", 1}, {"chunks", 1}, {"modules", 1},
+    {"moe", 1},
+    /* ci2: about 93 s */
+    {"devcomm", 2}, {"recompute", 2}, {"moeload", 2}, {"docs", 2}, {"gpt", 2}, {"llama", 2},
+    {"kv", 2}, {"dropout", 2}, {"qk", 2}, {"window", 2},
+};
+static const char *only; /* main's argument: a section, a half, or NULL (everything) */
+
+static int half_of(const char *arg) {
+    return !strcmp(arg, "ci1") ? 1 : !strcmp(arg, "ci2") ? 2 : 0;
+}
+
+static int part_known(const char *arg) {
+    if (half_of(arg) || !strcmp(arg, "eval") || !strcmp(arg, "eod")) return 1;
+    for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
+        if (!strcmp(sections[i].name, arg)) return 1;
+    return 0;
+}
+
+/* Whether main runs the section NAME (which must be in sections[]). */
+static int part(const char *name) {
+    for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
+        if (!strcmp(sections[i].name, name)) {
+            int half = only ? half_of(only) : 0;
+            return !only || (half ? sections[i].half == half : !strcmp(only, name));
+        }
+    fprintf(stderr, "test_train: section '%s' is missing from sections[]\n", name);
+    exit(1);
+}
+
 int main(int argc, char **argv) {
-    const char *only = argc > 1 ? argv[1] : NULL;
-    if (!only) {
+    only = argc > 1 ? argv[1] : NULL;
+    if (only && !part_known(only)) {
+        fprintf(stderr, "test_train: no section '%s'; the sections are ci1, ci2 (the two halves "
+                        "ctest runs side by side), eval, eod and", only);
+        for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
+            fprintf(stderr, " %s", sections[i].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    if (part("grads")) {
         static const char *const bias[] = {"model.add_bias_linear=true", NULL};
         check_all_grads("examples/tiny-gpt.yaml", NULL);
         check_all_grads("models/tiny-llama.yaml", NULL);
@@ -2216,10 +2264,14 @@ int main(int argc, char **argv) {
         check_all_grads("models/tiny-llama.yaml", qk); /* the query and key norms */
         check_all_grads("models/tiny-moe.yaml", presoftmax);
         check_all_grads("examples/tiny-gpt.yaml", qk);
+    }
+    if (part("basics")) {
         check_eod_mask();
         check_loss_scaling();
         check_graphs();
         check_eval();
+    }
+    if (part("overlap")) {
         /* tiny-gpt: about ten buckets; tiny-llama: interleaved, sharded optimizer */
         static const char *const dp2[] = {"parallel.world_size=2", "parallel.data=2",
                                           "parallel.grad_bucket_size=50000", NULL};
@@ -2240,7 +2292,7 @@ int main(int argc, char **argv) {
         check_overlap("models/tiny-llama.yaml", dpo);
         check_overlap("models/tiny-moe.yaml", ep2);
     }
-    if (!only || !strcmp(only, "devcomm")) {
+    if (part("devcomm")) {
         /* the device communicator: tensor (+SP) and pipeline with the tied embedding's group;
          * context and tensor; pipeline x data with a sharded optimizer (reduce-scatter and
          * all-gather buckets); replicated key/value heads (their own group); experts with
@@ -2268,7 +2320,7 @@ int main(int argc, char **argv) {
         check_device_comm("models/tiny-llama.yaml", d4);
         check_device_comm("models/tiny-moe.yaml", d5);
     }
-    if (!only || !strcmp(only, "fusion")) {
+    if (part("fusion")) {
         /* dropout on: the fused op must draw the same dropout stream; tp2 + SP: sharded rows */
         static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
         static const char *const drop_tp[] = {"model.hidden_dropout=0.1", "parallel.world_size=2", "parallel.tensor=2",
@@ -2303,7 +2355,7 @@ int main(int argc, char **argv) {
         check_fusion("models/tiny-llama.yaml", cp2);
         check_fusion("models/tiny-moe.yaml", NULL);
     }
-    if (!only || !strcmp(only, "chunks")) {
+    if (part("chunks")) {
         /* loss chunks: one rank, then each way the head is partitioned (vocabulary over TP
          * with and without SP, the sequence over CP, the loss chunk on the last of two
          * virtual stages, experts beside it) */
@@ -2323,7 +2375,7 @@ int main(int argc, char **argv) {
         check_loss_chunks("examples/tiny-gpt.yaml", vpp, 2);
         check_loss_chunks("models/tiny-moe.yaml", moep, 2);
     }
-    if (!only) {
+    if (part("modules")) {
         static const char *const drop[] = {"model.hidden_dropout=0.1", NULL};
         /* recompute modules: GELU and LayerNorm (tp 2 + SP: the norm output re-gathered from
          * its recomputed shard), SwiGLU and RMSNorm over two pipeline stages, MoE experts */
@@ -2336,7 +2388,7 @@ int main(int argc, char **argv) {
         check_recompute_modules("models/tiny-llama.yaml", pp2);
         check_recompute_modules("models/tiny-moe.yaml", NULL);
     }
-    if (!only || !strcmp(only, "recompute")) {
+    if (part("recompute")) {
         /* one chunk of four layers; two chunks of two (tp2 + SP: the regathered norm outputs
          * re-run with their groups); MoE (the router and its counts re-run) */
         static const char *const tp_pp[] = {"parallel.world_size=4", "parallel.pipeline=2", "parallel.tensor=2",
@@ -2360,43 +2412,43 @@ int main(int argc, char **argv) {
         check_recompute_half("models/tiny-llama.yaml", blk, "mlp");
     }
     if (only && !strcmp(only, "eval")) check_eval();
-    if (!only || !strcmp(only, "moeload")) check_expert_counts();
+    if (part("moeload")) check_expert_counts();
     if (only && !strcmp(only, "eod")) check_eod_mask();
-    if (!only || !strcmp(only, "docs")) check_docs();
-    if (!only || !strcmp(only, "docs")) check_doc_positions();
-    if (!only || strstr("gpt", only)) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
-    if (!only || strstr("llama", only)) check_model("models/tiny-llama.yaml", NULL, dense, 11);
-    if (!only || strstr("kv", only)) check_model("models/tiny-llama.yaml", NULL, kv_llama, 2);
-    if (!only || strstr("kv", only)) check_model("examples/tiny-gpt.yaml", mqa, kv_gpt, 3);
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", NULL, moe, 17);
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", biased, moe_bias, 3);
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", capacity, moe_capacity, 2);
-    if (!only || strstr("dropout", only)) check_model("examples/tiny-gpt.yaml", dropped, drop_gpt, 6);
-    if (!only || strstr("dropout", only)) check_model("examples/tiny-gpt.yaml", dropped48, drop_gpt48, 1);
-    if (!only || strstr("dropout", only)) check_model("models/tiny-llama.yaml", dropped, drop_llama, 3);
-    if (!only || strstr("dropout", only)) check_model("models/tiny-moe.yaml", dropped, drop_moe, 2);
-    if (!only || strstr("docs", only)) check_model("examples/tiny-gpt.yaml", docs_on, docs_gpt, 5);
-    if (!only || strstr("docs", only)) check_model("models/tiny-llama.yaml", docs_pos, docs_llama, 2);
-    if (!only || strstr("docs", only)) check_model("models/tiny-llama.yaml", pos_only, pos_llama, 2);
-    if (!only || strstr("docs", only)) check_model("models/tiny-moe.yaml", docs_on, docs_moe, 1);
-    if (!only || strstr("qk", only)) check_model("models/tiny-llama.yaml", qk, qk_llama, 9);
-    if (!only || strstr("qk", only)) check_model("examples/tiny-gpt.yaml", qk, qk_gpt, 2);
-    if (!only || strstr("qk", only)) check_model("models/tiny-moe.yaml", qk, qk_moe, 1);
-    if (!only || strstr("window", only)) check_window();
-    if (!only || strstr("window", only)) check_model("models/tiny-llama.yaml", win, win_llama, 5);
-    if (!only || strstr("window", only)) check_model("examples/tiny-gpt.yaml", win_docs, win_gpt, 3);
-    if (!only || strstr("window", only)) check_model("models/tiny-llama.yaml", win_odd, win_mixed, 2);
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", presoftmax, moe_pre, 2);
-    if (!only || strstr("moe", only)) check_topk_scale();
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", scaled, moe_scaled, 3);
-    if (!only || strstr("moe", only)) check_groups();
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", grouped, moe_grouped, 3);
-    if (!only || strstr("moe", only)) check_expert_bias();
-    if (!only || strstr("moe", only))
+    if (part("docs")) check_docs();
+    if (part("docs")) check_doc_positions();
+    if (part("gpt")) check_model("examples/tiny-gpt.yaml", NULL, dense, 11);
+    if (part("llama")) check_model("models/tiny-llama.yaml", NULL, dense, 11);
+    if (part("kv")) check_model("models/tiny-llama.yaml", NULL, kv_llama, 2);
+    if (part("kv")) check_model("examples/tiny-gpt.yaml", mqa, kv_gpt, 3);
+    if (part("moe")) check_model("models/tiny-moe.yaml", NULL, moe, 17);
+    if (part("moe")) check_model("models/tiny-moe.yaml", biased, moe_bias, 3);
+    if (part("moe")) check_model("models/tiny-moe.yaml", capacity, moe_capacity, 2);
+    if (part("dropout")) check_model("examples/tiny-gpt.yaml", dropped, drop_gpt, 6);
+    if (part("dropout")) check_model("examples/tiny-gpt.yaml", dropped48, drop_gpt48, 1);
+    if (part("dropout")) check_model("models/tiny-llama.yaml", dropped, drop_llama, 3);
+    if (part("dropout")) check_model("models/tiny-moe.yaml", dropped, drop_moe, 2);
+    if (part("docs")) check_model("examples/tiny-gpt.yaml", docs_on, docs_gpt, 5);
+    if (part("docs")) check_model("models/tiny-llama.yaml", docs_pos, docs_llama, 2);
+    if (part("docs")) check_model("models/tiny-llama.yaml", pos_only, pos_llama, 2);
+    if (part("docs")) check_model("models/tiny-moe.yaml", docs_on, docs_moe, 1);
+    if (part("qk")) check_model("models/tiny-llama.yaml", qk, qk_llama, 9);
+    if (part("qk")) check_model("examples/tiny-gpt.yaml", qk, qk_gpt, 2);
+    if (part("qk")) check_model("models/tiny-moe.yaml", qk, qk_moe, 1);
+    if (part("window")) check_window();
+    if (part("window")) check_model("models/tiny-llama.yaml", win, win_llama, 5);
+    if (part("window")) check_model("examples/tiny-gpt.yaml", win_docs, win_gpt, 3);
+    if (part("window")) check_model("models/tiny-llama.yaml", win_odd, win_mixed, 2);
+    if (part("moe")) check_model("models/tiny-moe.yaml", presoftmax, moe_pre, 2);
+    if (part("moe")) check_topk_scale();
+    if (part("moe")) check_model("models/tiny-moe.yaml", scaled, moe_scaled, 3);
+    if (part("moe")) check_groups();
+    if (part("moe")) check_model("models/tiny-moe.yaml", grouped, moe_grouped, 3);
+    if (part("moe")) check_expert_bias();
+    if (part("moe"))
         check_moves(seq_aux_base, seq_aux, "with the aux loss balancing each sequence");
-    if (!only || strstr("moe", only)) check_model("models/tiny-moe.yaml", seq_aux, moe_seq_aux, 4);
-    if (!only || strstr("moe", only))
+    if (part("moe")) check_model("models/tiny-moe.yaml", seq_aux, moe_seq_aux, 4);
+    if (part("moe"))
         check_model("models/tiny-moe.yaml", biased_router, moe_biased, 5);
-    if (!only || strstr("moe", only)) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
+    if (part("moe")) check_pair("models/tiny-moe.yaml", capacity, &cap_etp[0], &cap_etp[1]);
     return t_summary("test_train");
 }
