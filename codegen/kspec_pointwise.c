@@ -172,10 +172,15 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
             mgc_kspec_const(&out[0], "P", mgc_kspec_norm_fwd_rows_held(h, t));
             return 1;
         }
-        /* a 4th input: the residual gradient fused in (compiler/fusion.c) */
-        mgc_kspec_const(&out[0], "RES", op->n_in > 3);
-        /* the column sums of dx: a linear's bias gradient (compiler/fusion.c, MGC_POF_COLSUM) */
-        mgc_kspec_const(&out[0], "CS", (op->flags & MGC_POF_COLSUM) != 0);
+        mgc_norm_bwd_io io;
+        if (mgc_plan_norm_bwd_io(op, &io)) return -1;
+        /* the residual gradient fused in (compiler/fusion.c) */
+        mgc_kspec_const(&out[0], "RES", io.res >= 0);
+        /* the column sums of dx (or dbr): a linear's bias gradient (MGC_POF_COLSUM) */
+        mgc_kspec_const(&out[0], "CS", io.cs >= 0);
+        /* the branch's dropout backward from the mask (MGC_POF_DROPBWD); named only when set,
+         * so that the other kernels keep their names (norm.cuh: absent is 0) */
+        if (io.dbr >= 0) mgc_kspec_const(&out[0], "DROP", 1);
         mgc_kspec_init(&out[1], "norm.cuh", "norm_bwd_reduce", 0);
         return 2;
     }

@@ -73,6 +73,65 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
     return fused;
 }
 
+/* norm_bwd (x, w, dy [, g]) -> (dx, dw [, db]) ... dropout_add_bwd (dx, mask) -> (dbr), the
+ * backward of the dropout_add whose sum h the norm read (GPT's residual stream with hidden
+ * dropout: h = x + dropout(branch)): norm_bwd with MGC_POF_DROPBWD (x, w, dy [, g], mask) ->
+ * (dx, dw [, db], dbr).  dx stays an output: it is the residual stream's gradient, which the
+ * layer below reads.  The norm's kernel writes dbr from dx as it stores it, in place of a pass
+ * that re-reads dx (24 launches a step at GPT-2 124M with dropout); and the branch's bias
+ * gradient can then follow into the norm (fuse_norm_bwd_bias, on dbr).  Only the stashed mask
+ * (not the recompute module `dropout`, which draws it again from the dropout's stream), and
+ * only when nothing between the two writes dx, the mask or dbr. */
+static int64_t fuse_norm_bwd_drop(mgc_plan_chunk *ch) {
+    int64_t fused = 0;
+    mgc_plan_op *ops = ch->bwd;
+    int64_t n = ch->n_bwd;
+    uint8_t *gone = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!gone) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        mgc_plan_op *nb = &ops[i];
+        mgc_norm_bwd_io io;
+        if (nb->kind != MGC_POP_NORM_BWD || (nb->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM | MGC_POF_DROPBWD)) ||
+            mgc_plan_norm_bwd_io(nb, &io) || nb->n_in >= MGC_PLAN_MAX_IO || nb->n_out >= MGC_PLAN_MAX_IO)
+            continue;
+        int32_t dx = nb->out[0];
+        int64_t j = i + 1;
+        while (j < n && !(ops[j].kind == MGC_POP_DROPOUT_ADD_BWD && ops[j].n_in == 2 && ops[j].in[0] == dx))
+            j++;
+        if (j == n) continue;
+        const mgc_plan_op *d = &ops[j];
+        int32_t mask = d->in[1], dbr = d->out[0];
+        const mgc_plan_tensor *X = &ch->tensors[dx], *M = &ch->tensors[mask], *G = &ch->tensors[dbr];
+        uint64_t el = (uint64_t)nb->iattr[1] * (uint64_t)nb->iattr[2];
+        if (d->n_out != 1 || (d->flags & MGC_POF_RECOMPUTE) || dbr == dx || dbr == mask ||
+            dbr < BOUNDARY_TENSORS || M->dtype != MGC_DT_U8 || M->bytes != el || G->dtype != X->dtype ||
+            G->ld || X->ld || G->bytes != X->bytes || !(d->fattr[0] >= 0 && d->fattr[0] < 1))
+            continue;
+        /* the ops between: none writes dx or the mask, none reads or writes dbr */
+        int clash = 0;
+        for (int64_t k = i + 1; k < j && !clash; k++) {
+            const mgc_plan_op *o = &ops[k];
+            for (int q = 0; q < o->n_out && q < MGC_PLAN_MAX_IO; q++)
+                clash |= o->out[q] == dx || o->out[q] == mask || o->out[q] == dbr;
+            for (int q = 0; q < o->n_in && q < MGC_PLAN_MAX_IO; q++)
+                clash |= o->in[q] == dbr;
+        }
+        if (clash) continue;
+        nb->in[nb->n_in++] = mask;
+        nb->out[nb->n_out++] = dbr;
+        nb->flags |= MGC_POF_DROPBWD;
+        nb->fattr[1] = d->fattr[0];
+        gone[j] = 1;
+        fused++;
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!gone[i]) ops[k++] = ops[i];
+    ch->n_bwd = k;
+    free(gone);
+    return fused;
+}
+
 /* norm_bwd (..) -> (dx, dw [, db]) ... linear_wgrad (dx, x) -> (dW, dbias), the linear reading
  * dx whole as its output gradient (rows x width the norm's): norm_bwd with MGC_POF_COLSUM ->
  * (dx, dw [, db], dbias), and linear_wgrad (dx, x) -> (dW).  The bias gradient is the column
@@ -91,10 +150,12 @@ static int64_t fuse_norm_bwd_bias(mgc_plan_chunk *ch) {
     if (!uses) return 0;
     for (int64_t i = 0; i < n; i++) {
         mgc_plan_op *nb = &ops[i];
-        if (nb->kind != MGC_POP_NORM_BWD || nb->n_out < 2 || nb->n_out >= 4 ||
-            (nb->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM)))
+        mgc_norm_bwd_io io;
+        if (nb->kind != MGC_POP_NORM_BWD || (nb->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM)) ||
+            mgc_plan_norm_bwd_io(nb, &io) || nb->n_out >= MGC_PLAN_MAX_IO)
             continue;
-        int32_t dx = nb->out[0];
+        /* the gradient the branch's linear reads: dx, or the dropout's dbr */
+        int32_t dx = io.dbr >= 0 ? nb->out[io.dbr] : nb->out[0];
         for (int64_t j = i + 1; j < n; j++) {
             mgc_plan_op *w = &ops[j];
             if (w->kind != MGC_POP_LINEAR_WGRAD || w->n_out != 2 || w->in[0] != dx ||
@@ -106,7 +167,12 @@ static int64_t fuse_norm_bwd_bias(mgc_plan_chunk *ch) {
                 D->ld || B->dtype != MGC_DT_F32 || B->bytes != (uint64_t)nb->iattr[2] * 4 ||
                 uses[db] != 1 || !mgc_kspec_norm_colsum_fits(nb->iattr[2], D->dtype))
                 break;
-            nb->out[nb->n_out++] = db;
+            /* after dw (and db), before dbr (mgc_plan_norm_bwd_io) */
+            int at = 1 + io.sets;
+            for (int q = nb->n_out; q > at; q--)
+                nb->out[q] = nb->out[q - 1];
+            nb->out[at] = db;
+            nb->n_out++;
             nb->flags |= MGC_POF_COLSUM;
             w->n_out = 1;
             w->out[1] = -1;
@@ -574,6 +640,7 @@ static const struct {
     {"linear_gelu", MGC_FUSE_LINEAR_GELU},     {"dgrad_gelu", MGC_FUSE_DGRAD_GELU},
     {"qkv_attention", MGC_FUSE_QKV_ATTENTION}, {"qkv_rope", MGC_FUSE_QKV_ROPE},
     {"norm_bwd_bias", MGC_FUSE_NORM_BWD_BIAS}, {"embedding_norm", MGC_FUSE_EMBEDDING_NORM},
+    {"norm_bwd_drop", MGC_FUSE_NORM_BWD_DROP},
 };
 
 int mgc_fusion_parse(const char *spec, unsigned *which, const char **bad, size_t *bad_len) {
@@ -611,6 +678,8 @@ int mgc_fusion_parse(const char *spec, unsigned *which, const char **bad, size_t
 void mgc_fuse_chunk(mgc_plan_chunk *ch, unsigned which, mgc_fusion_stats *st) {
     /* the norm backward takes its residual add before it can take a bias gradient */
     int64_t a = which & MGC_FUSE_NORM_BWD_ADD ? fuse_norm_bwd_add(ch) : 0;
+    /* and its dropout's backward before the bias gradient that may read the dropout's output */
+    int64_t i = which & MGC_FUSE_NORM_BWD_DROP ? fuse_norm_bwd_drop(ch) : 0;
     int64_t g = which & MGC_FUSE_NORM_BWD_BIAS ? fuse_norm_bwd_bias(ch) : 0;
     int64_t b = which & MGC_FUSE_ADD_NORM ? fuse_fwd_pairs(ch, pair_add_norm) : 0;
     int64_t c = which & MGC_FUSE_LINEAR_GELU ? fuse_fwd_pairs(ch, pair_linear_gelu) : 0;
@@ -621,6 +690,6 @@ void mgc_fuse_chunk(mgc_plan_chunk *ch, unsigned which, mgc_fusion_stats *st) {
     if (st) {
         st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
         st->qkv_attention += e, st->qkv_rope += f, st->norm_bwd_bias += g;
-        st->embedding_norm += h;
+        st->embedding_norm += h, st->norm_bwd_drop += i;
     }
 }

@@ -33,14 +33,15 @@ static void print_ops(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
                       int64_t n, FILE *out) {
     for (int64_t i = 0; i < n; i++) {
         const mgc_plan_op *o = &ops[i];
-        fprintf(out, "  #%" PRId64 " %s%s%s%s%s%s%s%s %s", i,
+        fprintf(out, "  #%" PRId64 " %s%s%s%s%s%s%s%s%s %s", i,
                 (o->flags & MGC_POF_RECOMPUTE) ? "recompute " : "",
                 mgc_plan_op_name((mgc_plan_op_kind)o->kind),
                 (o->flags & MGC_POF_QKV) ? " qkv" : "", (o->flags & MGC_POF_SAVED) ? " saves" : "",
                 (o->flags & MGC_POF_INPLACE) ? " in-place" : "",
                 (o->flags & MGC_POF_ROPE) ? " rope" : "",
                 (o->flags & MGC_POF_CE_STATS) ? " +stats" : "",
-                (o->flags & MGC_POF_COLSUM) ? " +bias" : "", mgc_plan_strat(p, o->name));
+                (o->flags & MGC_POF_COLSUM) ? " +bias" : "",
+                (o->flags & MGC_POF_DROPBWD) ? " +dropout" : "", mgc_plan_strat(p, o->name));
         if (o->kind >= MGC_POP_ALL_REDUCE)
             fprintf(out, " {%s seq %u, %" PRId64 " -> %" PRId64 " %s%s%s}", group_or_none(o->group),
                     o->seq, o->iattr[0], o->iattr[1], mgc_dtype_name((mgc_dtype)o->iattr[2]),

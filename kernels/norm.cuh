@@ -22,7 +22,11 @@
  *                                 RES = 1: dx = gres + d norm (the residual stream's gradient
  *                                 added in the same pass, compiler/fusion.c); RES = 0: gres unused;
  *                                 CS = 1: also the column sums of dx as stored (the bias
- *                                 gradient of the linear that reads dx, compiler/fusion.c)
+ *                                 gradient of the linear that reads dx, compiler/fusion.c);
+ *                                 DROP = 1 (absent: 0): also dbr = dx as stored x mask x dsc
+ *                                 (mask NULL: every element kept),
+ *                                 the backward of the dropout_add whose sum the norm read
+ *                                 (compiler/fusion.c), and CS sums dbr as stored
  *   norm_bwd_reduce               d0 += sum of the partials of set 0, d1, d2 likewise (fixed
  *                                 order)
  *   add_layernorm_fwd, add_rmsnorm_fwd   the fused dropout_add + norm (compiler/fusion.c):
@@ -429,6 +433,9 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
  * sums its rows in order, then the slots are added in order 0, 1, .., R-1.
  * dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: no mean(g) term,
  * xhat = x rstd); mean(g xhat) is computed as rstd mean(g (x - mean)). */
+#ifndef MGC_DROP
+#define MGC_DROP 0
+#endif
 #define MGC_NORM_HOLD (MGC_NV == 1) /* x and dy held in registers, else re-read (L1/L2) */
 /* 16-bit rows held, blocks of up to 384 threads: the next row's x and dy are loaded while
  * this one's statistics are computed (8 more registers, which two blocks of up to 384 threads
@@ -499,12 +506,33 @@ __device__ __forceinline__ void mgc_norm_put_part(float (&a)[MGC_NV][8], float *
 #endif
     }
 }
+#if MGC_DROP
+/* The dropout mask's bytes of vector k of thread t of a row, byte j for column 8v + j (0 past
+ * H): one 8-byte load where rows are whole vectors (the mask's rows are then 8-byte aligned). */
+__device__ __forceinline__ unsigned long long mgc_norm_ldmask(const unsigned char *__restrict__ row,
+                                                             int k, int t) {
+    int c0 = 8 * (k * MGC_T + t), nv = MGC_H - c0;
+#if MGC_VEC8
+    return nv > 0 ? *(const unsigned long long *)(row + c0) : 0ull;
+#else
+    unsigned long long m = 0ull;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < nv) m |= (unsigned long long)row[c0 + j] << (8 * j);
+    return m;
+#endif
+}
+#endif
 extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, float *__restrict__ part,
                    const mgc_t *__restrict__ dy, const mgc_t *__restrict__ x,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ gres, i64 rows, float eps,
-                   int want_db_arg) {
+                   int want_db_arg, mgc_t *__restrict__ dbr, const unsigned char *__restrict__ mask,
+                   float dsc) {
     mgc_pdl_begin();
+#if !MGC_DROP
+    (void)dbr, (void)mask, (void)dsc;
+#endif
     /* RMSNorm has no bias: its db sums are then dead code, not NV 8 registers (H 16384 in bf16
      * spilled 16 bytes with them) */
     const int want_db = MGC_NORM_RMS ? 0 : want_db_arg;
@@ -643,6 +671,11 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
             mgc_norm_ld(gres + r * (i64)MGC_H, k, t, true, rv);
 #endif
             float o[8];
+#if MGC_DROP /* dropout_add_bwd's kernel on dx as stored (pointwise.cuh dropout_bwd) */
+            /* no mask: p = 0 (an evaluation's programs), every element kept, dsc 1 */
+            const unsigned long long mk = mask ? mgc_norm_ldmask(mask + r * (i64)MGC_H, k, t) : ~0ull;
+            float ob[8];
+#endif
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float xh = (xk[j] - m) * rs, g = gk[j] * wk[j];
@@ -652,11 +685,19 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
 #if MGC_RES /* the fused residual add: dx = g_res + d norm, rounded once */
                 o[j] = rv[j] + o[j];
 #endif
-#if MGC_CS /* what the linear's bias gradient would read back: dx rounded to the dtype */
+#if MGC_DROP
+                ob[j] = (mk >> (8 * j)) & 0xffull ? mgc_ld(mgc_st(o[j])) * dsc : 0.0f;
+#if MGC_CS /* the bias gradient of the linear that reads dbr: dbr as stored */
+                ac[k][j] += mgc_ld(mgc_st(ob[j]));
+#endif
+#elif MGC_CS /* what the linear's bias gradient would read back: dx rounded to the dtype */
                 ac[k][j] += mgc_ld(mgc_st(o[j]));
 #endif
             }
             mgc_norm_st(dr, k, t, o);
+#if MGC_DROP
+            mgc_norm_st(dbr + r * (i64)MGC_H, k, t, ob);
+#endif
         }
 #undef MGC_XLOAD
 #undef MGC_GLOAD

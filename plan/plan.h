@@ -44,7 +44,8 @@ extern "C" {
                               8: the fused cross-entropy of the loss chunks
                               (MGC_POF_CE_STATS); 9: the norm backward's fused bias gradient
                               (MGC_POF_COLSUM, a third destination of norm_bwd_reduce);
-                              within 9, op kind 18 (embedding_norm), which older version-9
+                              within 9, op kind 18 (embedding_norm) and the norm backward's
+                              fused dropout backward (MGC_POF_DROPBWD), which older version-9
                               readers refuse as unknown (docs/plan-format.md, Versioning);
                               docs/plan-format.md */
 
@@ -293,15 +294,40 @@ typedef enum mgc_plan_op_kind {
                                 logits), lse, the chunk's loss (sum, count) -- what the
                                 cross-entropy of phase 3 and the unfused backward compute, bit
                                 for bit */
-#define MGC_POF_COLSUM 256u  /* norm_bwd: its last output is the bias gradient of the linear
-                                whose output gradient is dx (out[0]; compiler/fusion.c):
-                                db += the column sums of dx, rows ascending, as linear_wgrad
-                                adds them.  out: dx, dw (, db of the norm), that bias gradient */
+#define MGC_POF_COLSUM 256u  /* norm_bwd: an fp32 output after dw (and the norm's db) is the
+                                bias gradient of the linear whose output gradient is dx (out[0];
+                                compiler/fusion.c), or with MGC_POF_DROPBWD the branch's
+                                gradient: db += the column sums of that tensor, rows ascending,
+                                as linear_wgrad adds them (mgc_plan_norm_bwd_io) */
+#define MGC_POF_DROPBWD 512u /* norm_bwd: the backward of the dropout_add whose sum the norm
+                                read (compiler/fusion.c): the last input is that dropout's mask
+                                (u8), the last output the branch's gradient dbr = dx as stored
+                                x mask / (1 - p), rounded as dropout_add_bwd rounds it;
+                                fattr[1] = p (mgc_plan_norm_bwd_io) */
 
-/* The norm_bwd's fp32 column-sum outputs after dx: dw, the norm's db (LayerNorm with a bias),
- * the fused bias gradient (MGC_POF_COLSUM), 1 to 3; the GPU kernel's sets of partial sums. */
+/* Where norm_bwd's optional inputs and outputs are (each -1 when absent): in: x, w, dy, then
+ * the fused residual gradient g (res), then the dropout's mask (MGC_POF_DROPBWD); out: dx, dw,
+ * the norm's db (LayerNorm with a bias), the fused bias gradient (cs, MGC_POF_COLSUM), the
+ * branch's gradient (dbr, MGC_POF_DROPBWD).  sets: the fp32 column-sum outputs (dw, db, cs),
+ * 1 to 3, the GPU kernel's sets of partial sums.  Returns -1 when the counts do not fit the
+ * flags. */
+typedef struct mgc_norm_bwd_io {
+    int res, mask, db, cs, dbr, sets;
+} mgc_norm_bwd_io;
+static inline int mgc_plan_norm_bwd_io(const mgc_plan_op *op, mgc_norm_bwd_io *io) {
+    int drop = (op->flags & MGC_POF_DROPBWD) != 0, cs = (op->flags & MGC_POF_COLSUM) != 0;
+    int nin = op->n_in - drop, nout = op->n_out - drop - cs; /* without them: 3-4, 2-3 */
+    io->res = nin == 4 ? 3 : -1;
+    io->mask = drop ? op->n_in - 1 : -1;
+    io->db = nout == 3 ? 2 : -1;
+    io->cs = cs ? nout : -1;
+    io->dbr = drop ? op->n_out - 1 : -1;
+    io->sets = nout - 1 + cs;
+    return nin < 3 || nin > 4 || nout < 2 || nout > 3 ? -1 : 0;
+}
 static inline int mgc_plan_norm_bwd_sets(const mgc_plan_op *op) {
-    return op->n_out > 1 ? op->n_out - 1 : 1;
+    mgc_norm_bwd_io io;
+    return mgc_plan_norm_bwd_io(op, &io) ? 1 : io.sets;
 }
 
 /* Where embedding_norm's inputs are: tokens 0, word 1, then the positions (iattr[1] set: learned
@@ -339,8 +365,9 @@ int64_t mgc_plan_expert_bias_layer(const char *name);
 
 /* "linear", "linear_dgrad", "all_reduce", ...; "?" for an unused value. */
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
-/* The fattr index of op's dropout probability (dropout and dropout-add: 0; add-norm and
- * attention, forward and backward: 1), or -1 for an op without one.  An evaluation runs the
+/* The fattr index of op's dropout probability (dropout and dropout-add: 0; add-norm,
+ * attention, forward and backward, and a norm backward with the dropout's backward
+ * (MGC_POF_DROPBWD): 1), or -1 for an op without one.  An evaluation runs the
  * ops with that attribute 0 (mgc-run, docs/runtime.md "Evaluation"). */
 int mgc_plan_op_dropout_attr(const mgc_plan_op *op);
 const char *mgc_tensor_role_name(mgc_plan_tensor_role r);

@@ -562,7 +562,7 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
     const char *kn = mgc_plan_op_name((mgc_plan_op_kind)o->kind);
     if (o->flags &
         ~(MGC_POF_RECOMPUTE | MGC_POF_SAVED | MGC_POF_QKV | MGC_POF_INPLACE | MGC_POF_ROPE |
-          MGC_POF_DOCS | MGC_POF_ROWS | MGC_POF_CE_STATS | MGC_POF_COLSUM))
+          MGC_POF_DOCS | MGC_POF_ROWS | MGC_POF_CE_STATS | MGC_POF_COLSUM | MGC_POF_DROPBWD))
         INVALID("%s (%s): unknown flags 0x%x", WH, kn, o->flags);
     if (o->flags & MGC_POF_ROPE) {
         if (o->kind != MGC_POP_QKV_SPLIT && o->kind != MGC_POP_QKV_SPLIT_BWD)
@@ -665,14 +665,27 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
         INVALID("%s (%s): the fused cross-entropy flag on an op that is not a cross_entropy_bwd "
                 "of 4 inputs and 3 outputs",
                 WH, kn);
-    if (o->flags & MGC_POF_COLSUM) {
-        /* the bias gradient fused into the norm backward: an fp32 vector of the norm's width */
-        const mgc_plan_tensor *b = o->kind == MGC_POP_NORM_BWD && o->n_out >= 3 && o->n_out <= 4
-                                       ? &c->tensors[o->out[o->n_out - 1]]
-                                       : NULL;
-        if (!b || b->dtype != MGC_DT_F32 || o->iattr[2] <= 0 || b->bytes != (uint64_t)o->iattr[2] * 4)
-            INVALID("%s (%s): the column-sum flag on an op that is not a norm_bwd of 3 or 4 "
-                    "outputs whose last is an fp32 vector of its width",
+    if (o->flags & (MGC_POF_COLSUM | MGC_POF_DROPBWD)) {
+        /* the bias gradient fused into the norm backward: an fp32 vector of the norm's width;
+         * the dropout backward: a u8 mask and the branch's gradient, each rows x h, the
+         * gradient in dx's dtype, p in [0, 1) */
+        mgc_norm_bwd_io io;
+        int ok = o->kind == MGC_POP_NORM_BWD && mgc_plan_norm_bwd_io(o, &io) == 0 && o->iattr[2] > 0;
+        if (ok && io.cs >= 0) {
+            const mgc_plan_tensor *b = &c->tensors[o->out[io.cs]];
+            ok = b->dtype == MGC_DT_F32 && b->bytes == (uint64_t)o->iattr[2] * 4;
+        }
+        if (ok && io.dbr >= 0) {
+            const mgc_plan_tensor *m = &c->tensors[o->in[io.mask]], *g = &c->tensors[o->out[io.dbr]],
+                                  *dx = &c->tensors[o->out[0]];
+            uint64_t n = (uint64_t)o->iattr[1] * (uint64_t)o->iattr[2];
+            ok = m->dtype == MGC_DT_U8 && m->bytes == n && g->dtype == dx->dtype && !g->ld && !dx->ld &&
+                 g->bytes == dx->bytes && o->fattr[1] >= 0 && o->fattr[1] < 1;
+        }
+        if (!ok)
+            INVALID("%s (%s): the column-sum or dropout flag on an op that is not a norm_bwd whose "
+                    "inputs and outputs fit them (a column sum: an fp32 vector of the norm's "
+                    "width; the dropout: a u8 mask last in and a gradient like dx last out)",
                     WH, kn);
     }
     if (o->kind == MGC_POP_EMBEDDING_NORM) {

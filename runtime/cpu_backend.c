@@ -149,23 +149,36 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
                                       op->n_in > 2 ? CF(c->in[2]) : NULL, rows, h, eps);
         return 0;
     }
-    /* in: x, w, dy (, g: the residual gradient, fused); out: dx, dw (, db) (, a linear's bias
-     * gradient: MGC_POF_COLSUM) */
-    int cs = (op->flags & MGC_POF_COLSUM) != 0;
+    /* in: x, w, dy (, g: the residual gradient, fused) (, the dropout's mask); out: dx, dw (, db)
+     * (, a linear's bias gradient: MGC_POF_COLSUM) (, the dropout's branch gradient:
+     * MGC_POF_DROPBWD) -- the ops the fusions replaced, in their order (compiler/fusion.c) */
+    mgc_norm_bwd_io io;
+    if (mgc_plan_norm_bwd_io(op, &io))
+        return fail(be, "norm_bwd '%s': %u inputs and %u outputs do not fit its flags",
+                    mgc_plan_strat(c->plan, op->name), op->n_in, op->n_out);
     if (rms)
         mgc_cpu_rmsnorm_bwd_f32(F(c->out[0]), F(c->out[1]), CF(c->in[2]), CF(c->in[0]),
                                 CF(c->in[1]), rows, h, eps);
     else
-        mgc_cpu_layernorm_bwd_f32(F(c->out[0]), F(c->out[1]), op->n_out - cs > 2 ? F(c->out[2]) : NULL,
+        mgc_cpu_layernorm_bwd_f32(F(c->out[0]), F(c->out[1]), io.db >= 0 ? F(c->out[io.db]) : NULL,
                                   CF(c->in[2]), CF(c->in[0]), CF(c->in[1]), rows, h, eps);
-    if (op->n_in > 3) {
+    if (io.res >= 0) {
         /* the fused residual add (compiler/fusion.c): dx = g + d norm, the add it replaces */
         float *dx = F(c->out[0]);
-        const float *g = CF(c->in[3]);
+        const float *g = CF(c->in[io.res]);
         for (int64_t i = 0; i < rows * h; i++) dx[i] = g[i] + dx[i];
     }
+    /* the fused dropout backward: dropout_add_bwd's own pass over dx, from the mask */
+    const float *gl = CF(c->out[0]); /* what the linear reads: dx or dbr */
+    if (io.dbr >= 0) {
+        mgc_dropout_rng r; /* unused: the mask is given */
+        memset(&r, 0, sizeof r);
+        mgc_cpu_dropout_bwd_f32(F(c->out[io.dbr]), gl, (const uint8_t *)c->in[io.mask], rows * h,
+                                op->fattr[1], &r);
+        gl = CF(c->out[io.dbr]);
+    }
     /* the fused bias gradient: linear_wgrad's own sum over dx (no weight gradient: K = 0) */
-    if (cs) mgc_cpu_linear_wgrad_f32(NULL, F(c->out[op->n_out - 1]), CF(c->out[0]), NULL, rows, h, 0);
+    if (io.cs >= 0) mgc_cpu_linear_wgrad_f32(NULL, F(c->out[io.cs]), gl, NULL, rows, h, 0);
     return 0;
 }
 

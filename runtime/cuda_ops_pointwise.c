@@ -292,23 +292,39 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         return mgc_cuda_launch(be, &k[0], (unsigned)((rows + RP - 1) / RP), 1, 1,
                                (unsigned)(kconst(&k[0], "T") * R), 0, args);
     }
-    /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient); out: dx, dw (, db) (, the
-     * column sums of dx: a linear's bias gradient, MGC_POF_COLSUM) -- dw, db and the column
-     * sums fp32, accumulated */
+    /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient) (, the dropout's mask); out: dx,
+     * dw (, db) (, the column sums of dx or dbr: a linear's bias gradient, MGC_POF_COLSUM) (, dbr:
+     * the dropout's branch gradient, MGC_POF_DROPBWD) -- dw, db and the column sums fp32,
+     * accumulated (plan.h mgc_plan_norm_bwd_io) */
+    mgc_norm_bwd_io io;
+    if (mgc_plan_norm_bwd_io(op, &io) || (io.cs >= 0 && numel(tout(c, io.cs)) != h) ||
+        (rms && io.db >= 0))
+        return mgc_cuda_fail(be, "norm_bwd '%s': %d inputs and %d outputs do not fit its flags",
+                             opname(c), op->n_in, op->n_out);
     CHECK(want(be, c, tin(c, 2), dt, "the output gradient"));
     const void *gres = NULL;
-    if (op->n_in > 3) {
-        CHECK(want(be, c, tin(c, 3), dt, "the residual gradient"));
-        gres = c->in[3];
+    if (io.res >= 0) {
+        CHECK(want(be, c, tin(c, io.res), dt, "the residual gradient"));
+        gres = c->in[io.res];
     }
     CHECK(want(be, c, tout(c, 0), dt, "the input gradient"));
     CHECK(want(be, c, tout(c, 1), MGC_DT_F32, "the weight's gradient"));
-    int cs = (op->flags & MGC_POF_COLSUM) != 0, sets = mgc_plan_norm_bwd_sets(op);
-    int want_db = !rms && op->n_out - cs > 2;
-    if (sets != 1 + want_db + cs || (cs && numel(tout(c, op->n_out - 1)) != h))
-        return mgc_cuda_fail(be, "norm_bwd '%s': %d outputs do not fit its flags", opname(c), op->n_out);
-    if (want_db) CHECK(want(be, c, tout(c, 2), MGC_DT_F32, "the bias's gradient"));
-    if (cs) CHECK(want(be, c, tout(c, op->n_out - 1), MGC_DT_F32, "the linear's bias gradient"));
+    int sets = io.sets, want_db = !rms && io.db >= 0;
+    if (want_db) CHECK(want(be, c, tout(c, io.db), MGC_DT_F32, "the bias's gradient"));
+    if (io.cs >= 0) CHECK(want(be, c, tout(c, io.cs), MGC_DT_F32, "the linear's bias gradient"));
+    void *dbr = NULL;
+    const void *mask = NULL;
+    float dsc = 1.0f;
+    if (io.dbr >= 0) {
+        CHECK(want(be, c, tin(c, io.mask), MGC_DT_U8, "the dropout's mask"));
+        CHECK(want(be, c, tout(c, io.dbr), dt, "the dropout's branch gradient"));
+        if (numel(tin(c, io.mask)) != rows * h || numel(tout(c, io.dbr)) != rows * h)
+            return mgc_cuda_fail(be, "norm_bwd '%s': the dropout's mask or gradient is not rows x h",
+                                 opname(c));
+        /* op_dropout's sc; at p = 0 (an evaluation's programs) dbr = dx, whatever the mask */
+        dbr = c->out[io.dbr], mask = op->fattr[1] > 0 ? c->in[io.mask] : NULL;
+        dsc = (float)(1.0 / (1.0 - op->fattr[1]));
+    }
     CHECK(get_specs(be, c, k, 2));
     if (rows == 0 || h == 0) return 0;
     /* blocks: enough for every row slot to have a row (R slots a block), at most NORM_NB; a
@@ -318,13 +334,14 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (size_t)sets * sizeof(float));
     if (!part) return -1;
     void *dx = c->out[0], *dy = c->in[2], *x = c->in[0], *w = c->in[1];
-    const void *al[] = {dx, dy, x, w, gres, part};
-    CHECK(norm_aligned(be, c, h, al, 6));
-    void *a1[] = {&dx, &part, &dy, &x, &w, &gres, &rows, &eps, &want_db};
+    const void *al[] = {dx, dy, x, w, gres, part, dbr, mask};
+    CHECK(norm_aligned(be, c, h, al, 8));
+    void *a1[] = {&dx, &part, &dy, &x, &w, &gres, &rows, &eps, &want_db, &dbr, &mask, &dsc};
     CHECK(mgc_cuda_launch(be, &k[0], (unsigned)nb, 1, 1,
                           (unsigned)(kconst(&k[0], "T") * kconst(&k[0], "R")), 0, a1));
     /* the sets' destinations in order: dw (, db) (, the column sums) */
-    void *d[3] = {c->out[1], sets > 1 ? c->out[2] : NULL, sets > 2 ? c->out[3] : NULL};
+    void *d[3] = {c->out[1], want_db ? c->out[io.db] : NULL, NULL};
+    if (io.cs >= 0) d[want_db ? 2 : 1] = c->out[io.cs];
     void *a2[] = {&d[0], &d[1], &d[2], &part, &nb, &h};
     return mgc_cuda_launch(be, &k[1], (unsigned)((h + 31) / 32), (unsigned)sets, 1, 1024, 0, a2);
 }

@@ -14,7 +14,9 @@
 #                                             minutes): both benchmark models' steps and losses
 #                                             with the defaults, compiled without the bias
 #                                             gradients in the norm backwards
-#                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
+#                                             (MGC_FUSION=-norm_bwd_bias), 124M with hidden
+#                                             dropout with and without its backward in the
+#                                             norm backwards (-norm_bwd_drop), 124M without the
 #                                             fused embedding + norm (-embedding_norm) and
 #                                             with MGC_GRAD_FRESH=0, both with
 #                                             MGC_ZERO_LIST=0 and with bf16 logits
@@ -98,11 +100,11 @@ if has quick; then
         m=$1 mb=$2 pl=$3 fu=${4:-1}
         shift 3; [ $# -gt 0 ] && shift
         # shellcheck disable=SC2068
-        MGC_FUSION="$fu" build-gpu/compiler/mgc compile models/$m.yaml $@ --set parallel.world_size=1 --set parallel.tensor=1 \
-            --set parallel.pipeline=1 --set parallel.data=1 --set parallel.context=1 \
+        MGC_FUSION="$fu" build-gpu/compiler/mgc compile models/$m.yaml \
+            --set model.hidden_dropout=0 --set model.attention_dropout=0 $@ --set parallel.world_size=1 \
+            --set parallel.tensor=1 --set parallel.pipeline=1 --set parallel.data=1 --set parallel.context=1 \
             --set training.precision=bf16 --set training.recompute=none --set training.micro_batch_size=$mb \
-            --set model.hidden_dropout=0 --set model.attention_dropout=0 --set training.global_batch_size=$mb \
-            --set hardware.cuda_archs=[90] -o "$pl" >>"$Q" 2>&1
+            --set training.global_batch_size=$mb --set hardware.cuda_archs=[90] -o "$pl" >>"$Q" 2>&1
     }
     qrun() { # label plan [env]: 20 steps, the median of steps 9-20 and every step's loss and norm
         label=$1 plan=$2
@@ -125,6 +127,14 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
         qplan gpt2-1.5b 4 build-gpu/q15nb.plan -norm_bwd_bias || rc=1
     qrun "gpt2-124m MGC_FUSION=-norm_bwd_bias" build-gpu/q124nb.plan
     qrun "gpt2-1.5b MGC_FUSION=-norm_bwd_bias" build-gpu/q15nb.plan
+    # with hidden dropout 0.1 (the extra --set after the dropout-free defaults): the norm
+    # backwards take the residual branches' dropout backwards and then their bias gradients
+    # (compiler/fusion.c norm_bwd_drop), against the plan without that fusion (dropout_add_bwd
+    # and BGRADB: losses within bf16 rounding, not the same bits)
+    qplan gpt2-124m 8 build-gpu/q124d.plan 1 --set model.hidden_dropout=0.1 &&
+        qplan gpt2-124m 8 build-gpu/q124dn.plan -norm_bwd_drop --set model.hidden_dropout=0.1 || rc=1
+    qrun "gpt2-124m hidden_dropout=0.1" build-gpu/q124d.plan
+    qrun "gpt2-124m hidden_dropout=0.1 MGC_FUSION=-norm_bwd_drop" build-gpu/q124dn.plan
     # and with the embedding and the first norm as two kernels (compiler/fusion.c
     # embedding_norm): the same bits as the defaults (checked below)
     qplan gpt2-124m 8 build-gpu/q124ne.plan -embedding_norm || rc=1

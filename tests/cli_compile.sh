@@ -62,6 +62,15 @@ MGC_FUSION=-embedding_norm "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o
   "$mgc" inspect --ops "$tmp/h.plan" >"$tmp/ho" 2>&1 && ! grep -q "embedding_norm" "$tmp/ho" &&
   grep -q " #1 norm saves decoder.layers.0.input_layernorm " "$tmp/ho" && grep -q " +bias " "$tmp/ho" &&
   ok || bad "MGC_FUSION=-embedding_norm: still an embedding_norm, no first norm, or no other fusion"
+# with hidden dropout the norm backwards take the dropout's backward (and then the bias), not
+# without that fusion (its dropout_add_bwd left, the bias gradients with the linears)
+"$mgc" compile examples/tiny-gpt.yaml --set model.hidden_dropout=0.1 --no-kernels -o "$tmp/d.plan" >/dev/null 2>&1 &&
+  "$mgc" inspect --ops "$tmp/d.plan" >"$tmp/do" 2>&1 && grep -q "norm_bwd +bias +dropout " "$tmp/do" &&
+  ! grep -q "dropout_add_bwd" "$tmp/do" && ok || bad "hidden dropout: no norm_bwd +bias +dropout, or a dropout_add_bwd left"
+MGC_FUSION=-norm_bwd_drop "$mgc" compile examples/tiny-gpt.yaml --set model.hidden_dropout=0.1 --no-kernels \
+  -o "$tmp/dn.plan" >/dev/null 2>&1 && "$mgc" inspect --ops "$tmp/dn.plan" >"$tmp/dno" 2>&1 &&
+  ! grep -q "+dropout" "$tmp/dno" && grep -q "dropout_add_bwd" "$tmp/dno" && grep -q "add_norm" "$tmp/dno" &&
+  ok || bad "MGC_FUSION=-norm_bwd_drop: still a dropout backward in a norm backward, or no other fusion"
 MGC_FUSION=add_norm,bogus "$mgc" compile examples/tiny-gpt.yaml -o "$tmp/nf.plan" >/dev/null 2>"$tmp/e"; rc=$?
 [ $rc = 1 ] && grep -q "MGC_FUSION names no fusion 'bogus'" "$tmp/e" && [ ! -e "$tmp/nf.plan" ] &&
   ok || bad "MGC_FUSION=add_norm,bogus: status $rc, $(cat "$tmp/e")"

@@ -41,6 +41,8 @@
  *  6. The embedding backward on its own (`emb`): skewed token distributions against a
  *     double sum, and bit for bit against its segment-and-join order replayed on the host.
  *  7. The bias gradient on its own (`bgrad`): against double column sums.
+ *  8. Hidden dropout's backward inside the norm backward (`dropnorm`): tiny GPT's ops replayed
+ *     as in 1 with dropout 0.1, at a width of whole 16-byte vectors and at one without.
  * The kernels come from the plan (compiled here for sm_80 and sm_90 by NVRTC);
  * a GPU of another architecture JIT-compiles them. */
 #include <math.h>
@@ -967,12 +969,14 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
         int bad_int = 0;
         /* a norm's bias gradient sums the rows of dy; a key norm's cancel (softmax ignores a
          * shift every key shares, so the exact gradient is 0): its floor is the rows' sum of
-         * |dy| a channel.  Likewise a linear's bias gradient fused in (MGC_POF_COLSUM, the last
-         * output): the rows of dx, which the GPU sums as rounded to 16 bits */
+         * |dy| a channel.  Likewise a linear's bias gradient fused in (MGC_POF_COLSUM): the
+         * rows of dx (or of the dropout's dbr), which the GPU sums as rounded to 16 bits */
         double floor = 0;
-        int colsum = kind == MGC_POP_NORM_BWD && (gop->flags & MGC_POF_COLSUM) && k == gop->n_out - 1;
-        if (kind == MGC_POP_NORM_BWD && (k == 2 || colsum)) {
-            const float *dy = colsum ? c->out[0] : c->in[2];
+        mgc_norm_bwd_io io;
+        int nbw = kind == MGC_POP_NORM_BWD && mgc_plan_norm_bwd_io(gop, &io) == 0;
+        int colsum = nbw && k == io.cs;
+        if (nbw && (k == io.db || colsum)) {
+            const float *dy = colsum ? c->out[io.dbr >= 0 ? io.dbr : 0] : c->in[2];
             int64_t rows = c->op->iattr[1], w = c->op->iattr[2];
             for (int64_t j = 0; j < w; j++) {
                 double col = 0;
@@ -1955,6 +1959,29 @@ int main(int argc, char **argv) {
         check_layout("examples/tiny-gpt.yaml", "bf16", all8, 3e-2, 1);
         check_layout("models/tiny-llama.yaml", "bf16", tp2sp, 3e-2, 0);
         check_layout("examples/tiny-gpt.yaml", "bf16", cp2d32, 3e-2, 0);
+    }
+    if (!only || ci1 || !strcmp(only, "dropnorm")) {
+        /* hidden dropout: the norm backwards take the residual branches' dropout backwards
+         * from the masks (compiler/fusion.c, MGC_POF_DROPBWD) and then their bias gradients
+         * (the column sums of dbr), at H 96 in 16-byte vectors and at H 100 element by element */
+        static const char *const hd96[] = {"model.hidden_dropout=0.1", NULL};
+        static const char *const hd100[] = {"model.hidden_dropout=0.1", "model.hidden_size=100",
+                                            "model.head_dim=16", "model.num_attention_heads=4",
+                                            "model.ffn_hidden_size=200", "model.num_layers=3",
+                                            "model.seq_length=32", "training.micro_batch_size=3",
+                                            "training.global_batch_size=3", NULL};
+        const char *const *hd[2] = {hd96, hd100};
+        for (int i = 0; i < 2; i++) {
+            mgc_plan *p = compile("examples/tiny-gpt.yaml", "bf16", hd[i]);
+            int64_t both = 0;
+            for (int64_t j = 0; p && j < p->stages[0].chunks[0].n_bwd; j++)
+                both += p->stages[0].chunks[0].bwd[j].kind == MGC_POP_NORM_BWD &&
+                        (p->stages[0].chunks[0].bwd[j].flags & (MGC_POF_DROPBWD | MGC_POF_COLSUM)) ==
+                            (MGC_POF_DROPBWD | MGC_POF_COLSUM);
+            T_EQ_I64(both, i ? 6 : 8); /* two a layer */
+            mgc_plan_free(p);
+            check_ops("examples/tiny-gpt.yaml", hd[i]);
+        }
     }
     if (!only || ci1 || !strcmp(only, "devcomm")) {
         /* tensor (bf16 activations' all-reduce) x data (fp32 gradient buckets) */

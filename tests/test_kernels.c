@@ -198,6 +198,9 @@ static void check_widths(void) {
         {"models/gpt2-124m.yaml", "fp32", 3072, 1}, {"models/gpt2-124m.yaml", "fp32", 6144, 1},
         {"models/gpt2-124m.yaml", "fp32", 8192, 1}, {"models/gpt2-124m.yaml", "fp32", 4096, 0},
         {"models/tiny-llama.yaml", "fp16", 12288, 0},
+        /* with dropout at the widest column sums: the norm backward with the dropout's
+         * backward and the sums of dbr (DROP1 CS1) */
+        {"models/gpt2-124m.yaml", "bf16", 7168, 0}, {"models/gpt2-124m.yaml", "fp32", 5120, 0},
     };
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
         char extra[512];

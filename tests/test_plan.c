@@ -1325,9 +1325,77 @@ static void test_validate(void) {
         T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
         *o = save;
     }
-    BREAK(ch->fwd[0].flags, 512, "unknown flags");
+    {   /* the norm backward's fused column sums and dropout backward (mgc_plan_norm_bwd_io):
+         * x, w, dy, g, mask -> dx, dw, db, cs, dbr over tensors 0-4 of the chunk, rows 6 x h 4 */
+        mgc_plan_op save = ch->bwd[0];
+        mgc_plan_tensor *ts = ch->tensors;
+        int64_t nts = ch->n_tensors;
+        ch->n_tensors = nts > 5 ? nts : 5;
+        ch->tensors = calloc((size_t)ch->n_tensors, sizeof *ch->tensors);
+        if (!ch->tensors) abort();
+        memcpy(ch->tensors, ts, (size_t)nts * sizeof *ts);
+        for (int i = 0; i < 5; i++) { /* rank 1, in no buffer: the dtype and size below */
+            mgc_plan_tensor *t = &ch->tensors[i];
+            t->rank = 1, t->buffer = -1, t->offset = 64, t->ld = 0, t->view = 0;
+            t->split_axis = t->split2_axis = MGC_PLAN_NO_SPLIT;
+        }
+        mgc_plan_op *o = &ch->bwd[0];
+        memset(o->iattr, 0, sizeof o->iattr);
+        memset(o->fattr, 0, sizeof o->fattr);
+        o->kind = MGC_POP_NORM_BWD;
+        o->flags = MGC_POF_COLSUM | MGC_POF_DROPBWD;
+        o->iattr[1] = 6, o->iattr[2] = 4;
+        o->fattr[0] = 1e-5, o->fattr[1] = 0.1;
+        o->n_in = 5, o->n_out = 5;
+        for (int i = 0; i < 5; i++)
+            o->in[i] = i;
+        o->in[4] = 3; /* the mask */
+        o->in[5] = o->out[5] = 0;  /* for the BREAKs of n_in, n_out below */
+        o->out[0] = 0, o->out[1] = 1, o->out[2] = 1, o->out[3] = 2, o->out[4] = 4;
+        static const struct {
+            uint16_t dt;
+            int64_t n;
+        } shape[5] = {{MGC_DT_BF16, 24}, {MGC_DT_F32, 4}, {MGC_DT_F32, 4}, {MGC_DT_U8, 24}, {MGC_DT_BF16, 24}};
+        for (int i = 0; i < 5; i++) { /* dx, dw, the column sums, the mask, dbr */
+            ch->tensors[i].dtype = shape[i].dt, ch->tensors[i].dim[0] = shape[i].n;
+            ch->tensors[i].bytes = (uint64_t)shape[i].n * mgc_dtype_size((mgc_dtype)shape[i].dt);
+        }
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+        mgc_norm_bwd_io io;
+        T_EQ_I64(mgc_plan_norm_bwd_io(o, &io), 0);
+        T_CHECK(io.res == 3 && io.mask == 4 && io.db == 2 && io.cs == 3 && io.dbr == 4 && io.sets == 3);
+        const char *frag = "column-sum or dropout flag on an op that is not a norm_bwd whose";
+        for (int k = 0; k < 2; k++) { /* a mask of int32, dbr of fp16 (unlike dx) */
+            mgc_plan_tensor *t = &ch->tensors[k ? 4 : 3], keep = *t;
+            t->dtype = k ? MGC_DT_F16 : MGC_DT_I32;
+            t->bytes = (uint64_t)t->dim[0] * mgc_dtype_size((mgc_dtype)t->dtype);
+            err[0] = 0;
+            T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_ERR_INVALID);
+            T_CHECK(strstr(err, frag) != NULL);
+            *t = keep;
+        }
+        BREAK(ch->bwd[0].iattr[1], 12, frag);           /* a mask not rows x h */
+        BREAK(ch->bwd[0].iattr[2], 3, frag);            /* column sums not h floats */
+        BREAK(o->fattr[1], 1.0, frag);                   /* p = 1 */
+        BREAK(o->n_out, 6, frag);                        /* too many outputs for the flags */
+        BREAK(o->n_in, 6, frag);
+        BREAK(o->kind, MGC_POP_LINEAR_WGRAD, frag);
+        o->flags = MGC_POF_DROPBWD; /* x, w, dy, mask -> dx, dw, dbr */
+        o->n_in = 4, o->n_out = 3;
+        o->in[3] = 3, o->out[2] = 4;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+        T_EQ_I64(mgc_plan_norm_bwd_io(o, &io), 0);
+        T_CHECK(io.res == -1 && io.mask == 3 && io.db == -1 && io.cs == -1 && io.dbr == 2 && io.sets == 1);
+        BREAK(o->n_in, 3, frag); /* no mask */
+        *o = save;
+        free(ch->tensors);
+        ch->tensors = ts, ch->n_tensors = nts;
+        T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+    }
+    BREAK(ch->fwd[0].flags, 1024, "unknown flags");
     BREAK(ch->fwd[0].flags, MGC_POF_CE_STATS, "fused cross-entropy flag on an op that is not");
-    BREAK(ch->fwd[0].flags, MGC_POF_COLSUM, "column-sum flag on an op that is not a norm_bwd");
+    BREAK(ch->fwd[0].flags, MGC_POF_COLSUM, "column-sum or dropout flag on an op that is not a norm_bwd");
+    BREAK(ch->fwd[0].flags, MGC_POF_DROPBWD, "column-sum or dropout flag on an op that is not a norm_bwd");
     BREAK(ch->fwd[0].flags, MGC_POF_ROWS, "routed-rows flag on an op that is not an activation");
     BREAK(ch->tensors[0].flags, 2, "flags 0x2 unknown");
     BREAK(ch->fwd[0].flags, MGC_POF_DOCS, "document flag on an op that is not attention, a rope");

@@ -984,6 +984,8 @@ static void check_loss_scaling(void) {
  * norm_bwd + add_bwd, dropout_add + norm, linear + gelu or gelu_bwd is left (GPT's MLP:
  * every gelu and gelu_bwd is fused), nor a qkv_split where no rotary embedding sits between
  * it and the attention. */
+static int64_t fusion_dropb; /* check_fusion's last count of dropout backwards fused */
+
 static int64_t check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
     mgc_plan *u = compile(path, NULL, sets);
@@ -1001,6 +1003,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     }
     int64_t inpl_f = 0, inpl_o = 0, qr = 0, qrb = 0, rope_f = 0, rope_u2 = 0;
     int64_t colsum = 0, bias_u = 0, bias_f = 0, bias_left = 0, embn = 0, embn_u = 0;
+    int64_t dropb = 0, dab_u = 0, dab_f = 0, drop_left = 0;
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
     int64_t qa = 0, qab = 0, split_u = 0, split_f = 0, splitb_u = 0, splitb_f = 0, rope_u = 0, att = 0;
@@ -1019,12 +1022,24 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 gelub_f += ch->bwd[i].kind == MGC_POP_GELU_BWD;
                 for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_GELU_BWD; j++)
                     pairs += ch->bwd[j].kind == MGC_POP_LINEAR_DGRAD && ch->bwd[j].out[0] == ch->bwd[i].in[1];
-                fused += ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i].n_in == 4;
+                mgc_norm_bwd_io io;
+                int nbw = ch->bwd[i].kind == MGC_POP_NORM_BWD;
+                T_CHECK(!nbw || mgc_plan_norm_bwd_io(&ch->bwd[i], &io) == 0);
+                fused += nbw && io.res >= 0;
+                dropb += nbw && io.dbr >= 0;
+                dab_f += ch->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD;
+                /* a dropout backward left that reads a norm backward's dx (from the mask) */
+                for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD && ch->bwd[i].n_in == 2; j++)
+                    drop_left += ch->bwd[j].kind == MGC_POP_NORM_BWD && ch->bwd[j].out[0] == ch->bwd[i].in[0];
                 colsum += ch->bwd[i].kind == MGC_POP_NORM_BWD && (ch->bwd[i].flags & MGC_POF_COLSUM);
                 bias_f += ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch->bwd[i].n_out == 2;
-                /* a bias gradient left to a linear that reads a norm backward's dx */
+                /* a bias gradient left to a linear that reads a norm backward's dx (or its
+                 * dropout's dbr) */
                 for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch->bwd[i].n_out == 2; j++)
-                    bias_left += ch->bwd[j].kind == MGC_POP_NORM_BWD && ch->bwd[j].out[0] == ch->bwd[i].in[0];
+                    bias_left += ch->bwd[j].kind == MGC_POP_NORM_BWD &&
+                                 (ch->bwd[j].out[0] == ch->bwd[i].in[0] ||
+                                  ((ch->bwd[j].flags & MGC_POF_DROPBWD) &&
+                                   ch->bwd[j].out[ch->bwd[j].n_out - 1] == ch->bwd[i].in[0]));
                 adds_f += ch->bwd[i].kind == MGC_POP_ADD_BWD;
                 if (i + 1 < ch->n_bwd && ch->bwd[i].kind == MGC_POP_NORM_BWD && ch->bwd[i + 1].kind == MGC_POP_ADD_BWD &&
                     (ch->bwd[i + 1].in[0] == ch->bwd[i].out[0] || ch->bwd[i + 1].in[1] == ch->bwd[i].out[0]))
@@ -1034,6 +1049,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 bias_u += cu->bwd[i].kind == MGC_POP_LINEAR_WGRAD && cu->bwd[i].n_out == 2;
                 splitb_u += cu->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
+                dab_u += cu->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD;
                 gelub_u += cu->bwd[i].kind == MGC_POP_GELU_BWD;
             }
             for (int64_t i = 0; i < ch->n_fwd; i++) {
@@ -1092,6 +1108,10 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
      * where a linear reads a norm backward's dx */
     T_EQ_I64(bias_u - bias_f, colsum);
     T_EQ_I64(bias_left, 0);
+    /* each dropout backward a norm backward took is one fewer op, and none that reads a norm
+     * backward's dx from a mask is left */
+    T_EQ_I64(dab_u - dab_f, dropb);
+    T_EQ_I64(drop_left, 0);
     T_EQ_I64(inpl_f, 1); /* the loss chunk's cross_entropy_bwd */
     T_EQ_I64(inpl_o, 0);
     double lu[STEPS], nu[STEPS], lf[STEPS], nf[STEPS], lo[STEPS], no[STEPS];
@@ -1104,13 +1124,16 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     T_CHECK(same);
     printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu, %lld "
            "linear_dgrad + gelu_bwd, %lld qkv_split + attention pairs, %lld + %lld qkv_split "
-           "(_bwd) + ropes, %lld bias gradients into norm_bwd and %lld embedding + norm fused, %d "
-           "steps bit-identical to the unfused plan and to the plan without in-place outputs\n",
+           "(_bwd) + ropes, %lld bias gradients and %lld dropout backwards into norm_bwd and "
+           "%lld embedding + norm fused, %d steps bit-identical to the unfused plan and to the "
+           "plan without in-place outputs\n",
            path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, (long long)qa,
-           (long long)qr, (long long)qrb, (long long)colsum, (long long)embn, STEPS);
+           (long long)qr, (long long)qrb, (long long)colsum, (long long)dropb, (long long)embn,
+           STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
     mgc_plan_free(o);
+    fusion_dropb = dropb;
     return colsum;
 }
 
@@ -2338,8 +2361,10 @@ int main(int argc, char **argv) {
         static const char *const gpt_cp2[] = {"parallel.world_size=2", "parallel.context=2", NULL};
         check_fusion("examples/tiny-gpt.yaml", gpt_docs);
         check_fusion("examples/tiny-gpt.yaml", gpt_cp2);
-        check_fusion("examples/tiny-gpt.yaml", drop);
-        check_fusion("examples/tiny-gpt.yaml", drop_tp);
+        /* with dropout the norm backwards take the residual branches' dropout backwards (two
+         * a layer) and then their bias gradients too */
+        T_CHECK(check_fusion("examples/tiny-gpt.yaml", drop) == 8 && fusion_dropb == 8);
+        T_CHECK(check_fusion("examples/tiny-gpt.yaml", drop_tp) >= 0 && fusion_dropb == 8);
         /* selective recompute re-runs the attention in the backward: it reads qkv too */
         static const char *const sel[] = {"training.recompute=selective", NULL};
         check_fusion("examples/tiny-gpt.yaml", sel);
