@@ -23,8 +23,7 @@
  *                                 added in the same pass, compiler/fusion.c); RES = 0: gres unused;
  *                                 CS = 1: also the column sums of dx as stored (the bias
  *                                 gradient of the linear that reads dx, compiler/fusion.c);
- *                                 DROP = 1 (absent: 0): also dbr = dx as stored x mask x dsc
- *                                 (mask NULL: every element kept),
+ *                                 DROP = 1 (absent: 0): also dbr = dx as stored x mask x dsc,
  *                                 the backward of the dropout_add whose sum the norm read
  *                                 (compiler/fusion.c), and CS sums dbr as stored
  *   norm_bwd_reduce               d0 += sum of the partials of set 0, d1, d2 likewise (fixed
@@ -672,8 +671,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_BWD_MINB)
 #endif
             float o[8];
 #if MGC_DROP /* dropout_add_bwd's kernel on dx as stored (pointwise.cuh dropout_bwd) */
-            /* no mask: p = 0 (an evaluation's programs), every element kept, dsc 1 */
-            const unsigned long long mk = mask ? mgc_norm_ldmask(mask + r * (i64)MGC_H, k, t) : ~0ull;
+            const unsigned long long mk = mgc_norm_ldmask(mask + r * (i64)MGC_H, k, t);
             float ob[8];
 #endif
 #pragma unroll

@@ -321,8 +321,9 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         if (numel(tin(c, io.mask)) != rows * h || numel(tout(c, io.dbr)) != rows * h)
             return mgc_cuda_fail(be, "norm_bwd '%s': the dropout's mask or gradient is not rows x h",
                                  opname(c));
-        /* op_dropout's sc; at p = 0 (an evaluation's programs) dbr = dx, whatever the mask */
-        dbr = c->out[io.dbr], mask = op->fattr[1] > 0 ? c->in[io.mask] : NULL;
+        /* op_dropout's sc.  At p = 0 (an evaluation's programs) dsc is 1 and the forward kept
+         * every element (the dropout kernels write a mask of ones), so dbr = dx as on the CPU */
+        dbr = c->out[io.dbr], mask = c->in[io.mask];
         dsc = (float)(1.0 / (1.0 - op->fattr[1]));
     }
     CHECK(get_specs(be, c, k, 2));
