@@ -978,14 +978,15 @@ static void check_loss_scaling(void) {
     mgc_plan_free(p);
 }
 
+static int64_t fusion_dropb; /* check_fusion's last count of dropout backwards fused */
+
 /* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
  * like the unfused one (MGC_FUSION=0) and like the one without in-place outputs
  * (MGC_INPLACE=0: the logits' gradient in a tensor of its own, memplan.h), and no
  * norm_bwd + add_bwd, dropout_add + norm, linear + gelu or gelu_bwd is left (GPT's MLP:
  * every gelu and gelu_bwd is fused), nor a qkv_split where no rotary embedding sits between
- * it and the attention. */
-static int64_t fusion_dropb; /* check_fusion's last count of dropout backwards fused */
-
+ * it and the attention, nor a dropout_add_bwd that reads a norm backward's dx from a mask.
+ * Returns the bias gradients moved into norm backwards (the dropout backwards: fusion_dropb). */
 static int64_t check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
     mgc_plan *u = compile(path, NULL, sets);
