@@ -24,16 +24,21 @@ static int32_t *count_uses(const mgc_plan_chunk *ch, const mgc_plan_op *ops, int
     return uses;
 }
 
-/* Remove the ops flagged in gone_f (forward) and gone_b (backward), keeping the order. */
+/* Remove the ops flagged in gone_f (forward) and gone_b (backward), keeping the order; NULL
+ * leaves that program as it is. */
 static void drop_ops(mgc_plan_chunk *ch, const uint8_t *gone_f, const uint8_t *gone_b) {
     int64_t j = 0;
-    for (int64_t i = 0; i < ch->n_fwd; i++)
-        if (!gone_f[i]) ch->fwd[j++] = ch->fwd[i];
-    ch->n_fwd = j;
+    if (gone_f) {
+        for (int64_t i = 0; i < ch->n_fwd; i++)
+            if (!gone_f[i]) ch->fwd[j++] = ch->fwd[i];
+        ch->n_fwd = j;
+    }
     j = 0;
-    for (int64_t i = 0; i < ch->n_bwd; i++)
-        if (!gone_b[i]) ch->bwd[j++] = ch->bwd[i];
-    ch->n_bwd = j;
+    if (gone_b) {
+        for (int64_t i = 0; i < ch->n_bwd; i++)
+            if (!gone_b[i]) ch->bwd[j++] = ch->bwd[i];
+        ch->n_bwd = j;
+    }
 }
 
 /* norm_bwd (x, w, dy) -> (dx1, dw [, db]) followed by add_bwd (a, b) -> (dx)
@@ -124,10 +129,7 @@ static int64_t fuse_norm_bwd_drop(mgc_plan_chunk *ch) {
         gone[j] = 1;
         fused++;
     }
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (!gone[i]) ops[k++] = ops[i];
-    ch->n_bwd = k;
+    drop_ops(ch, NULL, gone);
     free(gone);
     return fused;
 }
@@ -331,10 +333,7 @@ static int64_t fuse_dgrad_gelu(mgc_plan_chunk *ch) {
         gone[i] = 1;
         fused++;
     }
-    int64_t j = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (!gone[i]) ops[j++] = ops[i];
-    ch->n_bwd = j;
+    drop_ops(ch, NULL, gone);
     free(gone);
     free(uses);
     return fused;
