@@ -12,7 +12,8 @@
  * !CAUSAL or kpos(j) <= qpos(i); a row with no visible key gets out 0 and lse -inf and no
  * gradient.  Dropout (p > 0) multiplies probability (bi, a, i, j) by keep / (1-p), keep =
  * (Philox word of element elem0 + ((bi*drop_heads + a)*pos_s + qpos(i))*pos_s + kpos(j) >= thr):
- * the words of runtime/rng.c, numbered by the model's head (elem0 = the rank's first head x
+ * the words of runtime/rng.c (the stream's step read from `step`: mgc_step_stream), numbered by
+ * the model's head (elem0 = the rank's first head x
  * pos_s^2, drop_heads = the model's heads) and the positions, so that every tensor- and
  * context-parallel layout draws the one-rank mask (runtime/rng.h mgc_dropout_rng); p = 0 draws
  * nothing.
@@ -200,6 +201,12 @@ __device__ __forceinline__ float att_keep(float p, unsigned thr, float dscale,
         elem0 + (unsigned long long)((((i64)bi * heads + a) * s + qp) * (i64)s + kp);
     return mgc_philox_word(seed, stream, e) >= thr ? dscale : 0.0f;
 }
+/* the dropout stream with the step's part, read from `step` (mgc_step_stream): every kernel's
+ * first statement after mgc_pdl_begin */
+#define ATT_STEP_STREAM                                                                          \
+    do {                                                                                         \
+        if (ATT_DROPPING(drop_p)) stream = mgc_step_stream(stream, step);                        \
+    } while (0)
 /* the multiplier of query row i_ and key row j_ of head a, batch row bi (every kernel's names) */
 #define ATT_KEEP(i_, j_)                                                                         \
     att_keep(drop_p, drop_thr, drop_scale, seed, stream, elem0, bi, a,                           \
@@ -536,11 +543,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ out, float *__restrict__ lse, const mgc_t *__restrict__ q,
                    const mgc_t *__restrict__ k, const mgc_t *__restrict__ v, int sq, int sk, int b,
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   unsigned long long seed, unsigned long long stream,
+                   const unsigned long long *__restrict__ step, unsigned long long elem0,
                    int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
                    const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank,
                    int k_gathered, int qkv) {
     mgc_pdl_begin();
+    ATT_STEP_STREAM;
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, RM = BQ / 8, RN = BK / 16;
     __shared__ float Qs[BQ][ATT_D + 1];
     __shared__ float KVs[BK][ATT_D + 1];
@@ -705,11 +714,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ out, float *__restrict__ lse, const mgc_t *__restrict__ q,
                    const mgc_t *__restrict__ k, const mgc_t *__restrict__ v, int sq, int sk, int b,
                    int A, int G, float scale, float drop_p, unsigned drop_thr, float drop_scale,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   unsigned long long seed, unsigned long long stream,
+                   const unsigned long long *__restrict__ step, unsigned long long elem0,
                    int drop_heads, const int *__restrict__ qpos, const int *__restrict__ kpos,
                    const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank,
                    int k_gathered, int qkv) {
     mgc_pdl_begin();
+    ATT_STEP_STREAM;
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     constexpr int MT = ATT_FMT;
     __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
@@ -885,7 +896,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         const mgc_t *__restrict__ dout, const float *__restrict__ lse, int sq, int sk, int b,   \
         int A, int G, float scale,                                                               \
         float drop_p, unsigned drop_thr, float drop_scale, unsigned long long seed,              \
-        unsigned long long stream, unsigned long long elem0, int drop_heads,                     \
+        unsigned long long stream, const unsigned long long *__restrict__ step,                  \
+        unsigned long long elem0, int drop_heads,                                                \
         const int *__restrict__ qpos, const int *__restrict__ kpos,                              \
         const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv
 
@@ -899,6 +911,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
+    ATT_STEP_STREAM;
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Ks[BR][ATT_D + 1];
     __shared__ float Vs[BR][ATT_D + 1];
@@ -1022,6 +1035,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
                    const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
+    ATT_STEP_STREAM;
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
     __shared__ float Qs[BR][ATT_D + 1];
     __shared__ float dOs[BR][ATT_D + 1];
@@ -1152,6 +1166,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
+    ATT_STEP_STREAM;
     constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
     /* buffers of the query-side tiles: one at D = 128, where K and V take the shared memory
      * (the next tile is then fetched after this one is done) */
@@ -1331,6 +1346,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
                    const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
+    ATT_STEP_STREAM;
     constexpr int MT = ATT_QMT, BR = ATT_TBR_Q, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16,
                   DT = ATT_D / 8;
     __shared__ __align__(16) unsigned short Ks[2][BC][ATT_D + 8];

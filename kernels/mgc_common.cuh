@@ -365,6 +365,15 @@ __device__ __forceinline__ void mgc_philox_words8(unsigned long long seed, unsig
         wd[j] = o == 0 ? a[j] : o == 1 ? a[j + 1] : o == 2 ? a[j + 2] : a[j + 3];
 }
 
+/* A dropout stream with the step's part (runtime/backend.c mgc_op_dropout_stream: the name's
+ * hash ^ the microbatch's ^ rng.h mgc_rng_step_mix(step)): the launcher passes the rest by
+ * value and the step in device memory, which the backend sets before each step's work, so a
+ * CUDA graph recorded once draws every step's masks (docs/runtime.md, "Graphs"). */
+__device__ __forceinline__ unsigned long long mgc_step_stream(unsigned long long base,
+                                                              const unsigned long long *step) {
+    return base ^ (__ldg(step) * 0x9E3779B97F4A7C15ull);
+}
+
 /* Position of row i of a context-parallel shard (runtime/cpu_backend.c ctx_positions):
  * cp <= 1: i; else chunks r and 2cp-1-r of the 2cp chunks of `half` rows each. */
 __device__ __forceinline__ i64 mgc_ctx_pos(i64 i, i64 cp, i64 r, i64 half) {

@@ -272,17 +272,20 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #define MGC_ADD_NORM_MINB (MGC_DROP && MGC_NV >= 4 ? 1 : MGC_NORM_MINB)
 /* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row b R + s.
  * Row r, column c is element e = elem0 + r*H + c of the dropout stream (pointwise.cuh's
- * numbering: word e & 3 of Philox block e >> 2, kept iff >= thr); drop == 0: no dropout.
+ * numbering: word e & 3 of Philox block e >> 2, kept iff >= thr; the stream's step read from
+ * `step`, mgc_step_stream); drop == 0: no dropout.
  * h and y are exactly the unfused pair's: h is rounded to the compute dtype before the norm
  * reads it.  bias may be NULL (LayerNorm only). */
 extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ h, mgc_t *__restrict__ y, unsigned char *__restrict__ mask,
                    const mgc_t *__restrict__ branch, const mgc_t *__restrict__ res,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows, float eps,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   unsigned long long seed, unsigned long long stream,
+                   const unsigned long long *__restrict__ step, unsigned long long elem0,
                    unsigned thr, float sc, int drop_arg) {
     mgc_pdl_begin();
     const int drop = MGC_DROP && drop_arg; /* a kernel built with DROP = 0 draws nothing */
+    if (drop) stream = mgc_step_stream(stream, step);
     __shared__ float sh[MGC_R][2][MGC_NW];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
     const i64 r = (i64)blockIdx.x * MGC_R + s;

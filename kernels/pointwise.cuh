@@ -41,7 +41,8 @@
     } while (0)
 
 /* ---- dropout -----------------------------------------------------------------------------
- * Element i (0 .. n) of the shard is element elem0 + i of the stream; it is kept iff its
+ * Element i (0 .. n) of the shard is element elem0 + i of the stream (its step read from
+ * `step`: mgc_step_stream); it is kept iff its
  * Philox word >= thr (thr = mgc_rng_drop_threshold(p), computed on the host).  A work item
  * is one Philox block (4 consecutive stream elements), so each word is generated once.
  * drop == 0 (p = 0): y = x, mask all ones (the CPU's p = 0 path). */
@@ -53,10 +54,12 @@
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ y, unsigned char *__restrict__ mask,
                    const mgc_t *__restrict__ x, const mgc_t *__restrict__ res, i64 n,
-                   unsigned long long seed, unsigned long long stream, unsigned long long elem0,
+                   unsigned long long seed, unsigned long long stream,
+                   const unsigned long long *__restrict__ step, unsigned long long elem0,
                    unsigned thr, float sc, int drop) {
     mgc_pdl_begin();
     if (n <= 0) return;
+    if (drop) stream = mgc_step_stream(stream, step);
 #if defined(MGC_ENTRY_dropout_add_fwd)
     const bool rok = mgc_al16(res);
 #else
@@ -131,10 +134,11 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dx, const mgc_t *__restrict__ dy,
                    const unsigned char *__restrict__ mask, i64 n, unsigned long long seed,
-                   unsigned long long stream, unsigned long long elem0, unsigned thr, float sc,
-                   int drop) {
+                   unsigned long long stream, const unsigned long long *__restrict__ step,
+                   unsigned long long elem0, unsigned thr, float sc, int drop) {
     mgc_pdl_begin();
     if (n <= 0) return;
+    if (drop && !mask) stream = mgc_step_stream(stream, step);
     if ((elem0 & 3ull) == 0 && mgc_al16(dx) && mgc_al16(dy) && ((unsigned long long)mask & 7ull) == 0) {
         i64 n8 = n >> 3; /* 8 elements (2 Philox blocks, or 8 mask bytes) an item */
         MGC_GRID_STRIDE(v, n8) {

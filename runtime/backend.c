@@ -6,8 +6,8 @@
 #include "rng.h"
 
 uint64_t mgc_op_dropout_stream(const mgc_op_call *c) {
-    return mgc_rng_name_hash(mgc_plan_strat(c->plan, c->op->name)) ^
-           ((uint64_t)c->iteration * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)c->microbatch << 32);
+    return mgc_rng_name_hash(mgc_plan_strat(c->plan, c->op->name)) ^ mgc_rng_step_mix(c->iteration) ^
+           ((uint64_t)c->microbatch << 32);
 }
 
 /* A position of a context rank's rows: chunks r and 2cp-1-r of the 2cp equal chunks of the

@@ -141,6 +141,12 @@ typedef struct mgc_backend_iface {
      * issues the ops again, not recorded), -1 on error. */
     int (*graph_begin)(mgc_backend *be, uint64_t key);
     int (*graph_end)(mgc_backend *be, uint64_t key, int failed);
+    /* Optional, with the graphs (NULL: programs with dropout are never recorded): the step
+     * whose programs come next, set before each graph_begin.  A backend with it takes
+     * everything of a dropout stream but the step's part (rng.h mgc_rng_step_mix) as a
+     * kernel argument and the step from memory this sets in order with its work, so a
+     * program recorded once draws every step's masks.  0, or -1 with be->err. */
+    int (*set_step)(mgc_backend *be, int64_t step);
     /* Set the compute threads (CPU); 0 = the backend's default. */
     int (*set_threads)(mgc_backend *be, int threads);
     void (*close)(mgc_backend *be);

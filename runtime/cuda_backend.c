@@ -97,6 +97,10 @@ typedef struct cuda_ctx {
     graph_entry graphs[MAX_GRAPHS];
     int n_graphs;
     graph_entry *recording; /* the graph being captured on the stream, NULL when none */
+    /* the step the dropout kernels read (host.step, cuda_int.h mgc_cuda_drop_step): 8 bytes
+     * of device memory, and what they hold once the work queued so far has run */
+    unsigned long long *step_dev;
+    unsigned long long step_val;
     /* the transfer stream of the executor's gradient reducer (xfer_*), and its marks */
     cudaStream_t xstream;
     cudaEvent_t *marks;
@@ -874,6 +878,35 @@ static graph_entry *graph_find(cuda_ctx *c, uint64_t key) {
     return e;
 }
 
+/* host.step (cuda_int.h): the word that holds `step` once the work queued so far has run.
+ * A new value is written in stream order, one byte memset for each byte that changes (the
+ * low byte alone for 255 steps of 256), never inside a capture: the executor sets the step
+ * before it begins one (cuda_set_step), so a recorded graph only reads the word. */
+static const unsigned long long *cuda_step(mgc_backend *be, int64_t step) {
+    cuda_ctx *c = be->context;
+    unsigned long long v = (unsigned long long)step;
+    if (v == c->step_val) return c->step_dev;
+    if (c->recording) {
+        mgc_cuda_fail(be, "the step of the dropout kernels changes during a CUDA graph capture");
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++) {
+        int nb = (int)((v >> (8 * i)) & 0xff), ob = (int)((c->step_val >> (8 * i)) & 0xff);
+        if (nb == ob) continue;
+        cudaError_t e = cudaMemsetAsync((unsigned char *)c->step_dev + i, nb, 1, c->stream);
+        if (e != cudaSuccess) {
+            mgc_cuda_fail(be, "setting the dropout kernels' step: %s", cudaGetErrorString(e));
+            return NULL;
+        }
+    }
+    c->step_val = v;
+    return c->step_dev;
+}
+
+static int cuda_set_step(mgc_backend *be, int64_t step) {
+    return cuda_step(be, step) ? 0 : -1;
+}
+
 static int cuda_graph_begin(mgc_backend *be, uint64_t key) {
     cuda_ctx *c = be->context;
     graph_entry *e = graph_find(c, key);
@@ -938,6 +971,7 @@ static void cuda_close(mgc_backend *be) {
         free(c->libs);
         free(c->kernels);
         if (c->scratch_owned) cudaFree(c->scratch);
+        if (c->step_dev) cudaFree(c->step_dev);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->xstream) {
             cudaStreamSynchronize(c->xstream);
@@ -991,6 +1025,7 @@ static const mgc_backend_iface cuda_iface = {
     .sync = cuda_sync,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
+    .set_step = cuda_set_step,
     .set_threads = cuda_set_threads,
     .close = cuda_close,
     .device_memory = 1,
@@ -1051,7 +1086,9 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
         (e = cudaStreamCreateWithFlags(&c->pstream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&c->zstream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->zmark, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&c->zdone, cudaEventDisableTiming)) != cudaSuccess) {
+        (e = cudaEventCreateWithFlags(&c->zdone, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&c->step_dev, sizeof *c->step_dev)) != cudaSuccess ||
+        (e = cudaMemsetAsync(c->step_dev, 0, sizeof *c->step_dev, c->stream)) != cudaSuccess) {
         snprintf(err, err_size, "CUDA device %d: %s", device, cudaGetErrorString(e));
         cuda_close(be);
         return -1;
@@ -1059,6 +1096,7 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     c->arch = prop.major * 10 + prop.minor;
     c->host.launch = cuda_launch;
     c->host.scratch = cuda_scratch;
+    c->host.step = cuda_step;
     c->host.gemm = gemm;
     c->host.sms = prop.multiProcessorCount;
     const char *epi = getenv("MGC_GEMM_EPILOGUES"); /* docs/cuda-backend.md */

@@ -62,6 +62,9 @@ typedef struct mgc_cuda_host {
     int (*gemm)(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                 int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
                 int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep);
+    /* mgc_cuda_drop_step below: the device word that holds `step` once the work queued so
+     * far has run (set in stream order when it held another); NULL with be->err */
+    const unsigned long long *(*step)(mgc_backend *be, int64_t step);
     int sms;       /* multiprocessors (grid sizing) */
     int epilogues; /* GEMM epilogues for the fused linear ops (MGC_GEMM_EPILOGUES != 0) */
     int bgrad_epilogue; /* cuBLASLt's BGRADB for 16-bit bias gradients; MGC_GEMM_BGRAD=0: ours */
@@ -82,6 +85,13 @@ int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned grid_x, unsign
  * request a launcher makes (a larger one is allocated beside the arena, with a warning).  One
  * call per op: a second may return the same memory.  NULL with be->err on failure. */
 void *mgc_cuda_scratch(mgc_backend *be, size_t bytes);
+/* A dropout kernel's randomness for call c (p > 0): *stream = the op's stream (backend.h
+ * mgc_op_dropout_stream) without the step's part (rng.h mgc_rng_step_mix), and the device
+ * word the kernel reads the step from (kernels/mgc_common.cuh mgc_step_stream), which holds
+ * c->iteration when the kernel runs.  Nothing a kernel takes by value then changes from step
+ * to step, so a CUDA graph recorded once draws each step's masks.  NULL with be->err. */
+const unsigned long long *mgc_cuda_drop_step(mgc_backend *be, const mgc_op_call *c,
+                                             unsigned long long *stream);
 /* Records a message in be->err; returns -1. */
 int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...)
 #if defined(__GNUC__)

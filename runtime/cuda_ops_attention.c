@@ -13,7 +13,8 @@
  * cp rank): queries are the rank's two chunks; keys the same rows when sk == sq, else the
  * all-gathered rows of every rank (cpu_backend.c ctx_positions / gathered_positions).  With
  * cp <= 1 rows are positions.  Dropout numbers its elements as the CPU does (backend.h
- * mgc_op_attn_drop_rng: the model's heads and the positions).
+ * mgc_op_attn_drop_rng: the model's heads and the positions); the kernels read the stream's
+ * step from device memory (mgc_cuda_drop_step).
  *
  * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR, ATT_TBR_Q): keep
  * them equal. */
@@ -72,6 +73,8 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     float drop_scale = pd > 0 ? (float)(1.0 / (1.0 - pd)) : 1.0f;
     mgc_dropout_rng dr = mgc_op_attn_drop_rng(c, A);
     unsigned long long seed = dr.seed, stream = dr.stream;
+    const unsigned long long *step = NULL;
+    if (drop_p > 0.0f && !(step = mgc_cuda_drop_step(be, c, &stream))) return -1;
     unsigned long long elem0 = (unsigned long long)dr.head0 * (unsigned long long)dr.seq *
                                (unsigned long long)dr.seq;
     int drop_heads = (int)dr.heads;
@@ -99,7 +102,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
         }
         void *args[] = {&out,      &lse,       &q,         &k,        &v,    &isq,   &isk,
                         &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
-                        &drop_scale, &seed,    &stream,    &elem0,    &drop_heads, &qpos, &kpos,
+                        &drop_scale, &seed,    &stream,    &step,     &elem0,    &drop_heads, &qpos, &kpos,
                         &docs,     &pos_s,     &pos_cp,    &pos_rank,  &k_gathered, &qkv};
         int bq = fwd_bq(d, ks[0].dtype != MGC_DT_F32);
         return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
@@ -118,7 +121,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     if (!dsum) return -1;
     void *a0[] = {&dq,      &dsum,     &o,       &q,        &k,          &v,     &dout,
                   &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
-                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &drop_heads,
+                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv};
     int bq = bwd_dq_rows(d, ks[0].dtype != MGC_DT_F32);
@@ -128,7 +131,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     int br = bwd_br(d, ks[1].dtype != MGC_DT_F32);
     void *a1[] = {&dk,      &dv,       &dsum,    &q,        &k,          &v,     &dout,
                   &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
-                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &elem0, &drop_heads,
+                  &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv};
     return mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda_int.h"
+#include "rng.h"
 
 static mgc_cuda_host *host(mgc_backend *be) {
     return (mgc_cuda_host *)be->context;
@@ -30,6 +31,12 @@ int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned g
 
 void *mgc_cuda_scratch(mgc_backend *be, size_t bytes) {
     return host(be)->scratch(be, bytes);
+}
+
+const unsigned long long *mgc_cuda_drop_step(mgc_backend *be, const mgc_op_call *c,
+                                             unsigned long long *stream) {
+    *stream ^= mgc_rng_step_mix(c->iteration);
+    return host(be)->step(be, c->iteration);
 }
 
 int mgc_cuda_sm_count(mgc_backend *be) {

@@ -381,6 +381,8 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     unsigned thr = mgc_rng_drop_threshold(p);
     float sc = (float)(1.0 / (1.0 - p));
     int drop = p > 0;
+    const unsigned long long *step = NULL;
+    if (drop && !(step = mgc_cuda_drop_step(be, c, &stream))) return -1;
     void *hp = c->out[0], *yp = c->out[1], *br = c->in[0], *rs = c->in[1], *w = c->in[2];
     const void *al[] = {hp, yp, br, rs, w, bias};
     CHECK(norm_aligned(be, c, hd, al, 6));
@@ -399,7 +401,7 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
             if (mask) mask = (char *)mask + r0 * hd;
             elem0 = dr.elem1;
         }
-        void *args[] = {&hp, &yp, &mask, &br, &rs, &w, &bias, &rows, &eps, &seed, &stream, &elem0, &thr, &sc, &drop};
+        void *args[] = {&hp, &yp, &mask, &br, &rs, &w, &bias, &rows, &eps, &seed, &stream, &step, &elem0, &thr, &sc, &drop};
         CHECK(mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1, (unsigned)(kconst(&k[0], "T") * R),
                               0, args));
     }
@@ -458,10 +460,11 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     int64_t n = numel(ref);
     double p = op->fattr[0];
     mgc_dropout_rng dr = mgc_op_drop_rng(c, ref);
-    uint64_t seed = dr.seed, stream = dr.stream, elem0 = dr.elem0;
+    unsigned long long seed = dr.seed, stream = dr.stream, elem0 = dr.elem0;
     uint32_t thr = mgc_rng_drop_threshold(p);
     float sc = (float)(1.0 / (1.0 - p));
     int drop = p > 0;
+    const unsigned long long *step = NULL;
     mgc_kspec k[MGC_KSPEC_MAX_PER_OP];
     CHECK(act_dtype(be, c, tin(c, 0), &dt));
     CHECK(want(be, c, tout(c, 0), dt, "the output"));
@@ -479,6 +482,8 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
     if (add) CHECK(want(be, c, tin(c, 1), dt, "the residual"));
     CHECK(get_specs(be, c, k, 1));
     if (n == 0) return 0;
+    /* the kernels draw in the forward, and in a backward without the forward's mask */
+    if (drop && (fwd || !mask) && !(step = mgc_cuda_drop_step(be, c, &stream))) return -1;
     void *y = c->out[0], *x = c->in[0], *res = add ? c->in[1] : NULL;
     /* one launch a run of the stream (mgc_op_drop_rng: two under context parallelism) */
     int64_t all = n, first = dr.n0 > 0 && drop ? dr.n0 : n;
@@ -497,10 +502,10 @@ static int op_dropout(mgc_backend *be, const mgc_op_call *c) {
         int64_t units = (int64_t)(((elem0 + (uint64_t)n - 1) >> 2) - (elem0 >> 2) + 1);
         unsigned grid = ew_grid(be, (elem0 & 3) == 0 ? (n + 7) / 8 : units);
         if (fwd) {
-            void *args[] = {&y, &mask, &x, &res, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
+            void *args[] = {&y, &mask, &x, &res, &n, &seed, &stream, &step, &elem0, &thr, &sc, &drop};
             CHECK(mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args));
         } else {
-            void *args[] = {&y, &x, &mask, &n, &seed, &stream, &elem0, &thr, &sc, &drop};
+            void *args[] = {&y, &x, &mask, &n, &seed, &stream, &step, &elem0, &thr, &sc, &drop};
             CHECK(mgc_cuda_launch(be, &k[0], grid, 1, 1, EW_BLOCK, 0, args));
         }
     }

@@ -36,6 +36,7 @@ typedef struct emu_ctx {
     const mgc_stage_program *warm; /* the stage whose kernels were loaded last */
     double *timers;                /* --profile's op timers: the clock when each was marked */
     int64_t n_timers;
+    unsigned long long step; /* the step the dropout kernels read (host.step) */
     void *zdst; /* the gradients' zeroing queued "beside" the forward (emu_zero_beside) */
     size_t zbytes;
 } emu_ctx;
@@ -45,6 +46,13 @@ static int emu_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned
     emu_ctx *c = be->context;
     if (gx == 0 || gy == 0 || gz == 0) return 0;
     return mgc_emu_launch(c->emu, k, gx, gy, gz, block, smem, args, be->err, sizeof be->err);
+}
+
+/* host.step (cuda_int.h): the kernels run at once, so the word is set at once */
+static const unsigned long long *emu_step(mgc_backend *be, int64_t step) {
+    emu_ctx *c = be->context;
+    c->step = (unsigned long long)step;
+    return &c->step;
 }
 
 static void *emu_scratch(mgc_backend *be, size_t bytes) {
@@ -374,6 +382,7 @@ int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {
     be->context = c;
     c->host.launch = emu_launch;
     c->host.scratch = emu_scratch;
+    c->host.step = emu_step;
     c->host.gemm = emu_gemm;
     c->host.sms = 4; /* a small GPU: grid-stride kernels take several rounds */
     const char *epi = getenv("MGC_GEMM_EPILOGUES");

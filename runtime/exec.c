@@ -238,9 +238,10 @@ mgc_backend *mgc_exec_backend(const mgc_exec *x) {
 }
 
 /* A program whose kernels' arguments are the same every step: no collective (the
- * communicator runs on the host), no MoE op (the routed sizes come back to the host), no
- * dropout (its Philox stream is per step and microbatch). */
-static int graphable(const mgc_plan_op *ops, int64_t n) {
+ * communicator runs on the host), no MoE op (the routed sizes come back to the host), and
+ * dropout only where the backend reads the step of its Philox streams from its memory
+ * (backend.h set_step; `dropout`). */
+static int graphable(const mgc_plan_op *ops, int64_t n, int dropout) {
     for (int64_t i = 0; i < n; i++) {
         const mgc_plan_op *o = &ops[i];
         switch ((mgc_plan_op_kind)o->kind) {
@@ -255,7 +256,7 @@ static int graphable(const mgc_plan_op *ops, int64_t n) {
         case MGC_POP_GROUPED_LINEAR_WGRAD: return 0;
         default: {
             int a = mgc_plan_op_dropout_attr(o);
-            if (o->kind >= MGC_POP_ALL_REDUCE || (a >= 0 && o->fattr[a] > 0)) return 0;
+            if (o->kind >= MGC_POP_ALL_REDUCE || (!dropout && a >= 0 && o->fattr[a] > 0)) return 0;
             break;
         }
         }
@@ -269,10 +270,11 @@ void mgc_exec_set_graphs(mgc_exec *x, int on) {
     if (!x->graph_ok) {
         x->graph_ok = calloc((size_t)(2 * x->sp->n_chunks + 1), 1);
         if (!x->graph_ok) return; /* no memory: no graphs, which changes no result */
+        int dropout = x->be->iface->set_step != NULL;
         for (int64_t c = 0; c < x->sp->n_chunks; c++) {
             const mgc_plan_chunk *ch = &x->sp->chunks[c];
-            x->graph_ok[2 * c] = (uint8_t)graphable(ch->fwd, ch->n_fwd);
-            x->graph_ok[2 * c + 1] = (uint8_t)graphable(ch->bwd, ch->n_bwd);
+            x->graph_ok[2 * c] = (uint8_t)graphable(ch->fwd, ch->n_fwd, dropout);
+            x->graph_ok[2 * c + 1] = (uint8_t)graphable(ch->bwd, ch->n_bwd, dropout);
         }
     }
     x->graphs = 1;
@@ -1860,6 +1862,9 @@ static int run_ops(mgc_exec *x, int c, int pass, const mgc_plan_op *ops, int64_t
         return issue_ops(x, c, pass, ops, n, mb, &call);
     mgc_backend *be = x->be;
     uint64_t key = graph_key(c, pass, mb, call.dloss);
+    /* the step of the dropout streams, which a recorded program reads from the backend */
+    if (be->iface->set_step && be->iface->set_step(be, x->iteration))
+        return be_fail(x, "setting the dropout kernels' step");
     int g = be->iface->graph_begin(be, key);
     if (g < 0) return be_fail(x, "starting a CUDA graph");
     if (g == 1) { /* replayed */

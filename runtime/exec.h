@@ -148,9 +148,10 @@ void mgc_exec_set_profile(mgc_exec *x, mgc_profile *p);
  * steps in a row double it. */
 void mgc_exec_set_loss_scaling(mgc_exec *x, double initial, int64_t window, int64_t hysteresis);
 /* Graphs (backend.h graph_begin / graph_end): on (1) or off (0, the default).  The forward and
- * backward programs that qualify (no collective, no MoE op with host-side sizes, no dropout:
- * nothing in their kernels' arguments changes from step to step but the loss scale, which is
- * part of the key) are recorded on their second run and replayed after.  Ignored by a
+ * backward programs that qualify (no collective, no MoE op with host-side sizes, no dropout
+ * unless the backend reads the step from its memory, backend.h set_step: nothing in their
+ * kernels' arguments changes from step to step but the loss scale, which is part of the key)
+ * are recorded on their second run and replayed after.  Ignored by a
  * backend without graphs, and while a profile or op hooks are set. */
 void mgc_exec_set_graphs(mgc_exec *x, int on);
 /* Gradient reduction beside the backward: on (1, the default) or off (0: every bucket is

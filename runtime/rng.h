@@ -26,6 +26,13 @@ void mgc_rng_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t o
  * site (0..255: which dropout of the layer) in bits 32..39, microbatch in bits 0..31. */
 uint64_t mgc_rng_stream(int32_t layer, uint32_t site, uint32_t microbatch);
 
+/* The step's part of a dropout stream (backend.h mgc_op_dropout_stream XORs it in): a GPU
+ * kernel computes it from the step's number in device memory (kernels/mgc_common.cuh
+ * mgc_step_stream, the same product), so a recorded CUDA graph draws every step's masks. */
+static inline uint64_t mgc_rng_step_mix(int64_t step) {
+    return (uint64_t)step * 0x9E3779B97F4A7C15ull;
+}
+
 /* FNV-1a 64 of a name: the stream of a named thing (a parameter's initial values, a
  * dropout site).  "" and NULL hash to the offset basis. */
 uint64_t mgc_rng_name_hash(const char *name);

@@ -16,7 +16,8 @@
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M with hidden
 #                                             dropout with and without its backward in the
-#                                             norm backwards (-norm_bwd_drop), 124M without the
+#                                             norm backwards (-norm_bwd_drop) and without
+#                                             CUDA graphs, 124M without the
 #                                             fused embedding + norm (-embedding_norm) and
 #                                             with MGC_GRAD_FRESH=0, both with
 #                                             MGC_ZERO_LIST=0 and with bf16 logits
@@ -38,7 +39,7 @@
 #
 # SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
 # models, tiny-gpt at head dim 64 and tiny-llama at 128, one training step each, and tiny-gpt
-# without dropout for three steps with --cuda-graphs); bench/bench_gpu.sh
+# with hidden and attention dropout for three steps with --cuda-graphs); bench/bench_gpu.sh
 # reads BENCH_MODELS, BENCH_TORCH, BENCH_PROFILE_MODELS and STEPS.  On the lent
 # H100, `test` took about 5 minutes and `bench` about 5: run them as two calls
 # (one call is limited to 10 minutes).  With 15 minutes of device time a session and a
@@ -110,7 +111,8 @@ if has quick; then
         label=$1 plan=$2
         shift 2
         # shellcheck disable=SC2068
-        if env $@ build-gpu/runtime/mgc-run "$plan" --backend cuda --iterations 20 -q --metrics build-gpu/q.jsonl >build-gpu/q.log 2>&1; then
+        # shellcheck disable=SC2086
+        if env $@ build-gpu/runtime/mgc-run "$plan" --backend cuda --iterations 20 -q --metrics build-gpu/q.jsonl ${QARGS:-} >build-gpu/q.log 2>&1; then
             python3 -c 'import json,sys,statistics
 r=[json.loads(l) for l in open(sys.argv[1])]
 print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x["step_ms"] for x in r][8:]),
@@ -144,6 +146,12 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
         [ -n "$a" ] && [ "$a" = "$b" ] && echo "$2: losses and norms bit-identical to $1" | tee -a "$Q" ||
             { echo "$2: losses or norms DIFFER from $1" | tee -a "$Q"; rc=1; }
     }
+    # and without CUDA graphs, which record programs with dropout since stop 40 (the kernels
+    # read the step from device memory): the step's gain, and the same bits
+    QARGS=--no-cuda-graphs
+    qrun "gpt2-124m hidden_dropout=0.1 --no-cuda-graphs" build-gpu/q124d.plan
+    QARGS=
+    samebits "gpt2-124m hidden_dropout=0.1" "gpt2-124m hidden_dropout=0.1 --no-cuda-graphs"
     for rep in 1 2; do
         qrun "gpt2-124m defaults ($rep)" build-gpu/q124.plan
         qrun "gpt2-124m MGC_PDL=1 ($rep)" build-gpu/q124.plan MGC_PDL=1
@@ -335,8 +343,8 @@ if has sanitize; then
                 x="--set model.hidden_size=128 --set model.num_attention_heads=2 --set model.attention_dropout=0.1" ;;
             tiny-llama-d128) y=models/tiny-llama.yaml
                 x="--set model.hidden_size=512 --set model.num_attention_heads=4" ;;
-            tiny-gpt-graphs) y=examples/tiny-gpt.yaml # no dropout: every program is captured
-                x="--set model.hidden_dropout=0 --set model.attention_dropout=0"
+            tiny-gpt-graphs) y=examples/tiny-gpt.yaml # every program captured, with dropout too
+                x="--set model.hidden_dropout=0.1 --set model.attention_dropout=0.1"
                 run="--iterations 3 --cuda-graphs" ;;
             tiny-gpt-tp2pp2) y=examples/tiny-gpt.yaml
                 x="--set parallel.world_size=4 --set parallel.tensor=2 --set parallel.pipeline=2"

@@ -21,9 +21,10 @@
  *     the CPU backend's run of the same layout (fp32 1e-4, bf16 3e-2), and a rerun with the
  *     gradient buckets reduced in line instead of beside the backward (the transfer stream)
  *     gives the same bits.
- *  3. CUDA graphs: tiny GPT without dropout trains 6 steps in fp32 and bf16 with graphs
- *     (recorded on the second step, replayed after) to the same bits as without, and
- *     the programs do replay.
+ *  3. CUDA graphs: tiny GPT without dropout trains 6 steps in fp32 and bf16, and with
+ *     hidden and attention dropout 0.1 in bf16, with graphs (recorded on the second step,
+ *     replayed after, the dropout kernels reading each step from the backend's memory) to the
+ *     same bits as without, and the programs do replay.
  *     Under MGC_PDL=1 (programmatic dependent launch, sm_90 and newer), MGC_ZERO_BESIDE=1 (the
  *     gradients zeroed beside the forward) and both, tiny GPT and tiny MoE train 6 steps in
  *     bf16, eagerly and with graphs, to the bits of ordinary launches.
@@ -1592,7 +1593,7 @@ out:
 }
 
 /* --cuda-graphs: the recorded programs replay to the same bits as eager runs, and they do
- * replay (dropout off: every tiny-gpt program qualifies). */
+ * replay (every tiny-gpt program qualifies, with dropout too). */
 /* The device communicator (exec.h mgc_exec_set_device_comm): the collectives on the GPU's
  * memory through NCCL (on the emulator: a moves-only local world on its host-addressable
  * arena), reductions folded by kernels/comm.cuh in group-rank order -- bf16 activations
@@ -1627,8 +1628,12 @@ static void check_device_comm(const char *path, const char *const *sets) {
 
 static void check_graphs(void) {
     static const char *const nodrop[] = {"model.hidden_dropout=0", "model.attention_dropout=0", NULL};
-    for (int k = 0; k < 2; k++) {
-        mgc_plan *p = compile("examples/tiny-gpt.yaml", k ? "bf16" : "fp32", nodrop);
+    /* with dropout: the kernels read the step from the backend's memory (set before each
+     * program), so the programs are recorded and draw each step's masks when replayed */
+    static const char *const drop[] = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1", NULL};
+    static const char *const names[3] = {"fp32", "bf16", "bf16 with dropout 0.1"};
+    for (int k = 0; k < 3; k++) {
+        mgc_plan *p = compile("examples/tiny-gpt.yaml", k ? "bf16" : "fp32", k == 2 ? drop : nodrop);
         T_CHECK(p != NULL);
         if (!p) continue;
         enum { N = 6 };
@@ -1640,7 +1645,7 @@ static void check_graphs(void) {
         T_CHECK(r1 > 0);
         T_CHECK(memcmp(l0, l1, sizeof l0) == 0 && memcmp(n0, n1, sizeof n0) == 0);
         printf("cuda graphs (%s): %lld programs replayed over %d steps, losses and norms %s\n",
-               k ? "bf16" : "fp32", (long long)r1, N,
+               names[k], (long long)r1, N,
                memcmp(l0, l1, sizeof l0) || memcmp(n0, n1, sizeof n0) ? "DIFFER" : "bit-identical");
         mgc_plan_free(p);
     }

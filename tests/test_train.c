@@ -1143,7 +1143,9 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
  * second the executor's ops are recorded, not run, and run at graph_end; later runs replay the
  * record.  One recording is made to fail (an op refuses while recording), which the executor
  * must answer by issuing the ops again.  Training with it must match training without, bit
- * for bit, and the programs with dropout must never be offered. */
+ * for bit.  Programs with dropout are offered only to a backend with set_step: this one then
+ * replays a record with the step set last, as the CUDA backend's kernels read it from device
+ * memory, so a missing or late set_step draws another step's masks and the losses differ. */
 typedef struct rec_graph {
     uint64_t key;
     int runs, never, done;
@@ -1159,16 +1161,30 @@ static struct {
     int fail_next;                /* the next recorded op fails */
     long begins, recorded, replays, failed;
     int64_t step_replays;         /* the executor's count (mgc_step_stats.graph_replays) */
+    int64_t step;                 /* set_step's, -1 before the first */
+    long steps_set, stale;        /* set_step calls; ops recorded under another step */
+    int frozen;                   /* replays draw the recorded step's masks (the control) */
 } R;
 
 static int rec_replay(mgc_backend *be, const rec_graph *g) {
-    for (int i = 0; i < g->n; i++)
-        if (R.cpu->run_op(be, &g->calls[i])) return -1;
+    for (int i = 0; i < g->n; i++) {
+        mgc_op_call c = g->calls[i];
+        if (!R.frozen) c.iteration = R.step; /* the step the backend holds, not the recorded */
+        if (R.cpu->run_op(be, &c)) return -1;
+    }
+    return 0;
+}
+
+static int rec_set_step(mgc_backend *be, int64_t step) {
+    (void)be;
+    R.step = step;
+    R.steps_set++;
     return 0;
 }
 
 static int rec_run_op(mgc_backend *be, const mgc_op_call *c) {
     if (!R.recording) return R.cpu->run_op(be, c);
+    if (c->iteration != R.step) R.stale++;
     if (R.fail_next) {
         R.fail_next = 0;
         snprintf(be->err, sizeof be->err, "refused while recording (injected)");
@@ -1222,8 +1238,9 @@ static int rec_end(mgc_backend *be, uint64_t key, int failed) {
 }
 
 /* Trains `steps` steps on one rank of the CPU backend, through the recording backend when
- * `graphs`; losses and norms out. */
-static int train_graphs(const mgc_plan *p, int graphs, int steps, double *loss, double *norm) {
+ * `graphs` (with set_step when `steps_set`); losses and norms out. */
+static int train_graphs(const mgc_plan *p, int graphs, int set_step, int steps, double *loss,
+                        double *norm) {
     char err[4096];
     mgc_backend *cpu = NULL;
     mgc_comm *w[1] = {NULL};
@@ -1237,6 +1254,8 @@ static int train_graphs(const mgc_plan *p, int graphs, int steps, double *loss, 
     iface.run_op = rec_run_op;
     iface.graph_begin = rec_begin;
     iface.graph_end = rec_end;
+    iface.set_step = set_step ? rec_set_step : NULL;
+    R.step = -1;
     memset(&rec, 0, sizeof rec);
     rec.iface = &iface;
     rec.context = cpu->context; /* the CPU's slots read only the context */
@@ -1277,10 +1296,10 @@ static void check_graphs(void) {
         enum { N = 5 };
         double l0[N], n0[N], l1[N], n1[N];
         memset(&R, 0, sizeof R);
-        T_EQ_I64(train_graphs(p, 0, N, l0, n0), 0);
+        T_EQ_I64(train_graphs(p, 0, 0, N, l0, n0), 0);
         T_EQ_I64(R.begins, 0); /* off: never offered */
         R.fail_next = 1;       /* the first recording fails */
-        T_EQ_I64(train_graphs(p, 1, N, l1, n1), 0);
+        T_EQ_I64(train_graphs(p, 1, 0, N, l1, n1), 0);
         int same = 1;
         for (int i = 0; i < N; i++) same &= l0[i] == l1[i] && n0[i] == n1[i];
         T_CHECK(same);
@@ -1293,8 +1312,31 @@ static void check_graphs(void) {
                "steps bit-identical to no graphs\n",
                R.recorded, R.replays, N);
         memset(&R, 0, sizeof R);
-        T_EQ_I64(train_graphs(q, 1, 2, l1, n1), 0);
-        T_EQ_I64(R.begins, 0); /* dropout: its Philox stream changes every step */
+        T_EQ_I64(train_graphs(q, 1, 0, 2, l1, n1), 0);
+        T_EQ_I64(R.begins, 0); /* dropout, no set_step: the stream's step is an argument */
+        /* dropout with set_step: recorded, and replayed with each step's masks */
+        T_EQ_I64(train_graphs(q, 0, 1, N, l0, n0), 0);
+        T_EQ_I64(R.begins, 0);
+        T_EQ_I64(R.steps_set, 0); /* graphs off: the ops carry their step */
+        T_EQ_I64(train_graphs(q, 1, 1, N, l1, n1), 0);
+        same = 1;
+        for (int i = 0; i < N; i++) same &= l0[i] == l1[i] && n0[i] == n1[i];
+        T_CHECK(same);
+        T_EQ_I64(R.recorded, 4);
+        T_EQ_I64(R.failed, 0);
+        T_EQ_I64(R.stale, 0);
+        T_EQ_I64(R.steps_set, R.begins);
+        T_CHECK(R.replays >= 4 * (N - 2));
+        printf("graphs with dropout: %ld programs recorded, %ld replays with the step set before "
+               "each, %d steps %s\n",
+               R.recorded, R.replays, N, same ? "bit-identical to no graphs" : "DIFFER");
+        /* the control: replays that draw the recorded step's masks train differently from
+         * the first replay on (step 2) */
+        memset(&R, 0, sizeof R);
+        R.frozen = 1;
+        double l2[N], n2[N];
+        T_EQ_I64(train_graphs(q, 1, 1, N, l2, n2), 0);
+        T_CHECK(l2[1] == l0[1] && l2[2] != l0[2] && l2[N - 1] != l0[N - 1]);
     }
     mgc_plan_free(p);
     mgc_plan_free(q);
