@@ -26,6 +26,39 @@
 #include "half.h"
 #include "kspec.h"
 
+/* One device operation of an emulated CUDA graph: a kernel launch, its arguments' bytes copied
+ * when it was recorded (a capture takes arguments by value), or a GEMM with its arguments. */
+typedef struct emu_node {
+    int gemm;
+    mgc_kspec k;
+    unsigned gx, gy, gz, block;
+    size_t smem;
+    unsigned char *argv; /* the arguments' bytes, each at a 16-aligned offset */
+    size_t off[MGC_EMU_MAX_PARAMS];
+    int nargs;
+    struct { /* host.gemm's arguments */
+        int ta, tb, atype, btype, ctype, has_ep;
+        int64_t m, n, k, lda, ldb, ldc;
+        const void *A, *B;
+        void *D;
+        float beta;
+        mgc_gemm_epi ep;
+    } g;
+} emu_node;
+
+/* A program's emulated graph (backend.h graph_begin), as the CUDA backend keeps them: recorded
+ * on the program's second run, replayed after. */
+typedef struct emu_graph {
+    uint64_t key;
+    int runs, never, done;
+    emu_node *nodes;
+    int n, cap;
+} emu_graph;
+
+#define EMU_MAX_GRAPHS 256
+struct emu_ctx;
+static void graphs_drop(struct emu_ctx *c);
+
 typedef struct emu_ctx {
     mgc_cuda_host host; /* first: the launchers' view (cuda_int.h) */
     mgc_emu *emu;
@@ -37,27 +70,76 @@ typedef struct emu_ctx {
     double *timers;                /* --profile's op timers: the clock when each was marked */
     int64_t n_timers;
     unsigned long long step; /* the step the dropout kernels read (host.step) */
+    emu_graph graphs[EMU_MAX_GRAPHS];
+    int n_graphs;
+    emu_graph *recording; /* the graph being recorded: launches and GEMMs are kept, not run */
     void *zdst; /* the gradients' zeroing queued "beside" the forward (emu_zero_beside) */
     size_t zbytes;
 } emu_ctx;
+
+static emu_node *graph_node(mgc_backend *be, emu_graph *g) {
+    if (g->n == g->cap) {
+        int nc = g->cap ? 2 * g->cap : 64;
+        emu_node *p = realloc(g->nodes, (size_t)nc * sizeof *p);
+        if (!p) {
+            mgc_cuda_fail(be, "out of memory recording a graph");
+            return NULL;
+        }
+        g->nodes = p, g->cap = nc;
+    }
+    emu_node *nd = &g->nodes[g->n++];
+    memset(nd, 0, sizeof *nd);
+    return nd;
+}
 
 static int emu_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
                       unsigned block, size_t smem, void **args) {
     emu_ctx *c = be->context;
     if (gx == 0 || gy == 0 || gz == 0) return 0;
-    return mgc_emu_launch(c->emu, k, gx, gy, gz, block, smem, args, be->err, sizeof be->err);
+    if (!c->recording)
+        return mgc_emu_launch(c->emu, k, gx, gy, gz, block, smem, args, be->err, sizeof be->err);
+    /* recorded: the arguments' values now, as cudaStreamBeginCapture takes them */
+    size_t sz[MGC_EMU_MAX_PARAMS], total = 0;
+    int n = mgc_emu_param_sizes(c->emu, k, sz, MGC_EMU_MAX_PARAMS, be->err, sizeof be->err);
+    if (n < 0) return -1;
+    emu_node *nd = graph_node(be, c->recording);
+    if (!nd) return -1;
+    for (int i = 0; i < n; i++)
+        nd->off[i] = total, total += (sz[i] + 15) & ~(size_t)15;
+    if (!(nd->argv = malloc(total ? total : 1))) {
+        c->recording->n--;
+        return mgc_cuda_fail(be, "out of memory recording a graph");
+    }
+    for (int i = 0; i < n; i++)
+        memcpy(nd->argv + nd->off[i], args[i], sz[i]);
+    nd->nargs = n, nd->k = *k, nd->gx = gx, nd->gy = gy, nd->gz = gz, nd->block = block;
+    nd->smem = smem;
+    return 0;
 }
 
-/* host.step (cuda_int.h): the kernels run at once, so the word is set at once */
+/* host.step (cuda_int.h): the kernels run at once, so the word is set at once; never while
+ * recording, as on the GPU (the executor sets the step before it begins a graph) */
 static const unsigned long long *emu_step(mgc_backend *be, int64_t step) {
     emu_ctx *c = be->context;
+    if (c->step != (unsigned long long)step && c->recording) {
+        mgc_cuda_fail(be, "the step of the dropout kernels changes during a CUDA graph capture");
+        return NULL;
+    }
     c->step = (unsigned long long)step;
     return &c->step;
+}
+static int emu_set_step(mgc_backend *be, int64_t step) {
+    return emu_step(be, step) ? 0 : -1;
 }
 
 static void *emu_scratch(mgc_backend *be, size_t bytes) {
     emu_ctx *c = be->context;
     if (bytes <= c->scratch_bytes) return c->scratch;
+    if (c->recording) { /* as the CUDA backend: the program runs eagerly instead */
+        mgc_cuda_fail(be, "kernel scratch grows during a CUDA graph capture");
+        return NULL;
+    }
+    graphs_drop(c); /* recorded graphs hold the old address */
     /* past the plan's kernel_scratch: the CUDA backend warns and allocates; so do we */
     fprintf(stderr, "mgc-run: warning: a kernel asks for %zu bytes of scratch, more than the "
                     "plan's kernel_scratch (%zu bytes): allocating it beside the arena\n",
@@ -94,9 +176,9 @@ static double dgelu(double x) {
 
 /* host.gemm (cuda_int.h): column-major D (m x n) = op(A) op(B) + beta D, accumulated in fp32
  * in k order (rounding as a tensor core's fp32 accumulator, not bit for bit) */
-static int emu_gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
-                    int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
-                    int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep) {
+static int emu_gemm_run(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                        int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
+                        int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep) {
     mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
     if (!ep) ep = &none;
     if (m == 0 || n == 0) return 0;
@@ -142,6 +224,93 @@ static int emu_gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64
     return 0;
 }
 
+static int emu_gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                    int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
+                    int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep) {
+    emu_ctx *c = be->context;
+    if (!c->recording)
+        return emu_gemm_run(be, ta, tb, m, n, k, A, lda, atype, B, ldb, btype, D, ldc, ctype, beta, ep);
+    emu_node *nd = graph_node(be, c->recording);
+    if (!nd) return -1;
+    nd->gemm = 1;
+    nd->g.ta = ta, nd->g.tb = tb, nd->g.m = m, nd->g.n = n, nd->g.k = k;
+    nd->g.A = A, nd->g.lda = lda, nd->g.atype = atype, nd->g.B = B, nd->g.ldb = ldb;
+    nd->g.btype = btype, nd->g.D = D, nd->g.ldc = ldc, nd->g.ctype = ctype, nd->g.beta = beta;
+    nd->g.has_ep = ep != NULL;
+    if (ep) nd->g.ep = *ep;
+    return 0;
+}
+
+/* ---- CUDA graphs, emulated (backend.h graph_begin / graph_end) -----------------------------
+ * As the CUDA backend keeps them: a program's first run is eager, its second is recorded (the
+ * launches and GEMMs kept with their arguments' values, nothing run) and run at graph_end, and
+ * later runs replay the record.  So an argument that changes from step to step, which a GPU's
+ * graph would replay stale, is replayed stale here too, and the tests' comparisons catch it. */
+
+static void graphs_drop(emu_ctx *c) {
+    for (int i = 0; i < c->n_graphs; i++) {
+        for (int j = 0; j < c->graphs[i].n; j++)
+            free(c->graphs[i].nodes[j].argv);
+        free(c->graphs[i].nodes);
+    }
+    c->n_graphs = 0;
+}
+
+static int graph_replay(mgc_backend *be, const emu_graph *g) {
+    emu_ctx *c = be->context;
+    for (int i = 0; i < g->n; i++) {
+        const emu_node *nd = &g->nodes[i];
+        int rc;
+        if (nd->gemm) {
+            rc = emu_gemm_run(be, nd->g.ta, nd->g.tb, nd->g.m, nd->g.n, nd->g.k, nd->g.A, nd->g.lda,
+                              nd->g.atype, nd->g.B, nd->g.ldb, nd->g.btype, nd->g.D, nd->g.ldc,
+                              nd->g.ctype, nd->g.beta, nd->g.has_ep ? &nd->g.ep : NULL);
+        } else {
+            void *args[MGC_EMU_MAX_PARAMS];
+            for (int a = 0; a < nd->nargs; a++)
+                args[a] = nd->argv + nd->off[a];
+            rc = mgc_emu_launch(c->emu, &nd->k, nd->gx, nd->gy, nd->gz, nd->block, nd->smem, args,
+                                be->err, sizeof be->err);
+        }
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static int emu_graph_begin(mgc_backend *be, uint64_t key) {
+    emu_ctx *c = be->context;
+    emu_graph *g = NULL;
+    for (int i = 0; i < c->n_graphs && !g; i++)
+        if (c->graphs[i].key == key) g = &c->graphs[i];
+    if (!g) {
+        if (c->n_graphs == EMU_MAX_GRAPHS) return 0; /* full: the rest run eagerly */
+        g = &c->graphs[c->n_graphs++];
+        memset(g, 0, sizeof *g);
+        g->key = key;
+    }
+    if (g->never || c->recording) return 0;
+    if (g->done) return graph_replay(be, g) ? -1 : 1;
+    if (g->runs++ == 0) return 0; /* the first run is eager: kernels load, scratch grows */
+    c->recording = g;
+    return 0;
+}
+
+static int emu_graph_end(mgc_backend *be, uint64_t key, int failed) {
+    emu_ctx *c = be->context;
+    emu_graph *g = c->recording;
+    if (!g) return 0; /* the ops ran eagerly */
+    c->recording = NULL;
+    if (failed || g->key != key) { /* nothing ran: the executor issues the ops again */
+        for (int j = 0; j < g->n; j++)
+            free(g->nodes[j].argv);
+        g->n = 0;
+        g->never = 1;
+        return 2;
+    }
+    g->done = 1;
+    return graph_replay(be, g);
+}
+
 /* ---- the backend interface ---------------------------------------------------------------- */
 
 static int emu_arena_alloc(mgc_backend *be, uint64_t bytes, void **out) {
@@ -156,6 +325,7 @@ static int emu_arena_alloc(mgc_backend *be, uint64_t bytes, void **out) {
 
 static void emu_arena_free(mgc_backend *be, void *arena) {
     emu_ctx *c = be->context;
+    graphs_drop(c); /* they hold addresses in the arena */
     if (!c->scratch_owned && arena && c->scratch_arena == arena)
         c->scratch = NULL, c->scratch_bytes = 0, c->scratch_arena = NULL;
     free(arena);
@@ -166,6 +336,8 @@ static int emu_bind(mgc_backend *be, const mgc_plan *plan, const mgc_stage_progr
     for (int64_t b = 0; b < st->n_buffers; b++) {
         if (st->buffers[b].kind != MGC_BUF_WORKSPACE) continue;
         if (!strcmp(mgc_plan_strat(plan, st->buffers[b].name), "kernel_scratch")) {
+            if ((char *)arena + st->buffers[b].offset != c->scratch)
+                graphs_drop(c); /* recorded graphs hold the old address */
             if (c->scratch_owned) free(c->scratch);
             c->scratch = (char *)arena + st->buffers[b].offset;
             c->scratch_bytes = (size_t)st->buffers[b].bytes, c->scratch_owned = 0;
@@ -326,6 +498,7 @@ static int emu_time_between(mgc_backend *be, int64_t a, int64_t b, double *secon
 static void emu_close(mgc_backend *be) {
     emu_ctx *c = be->context;
     if (c) {
+        graphs_drop(c);
         free(c->timers);
         mgc_emu_close(c->emu);
         if (c->scratch_owned) free(c->scratch);
@@ -347,6 +520,9 @@ static const mgc_backend_iface emu_iface = {
     .sumsq = mgc_cuda_sumsq,
     .adamw = mgc_cuda_adamw,
     .sync = emu_sync,
+    .graph_begin = emu_graph_begin,
+    .graph_end = emu_graph_end,
+    .set_step = emu_set_step,
     .set_threads = emu_set_threads,
     .close = emu_close,
     .device_memory = 1,

@@ -115,10 +115,13 @@ static void fctx_switch(fctx *save, fctx *load) {
 
 typedef void (*entry_fn)(mgc_emu_thr *t, void **args);
 
+typedef int (*params_fn)(unsigned long long *sizes, int max);
+
 typedef struct loaded {
     char name[MGC_KSPEC_NAME_MAX];
     void *dl;
     entry_fn entry;
+    params_fn params;
 } loaded;
 
 enum { F_RUN, F_WAIT, F_DONE };
@@ -341,7 +344,9 @@ typedef struct build {
 static const char tramp[] = "\n/* the emulator's entry (runtime/emu_kernel.c) */\n"
                             "extern \"C\" void mgc_emu_kernel(mgc_emu_thr *t, void **args) {\n"
                             "    mgc_emu_cur = t;\n    mgc_emu_invoke(MGC_ENTRY_NAME, args);\n"
-                            "    mgc_emu_cur = t;\n    mgc_emu_cp_flush();\n}\n";
+                            "    mgc_emu_cur = t;\n    mgc_emu_cp_flush();\n}\n"
+                            "extern \"C\" int mgc_emu_params(unsigned long long *sz, int max) {\n"
+                            "    return mgc_emu_param_sizes(MGC_ENTRY_NAME, sz, max);\n}\n";
 
 /* b's source and paths (dir: the cache directory, h: the headers' hash); 0 or -1 */
 static int build_init(build *b, const mgc_kspec *k, const char *dir, uint64_t h, char *err,
@@ -431,7 +436,8 @@ static int open_obj(const char *path, loaded *l) {
     int (*abi)(void) = (int (*)(void))dlsym(dl, "mgc_emu_abi");
     void (*bind)(const mgc_emu_rt *) = (void (*)(const mgc_emu_rt *))dlsym(dl, "mgc_emu_bind");
     entry_fn entry = (entry_fn)dlsym(dl, "mgc_emu_kernel");
-    if (!abi || !bind || !entry || abi() != MGC_EMU_ABI) {
+    params_fn params = (params_fn)dlsym(dl, "mgc_emu_params");
+    if (!abi || !bind || !entry || !params || abi() != MGC_EMU_ABI) {
         dlclose(dl);
         return -1;
     }
@@ -439,6 +445,7 @@ static int open_obj(const char *path, loaded *l) {
     bind(&mgc_emu_runtime);
     l->dl = dl;
     l->entry = entry;
+    l->params = params;
     return 0;
 }
 
@@ -831,6 +838,20 @@ static int run_block(mgc_emu *e, const loaded *l, mgc_emu_u3 bid, mgc_emu_u3 gdi
         if (r < 0) return -1;
         if (r == 0) return pdl_check(e, n); /* every thread returned */
     }
+}
+
+int mgc_emu_param_sizes(mgc_emu *e, const mgc_kspec *k, size_t *sizes, int max, char *err,
+                        size_t errsz) {
+    loaded *l = load(e, k, err, errsz);
+    if (!l) return -1;
+    unsigned long long sz[MGC_EMU_MAX_PARAMS];
+    int n = l->params(sz, MGC_EMU_MAX_PARAMS);
+    if (n < 0 || n > MGC_EMU_MAX_PARAMS || n > max)
+        return fail(err, errsz, "kernel %s: %d parameters (at most %d)", l->name, n,
+                    max < MGC_EMU_MAX_PARAMS ? max : MGC_EMU_MAX_PARAMS);
+    for (int i = 0; i < n; i++)
+        sizes[i] = (size_t)sz[i];
+    return n;
 }
 
 int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,

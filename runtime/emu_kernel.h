@@ -56,6 +56,13 @@ int mgc_emu_load_many(mgc_emu *e, const mgc_kspec *k, int n, int jobs, char *err
 int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
                    unsigned block, size_t smem_bytes, void **args, char *err, size_t errsz);
 
+/* The byte sizes of kernel k's parameters, in order (k loaded first where it is not): their
+ * count, or -1 with the message.  A launch recorded into an emulated CUDA graph
+ * (emu_backend.c) copies that many bytes of each argument, as a stream capture does. */
+#define MGC_EMU_MAX_PARAMS 64
+int mgc_emu_param_sizes(mgc_emu *e, const mgc_kspec *k, size_t *sizes, int max, char *err,
+                        size_t errsz);
+
 /* The seed of the thread orders (default 1); launches are numbered from it. */
 void mgc_emu_set_seed(mgc_emu *e, uint64_t seed);
 

@@ -278,6 +278,18 @@ template <class... A> static inline void mgc_emu_invoke(void (*f)(A...), void **
     mgc_emu_invoke_(f, args, std::index_sequence_for<A...>{});
 }
 
+/* the byte sizes of a kernel's parameters, in order: an emulated CUDA graph (emu_backend.c)
+ * copies that many bytes of each argument when it records a launch, as a capture does */
+template <class... A> static inline int mgc_emu_param_sizes(void (*)(A...), unsigned long long *sz, int max) {
+    const unsigned long long s[] = {
+        (unsigned long long)sizeof(typename std::remove_cv<typename std::remove_reference<A>::type>::type)...,
+        0ull};
+    int n = (int)sizeof...(A);
+    for (int i = 0; i < n && i < max; i++)
+        sz[i] = s[i];
+    return n;
+}
+
 extern "C" int mgc_emu_abi(void) {
     return MGC_EMU_ABI;
 }

@@ -12,7 +12,7 @@
 #ifndef MGC_EMU_ABI_H
 #define MGC_EMU_ABI_H
 
-#define MGC_EMU_ABI 2
+#define MGC_EMU_ABI 3 /* 3: mgc_emu_params (a recorded launch copies its arguments) */
 
 /* the most bytes one thread hands a collective, or gets back */
 #define MGC_EMU_OPND_MAX 48
