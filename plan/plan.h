@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define MGC_PLAN_VERSION 9u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
+#define MGC_PLAN_VERSION 10u /* 2: gradient buckets (BCKT); 3: row pitch (tensor ld), in-place
                               ops (MGC_POF_INPLACE), the split's rotary flag (MGC_POF_ROPE);
                               4: row views (tensor view); 5: a second split (tensor split2_*);
                               6: the attention kernels' dropout numbering (their argument
@@ -47,6 +47,9 @@ extern "C" {
                               within 9, op kind 18 (embedding_norm) and the norm backward's
                               fused dropout backward (MGC_POF_DROPBWD), which older version-9
                               readers refuse as unknown (docs/plan-format.md, Versioning);
+                              10: the step argument of every kernel that draws dropout masks
+                              (attention, add_norm, dropout: the step read from device
+                              memory), so the cubins of older plans do not fit;
                               docs/plan-format.md */
 
 typedef enum mgc_plan_status {

@@ -814,33 +814,38 @@ static void test_hostile(void) {
     wr32(b + 8, 2); /* a version-2 plan (no row pitch: its reserved word could be garbage) */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 2, this mgc-run reads 9: recompile with mgc compile");
+                  "plan format version 2, this mgc-run reads 10: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 5); /* version 5: the attention kernels it carries take other arguments */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 5, this mgc-run reads 9: recompile with mgc compile");
+                  "plan format version 5, this mgc-run reads 10: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 6); /* version 6: its router kernels take other arguments */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 6, this mgc-run reads 9: recompile with mgc compile");
+                  "plan format version 6, this mgc-run reads 10: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 7); /* version 7: no fused cross-entropy flag */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 7, this mgc-run reads 9: recompile with mgc compile");
+                  "plan format version 7, this mgc-run reads 10: recompile with mgc compile");
     memcpy(b, orig, len);
     wr32(b + 8, 8); /* version 8: its norm_bwd_reduce takes two destinations, not three */
     reseal(b, len);
     expect_reject(b, len, MGC_PLAN_ERR_VERSION,
-                  "plan format version 8, this mgc-run reads 9: recompile with mgc compile");
+                  "plan format version 8, this mgc-run reads 10: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 10);
+    wr32(b + 8, 9); /* version 9: its dropout kernels take no step word */
     reseal(b, len);
-    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 10, this mgc-run reads 9");
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION,
+                  "plan format version 9, this mgc-run reads 10: recompile with mgc compile");
     memcpy(b, orig, len);
-    wr32(b + 8, 10); /* the same change without a new checksum is damage, not a version */
+    wr32(b + 8, 11);
+    reseal(b, len);
+    expect_reject(b, len, MGC_PLAN_ERR_VERSION, "plan format version 11, this mgc-run reads 10");
+    memcpy(b, orig, len);
+    wr32(b + 8, 11); /* the same change without a new checksum is damage, not a version */
     expect_reject(b, len, MGC_PLAN_ERR_FORMAT, "corrupt plan: header checksum");
     memcpy(b, orig, len);
     wr32(b + 12, 4);
@@ -1521,6 +1526,23 @@ static void test_files(void) {
     mgc_plan_free(p2);
 }
 
+/* The plan fuzzer's seeds (tests/fuzz/plan-corpus) are plans of this format: a seed of
+ * another version stops at the header's version check and reaches none of the sections'
+ * checks (docs/testing.md, Fuzzing, says how to regenerate them). */
+static void test_fuzz_seeds_current(void) {
+    static const char *const seeds[] = {"tests/fuzz/plan-corpus/tiny-gpt.plan",
+                                        "tests/fuzz/plan-corpus/tiny-moe-pp2.plan"};
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        mgc_plan *q = NULL;
+        char err[512] = "";
+        mgc_plan_status rc = mgc_plan_read(seeds[i], &q, err, sizeof err);
+        T_EQ_I64(rc, MGC_PLAN_OK);
+        if (rc != MGC_PLAN_OK)
+            fprintf(stderr, "  %s (regenerate the fuzz seeds: docs/testing.md, Fuzzing)\n", err);
+        mgc_plan_free(q);
+    }
+}
+
 int main(void) {
     test_crc();
     test_strings_and_names();
@@ -1530,5 +1552,6 @@ int main(void) {
     test_resealed_fuzz();
     test_validate();
     test_files();
+    test_fuzz_seeds_current();
     return t_summary("test_plan");
 }
