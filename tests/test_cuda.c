@@ -1910,7 +1910,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "train") || ci1 || !strcmp(only, "eval"))
         check_eval("examples/tiny-gpt.yaml");
     if (!only || !strcmp(only, "layouts")) check_layouts();
-    if (!only || ci2 || !strcmp(only, "graphs")) check_graphs();
+    if (!only || ci1 || !strcmp(only, "graphs")) check_graphs();
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "pdl"))) check_pdl();
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "tune"))) check_tune();
     if (!only || !strcmp(only, "chunks")) check_chunks(1);
