@@ -205,6 +205,9 @@ int mgc_kspecs_pointwise(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         int64_t t = mgc_kspec_norm_threads(h, 0);
         mgc_kspec_const(mgc_kspec_const(&out[0], "H", h), "T", t);
         mgc_kspec_const(&out[0], "R", mgc_kspec_norm_rows(t));
+        /* the embedding's dropout (a mask, the third output): named only when set, so that
+         * the kernels without it keep their names and arguments (norm.cuh: absent is 0) */
+        if (op->n_out > 2) mgc_kspec_const(&out[0], "DROP", 1);
         return 1;
     }
     case MGC_POP_DROPOUT:

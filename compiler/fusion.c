@@ -82,7 +82,9 @@ static int64_t fuse_norm_bwd_add(mgc_plan_chunk *ch) {
  * backward of the dropout_add whose sum h the norm read (GPT's residual stream with hidden
  * dropout: h = x + dropout(branch)): norm_bwd with MGC_POF_DROPBWD (x, w, dy [, g], mask) ->
  * (dx, dw [, db], dbr).  dx stays an output: it is the residual stream's gradient, which the
- * layer below reads.  The norm's kernel writes dbr from dx as it stores it, in place of a pass
+ * layer below reads.  So with the embedding's dropout_bwd (dx, mask) -> (de), the first
+ * layer's norm reading x = dropout(e): the same arithmetic, and de is what the embedding's
+ * backward reads.  The norm's kernel writes dbr from dx as it stores it, in place of a pass
  * that re-reads dx (24 launches a step at GPT-2 124M with dropout); and the branch's bias
  * gradient can then follow into the norm (fuse_norm_bwd_bias, on dbr).  Only the stashed mask
  * (not the recompute module `dropout`, which draws it again from the dropout's stream), and
@@ -101,7 +103,8 @@ static int64_t fuse_norm_bwd_drop(mgc_plan_chunk *ch) {
             continue;
         int32_t dx = nb->out[0];
         int64_t j = i + 1;
-        while (j < n && !(ops[j].kind == MGC_POP_DROPOUT_ADD_BWD && ops[j].n_in == 2 && ops[j].in[0] == dx))
+        while (j < n && !((ops[j].kind == MGC_POP_DROPOUT_ADD_BWD || ops[j].kind == MGC_POP_DROPOUT_BWD) &&
+                          ops[j].n_in == 2 && ops[j].in[0] == dx))
             j++;
         if (j == n) continue;
         const mgc_plan_op *d = &ops[j];
@@ -186,20 +189,23 @@ static int64_t fuse_norm_bwd_bias(mgc_plan_chunk *ch) {
     return fused;
 }
 
-/* Replaces each adjacent pair (a, b) of the forward program that `pair` fuses (it writes the
- * fused op to *f and returns 1) by that op; the number fused.  Neither op may be a recompute
- * copy. */
-static int64_t fuse_fwd_pairs(mgc_plan_chunk *ch,
-                              int (*pair)(const mgc_plan_op *a, const mgc_plan_op *b, mgc_plan_op *f)) {
+/* Replaces each run of adjacent ops of the forward program that `run` fuses (it writes the
+ * fused op to *f and returns how many ops, 2 or more, it replaces, starting at ch->fwd[i]; 0:
+ * none) by that op; the number fused.  No op of a run may be a recompute copy.  While it
+ * compacts, ch->fwd[j..i) (j <= i) holds stale copies of ops already placed: a `run` that
+ * looks for other uses of a tensor sees them twice, never misses one. */
+static int64_t fuse_fwd_runs(mgc_plan_chunk *ch, int (*run)(const mgc_plan_chunk *ch, int64_t i, mgc_plan_op *f)) {
     int64_t fused = 0, j = 0;
     mgc_plan_op *ops = ch->fwd;
     int64_t n = ch->n_fwd;
     for (int64_t i = 0; i < n; i++) {
         mgc_plan_op f;
-        if (i + 1 < n && !((ops[i].flags | ops[i + 1].flags) & MGC_POF_RECOMPUTE) &&
-            pair(&ops[i], &ops[i + 1], &f)) {
-            ops[j++] = f;
-            i++; /* the second op is absorbed */
+        int k = run(ch, i, &f), rc = 0;
+        for (int q = 0; q < k && i + q < n; q++)
+            rc |= (ops[i + q].flags & MGC_POF_RECOMPUTE) != 0;
+        if (k >= 2 && i + k <= n && !rc) {
+            ops[j++] = f; /* j <= i: the run was read */
+            i += k - 1;   /* the others are absorbed */
             fused++;
             continue;
         }
@@ -212,7 +218,9 @@ static int64_t fuse_fwd_pairs(mgc_plan_chunk *ch,
 /* dropout_add (branch, residual) -> (h [, mask]) followed by norm (h, w [, b]) -> (y):
  * add_norm (branch, residual, w [, b]) -> (h, y [, mask]).  The fused op keeps the
  * dropout_add's name, so its dropout stream (hashed from the name) is the same. */
-static int pair_add_norm(const mgc_plan_op *da, const mgc_plan_op *nm, mgc_plan_op *f) {
+static int pair_add_norm(const mgc_plan_chunk *ch, int64_t i, mgc_plan_op *f) {
+    if (i + 2 > ch->n_fwd) return 0;
+    const mgc_plan_op *da = &ch->fwd[i], *nm = &ch->fwd[i + 1];
     if (!(da->kind == MGC_POP_DROPOUT_ADD && da->n_in == 2 && (da->n_out == 1 || da->n_out == 2) &&
           nm->kind == MGC_POP_NORM && nm->n_in >= 2 && nm->n_in <= 3 && nm->n_out == 1 &&
           nm->in[0] == da->out[0]))
@@ -235,38 +243,71 @@ static int pair_add_norm(const mgc_plan_op *da, const mgc_plan_op *nm, mgc_plan_
     f->iattr[1] = nm->iattr[1]; /* rows */
     f->iattr[2] = nm->iattr[2]; /* h */
     f->flops = 0;
-    return 1;
+    return 2;
+}
+
+/* Whether tensor t is touched by an op of the chunk's programs other than fwd[a] and fwd[b]. */
+static int used_elsewhere(const mgc_plan_chunk *ch, int32_t t, int64_t a, int64_t b) {
+    for (int pass = 0; pass < 2; pass++) {
+        const mgc_plan_op *ops = pass ? ch->bwd : ch->fwd;
+        int64_t n = pass ? ch->n_bwd : ch->n_fwd;
+        for (int64_t i = 0; i < n; i++) {
+            if (!pass && (i == a || i == b)) continue;
+            for (int q = 0; q < ops[i].n_in && q < MGC_PLAN_MAX_IO; q++)
+                if (ops[i].in[q] == t) return 1;
+            for (int q = 0; q < ops[i].n_out && q < MGC_PLAN_MAX_IO; q++)
+                if (ops[i].out[q] == t) return 1;
+        }
+    }
+    return 0;
 }
 
 /* embedding (tokens, word [, positions] [, doc starts]) -> (x) followed by norm (x, w [, b]) ->
  * (y): embedding_norm (tokens, word [, positions], w [, b] [, doc starts]) -> (x, y), one pass
  * in place of the norm's re-read of x (the first layer's norm, 78% of copy bandwidth alone on
- * the H100 at GPT-2 124M: a 25 MB kernel).  Only where nothing sits between them: no embedding
- * dropout, no tensor-parallel reduction of the embedding.  x stays an output: the residual
- * stream and the norm's backward read it.  The fused op keeps the embedding's name and
- * layer. */
-static int pair_embedding_norm(const mgc_plan_op *em, const mgc_plan_op *nm, mgc_plan_op *f) {
+ * the H100 at GPT-2 124M: a 25 MB kernel).  With the embedding's dropout between them, saving
+ * its mask (GPT's model files: hidden dropout 0.1): embedding (-> e) ; dropout (e) -> (x, mask)
+ * ; norm (x) -> (y) becomes embedding_norm -> (x, y, mask) with fattr[2] the dropout's p, named
+ * as the dropout (its stream is the name's), and e, which nothing else may touch, is no longer
+ * written: three passes over the rows and two launches fewer.  Only where nothing else sits
+ * between them: no tensor-parallel reduction of the embedding, and not the recompute module
+ * `dropout`, which keeps no mask.  x stays an output: the residual stream and the norm's
+ * backward read it.  The fused op keeps the embedding's layer. */
+static int pair_embedding_norm(const mgc_plan_chunk *ch, int64_t i, mgc_plan_op *f) {
+    if (i + 2 > ch->n_fwd) return 0;
+    const mgc_plan_op *em = &ch->fwd[i], *dr = NULL, *nm = &ch->fwd[i + 1];
+    if (nm->kind == MGC_POP_DROPOUT && i + 3 <= ch->n_fwd) dr = nm, nm = &ch->fwd[i + 2];
     int docs = (em->flags & MGC_POF_DOCS) != 0, rms = nm->iattr[0] == 1;
     if (!(em->kind == MGC_POP_EMBEDDING && em->n_out == 1 &&
           em->n_in == 2 + (em->iattr[1] != 0) + docs && nm->kind == MGC_POP_NORM &&
-          nm->n_in >= 2 && nm->n_in <= (rms ? 2 : 3) && nm->n_out == 1 &&
-          nm->in[0] == em->out[0] && nm->out[0] != em->out[0]))
+          nm->n_in >= 2 && nm->n_in <= (rms ? 2 : 3) && nm->n_out == 1))
         return 0;
+    int32_t x = em->out[0];
+    if (dr) {
+        if (!(dr->n_in == 1 && dr->in[0] == x && dr->n_out == 2 && dr->fattr[0] > 0 && dr->fattr[0] < 1 &&
+              dr->out[0] != x && dr->out[1] != x && x >= BOUNDARY_TENSORS && !used_elsewhere(ch, x, i, i + 1)))
+            return 0;
+        x = dr->out[0];
+    }
+    if (nm->in[0] != x || nm->out[0] == x || (dr && nm->out[0] == dr->out[1])) return 0;
     *f = *em;
     f->kind = MGC_POP_EMBEDDING_NORM;
-    f->flags = (uint16_t)(em->flags | nm->flags);
+    f->flags = (uint16_t)(em->flags | nm->flags | (dr ? dr->flags : 0));
     int k = em->n_in - docs;
-    for (int i = 1; i < nm->n_in; i++)
-        f->in[k++] = nm->in[i];
+    for (int q = 1; q < nm->n_in; q++)
+        f->in[k++] = nm->in[q];
     if (docs) f->in[k++] = em->in[em->n_in - 1];
     f->n_in = (uint16_t)k;
-    f->n_out = 2;
+    f->n_out = dr ? 3 : 2;
+    f->out[0] = x;
     f->out[1] = nm->out[0];
+    if (dr) f->out[2] = dr->out[1], f->name = dr->name;
     memset(f->fattr, 0, sizeof f->fattr);
     f->fattr[0] = nm->fattr[0]; /* eps */
     f->fattr[1] = rms;
+    if (dr) f->fattr[2] = dr->fattr[0]; /* the dropout's p */
     f->flops = 0;
-    return 1;
+    return dr ? 3 : 2;
 }
 
 /* LINEAR iattr[3] flags of the output layer (partition.c LIN_TIED | LIN_VOCAB): never
@@ -275,7 +316,9 @@ static int pair_embedding_norm(const mgc_plan_op *em, const mgc_plan_op *nm, mgc
 
 /* linear (x, W [, b]) -> (h) followed by gelu (h) -> (y), in a forward program:
  * linear_gelu (x, W [, b]) -> (y, h).  h stays an output: the backward reads it. */
-static int pair_linear_gelu(const mgc_plan_op *ln, const mgc_plan_op *g, mgc_plan_op *f) {
+static int pair_linear_gelu(const mgc_plan_chunk *ch, int64_t i, mgc_plan_op *f) {
+    if (i + 2 > ch->n_fwd) return 0;
+    const mgc_plan_op *ln = &ch->fwd[i], *g = &ch->fwd[i + 1];
     if (!(ln->kind == MGC_POP_LINEAR && ln->n_in >= 2 && ln->n_in <= 3 && ln->n_out == 1 &&
           g->kind == MGC_POP_GELU && g->n_in == 1 && g->n_out == 1 && g->in[0] == ln->out[0] &&
           g->out[0] != ln->out[0] && !(ln->iattr[3] & LIN_OUTPUT_LAYER)))
@@ -286,7 +329,7 @@ static int pair_linear_gelu(const mgc_plan_op *ln, const mgc_plan_op *g, mgc_pla
     f->n_out = 2;
     f->out[0] = g->out[0];
     f->out[1] = ln->out[0];
-    return 1;
+    return 2;
 }
 
 /* linear_dgrad (dy, W) -> (dg) ... gelu_bwd (h, dg) -> (dh), with dg read by nothing else
@@ -680,12 +723,12 @@ void mgc_fuse_chunk(mgc_plan_chunk *ch, unsigned which, mgc_fusion_stats *st) {
     /* and its dropout's backward before the bias gradient that may read the dropout's output */
     int64_t i = which & MGC_FUSE_NORM_BWD_DROP ? fuse_norm_bwd_drop(ch) : 0;
     int64_t g = which & MGC_FUSE_NORM_BWD_BIAS ? fuse_norm_bwd_bias(ch) : 0;
-    int64_t b = which & MGC_FUSE_ADD_NORM ? fuse_fwd_pairs(ch, pair_add_norm) : 0;
-    int64_t c = which & MGC_FUSE_LINEAR_GELU ? fuse_fwd_pairs(ch, pair_linear_gelu) : 0;
+    int64_t b = which & MGC_FUSE_ADD_NORM ? fuse_fwd_runs(ch, pair_add_norm) : 0;
+    int64_t c = which & MGC_FUSE_LINEAR_GELU ? fuse_fwd_runs(ch, pair_linear_gelu) : 0;
     int64_t d = which & MGC_FUSE_DGRAD_GELU ? fuse_dgrad_gelu(ch) : 0;
     int64_t e = which & MGC_FUSE_QKV_ATTENTION ? fuse_qkv_attention(ch) : 0;
     int64_t f = which & MGC_FUSE_QKV_ROPE ? fuse_qkv_rope(ch) : 0;
-    int64_t h = which & MGC_FUSE_EMBEDDING_NORM ? fuse_fwd_pairs(ch, pair_embedding_norm) : 0;
+    int64_t h = which & MGC_FUSE_EMBEDDING_NORM ? fuse_fwd_runs(ch, pair_embedding_norm) : 0;
     if (st) {
         st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
         st->qkv_attention += e, st->qkv_rope += f, st->norm_bwd_bias += g;

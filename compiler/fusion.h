@@ -25,10 +25,14 @@
  *     -> norm_bwd with MGC_POF_COLSUM (.. -> dx, .., dbias) and linear_wgrad (dx, x -> dW): the
  *        bias gradient (dx's column sums) summed by the norm's kernel as it writes dx, not by a
  *        pass over dx after the GEMM
- *   norm_bwd (.. -> dx) ... dropout_add_bwd (dx, mask -> dbr)
+ *   norm_bwd (.. -> dx) ... dropout_add_bwd (dx, mask -> dbr)  (or the embedding's
+ *   dropout_bwd (dx, mask -> de))
  *     -> norm_bwd with MGC_POF_DROPBWD (.., mask -> dx, .., dbr): the residual branch's
  *        dropout backward written from dx as the norm's kernel stores it (then the branch's
  *        bias gradient may follow it in, as above, summing dbr)
+ *   embedding (-> e) [; dropout (e -> x, mask)] ; norm (x -> y)
+ *     -> embedding_norm (-> x, y [, mask]): the rows looked up, dropped out and normalised in
+ *        one pass (e no longer written)
  *   qkv_split (q, k, v = split(qkv)) ; rope (q) ; rope (k),  and in the backward
  *   rope_bwd (dq') ; rope_bwd (dk') ... qkv_split_bwd (dqkv = join(dq, dk, dv))
  *     -> qkv_split and qkv_split_bwd with MGC_POF_ROPE: q and k rotated as they leave the
@@ -53,8 +57,9 @@ typedef struct mgc_fusion_stats {
     int64_t qkv_attention; /* qkv_split + attention (and their backwards) fused */
     int64_t qkv_rope;      /* qkv_split + its two ropes, and qkv_split_bwd + its rope_bwds */
     int64_t norm_bwd_bias; /* linear bias gradients moved into the norm_bwd writing their dy */
-    int64_t embedding_norm; /* embedding + norm pairs fused (the first layer's norm) */
-    int64_t norm_bwd_drop;  /* dropout_add_bwd moved into the norm_bwd writing its input */
+    int64_t embedding_norm; /* embedding (+ dropout) + norm fused (the first layer's norm) */
+    int64_t norm_bwd_drop;  /* dropout_add_bwd or dropout_bwd moved into the norm_bwd writing
+                               its input */
 } mgc_fusion_stats;
 
 /* The fusions, as bits of the set to make (named as the fields of mgc_fusion_stats). */

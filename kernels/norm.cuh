@@ -34,7 +34,9 @@
  *                                 constant DROP (0: no dropout code)
  *   embedding_layernorm_fwd, embedding_rmsnorm_fwd   the fused embedding + norm
  *                                 (compiler/fusion.c): x = wte[tok - v0] + wpe[pos] (written,
- *                                 rounded to the compute dtype), y = norm(x as rounded)
+ *                                 rounded to the compute dtype), y = norm(x as rounded);
+ *                                 constant DROP (absent: 0): x is the embedding's dropout of
+ *                                 that sum, with its mask (arguments only with DROP = 1)
  * The backward never uses atomics: block p of the first kernel owns rows p, p + NB, ... (its
  * slot s the i-th of them for i = s mod R), adds the R slots' column sums in slot order and
  * writes them to part[p][.]; the reduce kernel adds part[0..NB) in a fixed tree. */
@@ -94,6 +96,24 @@ __device__ __forceinline__ void mgc_norm_st(mgc_t *__restrict__ row, int k, int 
     if (nv > 0) mgc_st8(row + c0, f);
 #else
     mgc_st8_part(row + c0, nv, f);
+#endif
+}
+
+/* The dropout mask's bytes kb of a row's vector at mr (its column c0; nv of them exist): one
+ * 8-byte store where rows are whole vectors (the mask's base is 8-byte aligned, and r*H + c0
+ * a multiple of 8). */
+__device__ __forceinline__ void mgc_norm_stmask(unsigned char *__restrict__ mr, int nv,
+                                                const unsigned char (&kb)[8]) {
+#if MGC_VEC8
+    (void)nv;
+    *(uint2 *)mr = make_uint2((unsigned)kb[0] | (unsigned)kb[1] << 8 | (unsigned)kb[2] << 16 |
+                                  (unsigned)kb[3] << 24,
+                              (unsigned)kb[4] | (unsigned)kb[5] << 8 | (unsigned)kb[6] << 16 |
+                                  (unsigned)kb[7] << 24);
+#else
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < nv) mr[j] = kb[j];
 #endif
 }
 
@@ -324,19 +344,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
 #else
         mgc_norm_st(hr, k, t, v[0][k]); /* exact: v holds values of the dtype */
 #endif
-        if (mask) {
-            unsigned char *mr = mask + r * (i64)MGC_H + c0;
-#if MGC_VEC8 /* 8-byte aligned: the mask's base is, and r*H + c0 is a multiple of 8 */
-            *(uint2 *)mr = make_uint2((unsigned)kb[0] | (unsigned)kb[1] << 8 | (unsigned)kb[2] << 16 |
-                                          (unsigned)kb[3] << 24,
-                                      (unsigned)kb[4] | (unsigned)kb[5] << 8 | (unsigned)kb[6] << 16 |
-                                          (unsigned)kb[7] << 24);
-#else
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (j < nv) mr[j] = kb[j];
-#endif
-        }
+        if (mask) mgc_norm_stmask(mask + r * (i64)MGC_H + c0, nv, kb);
     }
     mgc_t *const yr[1] = {y + r * (i64)MGC_H};
     const bool oks[1] = {ok};
@@ -345,24 +353,48 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
 #endif
 
 #if defined(MGC_ENTRY_embedding_layernorm_fwd) || defined(MGC_ENTRY_embedding_rmsnorm_fwd)
+#ifndef MGC_DROP
+#define MGC_DROP 0 /* 1: the embedding's dropout, with its arguments after eps */
+#endif
+/* as add_norm's: the Philox words beside the held row */
+#define MGC_EMB_NORM_MINB (MGC_DROP && MGC_NV >= 4 ? 1 : MGC_NORM_MINB)
+#if MGC_DROP
+/* Row r, column c is element e = elem0 + r*H + c of the dropout stream for r < first, else
+ * elem1 + (r - first)*H + c (runtime/backend.h mgc_op_drop_rng: a context rank's shard is two
+ * runs of the sequence's numbering); the rest as add_norm's */
+#define MGC_EMB_DROP_PARAMS                                                                    \
+    , unsigned char *__restrict__ mask, unsigned long long seed, unsigned long long stream,    \
+        const unsigned long long *__restrict__ step, unsigned long long elem0, i64 first,      \
+        unsigned long long elem1, unsigned thr, float sc, int drop_arg
+#else
+#define MGC_EMB_DROP_PARAMS
+#endif
 /* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row r = b R + s of
  * the rows = s_c * b, r = i * b + j.  The fused embedding + norm (compiler/fusion.c): x[r] =
  * wte[tok[r] - v0] (0 outside the shard) + wpe[pos(r)] (wpe NULL: none), written rounded to
  * the compute dtype, and y[r] = norm(x[r] as rounded): embedding.cuh's embedding_fwd and the
- * plain norm's forward, bit for bit, without the norm's re-read of x.  Positions as there:
- * mgc_ctx_pos(i, cp, cpr, half_len) - docs[r] (docs may be NULL).  bias may be NULL (LayerNorm
- * only). */
-extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
+ * plain norm's forward, bit for bit, without the norm's re-read of x.  DROP = 1: x is then the
+ * embedding's dropout of that sum, as pointwise.cuh's dropout_fwd computes it from the sum as
+ * stored (kept: times sc, rounded again), with its mask (never NULL); drop == 0 (an
+ * evaluation): every element kept.  Positions as there: mgc_ctx_pos(i, cp, cpr, half_len) -
+ * docs[r] (docs may be NULL).  bias may be NULL (LayerNorm only). */
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_EMB_NORM_MINB)
     MGC_ENTRY_NAME(mgc_t *__restrict__ x, mgc_t *__restrict__ y, const i64 *__restrict__ tok,
                    const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 v0, i64 V_l,
                    i64 b, i64 cp, i64 cpr, i64 half_len, const int *__restrict__ docs, i64 rows,
-                   float eps) {
+                   float eps MGC_EMB_DROP_PARAMS) {
     mgc_pdl_begin();
     __shared__ float sh[MGC_R][2][MGC_NW];
     const int s = threadIdx.x / MGC_T, t = threadIdx.x - s * MGC_T;
     const i64 r = (i64)blockIdx.x * MGC_R + s;
     const bool ok = r < rows;
+#if MGC_DROP
+    const int drop = drop_arg;
+    if (drop) stream = mgc_step_stream(stream, step);
+    const unsigned long long erow = r < first ? elem0 + (unsigned long long)(r * (i64)MGC_H)
+                                              : elem1 + (unsigned long long)((r - first) * (i64)MGC_H);
+#endif
     /* the row's table rows (every thread of the slot reads the same token: one transaction) */
     const i64 id = ok ? tok[r] - v0 : -1;
     const bool in = id >= 0 && id < V_l;
@@ -404,6 +436,18 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
                 wv[j] += pv[j];
         /* rounded to the compute dtype once (as embedding_fwd writes it): x's storage values,
          * and v their values */
+#if MGC_DROP /* then dropped out as dropout_fwd does from that sum as stored, rounded again */
+        mgc_unraw8(mgc_toraw8(wv), wv);
+        unsigned wd[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (ok && nv > 0 && drop) mgc_philox_words8(seed, stream, erow + (unsigned long long)c0, wd);
+        unsigned char kb[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int kp = drop ? wd[j] >= thr : 1;
+            kb[j] = (unsigned char)kp;
+            wv[j] = kp ? (drop ? wv[j] * sc : wv[j]) : 0.0f;
+        }
+#endif
         const mgc_raw8 xq = mgc_toraw8(wv);
         mgc_unraw8(xq, v[0][k]);
         if (!ok || nv <= 0) {
@@ -415,8 +459,10 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #if MGC_VEC8
         mgc_straw8(xr + c0, xq);
 #else
-        (void)c0;
         mgc_norm_st(xr, k, t, v[0][k]); /* exact: v holds values of the dtype */
+#endif
+#if MGC_DROP
+        mgc_norm_stmask(mask + r * (i64)MGC_H + c0, nv, kb);
 #endif
     }
     mgc_t *const yr[1] = {y + r * (i64)MGC_H};

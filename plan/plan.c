@@ -94,6 +94,7 @@ int mgc_plan_op_dropout_attr(const mgc_plan_op *op) {
     case MGC_POP_ATTENTION:
     case MGC_POP_ATTENTION_BWD: return 1;
     case MGC_POP_NORM_BWD: return op->flags & MGC_POF_DROPBWD ? 1 : -1;
+    case MGC_POP_EMBEDDING_NORM: return op->n_out > 2 ? 2 : -1;
     default: return -1;
     }
 }

@@ -49,7 +49,9 @@ extern "C" {
                               readers refuse as unknown (docs/plan-format.md, Versioning);
                               10: the step argument of every kernel that draws dropout masks
                               (attention, add_norm, dropout: the step read from device
-                              memory), so the cubins of older plans do not fit;
+                              memory), so the cubins of older plans do not fit; within 10,
+                              embedding_norm with the embedding's dropout (a third output,
+                              the mask), which older version-10 readers refuse;
                               docs/plan-format.md */
 
 typedef enum mgc_plan_status {
@@ -243,10 +245,11 @@ typedef enum mgc_plan_op_kind {
                              (, dropout mask) */
     MGC_POP_LINEAR_GELU,  /* fused linear + gelu (compiler/fusion.c): in x, W (, bias); out
                              y = gelu(h), h = x W^T (+ bias) (the GELU input the backward reads) */
-    MGC_POP_EMBEDDING_NORM, /* fused embedding + the first layer's norm (compiler/fusion.c): in
-                               tokens, word (, positions), the norm's weight (, its bias)
-                               (, doc starts); out x = the embedding, y = norm(x)
-                               (mgc_plan_emb_norm_io) */
+    MGC_POP_EMBEDDING_NORM, /* fused embedding (+ its dropout) + the first layer's norm
+                               (compiler/fusion.c): in tokens, word (, positions), the norm's
+                               weight (, its bias) (, doc starts); out x = the embedding (after
+                               its dropout), y = norm(x) (, the dropout's mask: then fattr[2]
+                               = p; mgc_plan_emb_norm_io) */
     /* backward compute */
     MGC_POP_EMBEDDING_BWD = 32, MGC_POP_DROPOUT_BWD, MGC_POP_NORM_BWD, MGC_POP_LINEAR_DGRAD,
     MGC_POP_LINEAR_WGRAD, MGC_POP_QKV_SPLIT_BWD, MGC_POP_ROPE_BWD, MGC_POP_ATTENTION_BWD,
@@ -336,7 +339,9 @@ static inline int mgc_plan_norm_bwd_sets(const mgc_plan_op *op) {
 /* Where embedding_norm's inputs are: tokens 0, word 1, then the positions (iattr[1] set: learned
  * positions, as the embedding's), the norm's weight, its bias (LayerNorm with one) and the
  * document starts (MGC_POF_DOCS), each -1 when absent.  iattr[0..3] are the embedding's,
- * fattr[0] the norm's eps, fattr[1] 1 for RMSNorm (the norm's iattr[0]) and 0 for LayerNorm.
+ * fattr[0] the norm's eps, fattr[1] 1 for RMSNorm (the norm's iattr[0]) and 0 for LayerNorm,
+ * fattr[2] the embedding dropout's p when the op has its mask as a third output (0 without:
+ * the op is then named as that dropout, whose stream it draws; mgc_op_dropout_stream).
  * 0, or -1 when n_in does not fit these. */
 typedef struct mgc_emb_norm_io {
     int pos, w, b, docs; /* input indices, -1: none */
@@ -370,7 +375,8 @@ int64_t mgc_plan_expert_bias_layer(const char *name);
 const char *mgc_plan_op_name(mgc_plan_op_kind k);
 /* The fattr index of op's dropout probability (dropout and dropout-add: 0; add-norm,
  * attention, forward and backward, and a norm backward with the dropout's backward
- * (MGC_POF_DROPBWD): 1), or -1 for an op without one.  An evaluation runs the
+ * (MGC_POF_DROPBWD): 1; an embedding_norm with its dropout's mask: 2), or -1 for an op
+ * without one.  An evaluation runs the
  * ops with that attribute 0 (mgc-run, docs/runtime.md "Evaluation"). */
 int mgc_plan_op_dropout_attr(const mgc_plan_op *op);
 const char *mgc_tensor_role_name(mgc_plan_tensor_role r);

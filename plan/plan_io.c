@@ -695,13 +695,24 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
                     WH, kn, o->fattr[0], o->fattr[1]);
         /* the inputs' places follow from the attributes and flags (mgc_plan_emb_norm_io) */
         mgc_emb_norm_io io;
-        if (o->n_out != 2 || !o->iattr[1] != !(o->n_in > 3 && o->in[2] >= 0 && o->in[2] < c->n_tensors &&
-                                               c->tensors[o->in[2]].rank == 2) ||
+        if ((o->n_out != 2 && o->n_out != 3) ||
+            !o->iattr[1] != !(o->n_in > 3 && o->in[2] >= 0 && o->in[2] < c->n_tensors &&
+                              c->tensors[o->in[2]].rank == 2) ||
             mgc_plan_emb_norm_io(o, &io) != 0 || (io.docs >= 0 && !o->iattr[1]))
             INVALID("%s (%s): %u inputs and %u outputs do not fit its attributes (tokens, word, "
                     "positions when iattr[1], norm weight, a LayerNorm's bias, document starts "
-                    "with learned positions; out x, y)",
+                    "with learned positions; out x, y, and the dropout's mask)",
                     WH, kn, o->n_in, o->n_out);
+        /* the embedding's dropout: its mask, a byte an element of x, exactly when p > 0 */
+        const mgc_plan_tensor *x = &c->tensors[o->out[0]];
+        if (o->n_out == 3 ? !(o->fattr[2] > 0 && o->fattr[2] < 1) ||
+                                c->tensors[o->out[2]].dtype != MGC_DT_U8 ||
+                                c->tensors[o->out[2]].bytes * mgc_dtype_size((mgc_dtype)x->dtype) != x->bytes ||
+                                x->ld
+                          : o->fattr[2] != 0)
+            INVALID("%s (%s): dropout p %g with %u outputs (a mask, u8 of x's elements, exactly "
+                    "when p is in (0, 1))",
+                    WH, kn, o->fattr[2], o->n_out);
     }
     if (o->flags & MGC_POF_INPLACE) {
         /* the launchers that write out[0] over in[0] (cross_entropy.cuh, cpu_ops) */

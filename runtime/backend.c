@@ -100,10 +100,12 @@ void mgc_op_split_add_norm(const mgc_op_call *c, mgc_plan_op *add_op, mgc_op_cal
 }
 
 int mgc_op_split_embedding_norm(const mgc_op_call *c, mgc_plan_op *emb_op, mgc_op_call *emb_call,
-                                mgc_plan_op *norm_op, mgc_op_call *norm_call) {
-    const mgc_plan_op *f = c->op; /* mgc_plan_emb_norm_io; out: x, y */
+                                mgc_plan_op *drop_op, mgc_op_call *drop_call, mgc_plan_op *norm_op,
+                                mgc_op_call *norm_call) {
+    const mgc_plan_op *f = c->op; /* mgc_plan_emb_norm_io; out: x, y (, mask) */
     mgc_emb_norm_io io;
-    if (mgc_plan_emb_norm_io(f, &io) || f->n_out != 2) return -1;
+    if (mgc_plan_emb_norm_io(f, &io) || (f->n_out != 2 && f->n_out != 3)) return -1;
+    int drop = f->n_out == 3;
     *emb_op = *f; /* in: tokens, word (, positions) (, doc starts); out: x */
     emb_op->kind = MGC_POP_EMBEDDING;
     *emb_call = *c;
@@ -116,8 +118,8 @@ int mgc_op_split_embedding_norm(const mgc_op_call *c, mgc_plan_op *emb_op, mgc_o
     }
     emb_op->n_in = (uint16_t)k;
     emb_op->n_out = 1;
-    emb_op->out[1] = -1;
-    emb_call->out[1] = NULL;
+    emb_op->out[1] = emb_op->out[2] = -1;
+    emb_call->out[1] = emb_call->out[2] = NULL;
     memset(emb_op->fattr, 0, sizeof emb_op->fattr);
 
     const mgc_plan_tensor *x = &c->chunk->tensors[f->out[0]];
@@ -132,7 +134,7 @@ int mgc_op_split_embedding_norm(const mgc_op_call *c, mgc_plan_op *emb_op, mgc_o
     norm_op->in[2] = io.b >= 0 ? f->in[io.b] : -1;
     norm_op->n_out = 1;
     norm_op->out[0] = f->out[1];
-    norm_op->out[1] = -1;
+    norm_op->out[1] = norm_op->out[2] = -1;
     memset(norm_op->fattr, 0, sizeof norm_op->fattr);
     norm_op->fattr[0] = f->fattr[0];
     norm_op->iattr[0] = f->fattr[1] == 1;
@@ -146,5 +148,26 @@ int mgc_op_split_embedding_norm(const mgc_op_call *c, mgc_plan_op *emb_op, mgc_o
     norm_call->in[2] = io.b >= 0 ? c->in[io.b] : NULL;
     norm_call->out[0] = c->out[1];
     norm_call->out[1] = NULL;
-    return 0;
+    norm_call->out[2] = NULL;
+    if (!drop) return 0;
+    /* the dropout in place over x, with the fused op's name (the dropout's) and x's numbering */
+    *drop_op = *f;
+    drop_op->kind = MGC_POP_DROPOUT;
+    drop_op->flags = (uint16_t)(f->flags & ~MGC_POF_DOCS);
+    drop_op->n_in = 1;
+    drop_op->in[0] = f->out[0];
+    drop_op->n_out = 2;
+    drop_op->out[0] = f->out[0];
+    drop_op->out[1] = f->out[2];
+    drop_op->out[2] = -1;
+    memset(drop_op->fattr, 0, sizeof drop_op->fattr);
+    memset(drop_op->iattr, 0, sizeof drop_op->iattr);
+    drop_op->fattr[0] = f->fattr[2];
+    *drop_call = *c;
+    drop_call->op = drop_op;
+    drop_call->in[0] = c->out[0];
+    drop_call->out[0] = c->out[0];
+    drop_call->out[1] = c->out[2];
+    drop_call->out[2] = NULL;
+    return 1;
 }

@@ -77,11 +77,14 @@ mgc_dropout_rng mgc_op_attn_drop_rng(const mgc_op_call *c, int64_t A);
 void mgc_op_split_add_norm(const mgc_op_call *c, mgc_plan_op *add_op, mgc_op_call *add_call,
                            mgc_plan_op *norm_op, mgc_op_call *norm_call);
 
-/* A fused embedding_norm call (compiler/fusion.c) as the two it replaces: the embedding
- * (same name) into x, and the norm of x into y.  -1 when the op's inputs do not fit
- * mgc_plan_emb_norm_io.  The CPU backend runs an embedding_norm this way. */
+/* A fused embedding_norm call (compiler/fusion.c) as the calls it replaces: the embedding
+ * into x, with a mask (the third output) the dropout in place over x (same name, so the same
+ * dropout stream, and x's numbering), and the norm of x into y.  1 with the dropout (*drop_op,
+ * *drop_call written), 0 without, -1 when the op's inputs do not fit mgc_plan_emb_norm_io.
+ * The CPU backend runs an embedding_norm this way. */
 int mgc_op_split_embedding_norm(const mgc_op_call *c, mgc_plan_op *emb_op, mgc_op_call *emb_call,
-                                mgc_plan_op *norm_op, mgc_op_call *norm_call);
+                                mgc_plan_op *drop_op, mgc_op_call *drop_call, mgc_plan_op *norm_op,
+                                mgc_op_call *norm_call);
 
 typedef struct mgc_backend mgc_backend;
 

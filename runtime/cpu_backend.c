@@ -769,12 +769,13 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
 }
 
 static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
-    /* the pair it replaces, in order (bit for bit the unfused result) */
-    mgc_plan_op eop, nop;
-    mgc_op_call ec, nc;
-    if (mgc_op_split_embedding_norm(c, &eop, &ec, &nop, &nc))
-        return fail(be, "embedding_norm: inputs that do not fit its attributes");
+    /* the ops it replaces, in order (bit for bit the unfused result) */
+    mgc_plan_op eop, dop, nop;
+    mgc_op_call ec, dc, nc;
+    int drop = mgc_op_split_embedding_norm(c, &eop, &ec, &dop, &dc, &nop, &nc);
+    if (drop < 0) return fail(be, "embedding_norm: inputs that do not fit its attributes");
     if (op_embedding(be, &ec)) return -1;
+    if (drop && op_pointwise(be, &dc)) return -1;
     return op_norm(be, &nc);
 }
 

@@ -409,11 +409,11 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
 }
 
 /* EMBEDDING_NORM (compiler/fusion.c; plan.h mgc_plan_emb_norm_io): in tokens, word
- * (, positions), w (, bias) (, doc starts); out x, y */
+ * (, positions), w (, bias) (, doc starts); out x, y (, the embedding dropout's mask) */
 static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
     mgc_emb_norm_io io;
-    if (mgc_plan_emb_norm_io(op, &io) || op->n_out != 2)
+    if (mgc_plan_emb_norm_io(op, &io) || (op->n_out != 2 && op->n_out != 3))
         return mgc_cuda_fail(be, "embedding_norm '%s': inputs that do not fit its attributes", opname(c));
     const mgc_plan_tensor *tok = tin(c, 0), *xt = tout(c, 0);
     int64_t s = tok->dim[0], b = tok->rank > 1 ? tok->dim[1] : 1, V_l = op->iattr[0];
@@ -438,6 +438,11 @@ static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
         bias = c->in[io.b];
     }
     CHECK(want(be, c, tout(c, 1), dt, "the norm's output"));
+    void *mask = NULL;
+    if (op->n_out > 2) {
+        CHECK(want(be, c, tout(c, 2), MGC_DT_U8, "the dropout's mask"));
+        mask = c->out[2];
+    }
     CHECK(get_specs(be, c, k, 1));
     if (rows == 0) return 0;
     void *x = c->out[0], *y = c->out[1], *tk = c->in[0], *wte = c->in[1];
@@ -446,9 +451,29 @@ static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
     const void *al[] = {x, y, wte, wpe, w, bias}; /* 16-byte rows when h % 8 == 0 */
     CHECK(norm_aligned(be, c, h, al, 6));
     int64_t R = kconst(&k[0], "R");
-    void *args[] = {&x, &y, &tk, &wte, &wpe, &w, &bias, &v0, &V_l, &b, &cp, &cpr, &half, &docs, &rows, &eps};
-    return mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1,
-                           (unsigned)(kconst(&k[0], "T") * R), 0, args);
+    unsigned grid = (unsigned)((rows + R - 1) / R), block = (unsigned)(kconst(&k[0], "T") * R);
+    if (!mask) {
+        void *args[] = {&x, &y, &tk, &wte, &wpe, &w, &bias, &v0, &V_l, &b, &cp, &cpr, &half, &docs, &rows, &eps};
+        return mgc_cuda_launch(be, &k[0], grid, 1, 1, block, 0, args);
+    }
+    /* the dropout's numbering of x (one run, or a context rank's two: whole positions) */
+    if (kconst(&k[0], "DROP") != 1)
+        return mgc_cuda_fail(be, "embedding_norm '%s': a mask but a kernel without the dropout", opname(c));
+    if (h % 8 == 0 && ((uintptr_t)mask & 7u))
+        return mgc_cuda_fail(be, "embedding_norm '%s': the mask is not 8-byte aligned", opname(c));
+    double p = op->fattr[2];
+    mgc_dropout_rng dr = mgc_op_drop_rng(c, xt);
+    unsigned long long seed = dr.seed, stream = dr.stream, elem0 = dr.elem0, elem1 = dr.elem1;
+    int64_t first = dr.n0 > 0 ? dr.n0 / h : rows;
+    unsigned thr = mgc_rng_drop_threshold(p);
+    float sc = (float)(1.0 / (1.0 - p));
+    int drop = p > 0;
+    const unsigned long long *step = NULL;
+    if (drop && !(step = mgc_cuda_drop_step(be, c, &stream))) return -1;
+    void *args[] = {&x,    &y,    &tk,    &wte,  &wpe,   &w,    &bias,  &v0,    &V_l,
+                    &b,    &cp,   &cpr,   &half, &docs,  &rows, &eps,   &mask,  &seed,
+                    &stream, &step, &elem0, &first, &elem1, &thr, &sc,  &drop};
+    return mgc_cuda_launch(be, &k[0], grid, 1, 1, block, 0, args);
 }
 
 static int op_dropout(mgc_backend *be, const mgc_op_call *c) {

@@ -390,7 +390,8 @@ static double tbytes(const mgc_plan_chunk *ch, int32_t i) {
 
 /* The bytes an op must move, as `mgc profile` and the memory-bound ops' time count them.  An
  * embedding moves the rows its tokens name: GPT-2 124M at micro batch 8 looks up 8,192 of the
- * 50,304 word rows and (8,192 tokens, 1,024 positions) all of the position rows, and its
+ * 50,304 word rows and (8,192 tokens, 1,024 positions) all of the position rows (fused with
+ * the embedding's dropout and the first norm, whose other tensors move whole), and its
  * backward reads and writes as many rows of each fp32 gradient.  A loss chunk's cross-entropy
  * backward with the statistics fused in (MGC_POF_CE_STATS) reads the logits twice, as the
  * unfused forward and backward do between them. */
@@ -408,13 +409,20 @@ static void test_lookup_bytes(void) {
         int64_t n = pass ? ch->n_bwd : ch->n_fwd;
         for (int64_t i = 0; i < n; i++) {
             const mgc_plan_op *op = &ops[i];
-            if (op->kind == MGC_POP_EMBEDDING) {
-                T_EQ_I64(op->n_in, 3);
+            if (op->kind == MGC_POP_EMBEDDING || op->kind == MGC_POP_EMBEDDING_NORM) {
+                /* GPT-2's file has embedding dropout: fused with it and the first norm, whose
+                 * weight, bias, output and the mask move as whole tensors */
+                int fused = op->kind == MGC_POP_EMBEDDING_NORM;
+                T_EQ_I64(op->n_in, fused ? 5 : 3);
+                T_EQ_I64(op->n_out, fused ? 3 : 1);
                 const mgc_plan_tensor *word = &ch->tensors[op->in[1]], *pos = &ch->tensors[op->in[2]];
                 T_EQ_I64(word->dim[0], 50304);
                 T_EQ_I64(pos->dim[0], 1024);
-                double want = 8192 * 8.0 + 8192 * 768 * 2.0 + 1024 * 768 * 2.0 + tbytes(ch, op->out[0]);
+                double want = 8192 * 8.0 + 8192 * 768 * 2.0 + 1024 * 768 * 2.0;
+                for (int k = 3; k < op->n_in; k++) want += tbytes(ch, op->in[k]);
+                for (int k = 0; k < op->n_out; k++) want += tbytes(ch, op->out[k]);
                 T_EQ_I64((int64_t)tbytes(ch, op->out[0]), 8192 * 768 * 2);
+                if (fused) T_EQ_I64((int64_t)tbytes(ch, op->out[2]), 8192 * 768);
                 T_NEAR_REL(mgc_cost_op_bytes(p, ch, op), want, 1e-12);
                 seen_fwd++;
             } else if (op->kind == MGC_POP_EMBEDDING_BWD) {

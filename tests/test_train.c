@@ -980,12 +980,21 @@ static void check_loss_scaling(void) {
 
 static int64_t fusion_dropb; /* check_fusion's last count of dropout backwards fused */
 
+/* Whether ch->fwd[i..i+2] is an embedding, its dropout keeping a mask, and a norm of that. */
+static int emb_drop_norm(const mgc_plan_chunk *ch, int64_t i) {
+    const mgc_plan_op *o = &ch->fwd[i];
+    return i + 2 < ch->n_fwd && o[0].kind == MGC_POP_EMBEDDING && o[1].kind == MGC_POP_DROPOUT &&
+           o[1].n_out == 2 && o[1].in[0] == o[0].out[0] && o[2].kind == MGC_POP_NORM && o[2].in[0] == o[1].out[0];
+}
+
 /* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
  * like the unfused one (MGC_FUSION=0) and like the one without in-place outputs
  * (MGC_INPLACE=0: the logits' gradient in a tensor of its own, memplan.h), and no
  * norm_bwd + add_bwd, dropout_add + norm, linear + gelu or gelu_bwd is left (GPT's MLP:
  * every gelu and gelu_bwd is fused), nor a qkv_split where no rotary embedding sits between
- * it and the attention, nor a dropout_add_bwd that reads a norm backward's dx from a mask.
+ * it and the attention, nor a dropout backward (a residual branch's dropout_add_bwd, the
+ * embedding's dropout_bwd) that reads a norm backward's dx from a mask, nor an embedding, its
+ * dropout and the norm of that side by side.
  * Returns the bias gradients moved into norm backwards (the dropout backwards: fusion_dropb). */
 static int64_t check_fusion(const char *path, const char *const *sets) {
     setenv("MGC_FUSION", "0", 1);
@@ -1028,9 +1037,12 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 T_CHECK(!nbw || mgc_plan_norm_bwd_io(&ch->bwd[i], &io) == 0);
                 fused += nbw && io.res >= 0;
                 dropb += nbw && io.dbr >= 0;
-                dab_f += ch->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD;
+                /* the dropout backwards from a mask: a residual branch's, the embedding's */
+                int mdrop = (ch->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD || ch->bwd[i].kind == MGC_POP_DROPOUT_BWD) &&
+                            ch->bwd[i].n_in == 2;
+                dab_f += mdrop;
                 /* a dropout backward left that reads a norm backward's dx (from the mask) */
-                for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD && ch->bwd[i].n_in == 2; j++)
+                for (int64_t j = 0; j < i && mdrop; j++)
                     drop_left += ch->bwd[j].kind == MGC_POP_NORM_BWD && ch->bwd[j].out[0] == ch->bwd[i].in[0];
                 colsum += ch->bwd[i].kind == MGC_POP_NORM_BWD && (ch->bwd[i].flags & MGC_POF_COLSUM);
                 bias_f += ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch->bwd[i].n_out == 2;
@@ -1050,7 +1062,8 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 bias_u += cu->bwd[i].kind == MGC_POP_LINEAR_WGRAD && cu->bwd[i].n_out == 2;
                 splitb_u += cu->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
-                dab_u += cu->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD;
+                dab_u += (cu->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD || cu->bwd[i].kind == MGC_POP_DROPOUT_BWD) &&
+                         cu->bwd[i].n_in == 2;
                 gelub_u += cu->bwd[i].kind == MGC_POP_GELU_BWD;
             }
             for (int64_t i = 0; i < ch->n_fwd; i++) {
@@ -1068,6 +1081,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_EMBEDDING && ch->fwd[i + 1].kind == MGC_POP_NORM &&
                     ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
                     fpairs++;
+                fpairs += emb_drop_norm(ch, i);
                 dadd_f += ch->fwd[i].kind == MGC_POP_DROPOUT_ADD;
                 if (i + 1 < ch->n_fwd && ch->fwd[i].kind == MGC_POP_DROPOUT_ADD && ch->fwd[i + 1].kind == MGC_POP_NORM &&
                     ch->fwd[i + 1].in[0] == ch->fwd[i].out[0])
@@ -1081,8 +1095,9 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 att += cu->fwd[i].kind == MGC_POP_ATTENTION;
                 dadd_u += cu->fwd[i].kind == MGC_POP_DROPOUT_ADD;
                 gelu_u += cu->fwd[i].kind == MGC_POP_GELU;
-                embn_u += i + 1 < cu->n_fwd && cu->fwd[i].kind == MGC_POP_EMBEDDING &&
-                          cu->fwd[i + 1].kind == MGC_POP_NORM && cu->fwd[i + 1].in[0] == cu->fwd[i].out[0];
+                embn_u += (i + 1 < cu->n_fwd && cu->fwd[i].kind == MGC_POP_EMBEDDING &&
+                           cu->fwd[i + 1].kind == MGC_POP_NORM && cu->fwd[i + 1].in[0] == cu->fwd[i].out[0]) ||
+                          emb_drop_norm(cu, i);
             }
         }
     T_CHECK(fused > 0 && addnorm > 0);
@@ -1092,7 +1107,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     T_EQ_I64(adds_u - adds_f, fused);
     T_EQ_I64(dadd_u - dadd_f, addnorm);
     T_EQ_I64(gelu_u - gelu_f, lg); /* each linear_gelu replaced one gelu */
-    T_EQ_I64(embn, embn_u);        /* each embedding that a norm reads straight from */
+    T_EQ_I64(embn, embn_u); /* each embedding that a norm reads straight or after its dropout */
     T_EQ_I64(gelub_u - gelub_f, dg);
     /* each fused attention took its split and its backward's join; without rotary embeddings
      * (between split and attention) or context parallelism every attention is fused */
@@ -2405,9 +2420,11 @@ int main(int argc, char **argv) {
         check_fusion("examples/tiny-gpt.yaml", gpt_docs);
         check_fusion("examples/tiny-gpt.yaml", gpt_cp2);
         /* with dropout the norm backwards take the residual branches' dropout backwards (two
-         * a layer) and then their bias gradients too */
-        T_CHECK(check_fusion("examples/tiny-gpt.yaml", drop) == 8 && fusion_dropb == 8);
-        T_CHECK(check_fusion("examples/tiny-gpt.yaml", drop_tp) >= 0 && fusion_dropb == 8);
+         * a layer) and then their bias gradients too, and the first layer's takes the
+         * embedding's (the embedding, its dropout and that norm are one op in the forward,
+         * at tp1) */
+        T_CHECK(check_fusion("examples/tiny-gpt.yaml", drop) == 8 && fusion_dropb == 9);
+        T_CHECK(check_fusion("examples/tiny-gpt.yaml", drop_tp) >= 0 && fusion_dropb == 9);
         /* selective recompute re-runs the attention in the backward: it reads qkv too */
         static const char *const sel[] = {"training.recompute=selective", NULL};
         check_fusion("examples/tiny-gpt.yaml", sel);
