@@ -16,8 +16,9 @@
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M with hidden
 #                                             dropout with and without its backward in the
-#                                             norm backwards (-norm_bwd_drop) and without
-#                                             CUDA graphs, 124M without the
+#                                             norm backwards (-norm_bwd_drop), without
+#                                             CUDA graphs and without the fused embedding,
+#                                             dropout + norm (the same bits), 124M without the
 #                                             fused embedding + norm (-embedding_norm) and
 #                                             with MGC_GRAD_FRESH=0, both with
 #                                             MGC_ZERO_LIST=0 and with bf16 logits
@@ -137,6 +138,10 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
         qplan gpt2-124m 8 build-gpu/q124dn.plan -norm_bwd_drop --set model.hidden_dropout=0.1 || rc=1
     qrun "gpt2-124m hidden_dropout=0.1" build-gpu/q124d.plan
     qrun "gpt2-124m hidden_dropout=0.1 MGC_FUSION=-norm_bwd_drop" build-gpu/q124dn.plan
+    # and with the embedding, its dropout and the first norm as three kernels (compiler/fusion.c
+    # embedding_norm, whose kernel draws the embedding's dropout since stop 41): the same bits
+    qplan gpt2-124m 8 build-gpu/q124de.plan -embedding_norm --set model.hidden_dropout=0.1 || rc=1
+    qrun "gpt2-124m hidden_dropout=0.1 MGC_FUSION=-embedding_norm" build-gpu/q124de.plan
     # and with the embedding and the first norm as two kernels (compiler/fusion.c
     # embedding_norm): the same bits as the defaults (checked below)
     qplan gpt2-124m 8 build-gpu/q124ne.plan -embedding_norm || rc=1
@@ -152,6 +157,7 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     qrun "gpt2-124m hidden_dropout=0.1 --no-cuda-graphs" build-gpu/q124d.plan
     QARGS=
     samebits "gpt2-124m hidden_dropout=0.1" "gpt2-124m hidden_dropout=0.1 --no-cuda-graphs"
+    samebits "gpt2-124m hidden_dropout=0.1" "gpt2-124m hidden_dropout=0.1 MGC_FUSION=-embedding_norm"
     for rep in 1 2; do
         qrun "gpt2-124m defaults ($rep)" build-gpu/q124.plan
         qrun "gpt2-124m MGC_PDL=1 ($rep)" build-gpu/q124.plan MGC_PDL=1

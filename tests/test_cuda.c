@@ -43,7 +43,9 @@
  *     double sum, and bit for bit against its segment-and-join order replayed on the host.
  *  7. The bias gradient on its own (`bgrad`): against double column sums.
  *  8. Hidden dropout's backward inside the norm backward (`dropnorm`): tiny GPT's ops replayed
- *     as in 1 with dropout 0.1, at a width of whole 16-byte vectors and at one without.
+ *     as in 1 with dropout 0.1, at a width of whole 16-byte vectors and at one without (the
+ *     embedding's dropout inside the fused embedding + norm too), and the cp2 layout with
+ *     dropout in fp32.
  * The kernels come from the plan (compiled here for sm_80 and sm_90 by NVRTC);
  * a GPU of another architecture JIT-compiles them. */
 #include <math.h>
@@ -1971,7 +1973,9 @@ int main(int argc, char **argv) {
     if (!only || ci1 || !strcmp(only, "dropnorm")) {
         /* hidden dropout: the norm backwards take the residual branches' dropout backwards
          * from the masks (compiler/fusion.c, MGC_POF_DROPBWD) and then their bias gradients
-         * (the column sums of dbr), at H 96 in 16-byte vectors and at H 100 element by element */
+         * (the column sums of dbr), and the first layer's the embedding's; the embedding, its
+         * dropout and the first norm are one kernel; at H 96 in 16-byte vectors and at H 100
+         * element by element */
         static const char *const hd96[] = {"model.hidden_dropout=0.1", NULL};
         static const char *const hd100[] = {"model.hidden_dropout=0.1", "model.hidden_size=100",
                                             "model.head_dim=16", "model.num_attention_heads=4",
@@ -1981,15 +1985,33 @@ int main(int argc, char **argv) {
         const char *const *hd[2] = {hd96, hd100};
         for (int i = 0; i < 2; i++) {
             mgc_plan *p = compile("examples/tiny-gpt.yaml", "bf16", hd[i]);
-            int64_t both = 0;
-            for (int64_t j = 0; p && j < p->stages[0].chunks[0].n_bwd; j++)
-                both += p->stages[0].chunks[0].bwd[j].kind == MGC_POP_NORM_BWD &&
-                        (p->stages[0].chunks[0].bwd[j].flags & (MGC_POF_DROPBWD | MGC_POF_COLSUM)) ==
-                            (MGC_POF_DROPBWD | MGC_POF_COLSUM);
+            int64_t both = 0, drops = 0, embd = 0, firstb = 0;
+            const mgc_plan_chunk *ch = p ? &p->stages[0].chunks[0] : NULL;
+            for (int64_t j = 0; ch && j < ch->n_bwd; j++) {
+                const mgc_plan_op *o = &ch->bwd[j];
+                int f = o->kind == MGC_POP_NORM_BWD ? o->flags & (MGC_POF_DROPBWD | MGC_POF_COLSUM) : 0;
+                both += f == (MGC_POF_DROPBWD | MGC_POF_COLSUM);
+                firstb += f == MGC_POF_DROPBWD; /* the first layer's, with the embedding's dropout */
+                drops += o->kind == MGC_POP_DROPOUT_BWD || o->kind == MGC_POP_DROPOUT_ADD_BWD;
+            }
+            /* the embedding, its dropout and the first norm: one kernel (norm.cuh, DROP) */
+            for (int64_t j = 0; ch && j < ch->n_fwd; j++) {
+                embd += ch->fwd[j].kind == MGC_POP_EMBEDDING_NORM && ch->fwd[j].n_out == 3;
+                drops += ch->fwd[j].kind == MGC_POP_DROPOUT || ch->fwd[j].kind == MGC_POP_DROPOUT_ADD;
+            }
             T_EQ_I64(both, i ? 6 : 8); /* two a layer */
+            T_EQ_I64(firstb, 1);
+            T_EQ_I64(embd, 1);
+            T_EQ_I64(drops, 0); /* every dropout inside a norm's kernel, either way */
             mgc_plan_free(p);
             check_ops("examples/tiny-gpt.yaml", hd[i]);
         }
+        /* over cp2 a rank's rows are two runs of the sequence's dropout numbering, which the
+         * fused embedding's kernel numbers in one launch; fp32, so that a mask differing from
+         * the CPU's cannot hide */
+        static const char *const hd_cp2[] = {"parallel.world_size=2", "parallel.context=2",
+                                             "model.hidden_dropout=0.1", NULL};
+        check_layout("examples/tiny-gpt.yaml", "fp32", hd_cp2, 1e-5, 0);
     }
     if (!only || ci1 || !strcmp(only, "devcomm")) {
         /* tensor (bf16 activations' all-reduce) x data (fp32 gradient buckets) */

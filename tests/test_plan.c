@@ -1393,6 +1393,35 @@ static void test_validate(void) {
         T_CHECK(io.res == -1 && io.mask == 3 && io.db == -1 && io.cs == -1 && io.dbr == 2 && io.sets == 1);
         BREAK(o->n_in, 3, frag); /* no mask */
         *o = save;
+        {   /* the fused embedding's dropout: out x (tensor 0, bf16), y (4), the mask (3, u8 of
+             * x's 24 elements) with fattr[2] its p */
+            mgc_plan_op fsave = ch->fwd[0];
+            mgc_plan_op *e = &ch->fwd[0];
+            e->kind = MGC_POP_EMBEDDING_NORM;
+            e->flags = 0;
+            e->n_in = 3, e->n_out = 3;
+            e->in[0] = e->in[1] = e->in[2] = 0;
+            e->out[0] = 0, e->out[1] = 4, e->out[2] = 3;
+            memset(e->iattr, 0, sizeof e->iattr);
+            memset(e->fattr, 0, sizeof e->fattr);
+            e->fattr[0] = 1e-5, e->fattr[2] = 0.1;
+            T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+            T_EQ_I64(mgc_plan_op_dropout_attr(e), 2);
+            const char *dfrag = "dropout p";
+            BREAK(e->fattr[2], 0.0, dfrag);  /* a mask without a dropout */
+            BREAK(e->fattr[2], 1.0, dfrag);  /* p = 1 */
+            BREAK(e->out[2], 1, dfrag);      /* an fp32 mask */
+            ch->tensors[3].dim[0] = 12, ch->tensors[3].bytes = 12; /* half of x's elements */
+            err[0] = 0;
+            T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_ERR_INVALID);
+            T_CHECK(strstr(err, dfrag) != NULL);
+            ch->tensors[3].dim[0] = 24, ch->tensors[3].bytes = 24;
+            e->n_out = 2, e->fattr[2] = 0.0;
+            BREAK(e->fattr[2], 0.1, dfrag);  /* a dropout without its mask */
+            T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+            T_EQ_I64(mgc_plan_op_dropout_attr(e), -1);
+            *e = fsave;
+        }
         free(ch->tensors);
         ch->tensors = ts, ch->n_tensors = nts;
         T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);

@@ -1253,7 +1253,7 @@ static int rec_end(mgc_backend *be, uint64_t key, int failed) {
 }
 
 /* Trains `steps` steps on one rank of the CPU backend, through the recording backend when
- * `graphs` (with set_step when `steps_set`); losses and norms out. */
+ * `graphs` (with set_step when `set_step`); losses and norms out. */
 static int train_graphs(const mgc_plan *p, int graphs, int set_step, int steps, double *loss,
                         double *norm) {
     char err[4096];
