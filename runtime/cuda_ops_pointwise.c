@@ -470,9 +470,9 @@ static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
     int drop = p > 0;
     const unsigned long long *step = NULL;
     if (drop && !(step = mgc_cuda_drop_step(be, c, &stream))) return -1;
-    void *args[] = {&x,    &y,    &tk,    &wte,  &wpe,   &w,    &bias,  &v0,    &V_l,
-                    &b,    &cp,   &cpr,   &half, &docs,  &rows, &eps,   &mask,  &seed,
-                    &stream, &step, &elem0, &first, &elem1, &thr, &sc,  &drop};
+    void *args[] = {&x,    &y,    &tk,   &wte,  &wpe,    &w,    &bias,  &v0,    &V_l,
+                    &b,    &cp,   &cpr,  &half, &docs,   &rows, &eps,   /* then DROP's */
+                    &mask, &seed, &stream, &step, &elem0, &first, &elem1, &thr, &sc, &drop};
     return mgc_cuda_launch(be, &k[0], grid, 1, 1, block, 0, args);
 }
 
