@@ -459,6 +459,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_EMB_NORM_MINB)
 #if MGC_VEC8
         mgc_straw8(xr + c0, xq);
 #else
+        (void)c0;
         mgc_norm_st(xr, k, t, v[0][k]); /* exact: v holds values of the dtype */
 #endif
 #if MGC_DROP
