@@ -1560,6 +1560,7 @@ static void test_files(void) {
  * checks (docs/testing.md, Fuzzing, says how to regenerate them). */
 static void test_fuzz_seeds_current(void) {
     static const char *const seeds[] = {"tests/fuzz/plan-corpus/tiny-gpt.plan",
+                                        "tests/fuzz/plan-corpus/tiny-gpt-dropout.plan",
                                         "tests/fuzz/plan-corpus/tiny-moe-pp2.plan"};
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
         mgc_plan *q = NULL;
