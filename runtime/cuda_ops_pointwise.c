@@ -456,9 +456,8 @@ static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
         void *args[] = {&x, &y, &tk, &wte, &wpe, &w, &bias, &v0, &V_l, &b, &cp, &cpr, &half, &docs, &rows, &eps};
         return mgc_cuda_launch(be, &k[0], grid, 1, 1, block, 0, args);
     }
-    /* the dropout's numbering of x (one run, or a context rank's two: whole positions) */
-    if (kconst(&k[0], "DROP") != 1)
-        return mgc_cuda_fail(be, "embedding_norm '%s': a mask but a kernel without the dropout", opname(c));
+    /* the dropout's numbering of x (one run, or a context rank's two: whole positions); the
+     * spec has DROP, being made from this op's outputs (kspec_pointwise.c) */
     if (h % 8 == 0 && ((uintptr_t)mask & 7u))
         return mgc_cuda_fail(be, "embedding_norm '%s': the mask is not 8-byte aligned", opname(c));
     double p = op->fattr[2];

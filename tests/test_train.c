@@ -987,6 +987,11 @@ static int emb_drop_norm(const mgc_plan_chunk *ch, int64_t i) {
            o[1].n_out == 2 && o[1].in[0] == o[0].out[0] && o[2].kind == MGC_POP_NORM && o[2].in[0] == o[1].out[0];
 }
 
+/* Whether o is a dropout backward from a mask: a residual branch's, or the embedding's. */
+static int mask_dropb(const mgc_plan_op *o) {
+    return (o->kind == MGC_POP_DROPOUT_ADD_BWD || o->kind == MGC_POP_DROPOUT_BWD) && o->n_in == 2;
+}
+
 /* Fusions (compiler/fusion.c) change no number: the fused plan trains bit for bit
  * like the unfused one (MGC_FUSION=0) and like the one without in-place outputs
  * (MGC_INPLACE=0: the logits' gradient in a tensor of its own, memplan.h), and no
@@ -1037,9 +1042,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 T_CHECK(!nbw || mgc_plan_norm_bwd_io(&ch->bwd[i], &io) == 0);
                 fused += nbw && io.res >= 0;
                 dropb += nbw && io.dbr >= 0;
-                /* the dropout backwards from a mask: a residual branch's, the embedding's */
-                int mdrop = (ch->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD || ch->bwd[i].kind == MGC_POP_DROPOUT_BWD) &&
-                            ch->bwd[i].n_in == 2;
+                int mdrop = mask_dropb(&ch->bwd[i]);
                 dab_f += mdrop;
                 /* a dropout backward left that reads a norm backward's dx (from the mask) */
                 for (int64_t j = 0; j < i && mdrop; j++)
@@ -1062,8 +1065,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 bias_u += cu->bwd[i].kind == MGC_POP_LINEAR_WGRAD && cu->bwd[i].n_out == 2;
                 splitb_u += cu->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
-                dab_u += (cu->bwd[i].kind == MGC_POP_DROPOUT_ADD_BWD || cu->bwd[i].kind == MGC_POP_DROPOUT_BWD) &&
-                         cu->bwd[i].n_in == 2;
+                dab_u += mask_dropb(&cu->bwd[i]);
                 gelub_u += cu->bwd[i].kind == MGC_POP_GELU_BWD;
             }
             for (int64_t i = 0; i < ch->n_fwd; i++) {
