@@ -11,7 +11,9 @@
 #                                             kernel of one step under ncu: device time, DRAM
 #                                             bytes; NCU_MODELS)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
-#                                             minutes): both benchmark models' steps and losses
+#                                             minutes on the H100 on 2026-11-28, before the
+#                                             dropout and fusion variants were added: not
+#                                             timed since): both benchmark models' steps and losses
 #                                             with the defaults, compiled without the bias
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M with hidden
