@@ -5,7 +5,7 @@
  *                     writes each row's rowsum(dO o O)), attention_bwd_dkv (the same constants)
  *                     (launch order)
  *
- * D is the head dim (q's last dim: 16, 32, 64 or 128), CAUSAL the op's iattr[0], DROP whether
+ * D is the head dim (q's last dim: a multiple of 16 from 16 to 128), CAUSAL the op's iattr[0], DROP whether
  * it has dropout (fattr[1] > 0: a kernel without it has no Philox code in its inner loop),
  * ROWPOS whether rows are positions (no context parallelism, iattr[3] <= 1: the masks need no
  * position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
@@ -21,8 +21,11 @@ static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype
     if (mgc_plan_attn_geom(ch, op, &g)) return -1;
     if ((*dtype = mgc_kspec_storage(ch->tensors[op->in[0]].dtype)) < 0) return -1;
     *d = g.d;
-    if (*d != 16 && *d != 32 && *d != 64 && *d != 128) return -1;
-    return 0;
+    return mgc_kspec_head_dim_ok(*d) ? 0 : -1;
+}
+
+int mgc_kspec_head_dim_ok(int64_t d) {
+    return d >= 16 && d <= 128 && d % 16 == 0;
 }
 
 static void mask_consts(mgc_kspec *k, int64_t d, int64_t causal, int64_t drop, int64_t rowpos,

@@ -82,7 +82,7 @@ static void add_sort(list *l, const mgc_plan_tensor *x) {
     add_c(l, "moe_sort_rows", storage(x), "H", H, NULL, 0);
 }
 
-static int router_ok(int64_t E, int64_t K) {
+int mgc_kspec_router_ok(int64_t E, int64_t K) {
     return E >= 1 && E <= 1024 && K >= 1 && K <= E && K <= 64;
 }
 
@@ -95,7 +95,7 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
     case MGC_POP_MOE_ROUTE: {
         const mgc_plan_tensor *lg = tin(ch, op, 0);
         int64_t E = op->iattr[1], K = op->iattr[2];
-        if (!lg || !router_ok(E, K)) return -1;
+        if (!lg || !mgc_kspec_router_ok(E, K)) return -1;
         if (phase == 1) {
             add_c(&l, "moe_aux_part", storage(lg), "E", E, NULL, 0);
             add(&l, "moe_sum", 0);
@@ -129,7 +129,7 @@ int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_o
     case MGC_POP_MOE_ROUTE_BWD: { /* specialised on the gradient's storage; LF32: fp32 logits */
         const mgc_plan_tensor *lg = tin(ch, op, 0), *dlg = tout(ch, op, 0);
         int64_t E = op->iattr[1], K = op->iattr[2];
-        if (!lg || !dlg || !router_ok(E, K)) return -1;
+        if (!lg || !dlg || !mgc_kspec_router_ok(E, K)) return -1;
         int lf32 = storage(lg) != storage(dlg);
         if (lf32 && storage(lg) != MGC_DT_F32) return -1;
         add_c(&l, "moe_route_bwd", storage(dlg), "E", E, "K", K);

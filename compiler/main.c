@@ -644,7 +644,9 @@ static int add_kernels(mgc_plan *p, const opts *o, char *line, size_t n) {
     char err[4096];
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (mgc_compile_kernels(p, archs, na, cpus > 0 ? (int)cpus : 1, &st, err, sizeof err)) {
-        fprintf(stderr, "mgc compile: CUDA kernels: %s\n", err);
+        fprintf(stderr, "mgc compile: CUDA kernels: %s\n  hint: `mgc check` names the setting mgc's "
+                        "kernels do not serve; --no-kernels writes the plan for the CPU backend\n",
+                err);
         return 1;
     }
     int k = snprintf(line, n, "kernels: %d specs x %d archs (", st.specs, st.archs);

@@ -4,9 +4,10 @@
  *   q, out, dq, dout  (sq, b, A, D)  mgc_t
  *   k, v, dk, dv      (sk, b, G, D)  mgc_t; query head a reads kv head a / (A/G)
  *   lse, dsum         (sq, b, A)     fp32; lse = log sum_j exp(scale q.k_j) over the visible keys
- * Constants: MGC_D (head dim: 16, 32, 64 or 128), MGC_CAUSAL (0/1), MGC_DROP (0: the op has no
- * dropout, the kernels draw nothing whatever drop_p says), MGC_ROWPOS (1: no context
- * parallelism, rows are positions and the position arguments are not read).
+ * Constants: MGC_D (head dim: a multiple of 16 from 16 to 128; 48 takes the tiles of 32 or
+ * 64, 80 to 112 those of 128), MGC_CAUSAL (0/1), MGC_DROP (0: the op has no dropout, the
+ * kernels draw nothing whatever drop_p says), MGC_ROWPOS (1: no context parallelism, rows are
+ * positions and the position arguments are not read).
  *
  * Math (runtime/cpu_ops_tmpl.h mgc_cpu_attention_fwd/bwd): key j is visible from query i iff
  * !CAUSAL or kpos(j) <= qpos(i); a row with no visible key gets out 0 and lse -inf and no
@@ -28,7 +29,7 @@
  * tx = tid % 16): a tile row r of a thread is ty + 8 m, a tile column tx + 16 n (conflict-free
  * shared-memory reads).  The tensor-core kernels (bf16 and fp16: the forward and the backward,
  * ATT_TC_BWD) give each warp 16 rows (the forward at D <= 64: two m-tiles of 16) whose A
- * fragments stay in registers (at D = 128 the dK/dV
+ * fragments stay in registers (at D > 64 the dK/dV
  * kernel reads its K and V from shared memory instead, ATT_KV_SMEM); the other
  * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
@@ -39,12 +40,12 @@
  *             D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
  *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, else 32)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
- *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D = 64, 16 for D = 128: the
+ *             ATT_TBC_KV (dK/dV: 64 for D < 64, 32 for D = 64, 16 above: the
  *             double-buffered query tiles fit in the registers and shared memory left);
  *             dQ: ATT_TBR_Q query rows a block (128 at D <= 64: ATT_QMT = 2 m-tiles of 16
- *             rows a warp; 64 at D = 128), ATT_TBC_Q = 32 key rows per step;
- *             SIMT (fp32): ATT_BR rows kept per block (64 for D <= 32, 32 for D = 64, 16 for
- *             D = 128), ATT_BC rows per step (32 for D <= 64, 16 for D = 128)
+ *             rows a warp; 64 above), ATT_TBC_Q key rows per step (16 at D 48 and 64, else 32);
+ *             SIMT (fp32): ATT_BR rows kept per block (64 for D <= 32, 32 for D <= 64, 16
+ *             above), ATT_BC rows per step (32 for D <= 64, 16 above)
  * No float atomics: every sum has a fixed order (dK/dV iterate the group's query heads in
  * order, then the query tiles in order). */
 /* NVRTC compiles with no toolkit header: mgc_common.cuh's mgc_block_max uses INFINITY */
@@ -102,13 +103,13 @@
 #define ATT_TBC_KV (ATT_D < 64 ? 64 : ATT_D == 64 ? 32 : 16) /* dK/dV: query rows per step */
 #define ATT_QMT (ATT_D <= 64 ? 2 : 1)       /* dQ: m-tiles of 16 query rows a warp */
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
-#define ATT_TBC_Q (ATT_D == 64 ? 16 : 32)   /* dQ: key rows per step (registers) */
+#define ATT_TBC_Q (ATT_D > 32 && ATT_D <= 64 ? 16 : 32) /* dQ: key rows per step (registers) */
 #define ATT_KV_SMEM (MGC_D > 64)           /* dK/dV: K and V A operands from shared memory */
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
-#if MGC_D != 16 && MGC_D != 32 && MGC_D != 64 && MGC_D != 128
-#error "attention.cuh: D must be 16, 32, 64 or 128"
+#if MGC_D % 16 != 0 || MGC_D < 16 || MGC_D > 128
+#error "attention.cuh: D must be a multiple of 16 from 16 to 128"
 #endif
 
 /* ---- the order of the blocks ------------------------------------------------------------ */

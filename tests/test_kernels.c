@@ -322,6 +322,18 @@ int main(void) {
     check_file("models/tiny-llama.yaml", "bf16", "model.window_size=40");
     check_file("models/gpt2-124m.yaml", NULL, "model.window_size=256");
     check_file("models/llama2-7b.yaml", NULL, "model.window_size=1024");
+    /* head dims that are multiples of 16 but no power of two (attention.cuh: 48 on the tiles
+     * of 32 and 64, 80 to 112 on those of 128), at the widest of each class, with attention
+     * dropout (the Philox code's registers), in the three precisions */
+    static const char *const prec3[] = {"fp32", "bf16", "fp16"};
+    for (int i = 0; i < 3; i++) {
+        check_file("models/tiny-llama.yaml", prec3[i],
+                   "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=48 "
+                   "model.hidden_size=96 model.attention_dropout=0.1");
+        check_file("models/tiny-llama.yaml", prec3[i],
+                   "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=112 "
+                   "model.hidden_size=224 model.attention_dropout=0.1");
+    }
     /* a fractional top-k scaling factor on the router (its fattr[2], which the attention specs
      * once read as a window and refused) */
     check_file("models/qwen3-30b-a3b.yaml", NULL, "moe.router_topk_scaling_factor=2.5");

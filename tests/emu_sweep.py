@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""emu_sweep.py - random configurations of the tiny models through the CUDA emulator.
+
+Each draw picks a tiny model and overrides its shape, its options (dropout, biases, norms,
+rotary, grouped queries, windows, documents, recompute, loss chunks, logits dtype) and its
+layout (tensor with or without sequence parallelism, context, pipeline, data), keeps it when
+`mgc check` accepts it, and runs `test_cuda --emu sets` on it: on one rank every op replayed
+against the CPU in fp32, bf16 and fp16, then (on any world) the layout trained against the
+CPU's run. Not part of CI (a draw takes 10 s to a few minutes); a tool for hunting kernel
+and launcher defects across shapes the fixed tests do not cover (docs/testing.md).
+
+    python3 tests/emu_sweep.py [--build build] [--seed S] [--draws N] [--budget SECONDS]
+                               [--timeout SECONDS] [--out DIR]
+
+Every draw prints one line; a failing or refused one also writes DIR/draw-S-I.txt with the
+command that replays it and the test's output. Exit status 1 when any draw failed.
+"""
+import argparse
+import os
+import random
+import subprocess
+import sys
+import time
+
+MODELS = ["examples/tiny-gpt.yaml", "models/tiny-llama.yaml", "models/tiny-moe.yaml"]
+
+
+def draw(rng):
+    """One configuration: (model path, list of KEY=VALUE)."""
+    model = rng.choice(MODELS)
+    s = {}
+    llama = "llama" in model
+    moe = "moe" in model
+    heads = rng.choice([1, 2, 3, 4, 6, 8])
+    d = rng.choice([16, 16, 32, 32, 64, 128]) if rng.random() < 0.9 else rng.choice([8, 24, 40, 48, 80, 96])
+    s["model.num_attention_heads"] = heads
+    s["model.head_dim"] = d
+    # the residual width: usually heads x head dim, sometimes another multiple of 4 or 2
+    h = heads * d if rng.random() < 0.7 else rng.choice([24, 40, 56, 72, 100, 120, 136, 200, 260])
+    s["model.hidden_size"] = h
+    groups = [g for g in range(1, heads + 1) if heads % g == 0]
+    s["model.num_query_groups"] = rng.choice(groups)
+    s["model.num_layers"] = rng.choice([2, 2, 3, 4] if moe else [1, 2, 2, 3, 4])
+    seq = rng.choice([8, 16, 24, 32, 48, 64, 96, 128, 160])
+    s["model.seq_length"] = seq
+    s["model.max_position_embeddings"] = seq
+    s["model.vocab_size"] = rng.choice([257, 300, 1000, 3001])
+    s["model.make_vocab_size_divisible_by"] = rng.choice([1, 8, 64])
+    if not moe:
+        s["model.ffn_hidden_size"] = rng.choice([h, 2 * h, 4 * h, h + 8, 3 * h + 4, 200, 344])
+    s["model.normalization"] = rng.choice(["layernorm", "rmsnorm"])
+    s["model.activation"] = "swiglu" if llama or (moe and rng.random() < 0.5) else rng.choice(["gelu", "gelu", "swiglu"])
+    s["model.add_bias_linear"] = rng.choice(["true", "false"])
+    s["model.hidden_dropout"] = rng.choice([0, 0, 0.1])
+    s["model.attention_dropout"] = rng.choice([0, 0, 0.1])
+    if llama and rng.random() < 0.3:
+        s["model.rotary_percent"] = 0.5
+    if rng.random() < 0.15:
+        s["model.qk_layernorm"] = "true"
+    if rng.random() < 0.1:
+        s["model.window_size"] = rng.choice([4, 8, 20])
+    if moe:
+        e = rng.choice([2, 4, 8])
+        s["moe.num_experts"] = e
+        s["moe.top_k"] = rng.choice([k for k in (1, 2) if k <= e])
+    mbs = rng.choice([1, 2, 3])
+    # the layout
+    tp = cp = pp = dp = 1
+    r = rng.random()
+    if r < 0.55:
+        pass
+    elif r < 0.65:
+        tp = 2
+    elif r < 0.75:
+        cp = 2
+    elif r < 0.85:
+        pp = 2
+    elif r < 0.95:
+        dp = 2
+    else:
+        tp, dp = 2, 2
+    s["parallel.world_size"] = tp * cp * pp * dp
+    s["parallel.tensor"] = tp
+    s["parallel.context"] = cp
+    s["parallel.pipeline"] = pp
+    s["parallel.data"] = dp
+    if tp > 1 and (moe or rng.random() < 0.5):
+        s["parallel.sequence_parallel"] = "true"
+    if moe and dp > 1 and rng.random() < 0.5:
+        s["parallel.expert"] = 2
+    s["training.micro_batch_size"] = mbs
+    s["training.global_batch_size"] = mbs * dp * rng.choice([1, 2])
+    s["training.recompute"] = rng.choice(["none", "none", "selective", "full"])
+    chunks = rng.choice([1, 1, 2, 3])  # each a multiple of 64 rows of the rank's positions
+    s["training.loss_chunks"] = chunks if seq * mbs % (64 * chunks * cp) == 0 else 1
+    s["training.logits_dtype"] = rng.choice(["fp32", "fp32", "compute"])
+    if rng.random() < 0.15:
+        s["data.reset_attention_mask"] = "true"
+        s["data.reset_position_ids"] = rng.choice(["true", "false"])
+    return model, ["%s=%s" % kv for kv in s.items()]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--draws", type=int, default=1000000)
+    ap.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole sweep")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds for one draw")
+    ap.add_argument("--out", default="build/emu-sweep")
+    a = ap.parse_args()
+    mgc = os.path.join(a.build, "compiler", "mgc")
+    test = os.path.join(a.build, "tests", "test_cuda")
+    for f in (mgc, test):
+        if not os.access(f, os.X_OK):
+            sys.exit("emu_sweep.py: %s is not built (cmake --build %s)" % (f, a.build))
+    os.makedirs(a.out, exist_ok=True)
+    rng = random.Random(a.seed)
+    t0 = time.time()
+    ran = failed = refused = 0
+    print("emu_sweep: seed %d" % a.seed, flush=True)
+    for i in range(a.draws):
+        if time.time() - t0 > a.budget:
+            break
+        model, sets = draw(rng)
+        chk = subprocess.run([mgc, "check", "-q", model] + [x for kv in sets for x in ("--set", kv)],
+                             capture_output=True, text=True)
+        if chk.returncode != 0:
+            refused += 1
+            continue
+        env = dict(os.environ, MGC_TEST_MODEL=model, MGC_TEST_SETS=";".join(sets),
+                   MGC_TEST_SEED=str(a.seed + i))
+        cmd = "MGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_SEED=%d %s --emu sets" % (
+            model, ";".join(sets), a.seed + i, test)
+        t1 = time.time()
+        try:
+            run = subprocess.run([test, "--emu", "sets"], env=env, capture_output=True, text=True,
+                                 timeout=a.timeout)
+            out, rc = run.stdout + run.stderr, run.returncode
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rc = "timeout"
+        ran += 1
+        tail = [l for l in out.splitlines() if "checks," in l]
+        line = "%d %s %s: %s (%.0f s)" % (i, os.path.basename(model), " ".join(sets),
+                                          tail[-1] if tail else "rc %s" % rc, time.time() - t1)
+        if rc != 0:
+            failed += 1
+            path = os.path.join(a.out, "draw-%d-%d.txt" % (a.seed, i))
+            with open(path, "w") as f:
+                f.write(cmd + "\n\n" + out)
+            line = "FAILED " + line + " -> " + path
+        print(line, flush=True)
+    print("emu_sweep: seed %d: %d draws run, %d failed, %d refused by mgc check, %.0f s" %
+          (a.seed, ran, failed, refused, time.time() - t0), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
