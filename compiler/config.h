@@ -136,7 +136,9 @@ typedef struct mgc_blend {
       MGC_KF_DERIVED, "model.num_attention_heads",                                                           \
       "Key/value heads (g): equal to heads for MHA, fewer for GQA, 1 for MQA.")                              \
     X(MODEL_HEAD_DIM, "model.head_dim", INT, model.head_dim, 0, 1, 65536, NULL, MGC_KF_DERIVED,              \
-      "hidden_size / num_attention_heads", "Channels per attention head (d, Megatron's kv_channels).")        \
+      "hidden_size / num_attention_heads",                                                                  \
+      "Channels per attention head (d, Megatron's kv_channels); mgc's CUDA kernels take a multiple of 16 "  \
+      "from 16 to 128.")                                                                                    \
     X(MODEL_FFN, "model.ffn_hidden_size", INT, model.ffn_hidden_size, 0, 1, 16777216, NULL, MGC_KF_DERIVED,  \
       "4 * hidden_size (gelu); floor(8 * hidden_size / 3 / 64) * 64 (swiglu)",                                \
       "Inner width of the dense MLP (f).")                                                                   \
@@ -176,8 +178,9 @@ typedef struct mgc_blend {
       "Standard deviation of the normal weight initialisation.")                                             \
     /* moe: mixture of experts */                                                                            \
     X(MOE_EXPERTS, "moe.num_experts", INT, moe.num_experts, 0, 0, 65536, NULL, 0, NULL,                      \
-      "Routed experts per MoE layer; 0 makes a dense model.")                                                \
-    X(MOE_TOPK, "moe.top_k", INT, moe.top_k, 2, 1, 65536, NULL, 0, NULL, "Experts each token is routed to.") \
+      "Routed experts per MoE layer; 0 makes a dense model; mgc's CUDA kernels take up to 1024.")            \
+    X(MOE_TOPK, "moe.top_k", INT, moe.top_k, 2, 1, 65536, NULL, 0, NULL,                                    \
+      "Experts each token is routed to; mgc's CUDA kernels take up to 64.")                                 \
     X(MOE_FFN, "moe.ffn_hidden_size", INT, moe.ffn_hidden_size, 0, 1, 16777216, NULL, MGC_KF_DERIVED,        \
       "model.ffn_hidden_size", "Inner width of each routed expert.")                                         \
     X(MOE_SHARED, "moe.shared_experts", INT, moe.shared_experts, 0, 0, 1024, NULL, 0, NULL,                  \
