@@ -1211,15 +1211,40 @@ static void check_hardware(mgc_check_ctx *k) {
     }
 }
 
-/* What mgc's CUDA kernels serve (codegen/kspec.h): a model beyond it is still valid and trains
- * on the CPU backend, but `mgc compile` cannot build its kernels (it refuses, or writes the
- * plan under --no-kernels, whose JIT-compile on a GPU then fails), so say so here, at the key. */
+int mgc_check_kernels_served(const mgc_config *c, char *why, size_t n) {
+    const mgc_model_cfg *m = &c->model;
+    const mgc_moe_cfg *e = &c->moe;
+    if (m->head_dim >= 1 && !mgc_kspec_head_dim_ok(m->head_dim)) {
+        snprintf(why, n,
+                 "model.head_dim (%" PRId64 "): mgc's CUDA attention kernels take a head dim that is a "
+                 "multiple of 16 from 16 to 128",
+                 m->head_dim);
+        return 0;
+    }
+    if (e->num_experts > 0 && e->top_k >= 1 && e->top_k <= e->num_experts &&
+        !mgc_kspec_router_ok(e->num_experts, e->top_k)) {
+        if (e->num_experts > 1024)
+            snprintf(why, n, "moe.num_experts (%" PRId64 "): mgc's CUDA router kernels take up to 1024 experts",
+                     e->num_experts);
+        else
+            snprintf(why, n, "moe.top_k (%" PRId64 "): mgc's CUDA router kernels take a top-k of at most 64",
+                     e->top_k);
+        return 0;
+    }
+    return 1;
+}
+
+/* What mgc's CUDA kernels serve: a model beyond it is still valid and trains on the CPU
+ * backend, but `mgc compile` cannot build its kernels (it refuses, or writes the plan under
+ * --no-kernels, whose JIT-compile on a GPU then fails), so say so here, at the key. */
 static void check_kernels(mgc_check_ctx *k) {
     const mgc_model_cfg *m = &k->c->model;
     const mgc_moe_cfg *e = &k->c->moe;
-    char a[KV_N], hint[HINT_N];
-    if (k->d->errors != k->errors0) return; /* an invalid model needs no word on GPUs */
-    if (k->hd_ok && m->head_dim >= 1 && !mgc_kspec_head_dim_ok(m->head_dim)) {
+    char hint[HINT_N], why[256];
+    if (k->d->errors != k->errors0 || !k->hd_ok) return; /* an invalid model needs no word on GPUs */
+    if (mgc_check_kernels_served(k->c, why, sizeof why)) return;
+    mgc_key key;
+    if (m->head_dim >= 1 && !mgc_kspec_head_dim_ok(m->head_dim)) {
         int64_t d = m->head_dim, lo = d / 16 * 16, up = lo + 16;
         if (d > 128)
             snprintf(hint, sizeof hint, "use heads of at most 128 channels (more heads of 128 or 64)");
@@ -1227,26 +1252,14 @@ static void check_kernels(mgc_check_ctx *k) {
             snprintf(hint, sizeof hint, "use heads of 16 channels or more");
         else
             snprintf(hint, sizeof hint, "use heads of %" PRId64 " or %" PRId64 " channels", lo, up);
-        mgc_check_cat(hint, sizeof hint, ", or train this model on the CPU backend (mgc compile "
-                                         "--no-kernels)");
-        mgc_check_warning(k, mgc_check_at(k, mgc_check_pick(k, 3, KEY(MODEL_HEAD_DIM), KEY(MODEL_HEADS),
-                                                            KEY(MODEL_HIDDEN))),
-                          hint,
-                          "%s: mgc's CUDA attention kernels take a head dim that is a multiple of 16 "
-                          "from 16 to 128, so this model cannot train on a GPU",
-                          mgc_check_kv(a, k, KEY(MODEL_HEAD_DIM), d));
-    }
-    if (k->moe && e->top_k >= 1 && e->top_k <= e->num_experts &&
-        !mgc_kspec_router_ok(e->num_experts, e->top_k)) {
+        key = mgc_check_pick(k, 3, KEY(MODEL_HEAD_DIM), KEY(MODEL_HEADS), KEY(MODEL_HIDDEN));
+    } else {
         int big = e->num_experts > 1024;
-        snprintf(hint, sizeof hint, "%s, or train this model on the CPU backend (mgc compile --no-kernels)",
-                 big ? "use at most 1024 experts" : "route each token to at most 64 experts");
-        mgc_check_warning(k, mgc_check_at(k, big ? KEY(MOE_EXPERTS) : KEY(MOE_TOPK)), hint,
-                          "%s: mgc's CUDA router kernels take up to 1024 experts and a top-k of at most "
-                          "64, so this model cannot train on a GPU",
-                          big ? mgc_check_kv(a, k, KEY(MOE_EXPERTS), e->num_experts)
-                              : mgc_check_kv(a, k, KEY(MOE_TOPK), e->top_k));
+        snprintf(hint, sizeof hint, "%s", big ? "use at most 1024 experts" : "route each token to at most 64 experts");
+        key = big ? KEY(MOE_EXPERTS) : KEY(MOE_TOPK);
     }
+    mgc_check_cat(hint, sizeof hint, ", or train this model on the CPU backend (mgc compile --no-kernels)");
+    mgc_check_warning(k, mgc_check_at(k, key), hint, "%s, so this model cannot train on a GPU", why);
 }
 
 /* Guards for downstream arithmetic (parameter counts, FLOPs, memory): no

@@ -44,6 +44,12 @@ extern "C" {
  * added no error. */
 int mgc_check_config(mgc_config *c, mgc_diags *d);
 
+/* Whether mgc's CUDA kernels serve a checked config (codegen/kspec.h: the head dim, the MoE
+ * router): 1 when they do; else 0 and why in `why` (a sentence naming the key and value).
+ * mgc check warns of it at the key; mgc sweep counts such a variant infeasible ("no GPU
+ * kernels"), since every hardware profile it predicts on is a GPU. */
+int mgc_check_kernels_served(const mgc_config *c, char *why, size_t n);
+
 /* Megatron's vocabulary padding: vocab rounded up to a multiple of
  * divisor * tensor.  -1 when an argument is not positive or the result
  * would overflow. */

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "calibrate.h"
+#include "check.h"
 #include "codegen.h"
 #include "compile.h"
 #include "config.h"
@@ -417,6 +418,14 @@ static int cmd_check(int argc, char **argv) {
         mgc_cost_report cr;
         int have_pred = 0, fits = 0;
         double usable = 0;
+        char why[256];
+        if (L.ok && o.target && !mgc_check_kernels_served(L.cfg, why, sizeof why)) {
+            /* a GPU target needs the GPU kernels: the warning becomes the reason it fails */
+            mgc_diag(&L.diags, MGC_SEV_ERROR, L.cfg->file_loc,
+                     "change the setting the warning names, or train on the CPU backend",
+                     "cannot run on %.*s: %s", (int)(strrchr(o.target, ':') - o.target), o.target, why);
+            L.ok = 0;
+        }
         if (L.ok && o.target) {
             mgc_plan *p = mgc_compile(L.cfg, L.graph, &L.diags);
             if (p) {

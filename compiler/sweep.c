@@ -4,6 +4,8 @@
 #define _GNU_SOURCE /* sched_getaffinity */
 #include "sweep.h"
 
+#include "check.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #ifdef __GLIBC__
@@ -55,14 +57,15 @@ typedef enum category {
     CAT_MEMORY,  /* its largest arena does not fit */
     CAT_CONFIG,  /* a consistency rule of the config fails (divisibility, ...) */
     CAT_WORLD,   /* the degrees do not fit the world size */
+    CAT_KERNELS, /* valid, but mgc's CUDA kernels do not serve it (mgc_check_kernels_served) */
     CAT_COMPILE, /* the compiler or the cost model rejected it */
     CAT__COUNT
 } category;
 
 static const char *const cat_names[CAT__COUNT] = {"feasible", "memory", "invalid config",
-                                                  "world size", "compile error"};
+                                                  "world size", "no GPU kernels", "compile error"};
 static const char *const cat_ids[CAT__COUNT] = {"feasible", "memory", "invalid_config",
-                                                "world_size", "compile_error"};
+                                                "world_size", "no_gpu_kernels", "compile_error"};
 
 typedef struct hw_entry {
     char *name; /* as the config or --hardware gave it (owned) */
@@ -327,6 +330,11 @@ static void run_variant(const sweep *S, int64_t v, result *r, mgc_diags *d) {
     r->world_size = c->parallel.world_size;
     r->data = c->parallel.data;
     r->microbatches = c->derived.num_microbatches;
+    char why[256];
+    if (!mgc_check_kernels_served(c, why, sizeof why)) { /* every profile is a GPU */
+        set_reason(r, CAT_KERNELS, why);
+        goto done;
+    }
     r->hw = find_hw(S, S->hw_override ? S->hw_override : c->hardware.gpu);
     mgc_facts facts;
     memset(&facts, 0, sizeof facts);

@@ -45,7 +45,8 @@ assert d["variants"] == 18 and len(r) == 18 == len(rows), (d["variants"], len(r)
 assert d["feasible"] + sum(d["infeasible"].values()) == 18
 for x in r:
     if not x["feasible"]:
-        assert x["reason"] and x["category"] in ("memory", "invalid_config", "world_size", "compile_error"), x
+        assert x["reason"] and x["category"] in ("memory", "invalid_config", "world_size", "no_gpu_kernels",
+                                                 "compile_error"), x
 feas = sorted((x for x in r if x["feasible"]), key=lambda x: x["rank"])
 assert feas, "nothing feasible"
 assert [x["rank"] for x in feas] == list(range(1, len(feas) + 1))
@@ -104,6 +105,14 @@ fi
 grep -q "does not fit: .* GiB arena on pipeline rank 0 > .* GiB usable of .* GiB (h100-sxm, 10% headroom)" \
   "$tmp/big.csv" && ok || bad "no 'does not fit' reason: $(tail -1 "$tmp/big.csv")"
 grep -q "no variant is feasible" "$tmp/err" && ok || bad "no explanation when nothing is feasible"
+
+# head dims the CUDA attention kernels do not serve (24 at 4 heads of a width of 96; 96 at one
+# head is served): infeasible, in their own category, with the key and value in the reason
+"$mgc" sweep models/tiny-gpt.yaml --set model.hidden_size=96 --vary model.num_attention_heads=1,4 \
+  --csv "$tmp/hd.csv" >"$tmp/out" 2>"$tmp/err" && ok || bad "head-dim sweep failed: $(cat "$tmp/err")"
+grep -q "1 feasible, 1 infeasible (no GPU kernels 1)" "$tmp/out" && ok || bad "head-dim sweep summary: $(tail -2 "$tmp/out")"
+grep -q '^1,4,false,.*,no_gpu_kernels,model.head_dim (24): ' "$tmp/hd.csv" && ok \
+  || bad "head-dim variant's CSV row: $(tail -1 "$tmp/hd.csv")"
 
 # usage errors: exit 2 with a message
 "$mgc" sweep models/tiny-gpt.yaml --vary parallel.tensor >"$tmp/out" 2>"$tmp/err"

@@ -4,7 +4,8 @@
 Each draw picks a tiny model and overrides its shape, its options (dropout, biases, norms,
 rotary, grouped queries, windows, documents, recompute, loss chunks, logits dtype) and its
 layout (tensor with or without sequence parallelism, context, pipeline, data), keeps it when
-`mgc check` accepts it, and runs `test_cuda --emu sets` on it: on one rank every op replayed
+`mgc check` accepts it, compiles its bf16 kernels through NVRTC for sm_80 and sm_90 (none may
+spill), and runs `test_cuda --emu sets` on it: on one rank every op replayed
 against the CPU in fp32, bf16 and fp16, then (on any world) the layout trained against the
 CPU's run. Not part of CI (a draw takes 10 s to a few minutes); a tool for hunting kernel
 and launcher defects across shapes the fixed tests do not cover (docs/testing.md).
@@ -125,9 +126,24 @@ def main():
         model, sets = draw(rng)
         chk = subprocess.run([mgc, "check", "-q", model] + [x for kv in sets for x in ("--set", kv)],
                              capture_output=True, text=True)
-        if chk.returncode != 0:
-            refused += 1
+        if chk.returncode != 0 or "cannot train on a GPU" in chk.stderr:
+            refused += 1  # invalid, or (mgc check's warning) beyond what the CUDA kernels serve
             continue
+        # the kernels through NVRTC for sm_80 and sm_90 in the draw's 16-bit precision: none
+        # may spill (test_kernels' rule for the models' shapes)
+        plan = os.path.join(a.out, "draw.plan")
+        comp = subprocess.run([mgc, "compile", model, "--arch", "80,90", "-o", plan,
+                               "--set", "training.precision=bf16"] + [x for kv in sets for x in ("--set", kv)],
+                              capture_output=True, text=True,
+                              env=dict(os.environ, MGC_KERNEL_CACHE=os.path.join(a.out, "kernel-cache")))
+        spill = [l for l in comp.stdout.splitlines() if l.startswith("kernels:") and not l.endswith(" 0 spill bytes")]
+        if comp.returncode != 0 or spill:
+            failed += 1
+            path = os.path.join(a.out, "draw-%d-%d-compile.txt" % (a.seed, i))
+            with open(path, "w") as f:
+                f.write("%s compile %s --arch 80,90 --set training.precision=bf16 %s\n\n%s%s" % (
+                    mgc, model, " ".join("--set " + kv for kv in sets), comp.stdout, comp.stderr))
+            print("FAILED %d compile %s %s -> %s" % (i, os.path.basename(model), " ".join(sets), path), flush=True)
         env = dict(os.environ, MGC_TEST_MODEL=model, MGC_TEST_SETS=";".join(sets),
                    MGC_TEST_SEED=str(a.seed + i))
         cmd = "MGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_SEED=%d %s --emu sets" % (
@@ -151,7 +167,7 @@ def main():
                 f.write(cmd + "\n\n" + out)
             line = "FAILED " + line + " -> " + path
         print(line, flush=True)
-    print("emu_sweep: seed %d: %d draws run, %d failed, %d refused by mgc check, %.0f s" %
+    print("emu_sweep: seed %d: %d draws run, %d failed, %d refused by mgc check or not for a GPU, %.0f s" %
           (a.seed, ran, failed, refused, time.time() - t0), flush=True)
     return 1 if failed else 0
 
