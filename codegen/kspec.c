@@ -43,6 +43,12 @@ mgc_kspec *mgc_kspec_const(mgc_kspec *k, const char *name, int64_t value) {
     return k;
 }
 
+int64_t mgc_kspec_get(const mgc_kspec *k, const char *name) {
+    for (int i = 0; i < k->n_const; i++)
+        if (!strcmp(k->const_name[i], name)) return k->const_val[i];
+    return -1;
+}
+
 void mgc_kspec_name(const mgc_kspec *k, char *buf, size_t size) {
     int n = snprintf(buf, size, "mgc_%s_%s", k->entry, storage_name(k->dtype));
     for (int i = 0; i < k->n_const && n >= 0 && (size_t)n < size; i++) {

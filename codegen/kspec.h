@@ -51,6 +51,8 @@ typedef struct mgc_kspec {
 
 /* Adds a constant; returns the spec for chaining. */
 mgc_kspec *mgc_kspec_const(mgc_kspec *k, const char *name, int64_t value);
+/* A constant's value, -1 when the spec has none of that name (the launchers read theirs). */
+int64_t mgc_kspec_get(const mgc_kspec *k, const char *name);
 /* Initialises k for template `file`, entry `entry`, storage dtype (MGC_DT_BF16 or MGC_DT_F16;
  * anything else is fp32). */
 void mgc_kspec_init(mgc_kspec *k, const char *file, const char *entry, int dtype);

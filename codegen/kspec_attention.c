@@ -16,6 +16,9 @@
  * (runtime/cuda_ops_attention.c). */
 #include "kspec.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype, int64_t *d) {
     mgc_attn_geom g; /* q's own tensor, or the fused projection (MGC_POF_QKV): a kernel argument */
     if (mgc_plan_attn_geom(ch, op, &g)) return -1;
@@ -26,6 +29,13 @@ static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype
 
 int mgc_kspec_head_dim_ok(int64_t d) {
     return d >= 16 && d <= 128 && d % 16 == 0;
+}
+
+/* MGC_ATT_POSITIONS=1: the kernels that compute positions (ROWPOS 0, context parallelism's)
+ * even on one rank, so that test_cuda can replay them op by op against the CPU (docs/testing.md) */
+static int getenv_positions(void) {
+    const char *e = getenv("MGC_ATT_POSITIONS");
+    return e && !strcmp(e, "1");
 }
 
 static void mask_consts(mgc_kspec *k, int64_t d, int64_t causal, int64_t drop, int64_t rowpos,
@@ -41,7 +51,7 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
     (void)p;
     int dt = MGC_DT_F32;
     int64_t d = 0, causal = op->iattr[0] ? 1 : 0, drop = op->fattr[1] > 0 ? 1 : 0,
-            rowpos = op->iattr[3] <= 1 ? 1 : 0;
+            rowpos = op->iattr[3] <= 1 && !getenv_positions() ? 1 : 0;
     int docs = (op->flags & MGC_POF_DOCS) != 0;
     if (op->kind != MGC_POP_ATTENTION && op->kind != MGC_POP_ATTENTION_BWD) return 0;
     /* the sliding window: a whole number of keys on a causal attention (plan_io.c checks it);

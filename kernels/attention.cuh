@@ -40,10 +40,12 @@
  *             D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
  *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, else 32)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
- *             ATT_TBC_KV (dK/dV: 64 for D < 64, 32 for D = 64, 16 above: the
+ *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D 48 and 64, 16 above: the
  *             double-buffered query tiles fit in the registers and shared memory left);
  *             dQ: ATT_TBR_Q query rows a block (128 at D <= 64: ATT_QMT = 2 m-tiles of 16
- *             rows a warp; 64 above), ATT_TBC_Q key rows per step (16 at D 48 and 64, else 32);
+ *             rows a warp; 64 above, and at D 64 with dropout and context parallelism),
+ *             ATT_TBC_Q key rows per step (16 at D 48 and 64, and above with dropout and
+ *             context parallelism; else 32);
  *             SIMT (fp32): ATT_BR rows kept per block (64 for D <= 32, 32 for D <= 64, 16
  *             above), ATT_BC rows per step (32 for D <= 64, 16 above)
  * No float atomics: every sum has a fixed order (dK/dV iterate the group's query heads in
@@ -100,10 +102,13 @@
  * dK/dV accumulators (128 floats a thread) fit in 255 registers without spilling */
 #define ATT_TC_BWD (MGC_HALF)
 #define ATT_TBR 64 /* tensor-core backward: rows owned per block (16 per warp) */
-#define ATT_TBC_KV (ATT_D < 64 ? 64 : ATT_D == 64 ? 32 : 16) /* dK/dV: query rows per step */
-#define ATT_QMT (ATT_D <= 64 ? 2 : 1)       /* dQ: m-tiles of 16 query rows a warp */
+/* dropout with the positions computed (context parallelism): the Philox state and the position
+ * arithmetic take the registers of a second m-tile at D 64, of 16 key rows at D > 64 */
+#define ATT_DROPPOS (MGC_DROP && !MGC_ROWPOS)
+#define ATT_TBC_KV (ATT_D <= 32 ? 64 : ATT_D <= 64 ? 32 : 16) /* dK/dV: query rows per step */
+#define ATT_QMT (ATT_D < 64 || (ATT_D == 64 && !ATT_DROPPOS) ? 2 : 1) /* dQ: m-tiles of 16 rows */
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
-#define ATT_TBC_Q (ATT_D > 32 && ATT_D <= 64 ? 16 : 32) /* dQ: key rows per step (registers) */
+#define ATT_TBC_Q ((ATT_D > 32 && ATT_D <= 64) || (ATT_D > 64 && ATT_DROPPOS) ? 16 : 32) /* dQ: keys a step */
 #define ATT_KV_SMEM (MGC_D > 64)           /* dK/dV: K and V A operands from shared memory */
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f

@@ -33,9 +33,11 @@ static int bwd_br(int64_t d, int half) {
     if (half) return 64;                       /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
     return d <= 32 ? 64 : (d <= 64 ? 32 : 16); /* ATT_BR */
 }
-static int bwd_dq_rows(int64_t d, int half) {
-    if (half) return d <= 64 ? 128 : 64; /* ATT_TBR_Q: 64 * ATT_QMT */
-    return bwd_br(d, half);              /* the SIMT dQ kernel: ATT_BR */
+static int bwd_dq_rows(const mgc_kspec *k, int64_t d, int half) {
+    /* ATT_TBR_Q: 64 * ATT_QMT, one m-tile at D 64 with dropout and positions computed */
+    int droppos = mgc_kspec_get(k, "DROP") == 1 && mgc_kspec_get(k, "ROWPOS") == 0;
+    if (half) return d < 64 || (d == 64 && !droppos) ? 128 : 64;
+    return bwd_br(d, half); /* the SIMT dQ kernel: ATT_BR */
 }
 
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
@@ -124,7 +126,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv};
-    int bq = bwd_dq_rows(d, ks[0].dtype != MGC_DT_F32);
+    int bq = bwd_dq_rows(&ks[0], d, ks[0].dtype != MGC_DT_F32);
     if (mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A, 128,
                         0, a0))
         return -1;

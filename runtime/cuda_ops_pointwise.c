@@ -59,12 +59,6 @@ static int get_specs(mgc_backend *be, const mgc_op_call *c, mgc_kspec *k, int wa
     return 0;
 }
 
-static int64_t kconst(const mgc_kspec *k, const char *name) {
-    for (int i = 0; i < k->n_const; i++)
-        if (!strcmp(k->const_name[i], name)) return k->const_val[i];
-    return -1;
-}
-
 /* Refuses a tensor whose dtype is not `dt`. */
 static int want(mgc_backend *be, const mgc_op_call *c, const mgc_plan_tensor *t, int dt,
                 const char *what) {
@@ -126,11 +120,11 @@ static int emb_join(mgc_backend *be, const mgc_kspec *k, void *dw, void *part, v
                     int64_t V_l, int64_t n, int64_t G, void *dp, void *dy, int64_t P, int64_t b,
                     int64_t cp, int64_t cpr, int64_t half) {
     int S = MGC_KSPEC_EMB_SEG;
-    if (!kconst(k, "POS")) P = 0, dp = NULL;
+    if (!mgc_kspec_get(k, "POS")) P = 0, dp = NULL;
     if (G + P == 0) return 0;
     if (G + P > INT32_MAX) return mgc_cuda_fail(be, "embedding_bwd: %lld blocks", (long long)(G + P));
     void *a[] = {&dw, &part, &keys, &V_l, &n, &S, &G, &dp, &dy, &b, &cp, &cpr, &half};
-    return mgc_cuda_launch(be, k, (unsigned)(G + P), 1, 1, (unsigned)kconst(k, "T"), 0, a);
+    return mgc_cuda_launch(be, k, (unsigned)(G + P), 1, 1, (unsigned)mgc_kspec_get(k, "T"), 0, a);
 }
 
 /* The rows' sort keys (embedding.cuh embedding_sort_block / embedding_sort) into keys[0 .. n),
@@ -140,7 +134,7 @@ static int emb_sort(mgc_backend *be, const mgc_kspec *k, void *keys, void *tmp, 
                     int64_t half, const void *docs) {
     int in = (int)n;
     if (!strcmp(k->entry, "embedding_sort_block")) { /* one block */
-        int64_t T = kconst(k, "T"), K = kconst(k, "K"), rb = kconst(k, "RB"), vb = 0;
+        int64_t T = mgc_kspec_get(k, "T"), K = mgc_kspec_get(k, "K"), rb = mgc_kspec_get(k, "RB"), vb = 0;
         for (int64_t m = V_l; m > 0; m >>= 1) vb++;
         if (n > T * K || vb + rb > 32) /* the spec was made for these shapes: not reached */
             return mgc_cuda_fail(be,
@@ -183,7 +177,7 @@ static int emb_scatter(mgc_backend *be, const mgc_kspec *k, char *scratch, void 
     void *part = (char *)cnt + mgc_kspec_align((uint64_t)tiles * 256 * 4);
     CHECK(emb_sort(be, &k[0], keys, tmp, cnt, tk, v0, V_l, n, b, cp, cpr, half, docs));
     void *a2[] = {&dw, &part, &dy, &keys, &V_l, &n, &S};
-    CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)kconst(&k[1], "T"), 0, a2));
+    CHECK(mgc_cuda_launch(be, &k[1], segs, 1, 1, (unsigned)mgc_kspec_get(&k[1], "T"), 0, a2));
     return emb_join(be, &k[2], dw, part, keys, V_l, n, segs > 1 ? (int64_t)segs : 0, dp, dy, P, b, cp,
                     cpr, half);
 }
@@ -209,10 +203,10 @@ static int op_embedding(mgc_backend *be, const mgc_op_call *c) {
         CHECK(norm_aligned(be, c, tout(c, 0)->dim[tout(c, 0)->rank - 1], al, 3));
         /* data.reset_position_ids: positions from each row's document start, the last input */
         const void *docs = op->flags & MGC_POF_DOCS ? c->in[op->n_in - 1] : NULL;
-        int64_t n = s * b, R = kconst(&k[0], "R");
+        int64_t n = s * b, R = mgc_kspec_get(&k[0], "R");
         void *args[] = {&y, &tk, &w, &wp, &v0, &V_l, &b, &cp, &cpr, &half, &docs, &n};
         return mgc_cuda_launch(be, &k[0], (unsigned)((n + R - 1) / R), 1, 1,
-                               (unsigned)kconst(&k[0], "T"), 0, args);
+                               (unsigned)mgc_kspec_get(&k[0], "T"), 0, args);
     }
     /* EMBEDDING_BWD; in: tokens, dy; out: dword (+ dpos), fp32, accumulated */
     CHECK(act_dtype(be, c, tin(c, 1), &dt));
@@ -287,10 +281,10 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
         void *y = c->out[0], *x = c->in[0], *w = c->in[1];
         const void *al[] = {y, x, w, bias};
         CHECK(norm_aligned(be, c, h, al, 4));
-        int64_t R = kconst(&k[0], "R"), RP = R * kconst(&k[0], "P"); /* rows a block */
+        int64_t R = mgc_kspec_get(&k[0], "R"), RP = R * mgc_kspec_get(&k[0], "P"); /* rows a block */
         void *args[] = {&y, &x, &w, &bias, &rows, &eps};
         return mgc_cuda_launch(be, &k[0], (unsigned)((rows + RP - 1) / RP), 1, 1,
-                               (unsigned)(kconst(&k[0], "T") * R), 0, args);
+                               (unsigned)(mgc_kspec_get(&k[0], "T") * R), 0, args);
     }
     /* NORM_BWD; in: x, w, dy (, g: the fused residual gradient) (, the dropout's mask); out: dx,
      * dw (, db) (, the column sums of dx or dbr: a linear's bias gradient, MGC_POF_COLSUM) (, dbr:
@@ -330,7 +324,7 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     if (rows == 0 || h == 0) return 0;
     /* blocks: enough for every row slot to have a row (R slots a block), at most NORM_NB; a
      * function of the shape only, so the bits do not depend on the GPU */
-    int64_t slots = (rows + kconst(&k[0], "R") - 1) / kconst(&k[0], "R");
+    int64_t slots = (rows + mgc_kspec_get(&k[0], "R") - 1) / mgc_kspec_get(&k[0], "R");
     int nb = slots < NORM_NB ? (int)slots : NORM_NB;
     float *part = mgc_cuda_scratch(be, (size_t)nb * (size_t)h * (size_t)sets * sizeof(float));
     if (!part) return -1;
@@ -339,7 +333,7 @@ static int op_norm(mgc_backend *be, const mgc_op_call *c) {
     CHECK(norm_aligned(be, c, h, al, 8));
     void *a1[] = {&dx, &part, &dy, &x, &w, &gres, &rows, &eps, &want_db, &dbr, &mask, &dsc};
     CHECK(mgc_cuda_launch(be, &k[0], (unsigned)nb, 1, 1,
-                          (unsigned)(kconst(&k[0], "T") * kconst(&k[0], "R")), 0, a1));
+                          (unsigned)(mgc_kspec_get(&k[0], "T") * mgc_kspec_get(&k[0], "R")), 0, a1));
     /* the sets' destinations in order: dw (, db) (, the column sums) */
     void *d[3] = {c->out[1], want_db ? c->out[io.db] : NULL, NULL};
     if (io.cs >= 0) d[want_db ? 2 : 1] = c->out[io.cs];
@@ -388,7 +382,7 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
     CHECK(norm_aligned(be, c, hd, al, 6));
     if (mask && hd % 8 == 0 && ((uintptr_t)mask & 7u))
         return mgc_cuda_fail(be, "add_norm '%s': the mask is not 8-byte aligned", opname(c));
-    int64_t R = kconst(&k[0], "R"), all = rows;
+    int64_t R = mgc_kspec_get(&k[0], "R"), all = rows;
     int64_t first = dr.n0 > 0 && drop ? dr.n0 / hd : rows; /* mgc_op_drop_rng: whole positions */
     size_t es = dt == MGC_DT_F32 ? 4 : 2;
     for (int run = 0; run < 2; run++) {
@@ -402,7 +396,7 @@ static int op_add_norm(mgc_backend *be, const mgc_op_call *c) {
             elem0 = dr.elem1;
         }
         void *args[] = {&hp, &yp, &mask, &br, &rs, &w, &bias, &rows, &eps, &seed, &stream, &step, &elem0, &thr, &sc, &drop};
-        CHECK(mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1, (unsigned)(kconst(&k[0], "T") * R),
+        CHECK(mgc_cuda_launch(be, &k[0], (unsigned)((rows + R - 1) / R), 1, 1, (unsigned)(mgc_kspec_get(&k[0], "T") * R),
                               0, args));
     }
     return 0;
@@ -450,8 +444,8 @@ static int op_embedding_norm(mgc_backend *be, const mgc_op_call *c) {
     const void *docs = io.docs >= 0 ? c->in[io.docs] : NULL;
     const void *al[] = {x, y, wte, wpe, w, bias}; /* 16-byte rows when h % 8 == 0 */
     CHECK(norm_aligned(be, c, h, al, 6));
-    int64_t R = kconst(&k[0], "R");
-    unsigned grid = (unsigned)((rows + R - 1) / R), block = (unsigned)(kconst(&k[0], "T") * R);
+    int64_t R = mgc_kspec_get(&k[0], "R");
+    unsigned grid = (unsigned)((rows + R - 1) / R), block = (unsigned)(mgc_kspec_get(&k[0], "T") * R);
     if (!mask) {
         void *args[] = {&x, &y, &tk, &wte, &wpe, &w, &bias, &v0, &V_l, &b, &cp, &cpr, &half, &docs, &rows, &eps};
         return mgc_cuda_launch(be, &k[0], grid, 1, 1, block, 0, args);
@@ -590,7 +584,7 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
         return mgc_cuda_launch(be, &k[0], ew_grid(be, (n + 7) / 8), 1, 1, EW_BLOCK, 0, args);
     }
     case MGC_POP_SWIGLU: { /* in: x (n, 2f); out: y (n, f) */
-        int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tout(c, 0)) / f : 0;
+        int64_t f = mgc_kspec_get(&k[0], "F"), rows = f > 0 ? numel(tout(c, 0)) / f : 0;
         if (numel(tin(c, 0)) != 2 * rows * f)
             return mgc_cuda_fail(be, "swiglu '%s': input is not (rows, 2f)", opname(c));
         if ((rows = live_rows(be, c, rows)) < 0) return -1;
@@ -600,7 +594,7 @@ static int op_elementwise(mgc_backend *be, const mgc_op_call *c) {
                                EW_BLOCK, 0, args);
     }
     case MGC_POP_SWIGLU_BWD: { /* in: x (n, 2f), dy (n, f); out: dx (n, 2f) */
-        int64_t f = kconst(&k[0], "F"), rows = f > 0 ? numel(tin(c, 1)) / f : 0;
+        int64_t f = mgc_kspec_get(&k[0], "F"), rows = f > 0 ? numel(tin(c, 1)) / f : 0;
         if (numel(tin(c, 0)) != 2 * rows * f || numel(tout(c, 0)) != 2 * rows * f)
             return mgc_cuda_fail(be, "swiglu_bwd '%s': shapes are not (rows, 2f)", opname(c));
         if ((rows = live_rows(be, c, rows)) < 0) return -1;

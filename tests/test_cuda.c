@@ -2187,6 +2187,26 @@ int main(int argc, char **argv) {
         check_ops("examples/tiny-gpt.yaml", hd80);
         check_ops("models/tiny-llama.yaml", hd48);
         check_layout("examples/tiny-gpt.yaml", "bf16", hd96cp2, 3e-2, 0);
+        /* the kernels that compute positions (ROWPOS 0, context parallelism's) with attention
+         * dropout, replayed op by op on one rank (MGC_ATT_POSITIONS=1), where a layout's losses
+         * would not see a dQ row missing: at D 64 the dQ kernel takes one m-tile a warp (64
+         * rows a block, and the launcher's grid alike; 160 tokens, three tiles), at D 128 16
+         * keys a step */
+        static const char *const pos64[] = {"model.num_attention_heads=2", "model.head_dim=64",
+                                            "model.hidden_size=128", "model.num_layers=2",
+                                            "model.seq_length=160", "model.max_position_embeddings=160",
+                                            "model.attention_dropout=0.1", "training.micro_batch_size=1",
+                                            "training.global_batch_size=1", NULL};
+        static const char *const pos128[] = {"model.num_attention_heads=2", "model.num_query_groups=1",
+                                             "model.head_dim=128", "model.hidden_size=256",
+                                             "model.num_layers=1", "model.seq_length=80",
+                                             "model.max_position_embeddings=80", "model.attention_dropout=0.1",
+                                             "training.micro_batch_size=1", "training.global_batch_size=1",
+                                             NULL};
+        setenv("MGC_ATT_POSITIONS", "1", 1);
+        check_ops("examples/tiny-gpt.yaml", pos64);
+        check_ops("models/tiny-llama.yaml", pos128);
+        unsetenv("MGC_ATT_POSITIONS");
     }
     if (!only || ci2 || !strcmp(only, "norm")) {
         /* 560 rows, and with query and key norms 3,360 head rows: the norm forwards' last

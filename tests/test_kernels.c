@@ -334,6 +334,17 @@ int main(void) {
                    "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=112 "
                    "model.hidden_size=224 model.attention_dropout=0.1");
     }
+    /* context parallelism with attention dropout (ROWPOS 0 with DROP: the position arithmetic
+     * and the Philox state together), which no model file's layout has: GPT-2's dropout 0.1
+     * at cp2 spilled 24 bytes in dQ at D 64, LLaMA at D 128 8 (emu_sweep.py found it) */
+    check_file("models/gpt2-124m.yaml", "bf16", "parallel.world_size=2 parallel.context=2");
+    check_file("models/gpt2-124m.yaml", "fp16", "parallel.world_size=2 parallel.context=2");
+    check_file("models/llama2-7b.yaml", "bf16",
+               "parallel.world_size=2 parallel.context=2 parallel.tensor=1 parallel.pipeline=1 "
+               "model.attention_dropout=0.1");
+    check_file("models/llama2-7b.yaml", "fp16",
+               "parallel.world_size=2 parallel.context=2 parallel.tensor=1 parallel.pipeline=1 "
+               "model.attention_dropout=0.1");
     /* a fractional top-k scaling factor on the router (its fattr[2], which the attention specs
      * once read as a window and refused) */
     check_file("models/qwen3-30b-a3b.yaml", NULL, "moe.router_topk_scaling_factor=2.5");
