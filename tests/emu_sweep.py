@@ -150,8 +150,15 @@ def main():
             model, ";".join(sets), a.seed + i, test)
         t1 = time.time()
         try:
-            run = subprocess.run([test, "--emu", "sets"], env=env, capture_output=True, text=True,
-                                 timeout=a.timeout)
+            for attempt in range(3):  # a rebuild may hold the binary for a moment
+                try:
+                    run = subprocess.run([test, "--emu", "sets"], env=env, capture_output=True, text=True,
+                                         timeout=a.timeout)
+                    break
+                except OSError:
+                    if attempt == 2:
+                        raise
+                    time.sleep(10)
             out, rc = run.stdout + run.stderr, run.returncode
         except subprocess.TimeoutExpired as e:
             out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
