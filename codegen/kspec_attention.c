@@ -5,10 +5,10 @@
  *                     writes each row's rowsum(dO o O)), attention_bwd_dkv (the same constants)
  *                     (launch order)
  *
- * D is the head dim (q's last dim: a multiple of 16 from 16 to 128), CAUSAL the op's iattr[0], DROP whether
- * it has dropout (fattr[1] > 0: a kernel without it has no Philox code in its inner loop),
- * ROWPOS whether rows are positions (no context parallelism, iattr[3] <= 1: the masks need no
- * position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
+ * D is the head dim (q's last dim: a multiple of 16 from 16 to 128), CAUSAL the op's
+ * iattr[0], DROP whether it has dropout (fattr[1] > 0: a kernel without it has no Philox code
+ * in its inner loop), ROWPOS whether rows are positions (no context parallelism, iattr[3] <= 1,
+ * and no MGC_ATT_POSITIONS=1: the masks need no position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
  * queries see only their own document (MGC_POF_DOCS, data.reset_attention_mask), WIN the
  * sliding window in keys (fattr[2], model.window_size; only when set, causal only: a number the
  * plan validator bounds).  The storage dtype is q's (fp32, bf16 or fp16); the sequence lengths,
