@@ -976,8 +976,9 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
         int bad_int = 0;
         /* a norm's bias gradient sums the rows of dy; a key norm's cancel (softmax ignores a
          * shift every key shares, so the exact gradient is 0, and what is left is rounding):
-         * its floor is the rows' sum of |dy| a channel.  Likewise a linear's bias gradient fused in (MGC_POF_COLSUM): the
-         * rows of dx (or of the dropout's dbr), which the GPU sums as rounded to 16 bits */
+         * its floor is the rows' sum of |dy| a channel.  Likewise a linear's bias gradient
+         * fused in (MGC_POF_COLSUM): the rows of dx (or of the dropout's dbr), which the GPU
+         * sums as rounded to 16 bits */
         double floor = 0;
         mgc_norm_bwd_io io;
         int nbw = kind == MGC_POP_NORM_BWD && mgc_plan_norm_bwd_io(gop, &io) == 0;
@@ -1875,7 +1876,7 @@ static void check_logits(int all) {
     check_training("examples/tiny-gpt.yaml", lc);
 }
 
-/* One configuration from the environment, for sweeps over the config space (bench/emu_sweep.py):
+/* One configuration from the environment, for sweeps over the config space (tests/emu_sweep.py):
  * MGC_TEST_MODEL (default examples/tiny-gpt.yaml), MGC_TEST_SETS ("key=value;key=value"),
  * MGC_TEST_PRECISION (the layout's training, default bf16). On one rank every op is replayed
  * against the CPU in the three precisions (check_ops); on any world the layout trains against
