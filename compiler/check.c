@@ -1211,7 +1211,7 @@ static void check_hardware(mgc_check_ctx *k) {
     }
 }
 
-int mgc_check_kernels_served(const mgc_config *c, char *why, size_t n) {
+mgc_kernels_gap mgc_check_kernels_gap(const mgc_config *c, char *why, size_t n) {
     const mgc_model_cfg *m = &c->model;
     const mgc_moe_cfg *e = &c->moe;
     if (m->head_dim >= 1 && !mgc_kspec_head_dim_ok(m->head_dim)) {
@@ -1219,33 +1219,34 @@ int mgc_check_kernels_served(const mgc_config *c, char *why, size_t n) {
                  "model.head_dim (%" PRId64 "): mgc's CUDA attention kernels take a head dim that is a "
                  "multiple of 16 from 16 to 128",
                  m->head_dim);
-        return 0;
+        return MGC_KERNELS_HEAD_DIM;
     }
     if (e->num_experts > 0 && e->top_k >= 1 && e->top_k <= e->num_experts &&
         !mgc_kspec_router_ok(e->num_experts, e->top_k)) {
-        if (e->num_experts > 1024)
+        if (e->num_experts > 1024) {
             snprintf(why, n, "moe.num_experts (%" PRId64 "): mgc's CUDA router kernels take up to 1024 experts",
                      e->num_experts);
-        else
-            snprintf(why, n, "moe.top_k (%" PRId64 "): mgc's CUDA router kernels take a top-k of at most 64",
-                     e->top_k);
-        return 0;
+            return MGC_KERNELS_EXPERTS;
+        }
+        snprintf(why, n, "moe.top_k (%" PRId64 "): mgc's CUDA router kernels take a top-k of at most 64",
+                 e->top_k);
+        return MGC_KERNELS_TOPK;
     }
-    return 1;
+    return MGC_KERNELS_SERVED;
 }
 
 /* What mgc's CUDA kernels serve: a model beyond it is still valid and trains on the CPU
  * backend, but `mgc compile` cannot build its kernels (it refuses, or writes the plan under
  * --no-kernels, whose JIT-compile on a GPU then fails), so say so here, at the key. */
 static void check_kernels(mgc_check_ctx *k) {
-    const mgc_model_cfg *m = &k->c->model;
-    const mgc_moe_cfg *e = &k->c->moe;
     char hint[HINT_N], why[256];
     if (k->d->errors != k->errors0 || !k->hd_ok) return; /* an invalid model needs no word on GPUs */
-    if (mgc_check_kernels_served(k->c, why, sizeof why)) return;
+    mgc_kernels_gap gap = mgc_check_kernels_gap(k->c, why, sizeof why);
     mgc_key key;
-    if (m->head_dim >= 1 && !mgc_kspec_head_dim_ok(m->head_dim)) {
-        int64_t d = m->head_dim, lo = d / 16 * 16, up = lo + 16;
+    switch (gap) {
+    case MGC_KERNELS_SERVED: return;
+    case MGC_KERNELS_HEAD_DIM: {
+        int64_t d = k->c->model.head_dim, lo = d / 16 * 16, up = lo + 16;
         if (d > 128)
             snprintf(hint, sizeof hint, "use heads of at most 128 channels (more heads of 128 or 64)");
         else if (lo < 16)
@@ -1253,10 +1254,16 @@ static void check_kernels(mgc_check_ctx *k) {
         else
             snprintf(hint, sizeof hint, "use heads of %" PRId64 " or %" PRId64 " channels", lo, up);
         key = mgc_check_pick(k, 3, KEY(MODEL_HEAD_DIM), KEY(MODEL_HEADS), KEY(MODEL_HIDDEN));
-    } else {
-        int big = e->num_experts > 1024;
-        snprintf(hint, sizeof hint, "%s", big ? "use at most 1024 experts" : "route each token to at most 64 experts");
-        key = big ? KEY(MOE_EXPERTS) : KEY(MOE_TOPK);
+        break;
+    }
+    case MGC_KERNELS_EXPERTS:
+        snprintf(hint, sizeof hint, "use at most 1024 experts");
+        key = KEY(MOE_EXPERTS);
+        break;
+    default:
+        snprintf(hint, sizeof hint, "route each token to at most 64 experts");
+        key = KEY(MOE_TOPK);
+        break;
     }
     mgc_check_cat(hint, sizeof hint, ", or train this model on the CPU backend (mgc compile --no-kernels)");
     mgc_check_warning(k, mgc_check_at(k, key), hint, "%s, so this model cannot train on a GPU", why);

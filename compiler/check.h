@@ -44,11 +44,18 @@ extern "C" {
  * added no error. */
 int mgc_check_config(mgc_config *c, mgc_diags *d);
 
-/* Whether mgc's CUDA kernels serve a checked config (codegen/kspec.h: the head dim, the MoE
- * router): 1 when they do; else 0 and why in `why` (a sentence naming the key and value).
- * mgc check warns of it at the key; mgc sweep counts such a variant infeasible ("no GPU
- * kernels"), since every hardware profile it predicts on is a GPU. */
-int mgc_check_kernels_served(const mgc_config *c, char *why, size_t n);
+/* What of a checked config mgc's CUDA kernels do not serve (codegen/kspec.h: the head dim, the
+ * MoE router): MGC_KERNELS_SERVED (0) when they serve it all; else the first limit it passes,
+ * and why in `why` (a sentence naming the key and value).  mgc check warns of it at the key;
+ * mgc sweep counts such a variant infeasible ("no GPU kernels"), since every hardware profile
+ * it predicts on is a GPU; mgc check --target makes it an error. */
+typedef enum mgc_kernels_gap {
+    MGC_KERNELS_SERVED = 0,
+    MGC_KERNELS_HEAD_DIM, /* model.head_dim: not a multiple of 16 from 16 to 128 */
+    MGC_KERNELS_EXPERTS,  /* moe.num_experts: more than 1024 */
+    MGC_KERNELS_TOPK      /* moe.top_k: more than 64 */
+} mgc_kernels_gap;
+mgc_kernels_gap mgc_check_kernels_gap(const mgc_config *c, char *why, size_t n);
 
 /* Megatron's vocabulary padding: vocab rounded up to a multiple of
  * divisor * tensor.  -1 when an argument is not positive or the result

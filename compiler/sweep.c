@@ -57,7 +57,7 @@ typedef enum category {
     CAT_MEMORY,  /* its largest arena does not fit */
     CAT_CONFIG,  /* a consistency rule of the config fails (divisibility, ...) */
     CAT_WORLD,   /* the degrees do not fit the world size */
-    CAT_KERNELS, /* valid, but mgc's CUDA kernels do not serve it (mgc_check_kernels_served) */
+    CAT_KERNELS, /* valid, but mgc's CUDA kernels do not serve it (mgc_check_kernels_gap) */
     CAT_COMPILE, /* the compiler or the cost model rejected it */
     CAT__COUNT
 } category;
@@ -331,7 +331,7 @@ static void run_variant(const sweep *S, int64_t v, result *r, mgc_diags *d) {
     r->data = c->parallel.data;
     r->microbatches = c->derived.num_microbatches;
     char why[256];
-    if (!mgc_check_kernels_served(c, why, sizeof why)) { /* every profile is a GPU */
+    if (mgc_check_kernels_gap(c, why, sizeof why) != MGC_KERNELS_SERVED) { /* every profile is a GPU */
         set_reason(r, CAT_KERNELS, why);
         goto done;
     }

@@ -5,16 +5,16 @@ Each draw picks a tiny model and overrides its shape, its options (dropout, bias
 rotary, grouped queries, windows, documents, recompute, loss chunks, logits dtype) and its
 layout (tensor with or without sequence parallelism, context, pipeline, data), keeps it when
 `mgc check` accepts it, compiles its bf16 kernels through NVRTC for sm_80 and sm_90 (none may
-spill), and runs `test_cuda --emu sets` on it: on one rank every op replayed
-against the CPU in fp32, bf16 and fp16, then (on any world) the layout trained against the
+spill), and runs `test_cuda --emu sets` on it: every op of one step replayed against the
+CPU in fp32, bf16 and fp16, on every rank of the layout, then the layout trained against the
 CPU's run. Not part of CI (a draw takes 10 s to a few minutes); a tool for hunting kernel
 and launcher defects across shapes the fixed tests do not cover (docs/testing.md).
 
     python3 tests/emu_sweep.py [--build build] [--seed S] [--draws N] [--budget SECONDS]
                                [--timeout SECONDS] [--out DIR]
 
-Every draw prints one line; a failing or refused one also writes DIR/draw-S-I.txt with the
-command that replays it and the test's output. Exit status 1 when any draw failed.
+Every draw prints one line; a failing one also writes DIR/draw-S-I.txt with the command
+that replays it and the test's output (a refused one is only counted in the summary). Exit status 1 when any draw failed.
 """
 import argparse
 import os

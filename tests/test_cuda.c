@@ -11,7 +11,8 @@
  *     and in bf16 and fp16 through the 16-bit plans of the same model), outputs
  *     poisoned first, and compares each output: ||gpu - cpu|| / ||cpu|| <= 1e-5
  *     (fp32, 3e-5 for GEMM-like sums) or 1e-2 (bf16, fp16); integer outputs
- *     exactly (fp32).
+ *     exactly (fp32).  A layout of several ranks (`ranks`) runs them as threads,
+ *     each replaying its own ops on a GPU backend of its own with its coordinates.
  *  2. Training: 20 steps of each model on the GPU in fp32 track the CPU's
  *     losses within 1e-4 relative, in bf16 and fp16 (dynamic loss scaling from
  *     2^10, no step skipped) within 3e-2; a second GPU run gives bit-identical
@@ -49,6 +50,7 @@
  * The kernels come from the plan (compiled here for sm_80 and sm_90 by NVRTC);
  * a GPU of another architecture JIT-compiles them. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -807,6 +809,11 @@ static void before_op(void *ctx, const mgc_op_call *c) {
     for (int k = 0; k < c->op->n_out; k++) {
         r->snap[k] = NULL;
         const mgc_plan_tensor *t = &c->chunk->tensors[c->op->out[k]];
+        /* rows of dropless routing over EP (MGC_PT_ROUTED): only a prefix is live, its length
+         * the step's counts, and no op reads or writes the rest; poisoned on the CPU too, so
+         * that compare() tells them apart (and a CPU op that read them would compute NaN) */
+        if ((t->flags & MGC_PT_ROUTED) && !accumulates(t) && !(k == 0 && r->in0))
+            memset(c->out[k], 0xff, tbytes(t));
         if (!accumulates(t)) continue;
         r->snap[k] = malloc(tbytes(t));
         if (r->snap[k]) memcpy(r->snap[k], c->out[k], tbytes(t));
@@ -833,6 +840,16 @@ static void *to_device_layout(const void *cpu, const mgc_plan_tensor *tc, const 
     return h;
 }
 
+/* 1 when the w floats at row all hold before_op's poison (0xffffffff) */
+static int dead_row(const float *row, uint64_t w) {
+    for (uint64_t j = 0; j < w; j++) {
+        uint32_t u;
+        memcpy(&u, &row[j], 4);
+        if (u != 0xffffffffu) return 0;
+    }
+    return 1;
+}
+
 /* The GPU tensor may have a row pitch (an in-place output, plan.h ld); the CPU's (fp32) has
  * none. */
 /* The relative error of the GPU's output against the CPU's, in the 2-norm; `floor` (0: none)
@@ -841,6 +858,9 @@ static void *to_device_layout(const void *cpu, const mgc_plan_tensor *tc, const 
  * size, so the error is taken relative to the floor instead. */
 static double compare(const void *gpu_host, const mgc_plan_tensor *tg, const void *cpu,
                       const mgc_plan_tensor *tc, double floor, int *bad_int) {
+    /* routed rows (MGC_PT_ROUTED): the rows the CPU left poisoned (before_op) are past the
+     * live prefix; those are not compared */
+    int routed = (tc->flags & MGC_PT_ROUTED) != 0;
     uint64_t n = tc->bytes / mgc_dtype_size((mgc_dtype)tc->dtype);
     T_EQ_I64(tc->ld, 0);
     uint64_t w = (uint64_t)(tg->rank ? tg->dim[tg->rank - 1] : 1), ld = (uint64_t)mgc_plan_tensor_ld(tg);
@@ -848,6 +868,10 @@ static double compare(const void *gpu_host, const mgc_plan_tensor *tg, const voi
         const float *b = cpu;
         double num = 0, den = 0;
         for (uint64_t i = 0; i < n; i++) {
+            if (routed && i % w == 0 && dead_row(b + i, w)) {
+                i += w - 1;
+                continue;
+            }
             const uint16_t *h16 = gpu_host;
             uint64_t gi = i / w * ld + i % w;
             double a = tg->dtype == MGC_DT_BF16  ? mgc_bf16_to_f32(h16[gi])
@@ -1038,66 +1062,145 @@ static void after_op(void *ctx, const mgc_op_call *c) {
     r->in0 = NULL;
 }
 
-static void check_ops(const char *path, const char *const *extra) {
-    mgc_plan *p32 = compile(path, "fp32", extra), *p16[2] = {compile(path, "bf16", extra),
-                                                             compile(path, "fp16", extra)};
-    T_CHECK(p32 && p16[0] && p16[1]);
-    if (!p32 || !p16[0] || !p16[1]) goto out;
+/* One rank's replay of one training step (a thread of its own when the plan has several
+ * ranks): the CPU backend runs the step over `world`, the hooks replay each of its ops on this
+ * rank's own GPU backend, with this rank's coordinates (the vocabulary shard, the context
+ * positions, the dropout numbering), in fp32 and the 16-bit twins. */
+typedef struct rank_replay {
+    const char *path;
+    const mgc_plan *p32, *p16[2];
+    mgc_comm *world;
+    int64_t rank;
+    mgc_coords co;
+    replay r;
+    int64_t prog_ops; /* the ops of the rank's stage's programs */
+    int ok;           /* the step ran */
+} rank_replay;
+
+static void *replay_rank(void *arg) {
+    rank_replay *rr = arg;
+    replay *r = &rr->r;
+    const mgc_plan *p32 = rr->p32;
     char err[4096];
     mgc_backend *cpu = NULL, *gpu = NULL;
-    mgc_comm *world[1];
     mgc_exec *x = NULL;
     mgc_train_data *data = NULL;
-    replay r;
-    memset(&r, 0, sizeof r);
-    r.plan16[0] = getenv("MGC_TEST_NO_BF16_OPS") ? NULL : p16[0];
-    r.plan16[1] = getenv("MGC_TEST_NO_FP16_OPS") ? NULL : p16[1];
-    T_EQ_I64(mgc_backend_cpu_open(&cpu, err, sizeof err), 0);
-    T_EQ_I64(open_gpu(&gpu, err, sizeof err), 0);
-    if (!gpu) {
-        fprintf(stderr, "%s\n", err);
-        goto out;
-    }
-    T_EQ_I64(mgc_comm_local_world_create(1, NULL, world, err, sizeof err), MGC_COMM_OK);
-    r.gpu = gpu;
-    if (gpu->iface->arena_alloc(gpu, p32->stages[0].arena_bytes, &r.arena32) ||
-        gpu->iface->arena_alloc(gpu, p16[0]->stages[0].arena_bytes, &r.arena16[0]) ||
-        gpu->iface->arena_alloc(gpu, p16[1]->stages[0].arena_bytes, &r.arena16[1])) {
-        T_CHECK(0);
+    int64_t pp = rr->co.pp;
+    r->stage = (int)pp;
+    r->plan16[0] = getenv("MGC_TEST_NO_BF16_OPS") ? NULL : rr->p16[0];
+    r->plan16[1] = getenv("MGC_TEST_NO_FP16_OPS") ? NULL : rr->p16[1];
+    if (mgc_backend_cpu_open(&cpu, err, sizeof err) || open_gpu(&gpu, err, sizeof err) || !gpu) {
+        fprintf(stderr, "%s rank %lld: %s\n", rr->path, (long long)rr->rank, err);
+        mgc_comm_abort(rr->world, "cannot open a backend");
         goto done;
     }
-    if (mgc_exec_open(&x, p32, world[0], cpu, err, sizeof err) || mgc_exec_init_params(x) ||
+    r->gpu = gpu;
+    if (gpu->iface->arena_alloc(gpu, p32->stages[pp].arena_bytes, &r->arena32) ||
+        gpu->iface->arena_alloc(gpu, rr->p16[0]->stages[pp].arena_bytes, &r->arena16[0]) ||
+        gpu->iface->arena_alloc(gpu, rr->p16[1]->stages[pp].arena_bytes, &r->arena16[1])) {
+        mgc_comm_abort(rr->world, "cannot allocate the arenas");
+        goto done;
+    }
+    if (mgc_exec_open(&x, p32, rr->world, cpu, err, sizeof err) || mgc_exec_init_params(x) ||
         mgc_train_data_open(&data, p32, 1, err, sizeof err)) {
-        fprintf(stderr, "%s: %s%s\n", path, err, x ? mgc_exec_error(x) : "");
-        T_CHECK(0);
+        fprintf(stderr, "%s rank %lld: %s%s\n", rr->path, (long long)rr->rank, err,
+                x ? mgc_exec_error(x) : "");
+        mgc_comm_abort(rr->world, "cannot open the step");
         goto done;
     }
     /* the backward's values scaled by 2^12, as fp16 training scales them: unscaled, the tiny
      * models' gradients (~1e-6) would sit in fp16's subnormals and the fp16 replay would
      * measure fp16's range, not the kernels (a power of two: exact in fp32 and bf16) */
     mgc_exec_set_loss_scaling(x, 4096, 1000, 2);
-    mgc_exec_set_op_hooks(x, before_op, after_op, &r);
+    mgc_exec_set_op_hooks(x, before_op, after_op, r);
     mgc_step_stats st;
-    T_EQ_I64(mgc_exec_step(x, 0, mgc_train_data_sample, data, &st), 0);
-    printf("%s: %d ops replayed on the %s (%d twins not found); worst relative error fp32 "
-           "%.2e, bf16 %.2e, fp16 %.2e (%s)\n",
-           path, r.ops, emu ? "CUDA emulator" : "GPU", r.unmatched, r.worst32, r.worst16[0], r.worst16[1], r.worst_name);
-    /* every op of the step's programs went through the hooks, once a microbatch at least */
-    int64_t prog_ops = 0;
-    for (int64_t ci = 0; ci < p32->stages[0].n_chunks; ci++)
-        prog_ops += p32->stages[0].chunks[ci].n_fwd + p32->stages[0].chunks[ci].n_bwd;
-    T_CHECK(prog_ops > 10 && r.ops >= prog_ops);
-    T_CHECK(r.inplace > 0); /* cross_entropy_bwd over the logits */
+    if (mgc_exec_step(x, 0, mgc_train_data_sample, data, &st)) {
+        fprintf(stderr, "%s rank %lld: %s\n", rr->path, (long long)rr->rank, mgc_exec_error(x));
+        mgc_comm_abort(rr->world, "the step failed"); /* the other ranks stop waiting */
+    } else
+        rr->ok = 1;
+    for (int64_t ci = 0; ci < p32->stages[pp].n_chunks; ci++) { /* the compute ops */
+        const mgc_plan_chunk *ch = &p32->stages[pp].chunks[ci];
+        for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd; i++)
+            rr->prog_ops += (i < ch->n_fwd ? ch->fwd[i] : ch->bwd[i - ch->n_fwd]).kind < MGC_POP_ALL_REDUCE;
+    }
 done:
     mgc_exec_free(x);
     mgc_train_data_free(data);
-    if (r.arena32) gpu->iface->arena_free(gpu, r.arena32);
+    if (r->arena32) gpu->iface->arena_free(gpu, r->arena32);
     for (int h = 0; h < 2; h++)
-        if (r.arena16[h]) gpu->iface->arena_free(gpu, r.arena16[h]);
+        if (r->arena16[h]) gpu->iface->arena_free(gpu, r->arena16[h]);
     mgc_backend_close(gpu);
     mgc_backend_close(cpu);
-    mgc_comm_free(world[0]);
+    return NULL;
+}
+
+/* Every op of one training step of the model at `path` (with `extra` set), replayed on the GPU
+ * and compared with the CPU's (section 1).  A layout of several ranks runs them as threads over
+ * a local world, each replaying its own ops: the kernels that depend on a rank's place (the
+ * embedding's and the cross-entropy's vocabulary shard, the context positions of the embedding
+ * and the attention, every dropout's numbering, a bias only tensor rank 0 adds, the experts a
+ * rank holds) are compared there, op by op, which a layout's losses see only in sum. */
+static void check_ops(const char *path, const char *const *extra) {
+    mgc_plan *p32 = compile(path, "fp32", extra), *p16[2] = {compile(path, "bf16", extra),
+                                                             compile(path, "fp16", extra)};
+    T_CHECK(p32 && p16[0] && p16[1]);
+    int64_t n = p32 ? p32->grid.world : 0;
+    rank_replay *rr = n > 0 ? calloc((size_t)n, sizeof *rr) : NULL;
+    mgc_comm **world = n > 0 ? calloc((size_t)n, sizeof *world) : NULL;
+    pthread_t *th = n > 0 ? calloc((size_t)n, sizeof *th) : NULL;
+    char err[4096];
+    if (!p32 || !p16[0] || !p16[1] || !rr || !world || !th) goto out;
+    T_EQ_I64(p16[0]->grid.world, n);
+    T_EQ_I64(p16[1]->grid.world, n);
+    if (mgc_comm_local_world_create((int)n, NULL, world, err, sizeof err) != MGC_COMM_OK) {
+        fprintf(stderr, "%s: %s\n", path, err);
+        T_CHECK(0);
+        goto out;
+    }
+    int started = 0;
+    for (int64_t k = 0; k < n; k++) {
+        rr[k] = (rank_replay){.path = path, .p32 = p32, .p16 = {p16[0], p16[1]}, .world = world[k],
+                              .rank = k};
+        T_EQ_I64(mgc_grid_coords(&p32->grid, k, &rr[k].co), 0);
+        if (n == 1) {
+            replay_rank(&rr[0]);
+            started = 1;
+        } else if (pthread_create(&th[k], NULL, replay_rank, &rr[k]) == 0) {
+            started++;
+        } else {
+            mgc_comm_abort(world[k], "cannot start a rank thread");
+            break;
+        }
+    }
+    for (int k = 0; n > 1 && k < started; k++)
+        pthread_join(th[k], NULL);
+    T_EQ_I64(started, n);
+    int64_t last_pp = p32->grid.pp - 1;
+    for (int k = 0; k < started; k++) {
+        const replay *r = &rr[k].r;
+        char who[96] = "";
+        if (n > 1)
+            snprintf(who, sizeof who, " rank %d (tp %lld cp %lld dp %lld pp %lld ep %lld)", k,
+                     (long long)rr[k].co.tp, (long long)rr[k].co.cp, (long long)rr[k].co.dp,
+                     (long long)rr[k].co.pp, (long long)rr[k].co.ep);
+        printf("%s%s: %d ops replayed on the %s (%d twins not found); worst relative error fp32 "
+               "%.2e, bf16 %.2e, fp16 %.2e (%s)\n",
+               path, who, r->ops, emu ? "CUDA emulator" : "GPU", r->unmatched, r->worst32, r->worst16[0],
+               r->worst16[1], r->worst_name);
+        T_CHECK(rr[k].ok);
+        /* every op of the step's programs went through the hooks, once a microbatch at least */
+        T_CHECK(rr[k].prog_ops > 10 && r->ops >= rr[k].prog_ops);
+        /* cross_entropy_bwd over the logits, on the last stage */
+        if (rr[k].co.pp == last_pp) T_CHECK(r->inplace > 0);
+    }
 out:
+    if (world)
+        for (int64_t k = 0; k < n; k++)
+            mgc_comm_free(world[k]);
+    free(world);
+    free(rr);
+    free(th);
     mgc_plan_free(p32);
     mgc_plan_free(p16[0]);
     mgc_plan_free(p16[1]);
@@ -1897,9 +2000,8 @@ static void check_env_sets(void) {
     mgc_plan *p = compile(path, prec, sets);
     T_CHECK(p != NULL);
     if (!p) return;
-    int64_t world = p->grid.world;
     mgc_plan_free(p);
-    if (world == 1) check_ops(path, sets);
+    check_ops(path, sets); /* on every rank of a layout */
     check_layout(path, prec, sets, strcmp(prec, "fp32") ? 3e-2 : 1e-4, 0);
 }
 
@@ -2245,6 +2347,35 @@ int main(int argc, char **argv) {
                                            "model.seq_length=32", "training.micro_batch_size=3",
                                            "training.global_batch_size=3", NULL};
         check_ops("examples/tiny-gpt.yaml", h100);
+    }
+    if (!only || ci2 || !strcmp(only, "ranks")) {
+        /* op by op on every rank of a layout (check_ops' threads): tp2 x cp2 with sequence
+         * parallelism and hidden and attention dropout (the vocabulary's last shard padded:
+         * 257 of 272) */
+        static const char *const tp2cp2[] = {"parallel.world_size=4", "parallel.tensor=2",
+                                             "parallel.context=2", "parallel.sequence_parallel=true",
+                                             "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+                                             NULL};
+        check_ops("examples/tiny-gpt.yaml", tp2cp2);
+        /* head dim 64 over cp2 with attention dropout: the kernels that compute positions, dQ
+         * one m-tile a warp (80 rows a rank, two tiles of 64) */
+        static const char *const d64cp2[] = {"parallel.world_size=2", "parallel.context=2",
+                                             "model.hidden_size=128", "model.num_attention_heads=2",
+                                             "model.num_layers=2", "model.seq_length=160",
+                                             "model.max_position_embeddings=160",
+                                             "model.attention_dropout=0.1",
+                                             "training.micro_batch_size=1",
+                                             "training.global_batch_size=2", NULL};
+        check_ops("examples/tiny-gpt.yaml", d64cp2);
+        /* LLaMA over two pipeline stages of two virtual stages each x cp2: the rotary
+         * positions of a context rank, the later stages' ops */
+        static const char *const pp2cp2[] = {"parallel.world_size=4", "parallel.pipeline=2",
+                                             "parallel.virtual_stages=2", "parallel.context=2",
+                                             NULL};
+        check_ops("models/tiny-llama.yaml", pp2cp2);
+        /* MoE: expert x tensor (sequence parallel) x data, biases: the experts a rank holds,
+         * the router over a rank's tokens */
+        check_ops("models/tiny-moe.yaml", etp2ep2);
     }
     if (only && !strcmp(only, "moe")) check_ops("models/tiny-moe.yaml", moe_bias);
     if (only && !strcmp(only, "sets")) check_env_sets();

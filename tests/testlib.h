@@ -17,13 +17,15 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Counted atomically: a test may check from several threads (ranks as threads). */
 static int t_checks, t_failed;
+#define T_COUNT_(n) __atomic_add_fetch(&(n), 1, __ATOMIC_RELAXED)
 
 #define T_CHECK(cond)                                                                               \
     do {                                                                                            \
-        t_checks++;                                                                                 \
+        T_COUNT_(t_checks);                                                                                 \
         if (!(cond)) {                                                                              \
-            t_failed++;                                                                             \
+            T_COUNT_(t_failed);                                                                             \
             fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);                \
         }                                                                                           \
     } while (0)
@@ -31,9 +33,9 @@ static int t_checks, t_failed;
 #define T_EQ_U64(a, b)                                                                              \
     do {                                                                                            \
         uint64_t t_a = (uint64_t)(a), t_b = (uint64_t)(b);                                          \
-        t_checks++;                                                                                 \
+        T_COUNT_(t_checks);                                                                                 \
         if (t_a != t_b) {                                                                           \
-            t_failed++;                                                                             \
+            T_COUNT_(t_failed);                                                                             \
             fprintf(stderr, "%s:%d: %s == %s failed: %" PRIu64 " != %" PRIu64 "\n", __FILE__,       \
                     __LINE__, #a, #b, t_a, t_b);                                                    \
         }                                                                                           \
@@ -42,9 +44,9 @@ static int t_checks, t_failed;
 #define T_EQ_I64(a, b)                                                                              \
     do {                                                                                            \
         int64_t t_a = (int64_t)(a), t_b = (int64_t)(b);                                             \
-        t_checks++;                                                                                 \
+        T_COUNT_(t_checks);                                                                                 \
         if (t_a != t_b) {                                                                           \
-            t_failed++;                                                                             \
+            T_COUNT_(t_failed);                                                                             \
             fprintf(stderr, "%s:%d: %s == %s failed: %" PRId64 " != %" PRId64 "\n", __FILE__,       \
                     __LINE__, #a, #b, t_a, t_b);                                                    \
         }                                                                                           \
@@ -54,9 +56,9 @@ static int t_checks, t_failed;
 #define T_NEAR_REL(a, b, rel)                                                                       \
     do {                                                                                            \
         double t_a = (double)(a), t_b = (double)(b);                                                \
-        t_checks++;                                                                                 \
+        T_COUNT_(t_checks);                                                                                 \
         if (!(fabs(t_a - t_b) <= (rel) * fabs(t_b))) {                                              \
-            t_failed++;                                                                             \
+            T_COUNT_(t_failed);                                                                             \
             fprintf(stderr, "%s:%d: %s ~ %s failed: %.17g vs %.17g (rel %.3g)\n", __FILE__,         \
                     __LINE__, #a, #b, t_a, t_b, fabs(t_a - t_b) / (fabs(t_b) > 0 ? fabs(t_b) : 1)); \
         }                                                                                           \
@@ -65,9 +67,9 @@ static int t_checks, t_failed;
 #define T_STREQ(a, b)                                                                               \
     do {                                                                                            \
         const char *t_a = (a), *t_b = (b);                                                          \
-        t_checks++;                                                                                 \
+        T_COUNT_(t_checks);                                                                                 \
         if (!t_a || !t_b || strcmp(t_a, t_b) != 0) {                                                \
-            t_failed++;                                                                             \
+            T_COUNT_(t_failed);                                                                             \
             fprintf(stderr, "%s:%d: %s == %s failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__, #a,  \
                     #b, t_a ? t_a : "(null)", t_b ? t_b : "(null)");                                \
         }                                                                                           \
@@ -88,8 +90,10 @@ static inline void t_remove_dir(const char *dir) {
 }
 
 static inline int t_summary(const char *name) {
-    printf("%s: %d checks, %d failed\n", name, t_checks, t_failed);
-    return t_failed ? 1 : 0;
+    int checks = __atomic_load_n(&t_checks, __ATOMIC_SEQ_CST);
+    int failed = __atomic_load_n(&t_failed, __ATOMIC_SEQ_CST);
+    printf("%s: %d checks, %d failed\n", name, checks, failed);
+    return failed ? 1 : 0;
 }
 
 #endif
