@@ -242,7 +242,9 @@ int mgc_emu_open(mgc_emu **out, char *err, size_t errsz) {
         free(e);
         return fail(err, errsz, "out of memory");
     }
-    e->seed = 1;
+    /* MGC_EMU_SEED: the seed of the thread and block orders (default 1) */
+    const char *sd = getenv("MGC_EMU_SEED");
+    e->seed = sd && *sd ? strtoull(sd, NULL, 10) : 1;
     *out = e;
     return 0;
 }
@@ -899,20 +901,34 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
     e->args = args;
     e->err = err, e->errsz = errsz, e->failed = 0;
     int rc = 0;
-    for (unsigned z = 0; z < gz && !rc; z++)
-        for (unsigned y = 0; y < gy && !rc; y++)
-            for (unsigned x = 0; x < gx && !rc; x++) {
-                mgc_emu_u3 bid = {x, y, z};
-                e->rng = mix(seed ^ (((uint64_t)z * gy + y) * gx + x));
-                if (run_block(e, l, bid, gdim, (int)block)) {
-                    char what[600];
-                    snprintf(what, sizeof what, "%s", err && errsz ? err : "");
-                    fail(err, errsz, "kernel %s, block (%u,%u,%u) of (%u,%u,%u), %u threads: %s",
-                         l->name, x, y, z, gx, gy, gz, block, what);
-                    rc = -1;
-                }
-                e->st.threads += block;
-            }
+    /* the blocks in an order drawn from the launch's seed, as a GPU runs them in none: a
+     * bijection of the linear block index over the next power of two, the indices past the
+     * grid skipped.  A kernel whose result depends on the order of its blocks (one reading what
+     * another writes in the same launch, two writing one element differently) gives other
+     * bits under another seed (MGC_EMU_SEED), instead of the same ones by luck */
+    uint64_t nb = (uint64_t)gx * gy * gz, span = 1;
+    int bits = 0;
+    while (span < nb) span <<= 1, bits++;
+    const uint64_t mask = span - 1, mul = (mix(seed ^ 0x5bd1e995u) | 1) & mask,
+                   add = mix(seed ^ 0x27d4eb2fu) & mask;
+    for (uint64_t i = 0; i < span && !rc; i++) {
+        uint64_t j = i; /* xor-shifts and an odd multiplier: a bijection of [0, span) */
+        if (bits > 1) j ^= j >> (bits / 2);
+        j = (j * mul + add) & mask;
+        if (bits > 1) j ^= j >> ((bits + 1) / 2);
+        if (j >= nb) continue;
+        unsigned x = (unsigned)(j % gx), y = (unsigned)(j / gx % gy), z = (unsigned)(j / gx / gy);
+        mgc_emu_u3 bid = {x, y, z};
+        e->rng = mix(seed ^ j);
+        if (run_block(e, l, bid, gdim, (int)block)) {
+            char what[600];
+            snprintf(what, sizeof what, "%s", err && errsz ? err : "");
+            fail(err, errsz, "kernel %s, block (%u,%u,%u) of (%u,%u,%u), %u threads: %s",
+                 l->name, x, y, z, gx, gy, gz, block, what);
+            rc = -1;
+        }
+        e->st.threads += block;
+    }
     tl_emu = prev;
     /* arrivals to instructions: a warp's 32 lanes issue one mma, ldmatrix or (full-warp)
      * shuffle; a block's threads pass one barrier */

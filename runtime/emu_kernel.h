@@ -14,9 +14,10 @@
  * $XDG_CACHE_HOME/mgc/kernels) under emu/, keyed by the source, the emulator's
  * headers, the compiler and its flags; written atomically, and an object that
  * does not load is rebuilt.  Blocks run one after another on the calling
- * thread; within a block the threads run in an order drawn from a seeded
- * generator (mgc_emu_set_seed), so a kernel that lacks a barrier computes
- * wrong values instead of right ones by luck.  A barrier some threads of a
+ * thread, in an order drawn from a seeded generator (mgc_emu_set_seed), and
+ * within a block the threads too, so a kernel that lacks a barrier, or whose
+ * blocks depend on one another, computes wrong values (or other bits under
+ * another seed) instead of right ones by luck.  A barrier some threads of a
  * block never reach, or a warp collective with lanes at different places, is
  * reported as an error naming the kernel, the block and the source lines.
  *
@@ -63,7 +64,8 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
 int mgc_emu_param_sizes(mgc_emu *e, const mgc_kspec *k, size_t *sizes, int max, char *err,
                         size_t errsz);
 
-/* The seed of the thread orders (default 1); launches are numbered from it. */
+/* The seed of the block and thread orders (default: MGC_EMU_SEED when open reads it, else 1);
+ * launches are numbered from it. */
 void mgc_emu_set_seed(mgc_emu *e, uint64_t seed);
 
 /* Counters since open: kernels compiled, found in the cache, launches, GPU threads run; and
