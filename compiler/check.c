@@ -1228,7 +1228,8 @@ mgc_kernels_gap mgc_check_kernels_gap(const mgc_config *c, char *why, size_t n) 
                      e->num_experts);
             return MGC_KERNELS_EXPERTS;
         }
-        snprintf(why, n, "moe.top_k (%" PRId64 "): mgc's CUDA router kernels take a top-k of at most 64",
+        snprintf(why, n,
+                 "moe.top_k (%" PRId64 "): mgc's CUDA router kernels take a top-k of at most 64",
                  e->top_k);
         return MGC_KERNELS_TOPK;
     }

@@ -419,7 +419,8 @@ static int cmd_check(int argc, char **argv) {
         int have_pred = 0, fits = 0;
         double usable = 0;
         char why[256];
-        if (L.ok && o.target && mgc_check_kernels_gap(L.cfg, why, sizeof why) != MGC_KERNELS_SERVED) {
+        if (L.ok && o.target &&
+            mgc_check_kernels_gap(L.cfg, why, sizeof why) != MGC_KERNELS_SERVED) {
             /* a GPU target needs the GPU kernels: the warning becomes the reason it fails */
             mgc_diag(&L.diags, MGC_SEV_ERROR, L.cfg->file_loc,
                      "change the setting the warning names, or train on the CPU backend",

@@ -331,7 +331,8 @@ static void run_variant(const sweep *S, int64_t v, result *r, mgc_diags *d) {
     r->data = c->parallel.data;
     r->microbatches = c->derived.num_microbatches;
     char why[256];
-    if (mgc_check_kernels_gap(c, why, sizeof why) != MGC_KERNELS_SERVED) { /* every profile is a GPU */
+    /* every profile is a GPU */
+    if (mgc_check_kernels_gap(c, why, sizeof why) != MGC_KERNELS_SERVED) {
         set_reason(r, CAT_KERNELS, why);
         goto done;
     }

@@ -14,7 +14,8 @@ and launcher defects across shapes the fixed tests do not cover (docs/testing.md
                                [--timeout SECONDS] [--out DIR]
 
 Every draw prints one line; a failing one also writes DIR/draw-S-I.txt with the command
-that replays it and the test's output (a refused one is only counted in the summary). Exit status 1 when any draw failed.
+that replays it and the test's output (a refused one is only counted in the summary). Exit
+status 1 when any draw failed.
 """
 import argparse
 import os

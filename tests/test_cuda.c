@@ -17,7 +17,8 @@
  *  2. Training: 20 steps of each model on the GPU in fp32 track the CPU's
  *     losses within 1e-4 relative, in bf16 and fp16 (dynamic loss scaling from
  *     2^10, no step skipped) within 3e-2; a second GPU run gives bit-identical
- *     losses (on the emulator under other block and thread orders, MGC_EMU_SEED).  Parallel layouts (tensor + sequence, interleaved pipeline, data with the
+ *     losses (on the emulator under other block and thread orders, MGC_EMU_SEED).
+ *     Parallel layouts (tensor + sequence, interleaved pipeline, data with the
  *     distributed optimizer, context, tensor x pipeline x data, expert) run their ranks as
  *     threads on this one GPU, communication staged through host memory: the losses track
  *     the CPU backend's run of the same layout (fp32 1e-4, bf16 3e-2), and a rerun with the
@@ -1125,7 +1126,8 @@ static void *replay_rank(void *arg) {
     for (int64_t ci = 0; ci < p32->stages[pp].n_chunks; ci++) { /* the compute ops */
         const mgc_plan_chunk *ch = &p32->stages[pp].chunks[ci];
         for (int64_t i = 0; i < ch->n_fwd + ch->n_bwd; i++)
-            rr->prog_ops += (i < ch->n_fwd ? ch->fwd[i] : ch->bwd[i - ch->n_fwd]).kind < MGC_POP_ALL_REDUCE;
+            rr->prog_ops +=
+                (i < ch->n_fwd ? ch->fwd[i] : ch->bwd[i - ch->n_fwd]).kind < MGC_POP_ALL_REDUCE;
     }
 done:
     mgc_exec_free(x);
@@ -1189,8 +1191,8 @@ static void check_ops(const char *path, const char *const *extra) {
                      (long long)rr[k].co.pp, (long long)rr[k].co.ep);
         printf("%s%s: %d ops replayed on the %s (%d twins not found); worst relative error fp32 "
                "%.2e, bf16 %.2e, fp16 %.2e (%s)\n",
-               path, who, r->ops, emu ? "CUDA emulator" : "GPU", r->unmatched, r->worst32, r->worst16[0],
-               r->worst16[1], r->worst_name);
+               path, who, r->ops, emu ? "CUDA emulator" : "GPU", r->unmatched, r->worst32,
+               r->worst16[0], r->worst16[1], r->worst_name);
         T_CHECK(rr[k].ok);
         /* every op of the step's programs went through the hooks, once a microbatch at least */
         T_CHECK(rr[k].prog_ops > 10 && r->ops >= rr[k].prog_ops);
@@ -2362,9 +2364,10 @@ int main(int argc, char **argv) {
          * parallelism and hidden and attention dropout (the vocabulary's last shard padded:
          * 257 of 272) */
         static const char *const tp2cp2[] = {"parallel.world_size=4", "parallel.tensor=2",
-                                             "parallel.context=2", "parallel.sequence_parallel=true",
-                                             "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
-                                             NULL};
+                                             "parallel.context=2",
+                                             "parallel.sequence_parallel=true",
+                                             "model.hidden_dropout=0.1",
+                                             "model.attention_dropout=0.1", NULL};
         check_ops("examples/tiny-gpt.yaml", tp2cp2);
         /* head dim 64 over cp2 with attention dropout: the kernels that compute positions, dQ
          * one m-tile a warp (80 rows a rank, two tiles of 64) */

@@ -23,9 +23,9 @@ static int t_checks, t_failed;
 
 #define T_CHECK(cond)                                                                               \
     do {                                                                                            \
-        T_COUNT_(t_checks);                                                                                 \
+        T_COUNT_(t_checks);                                                                         \
         if (!(cond)) {                                                                              \
-            T_COUNT_(t_failed);                                                                             \
+            T_COUNT_(t_failed);                                                                     \
             fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);                \
         }                                                                                           \
     } while (0)
@@ -33,9 +33,9 @@ static int t_checks, t_failed;
 #define T_EQ_U64(a, b)                                                                              \
     do {                                                                                            \
         uint64_t t_a = (uint64_t)(a), t_b = (uint64_t)(b);                                          \
-        T_COUNT_(t_checks);                                                                                 \
+        T_COUNT_(t_checks);                                                                         \
         if (t_a != t_b) {                                                                           \
-            T_COUNT_(t_failed);                                                                             \
+            T_COUNT_(t_failed);                                                                     \
             fprintf(stderr, "%s:%d: %s == %s failed: %" PRIu64 " != %" PRIu64 "\n", __FILE__,       \
                     __LINE__, #a, #b, t_a, t_b);                                                    \
         }                                                                                           \
@@ -44,9 +44,9 @@ static int t_checks, t_failed;
 #define T_EQ_I64(a, b)                                                                              \
     do {                                                                                            \
         int64_t t_a = (int64_t)(a), t_b = (int64_t)(b);                                             \
-        T_COUNT_(t_checks);                                                                                 \
+        T_COUNT_(t_checks);                                                                         \
         if (t_a != t_b) {                                                                           \
-            T_COUNT_(t_failed);                                                                             \
+            T_COUNT_(t_failed);                                                                     \
             fprintf(stderr, "%s:%d: %s == %s failed: %" PRId64 " != %" PRId64 "\n", __FILE__,       \
                     __LINE__, #a, #b, t_a, t_b);                                                    \
         }                                                                                           \
@@ -56,9 +56,9 @@ static int t_checks, t_failed;
 #define T_NEAR_REL(a, b, rel)                                                                       \
     do {                                                                                            \
         double t_a = (double)(a), t_b = (double)(b);                                                \
-        T_COUNT_(t_checks);                                                                                 \
+        T_COUNT_(t_checks);                                                                         \
         if (!(fabs(t_a - t_b) <= (rel) * fabs(t_b))) {                                              \
-            T_COUNT_(t_failed);                                                                             \
+            T_COUNT_(t_failed);                                                                     \
             fprintf(stderr, "%s:%d: %s ~ %s failed: %.17g vs %.17g (rel %.3g)\n", __FILE__,         \
                     __LINE__, #a, #b, t_a, t_b, fabs(t_a - t_b) / (fabs(t_b) > 0 ? fabs(t_b) : 1)); \
         }                                                                                           \
@@ -67,9 +67,9 @@ static int t_checks, t_failed;
 #define T_STREQ(a, b)                                                                               \
     do {                                                                                            \
         const char *t_a = (a), *t_b = (b);                                                          \
-        T_COUNT_(t_checks);                                                                                 \
+        T_COUNT_(t_checks);                                                                         \
         if (!t_a || !t_b || strcmp(t_a, t_b) != 0) {                                                \
-            T_COUNT_(t_failed);                                                                             \
+            T_COUNT_(t_failed);                                                                     \
             fprintf(stderr, "%s:%d: %s == %s failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__, #a,  \
                     #b, t_a ? t_a : "(null)", t_b ? t_b : "(null)");                                \
         }                                                                                           \
