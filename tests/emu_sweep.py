@@ -61,10 +61,35 @@ def draw(rng):
         s["model.qk_layernorm"] = "true"
     if rng.random() < 0.1:
         s["model.window_size"] = rng.choice([4, 8, 20])
+    if not llama and not moe and rng.random() < 0.25:
+        s["model.position_embedding"] = rng.choice(["rotary", "none"])
+    if rng.random() < 0.2:
+        s["model.tie_embeddings"] = rng.choice(["true", "false"])
+    if rng.random() < 0.15:
+        s["model.add_qkv_bias"] = "true"
+    if "model.window_size" in s and s["model.num_layers"] > 1 and rng.random() < 0.5:
+        s["model.window_layers"] = "[0]"
     if moe:
         e = rng.choice([2, 4, 8])
         s["moe.num_experts"] = e
-        s["moe.top_k"] = rng.choice([k for k in (1, 2) if k <= e])
+        s["moe.top_k"] = rng.choice([k for k in (1, 2, 3) if k <= e])
+        s["moe.ffn_hidden_size"] = rng.choice([16, 48, 64, 100])
+        s["moe.shared_experts"] = rng.choice([0, 0, 1, 2])
+        s["moe.first_dense_layers"] = rng.choice([0, 1])
+        s["moe.router_score"] = rng.choice(["softmax", "softmax", "sigmoid", "presoftmax"])
+        s["moe.aux_loss_scope"] = rng.choice(["microbatch", "sequence"])
+        s["moe.router_dtype"] = rng.choice(["compute", "fp32"])
+        s["moe.z_loss_coeff"] = rng.choice([0, 1e-3])
+        if rng.random() < 0.3:
+            s["moe.router_topk_scaling_factor"] = 2.5
+        if e >= 4 and rng.random() < 0.25:  # group-limited routing: 2 groups, one or both
+            s["moe.router_num_groups"] = 2
+            s["moe.router_group_topk"] = rng.choice([g for g in (1, 2) if s["moe.top_k"] % g == 0])
+        if s["moe.router_score"] == "sigmoid" and rng.random() < 0.5:
+            s["moe.expert_bias_update_rate"] = 1e-3
+        if rng.random() < 0.3:  # capacity mode
+            s["moe.capacity_factor"] = rng.choice([0.5, 1.0, 1.5])
+            s["moe.drop_policy"] = rng.choice(["probs", "position"])
     mbs = rng.choice([1, 2, 3])
     # the layout: two draws in three over several ranks, whose ops are replayed on each rank
     tp = cp = pp = dp = 1
@@ -92,9 +117,24 @@ def draw(rng):
         s["parallel.sequence_parallel"] = "true"
     if moe and dp > 1 and rng.random() < 0.5:
         s["parallel.expert"] = 2
+        if tp > 1 and rng.random() < 0.5:
+            s["parallel.expert_tensor"] = rng.choice([1, 2])
+    if pp > 1 and s["model.num_layers"] % 4 == 0 and rng.random() < 0.5:
+        s["parallel.virtual_stages"] = 2
+    if dp > 1 and rng.random() < 0.5:
+        s["parallel.distributed_optimizer"] = "true"
+    if dp > 1 and rng.random() < 0.3:
+        s["parallel.grad_bucket_size"] = rng.choice([1000, 40000])
     s["training.micro_batch_size"] = mbs
-    s["training.global_batch_size"] = mbs * dp * rng.choice([1, 2])
+    s["training.global_batch_size"] = mbs * dp * rng.choice([1, 2, 2, 4])
     s["training.recompute"] = rng.choice(["none", "none", "selective", "full"])
+    if s["training.recompute"] == "full" and rng.random() < 0.5:
+        s["training.recompute_method"] = rng.choice(["uniform", "block"])
+        s["training.recompute_num_layers"] = 1
+    if rng.random() < 0.15:
+        s["training.recompute_modules"] = rng.choice(["[norm]", "[activation]", "[norm, activation]"]
+                                                     + (["[dropout]"] if s["model.hidden_dropout"] else [])
+                                                     + (["[moe]"] if moe else ["[mlp]"]))
     chunks = rng.choice([1, 1, 2, 3])  # each a multiple of 64 rows of the rank's positions
     s["training.loss_chunks"] = chunks if seq * mbs % (64 * chunks * cp) == 0 else 1
     s["training.logits_dtype"] = rng.choice(["fp32", "fp32", "compute"])

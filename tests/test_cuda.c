@@ -985,11 +985,13 @@ static void run_on_gpu(replay *r, const mgc_op_call *c, const mgc_plan *gp, void
                   kind == MGC_POP_GROUPED_LINEAR_DGRAD || kind == MGC_POP_GROUPED_LINEAR_WGRAD ||
                   kind == MGC_POP_EMBEDDING_BWD || kind == MGC_POP_NORM_BWD;
     double tol = half >= 0 ? 1e-2 : gemmish ? 3e-5 : 1e-5;
-    /* bf16 attention backward at head dim 128: P and dS are rounded to bf16 before the
-     * tensor-core products, and dQ sums 128-wide rows of them.  Measured on the emulator:
-     * 1.37e-2 in bf16 where fp16 (3 more mantissa bits) gives 1.70e-3, the 8x of rounding, not
-     * of a wrong index (a wrong one gives O(1)). */
-    if (half == 0 && kind == MGC_POP_ATTENTION_BWD) tol = 2e-2;
+    /* bf16 attention backward: P and dS are rounded to bf16 before the tensor-core products,
+     * and dQ sums rows of them, after dS's cancellation (P (dP - rowsum(dO o O))).  Measured on
+     * the emulator: 1.37e-2 at head dim 128 where fp16 (3 more mantissa bits) gives 1.70e-3;
+     * 2.03e-2 at head dim 64 over 8 tokens with query/key norms and attention dropout (the
+     * sweep's seed 12061, draw 0) where fp16 gives 1.82e-3: the 8x of rounding, not of a wrong
+     * index (a wrong one gives O(1), a missing row of 24 about 0.2). */
+    if (half == 0 && kind == MGC_POP_ATTENTION_BWD) tol = 3e-2;
     for (int k = 0; k < gop->n_out && ok; k++) {
         const mgc_plan_tensor *tg = &gch->tensors[gop->out[k]], *tc = &c->chunk->tensors[c->op->out[k]];
         void *h = malloc(tg->bytes ? tg->bytes : 1);
