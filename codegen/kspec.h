@@ -92,8 +92,9 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
                          mgc_kspec *out, int max);
 /* The shapes the CUDA kernels serve, where a model's config can exceed them: mgc check warns
  * from these (compiler/check.c, check_kernels), and the spec functions refuse the same.
- *   head dim: a multiple of 16 from 16 to 128 (attention.cuh: k-steps of 16 on tensor cores,
- *             the D = 128 accumulators the most that fit the registers);
+ *   head dim: a multiple of 8 from 8 to 128 (attention.cuh: 16-byte rows of 16-bit values,
+ *             k-steps of 16 on tensor cores over D rounded up to 16, the D = 128
+ *             accumulators the most that fit the registers);
  *   router:   up to 1,024 experts and a top-k of at most 64 (moe.cuh: a warp a token). */
 int mgc_kspec_head_dim_ok(int64_t d);
 int mgc_kspec_router_ok(int64_t experts, int64_t topk);

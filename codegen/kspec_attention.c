@@ -5,7 +5,7 @@
  *                     writes each row's rowsum(dO o O)), attention_bwd_dkv (the same constants)
  *                     (launch order)
  *
- * D is the head dim (q's last dim: a multiple of 16 from 16 to 128), CAUSAL the op's
+ * D is the head dim (q's last dim: a multiple of 8 from 8 to 128), CAUSAL the op's
  * iattr[0], DROP whether it has dropout (fattr[1] > 0: a kernel without it has no Philox code
  * in its inner loop), ROWPOS whether rows are positions (no context parallelism, iattr[3] <= 1,
  * and no MGC_ATT_POSITIONS=1: the masks need no position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
@@ -28,7 +28,7 @@ static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype
 }
 
 int mgc_kspec_head_dim_ok(int64_t d) {
-    return d >= 16 && d <= 128 && d % 16 == 0;
+    return d >= 8 && d <= 128 && d % 8 == 0;
 }
 
 /* MGC_ATT_POSITIONS=1: the kernels that compute positions (ROWPOS 0, context parallelism's)

@@ -1217,7 +1217,7 @@ mgc_kernels_gap mgc_check_kernels_gap(const mgc_config *c, char *why, size_t n) 
     if (m->head_dim >= 1 && !mgc_kspec_head_dim_ok(m->head_dim)) {
         snprintf(why, n,
                  "model.head_dim (%" PRId64 "): mgc's CUDA attention kernels take a head dim that is a "
-                 "multiple of 16 from 16 to 128",
+                 "multiple of 8 from 8 to 128",
                  m->head_dim);
         return MGC_KERNELS_HEAD_DIM;
     }
@@ -1247,11 +1247,11 @@ static void check_kernels(mgc_check_ctx *k) {
     switch (gap) {
     case MGC_KERNELS_SERVED: return;
     case MGC_KERNELS_HEAD_DIM: {
-        int64_t d = k->c->model.head_dim, lo = d / 16 * 16, up = lo + 16;
+        int64_t d = k->c->model.head_dim, lo = d / 8 * 8, up = lo + 8;
         if (d > 128)
             snprintf(hint, sizeof hint, "use heads of at most 128 channels (more heads of 128 or 64)");
-        else if (lo < 16)
-            snprintf(hint, sizeof hint, "use heads of 16 channels or more");
+        else if (lo < 8)
+            snprintf(hint, sizeof hint, "use heads of 8 channels or more");
         else
             snprintf(hint, sizeof hint, "use heads of %" PRId64 " or %" PRId64 " channels", lo, up);
         key = mgc_check_pick(k, 3, KEY(MODEL_HEAD_DIM), KEY(MODEL_HEADS), KEY(MODEL_HIDDEN));

@@ -4,8 +4,10 @@
  *   q, out, dq, dout  (sq, b, A, D)  mgc_t
  *   k, v, dk, dv      (sk, b, G, D)  mgc_t; query head a reads kv head a / (A/G)
  *   lse, dsum         (sq, b, A)     fp32; lse = log sum_j exp(scale q.k_j) over the visible keys
- * Constants: MGC_D (head dim: a multiple of 16 from 16 to 128; 48 takes the tiles of 32 or
- * 64, 80 to 112 those of 128), MGC_CAUSAL (0/1), MGC_DROP (0: the op has no dropout, the
+ * Constants: MGC_D (head dim: a multiple of 8 from 8 to 128; the kernels compute over ATT_W, D
+ * rounded up to a multiple of 16 (the mma k-step), its last 8 columns zero when D is an odd
+ * multiple of 8: staged and loaded as 0, never stored; the tiles are ATT_W's, 48 taking those
+ * of 32 or 64, 80 to 112 those of 128), MGC_CAUSAL (0/1), MGC_DROP (0: the op has no dropout, the
  * kernels draw nothing whatever drop_p says), MGC_ROWPOS (1: no context parallelism, rows are
  * positions and the position arguments are not read).
  *
@@ -35,7 +37,7 @@
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
  * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory); the tile sizes are
- * functions of D only, written below and repeated by runtime/cuda_ops_attention.c:
+ * functions of D only (of ATT_W: "D" below), written below and repeated by runtime/cuda_ops_attention.c:
  *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; 16-bit: 128 for
  *             D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
  *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, else 32)
@@ -83,21 +85,23 @@
 #define ATT_DROPPING(p) (MGC_DROP && (p) > 0.0f)
 
 #define ATT_D ((int)MGC_D)
+/* the width the kernels compute over: D rounded up to the mma k-step of 16 (zero columns past D) */
+#define ATT_W ((ATT_D + 15) / 16 * 16)
 #define ATT_NT 128
 #if MGC_HALF
 /* 16-bit forward: tensor cores, ATT_FMT m-tiles of 16 query rows per warp: at D <= 64 two, so
  * that every K and V fragment read from shared memory feeds two mma (shared-memory reads per
  * mma halved); at D = 128 one (the registers) */
-#define ATT_FMT (ATT_D <= 64 ? 2 : 1)
+#define ATT_FMT (ATT_W <= 64 ? 2 : 1)
 #define ATT_FBQ (64 * ATT_FMT)
-#define ATT_FBK (ATT_D <= 32 ? 64 : 32) /* S of a warp: 32 x 32 at D = 64 (registers) */
+#define ATT_FBK (ATT_W <= 32 ? 64 : 32) /* S of a warp: 32 x 32 at D = 64 (registers) */
 #else
-#define ATT_FBQ (ATT_D <= 64 ? 64 : 32)
-#define ATT_FBK (ATT_D <= 32 ? 64 : 32)
+#define ATT_FBQ (ATT_W <= 64 ? 64 : 32)
+#define ATT_FBK (ATT_W <= 32 ? 64 : 32)
 #endif
-#define ATT_BR (ATT_D <= 32 ? 64 : (ATT_D <= 64 ? 32 : 16))
-#define ATT_BC (ATT_D <= 64 ? 32 : 16)
-#define ATT_DC (ATT_D / 16) /* columns of D per thread */
+#define ATT_BR (ATT_W <= 32 ? 64 : (ATT_W <= 64 ? 32 : 16))
+#define ATT_BC (ATT_W <= 64 ? 32 : 16)
+#define ATT_DC (ATT_W / 16) /* columns of D per thread */
 /* the 16-bit backward runs on tensor cores; at D = 128 the steps are shorter so that the
  * dK/dV accumulators (128 floats a thread) fit in 255 registers without spilling */
 #define ATT_TC_BWD (MGC_HALF)
@@ -105,16 +109,16 @@
 /* dropout with the positions computed (context parallelism): the Philox state and the position
  * arithmetic take the registers of a second m-tile at D 64, of 16 key rows at D > 64 */
 #define ATT_DROPPOS (MGC_DROP && !MGC_ROWPOS)
-#define ATT_TBC_KV (ATT_D <= 32 ? 64 : ATT_D <= 64 ? 32 : 16) /* dK/dV: query rows per step */
-#define ATT_QMT (ATT_D < 64 || (ATT_D == 64 && !ATT_DROPPOS) ? 2 : 1) /* dQ: m-tiles of 16 rows */
+#define ATT_TBC_KV (ATT_W <= 32 ? 64 : ATT_W <= 64 ? 32 : 16) /* dK/dV: query rows per step */
+#define ATT_QMT (ATT_W < 64 || (ATT_W == 64 && !ATT_DROPPOS) ? 2 : 1) /* dQ: m-tiles of 16 rows */
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
-#define ATT_TBC_Q ((ATT_D > 32 && ATT_D <= 64) || (ATT_D > 64 && ATT_DROPPOS) ? 16 : 32) /* dQ: keys a step */
-#define ATT_KV_SMEM (MGC_D > 64)           /* dK/dV: K and V A operands from shared memory */
+#define ATT_TBC_Q ((ATT_W > 32 && ATT_W <= 64) || (ATT_W > 64 && ATT_DROPPOS) ? 16 : 32) /* dQ: keys a step */
+#define ATT_KV_SMEM (MGC_D > 64) /* dK/dV: K and V A operands from shared memory (ATT_W > 64; #if) */
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
-#if MGC_D % 16 != 0 || MGC_D < 16 || MGC_D > 128
-#error "attention.cuh: D must be a multiple of 16 from 16 to 128"
+#if MGC_D % 8 != 0 || MGC_D < 8 || MGC_D > 128
+#error "attention.cuh: D must be a multiple of 8 from 8 to 128"
 #endif
 
 /* ---- the order of the blocks ------------------------------------------------------------ */
@@ -219,19 +223,21 @@ __device__ __forceinline__ float att_keep(float p, unsigned thr, float dscale,
              att_qpos(qpos, (i_), pos_s, pos_cp, pos_rank),                                      \
              att_kpos(kpos, (j_), sk, pos_s, pos_cp, pos_rank, k_gathered), drop_heads, pos_s)
 
-/* Loads rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into sh[ROWS][D+1]
- * as fp32; rows past n are 0.  Here and below the block is ATT_NT threads (every kernel's), so
+/* Loads rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into sh[ROWS][W+1]
+ * as fp32; rows past n and columns past D are 0.  Here and below the block is ATT_NT threads (every kernel's), so
  * the trip counts are constants. */
 template <int ROWS>
-__device__ __forceinline__ void att_load_tile(float (*sh)[ATT_D + 1], const mgc_t *x, int r0,
+__device__ __forceinline__ void att_load_tile(float (*sh)[ATT_W + 1], const mgc_t *x, int r0,
                                               int n, int b, int H, int bi, int h) {
-    constexpr int N = ROWS * ATT_D;
+    constexpr int N = ROWS * ATT_W;
 #pragma unroll 4
     for (int it = 0; it < (N + ATT_NT - 1) / ATT_NT; it++) {
         const int idx = (int)threadIdx.x + it * ATT_NT;
-        const int r = idx / ATT_D, c = idx % ATT_D, i = r0 + r;
+        const int r = idx / ATT_W, c = idx % ATT_W, i = r0 + r;
         if (N % ATT_NT == 0 || idx < N)
-            sh[r][c] = i < n ? mgc_ld(x[(((i64)i * b + bi) * H + h) * ATT_D + c]) : 0.0f;
+            sh[r][c] = i < n && (ATT_W == ATT_D || c < ATT_D)
+                           ? mgc_ld(x[(((i64)i * b + bi) * H + h) * ATT_D + c])
+                           : 0.0f;
     }
 }
 
@@ -240,8 +246,8 @@ __device__ __forceinline__ void att_load_tile(float (*sh)[ATT_D + 1], const mgc_
  * (the backward's S and dP, each side's two tiles read together). */
 template <int RM, int RN, bool TWO>
 __device__ __forceinline__ void att_simt_dots(float (&s)[RM][RN], float (&t)[RM][RN],
-                                              const float (*a)[ATT_D + 1], const float (*b)[ATT_D + 1],
-                                              const float (*c)[ATT_D + 1], const float (*d)[ATT_D + 1],
+                                              const float (*a)[ATT_W + 1], const float (*b)[ATT_W + 1],
+                                              const float (*c)[ATT_W + 1], const float (*d)[ATT_W + 1],
                                               int ty, int tx) {
 #pragma unroll
     for (int m = 0; m < RM; m++)
@@ -345,20 +351,21 @@ __device__ __forceinline__ void att_ldsm4(unsigned (&r)[4], const unsigned short
 }
 
 /* Stages rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into
- * sh[ROWS][D + 8] (16-bit storage, row-major); rows past n are 0.  16-byte loads, D / 8 consecutive
- * lanes per row (coalesced; rows are 16-byte aligned: the arena is 256-aligned, D >= 16).
+ * sh[ROWS][W + 8] (16-bit storage, row-major); rows past n and columns past D are 0.  16-byte
+ * loads, W / 8 consecutive lanes per row (coalesced; rows are 16-byte aligned: the arena is
+ * 256-aligned, D a multiple of 8).
  * The 8-element pad keeps ldmatrix's eight row addresses in distinct banks. */
 template <int ROWS>
-__device__ __forceinline__ void att_stage(unsigned short (*sh)[ATT_D + 8], const mgc_t *x,
+__device__ __forceinline__ void att_stage(unsigned short (*sh)[ATT_W + 8], const mgc_t *x,
                                           int r0, int n, int b, int H, int bi, int h) {
-    constexpr int N = ROWS * (ATT_D / 8);
+    constexpr int N = ROWS * (ATT_W / 8);
 #pragma unroll
     for (int it = 0; it < (N + ATT_NT - 1) / ATT_NT; it++) {
         const int idx = (int)threadIdx.x + it * ATT_NT;
         if (N % ATT_NT != 0 && idx >= N) break;
-        int rr = idx / (ATT_D / 8), c8 = idx % (ATT_D / 8), i = r0 + rr;
+        int rr = idx / (ATT_W / 8), c8 = idx % (ATT_W / 8), i = r0 + rr;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (i < n) v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
+        if (i < n && (ATT_W == ATT_D || c8 < ATT_D / 8)) v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
         *(uint4 *)&sh[rr][8 * c8] = v;
     }
 }
@@ -401,22 +408,24 @@ __device__ __forceinline__ void att_cp_wait(void) {
 #endif
 }
 template <int ROWS>
-__device__ __forceinline__ void att_stage_async(unsigned short (*sh)[ATT_D + 8], const mgc_t *x,
+__device__ __forceinline__ void att_stage_async(unsigned short (*sh)[ATT_W + 8], const mgc_t *x,
                                                 int r0, int n, int b, int H, int bi, int h) {
-    constexpr int N = ROWS * (ATT_D / 8);
+    constexpr int N = ROWS * (ATT_W / 8);
 #pragma unroll
     for (int it = 0; it < (N + ATT_NT - 1) / ATT_NT; it++) {
         const int idx = (int)threadIdx.x + it * ATT_NT;
         if (N % ATT_NT != 0 && idx >= N) break;
-        int rr = idx / (ATT_D / 8), c8 = idx % (ATT_D / 8), i = r0 + rr;
+        int rr = idx / (ATT_W / 8), c8 = idx % (ATT_W / 8), i = r0 + rr;
+        const bool ok = i < n && (ATT_W == ATT_D || c8 < ATT_D / 8); /* else zero-filled */
         const mgc_t *row = x + (((i64)(i < n ? i : 0) * b + bi) * H + h) * ATT_D;
-        att_cp16(&sh[rr][8 * c8], row + 8 * c8, i < n);
+        att_cp16(&sh[rr][8 * c8], row + 8 * (ATT_W == ATT_D || ok ? c8 : 0), ok);
     }
 }
 
 /* The A fragments (mma m16n8k16, see att_mma) of rows r[0], r[1] (grp, grp + 8 of the warp's
- * 16) of head h of x (n, b, H, D), straight from global memory; rows past n are 0. */
-__device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_D / 16][4], const mgc_t *x,
+ * 16) of head h of x (n, b, H, D), straight from global memory; rows past n and columns past D
+ * (the upper 8 of the last k-step when D is an odd multiple of 8) are 0. */
+__device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_W / 16][4], const mgc_t *x,
                                                const int r[2], int n, int b, int H, int bi,
                                                int h, int tig) {
 #pragma unroll
@@ -425,9 +434,9 @@ __device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_D / 16][4], con
         const unsigned *row =
             (const unsigned *)(x + (((i64)(ok ? r[hh] : 0) * b + bi) * H + h) * ATT_D);
 #pragma unroll
-        for (int ks = 0; ks < ATT_D / 16; ks++) {
+        for (int ks = 0; ks < ATT_W / 16; ks++) {
             f[ks][hh] = ok ? row[8 * ks + tig] : 0u;
-            f[ks][hh + 2] = ok ? row[8 * ks + tig + 4] : 0u;
+            f[ks][hh + 2] = ok && (ATT_W == ATT_D || 16 * ks + 8 < ATT_D) ? row[8 * ks + tig + 4] : 0u;
         }
     }
 }
@@ -437,9 +446,9 @@ __device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_D / 16][4], con
  * m-tiles: each B fragment read once feeds MT mma.  Per m-tile the sums and their order are
  * MT = 1's. */
 template <int NK, int MT>
-__device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_D / 8][4],
+__device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_W / 8][4],
                                                const float (&x)[MT][NK / 8][4],
-                                               const unsigned short (*t)[ATT_D + 8], int lane) {
+                                               const unsigned short (*t)[ATT_W + 8], int lane) {
     const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int pk = 0; pk < NK / 16; pk++) {
@@ -452,7 +461,7 @@ __device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_D / 8][4],
             pa[mt][3] = mgc_pack2(x[mt][2 * pk + 1][2], x[mt][2 * pk + 1][3]);
         }
 #pragma unroll
-        for (int dt = 0; dt < ATT_D / 8; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
+        for (int dt = 0; dt < ATT_W / 8; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
             unsigned bf[4];
             att_ldsm4<true>(bf, &t[16 * pk + 8 * (m & 1) + rr][8 * (dt + (m >> 1))]);
 #pragma unroll
@@ -464,9 +473,9 @@ __device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_D / 8][4],
     }
 }
 template <int NK>
-__device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_D / 8][4], const float (&x)[NK / 8][4],
-                                            const unsigned short (*t)[ATT_D + 8], int lane) {
-    att_mma_acc_mt<NK, 1>(reinterpret_cast<float(&)[1][ATT_D / 8][4]>(acc),
+__device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_W / 8][4], const float (&x)[NK / 8][4],
+                                            const unsigned short (*t)[ATT_W + 8], int lane) {
+    att_mma_acc_mt<NK, 1>(reinterpret_cast<float(&)[1][ATT_W / 8][4]>(acc),
                           reinterpret_cast<const float(&)[1][NK / 8][4]>(x), t, lane);
 }
 
@@ -474,8 +483,8 @@ __device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_D / 8][4], const fl
  * transposed (ldmatrix), for MT m-tiles sharing each B fragment. */
 template <int NN, int MT>
 __device__ __forceinline__ void att_mma_rows_mt(float (&s)[MT][NN / 8][4],
-                                                const unsigned (&f)[MT][ATT_D / 16][4],
-                                                const unsigned short (*t)[ATT_D + 8], int lane) {
+                                                const unsigned (&f)[MT][ATT_W / 16][4],
+                                                const unsigned short (*t)[ATT_W + 8], int lane) {
     const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -485,7 +494,7 @@ __device__ __forceinline__ void att_mma_rows_mt(float (&s)[MT][NN / 8][4],
 #pragma unroll
     for (int nt = 0; nt < NN / 8; nt += 2) /* matrices: (nt, k lo) (nt, k hi) (nt+1, ..) */
 #pragma unroll
-        for (int ks = 0; ks < ATT_D / 16; ks++) {
+        for (int ks = 0; ks < ATT_W / 16; ks++) {
             unsigned bf[4];
             att_ldsm4<false>(bf, &t[8 * (nt + (m >> 1)) + rr][16 * ks + 8 * (m & 1)]);
 #pragma unroll
@@ -496,10 +505,10 @@ __device__ __forceinline__ void att_mma_rows_mt(float (&s)[MT][NN / 8][4],
         }
 }
 template <int NN>
-__device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsigned (&f)[ATT_D / 16][4],
-                                             const unsigned short (*t)[ATT_D + 8], int lane) {
+__device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsigned (&f)[ATT_W / 16][4],
+                                             const unsigned short (*t)[ATT_W + 8], int lane) {
     att_mma_rows_mt<NN, 1>(reinterpret_cast<float(&)[1][NN / 8][4]>(s),
-                           reinterpret_cast<const unsigned(&)[1][ATT_D / 16][4]>(f), t, lane);
+                           reinterpret_cast<const unsigned(&)[1][ATT_W / 16][4]>(f), t, lane);
 }
 
 /* att_mma_rows with A read from shared memory too: rows arow .. arow + 15 of the staged tile
@@ -507,13 +516,13 @@ __device__ __forceinline__ void att_mma_rows(float (&s)[NN / 8][4], const unsign
  * are a0..a3).  The same sums in the same order; 4 registers of A live instead of 2 D. */
 template <int NN>
 __device__ __forceinline__ void att_mma_rows_sa(float (&s)[NN / 8][4],
-                                                const unsigned short (*at)[ATT_D + 8], int arow,
-                                                const unsigned short (*t)[ATT_D + 8], int lane) {
+                                                const unsigned short (*at)[ATT_W + 8], int arow,
+                                                const unsigned short (*t)[ATT_W + 8], int lane) {
     const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int nt = 0; nt < NN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-    for (int ks = 0; ks < ATT_D / 16; ks++) {
+    for (int ks = 0; ks < ATT_W / 16; ks++) {
         unsigned af[4];
         att_ldsm4<false>(af, &at[arow + 8 * (m & 1) + rr][16 * ks + 8 * (m >> 1)]);
 #pragma unroll
@@ -526,8 +535,9 @@ __device__ __forceinline__ void att_mma_rows_sa(float (&s)[NN / 8][4],
     }
 }
 
-/* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D), rounded. */
-__device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[ATT_D / 8][4],
+/* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D), rounded
+ * (its columns past D, ATT_W's zero padding, are not stored). */
+__device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[ATT_W / 8][4],
                                               const int r[2], int n, int b, int H, int bi, int h,
                                               int tig) {
 #pragma unroll
@@ -557,8 +567,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     mgc_pdl_begin();
     ATT_STEP_STREAM;
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, RM = BQ / 8, RN = BK / 16;
-    __shared__ float Qs[BQ][ATT_D + 1];
-    __shared__ float KVs[BK][ATT_D + 1];
+    __shared__ float Qs[BQ][ATT_W + 1];
+    __shared__ float KVs[BK][ATT_W + 1];
     __shared__ float Ps[BQ][BK + 1];
     __shared__ float red[32];
     const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
@@ -679,7 +689,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         float inv = none ? 0.0f : 1.0f / lrow[m];
         i64 base = (((i64)i * b + bi) * A + a) * ATT_D;
 #pragma unroll
-        for (int c = 0; c < ATT_DC; c++) out[base + tx + 16 * c] = mgc_st(acc[m][c] * inv);
+        for (int c = 0; c < ATT_DC; c++)
+            if (ATT_W == ATT_D || tx + 16 * c < ATT_D) out[base + tx + 16 * c] = mgc_st(acc[m][c] * inv);
         if (tx == 0)
             lse[((i64)i * b + bi) * A + a] =
                 none ? att_ninf() : (mrow[m] + __log2f(lrow[m])) * ATT_LN2;
@@ -727,10 +738,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    int k_gathered, int qkv) {
     mgc_pdl_begin();
     ATT_STEP_STREAM;
-    constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_W / 16, DT = ATT_W / 8;
     constexpr int MT = ATT_FMT;
-    __shared__ __align__(16) unsigned short Ks[2][BK][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Vs[2][BK][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Ks[2][BK][ATT_W + 8];
+    __shared__ __align__(16) unsigned short Vs[2][BK][ATT_W + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     int tile, bi, a; /* the longest tiles first (att_block_ids) */
@@ -919,10 +930,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     mgc_pdl_begin();
     ATT_STEP_STREAM;
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
-    __shared__ float Ks[BR][ATT_D + 1];
-    __shared__ float Vs[BR][ATT_D + 1];
-    __shared__ float Qs[BC][ATT_D + 1];
-    __shared__ float dOs[BC][ATT_D + 1];
+    __shared__ float Ks[BR][ATT_W + 1];
+    __shared__ float Vs[BR][ATT_W + 1];
+    __shared__ float Qs[BC][ATT_W + 1];
+    __shared__ float dOs[BC][ATT_W + 1];
     __shared__ float PTs[BR][BC + 1];  /* (P Z)^T */
     __shared__ float dSTs[BR][BC + 1]; /* dS^T */
     __shared__ float lses[BC], dsums[BC];
@@ -1025,6 +1036,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         i64 base = (((i64)j * b + bi) * kH + kh) * ATT_D;
 #pragma unroll
         for (int c = 0; c < ATT_DC; c++) {
+            if (ATT_W != ATT_D && tx + 16 * c >= ATT_D) continue;
             dk[base + tx + 16 * c] = mgc_st(dka[m][c]);
             dv[base + tx + 16 * c] = mgc_st(dva[m][c]);
         }
@@ -1043,10 +1055,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     mgc_pdl_begin();
     ATT_STEP_STREAM;
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
-    __shared__ float Qs[BR][ATT_D + 1];
-    __shared__ float dOs[BR][ATT_D + 1];
-    __shared__ float Ks[BC][ATT_D + 1];
-    __shared__ float Vs[BC][ATT_D + 1];
+    __shared__ float Qs[BR][ATT_W + 1];
+    __shared__ float dOs[BR][ATT_W + 1];
+    __shared__ float Ks[BC][ATT_W + 1];
+    __shared__ float Vs[BC][ATT_W + 1];
     __shared__ float dSs[BR][BC + 1];
     __shared__ float red[32];
     const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
@@ -1093,7 +1105,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         if (i < sq)
 #pragma unroll
             for (int c = 0; c < ATT_DC; c++)
-                s = fmaf(dOs[ty + 8 * m][tx + 16 * c], mgc_ld(o[r * ATT_D + tx + 16 * c]), s);
+                if (ATT_W == ATT_D || tx + 16 * c < ATT_D)
+                    s = fmaf(dOs[ty + 8 * m][tx + 16 * c], mgc_ld(o[r * ATT_D + tx + 16 * c]), s);
 #pragma unroll
         for (int x = 8; x > 0; x >>= 1) s += __shfl_xor_sync(0xffffffffu, s, x);
         Dm[m] = s;
@@ -1152,7 +1165,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         if (i >= sq) continue;
         i64 base = (((i64)i * b + bi) * qH + qh) * ATT_D;
 #pragma unroll
-        for (int c = 0; c < ATT_DC; c++) dq[base + tx + 16 * c] = mgc_st(dqa[m][c]);
+        for (int c = 0; c < ATT_DC; c++)
+            if (ATT_W == ATT_D || tx + 16 * c < ATT_D) dq[base + tx + 16 * c] = mgc_st(dqa[m][c]);
     }
 }
 #endif
@@ -1173,12 +1187,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
     ATT_STEP_STREAM;
-    constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_D / 16, DT = ATT_D / 8;
+    constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_W / 16, DT = ATT_W / 8;
     /* buffers of the query-side tiles: one at D = 128, where K and V take the shared memory
      * (the next tile is then fetched after this one is done) */
     constexpr int NB = ATT_KV_SMEM ? 1 : 2;
-    __shared__ __align__(16) unsigned short Qs[NB][BC][ATT_D + 8];
-    __shared__ __align__(16) unsigned short dOs[NB][BC][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Qs[NB][BC][ATT_W + 8];
+    __shared__ __align__(16) unsigned short dOs[NB][BC][ATT_W + 8];
     __shared__ float lses[NB][BC], dsums[NB][BC]; /* raw: lse, dsum; 0 past sq */
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
@@ -1191,8 +1205,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
 #if ATT_KV_SMEM
-    __shared__ __align__(16) unsigned short Ks[BR][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Vs[BR][ATT_D + 8];
+    __shared__ __align__(16) unsigned short Ks[BR][ATT_W + 8];
+    __shared__ __align__(16) unsigned short Vs[BR][ATT_W + 8];
     att_stage<BR>(Ks, k, k0, sk, b, kH, bi, kh);
     att_stage<BR>(Vs, v, k0, sk, b, kH, bi, kh);
     __syncthreads();
@@ -1353,10 +1367,10 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                    const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
     ATT_STEP_STREAM;
-    constexpr int MT = ATT_QMT, BR = ATT_TBR_Q, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_D / 16,
-                  DT = ATT_D / 8;
-    __shared__ __align__(16) unsigned short Ks[2][BC][ATT_D + 8];
-    __shared__ __align__(16) unsigned short Vs[2][BC][ATT_D + 8];
+    constexpr int MT = ATT_QMT, BR = ATT_TBR_Q, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_W / 16,
+                  DT = ATT_W / 8;
+    __shared__ __align__(16) unsigned short Ks[2][BC][ATT_W + 8];
+    __shared__ __align__(16) unsigned short Vs[2][BC][ATT_W + 8];
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     int tile, bi, a; /* the longest tiles first (att_block_ids) */

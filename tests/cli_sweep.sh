@@ -106,12 +106,12 @@ grep -q "does not fit: .* GiB arena on pipeline rank 0 > .* GiB usable of .* GiB
   "$tmp/big.csv" && ok || bad "no 'does not fit' reason: $(tail -1 "$tmp/big.csv")"
 grep -q "no variant is feasible" "$tmp/err" && ok || bad "no explanation when nothing is feasible"
 
-# head dims the CUDA attention kernels do not serve (24 at 4 heads of a width of 96; 96 at one
+# head dims the CUDA attention kernels do not serve (20 at 4 heads of a width of 80; 80 at one
 # head is served): infeasible, in their own category, with the key and value in the reason
-"$mgc" sweep models/tiny-gpt.yaml --set model.hidden_size=96 --vary model.num_attention_heads=1,4 \
+"$mgc" sweep models/tiny-gpt.yaml --set model.hidden_size=80 --vary model.num_attention_heads=1,4 \
   --csv "$tmp/hd.csv" >"$tmp/out" 2>"$tmp/err" && ok || bad "head-dim sweep failed: $(cat "$tmp/err")"
 grep -q "1 feasible, 1 infeasible (no GPU kernels 1)" "$tmp/out" && ok || bad "head-dim sweep summary: $(tail -2 "$tmp/out")"
-grep -q '^1,4,false,.*,no_gpu_kernels,model.head_dim (24): ' "$tmp/hd.csv" && ok \
+grep -q '^1,4,false,.*,no_gpu_kernels,model.head_dim (20): ' "$tmp/hd.csv" && ok \
   || bad "head-dim variant's CSV row: $(tail -1 "$tmp/hd.csv")"
 
 # usage errors: exit 2 with a message

@@ -2280,7 +2280,7 @@ int main(int argc, char **argv) {
         check_layout("models/tiny-llama.yaml", "bf16", qk_tp2, 3e-2, 0);
     }
     if (!only || ci2 || !strcmp(only, "hd")) {
-        /* head dims that are multiples of 16 but no power of two (attention.cuh): 80 on the
+        /* head dims that are no power of two (attention.cuh): 80 on the
          * tiles of 128, GPT's attention on the fused projection with attention dropout and its
          * selective recompute; 48 on the tiles of 32 and 64, LLaMA's with grouped queries over
          * 80 tokens (a partial tile); and 96 over cp2 in bf16 */
@@ -2303,6 +2303,21 @@ int main(int argc, char **argv) {
         check_ops("examples/tiny-gpt.yaml", hd80);
         check_ops("models/tiny-llama.yaml", hd48);
         check_layout("examples/tiny-gpt.yaml", "bf16", hd96cp2, 3e-2, 0);
+        /* odd multiples of 8, computed over ATT_W (D rounded up to 16, the last 8 columns zero:
+         * staged and loaded as 0, never stored): 40 on the tiles of 48 with attention dropout,
+         * on the fused projection (selective recompute), whose next head's first columns a
+         * store past D would overwrite; 8 on the tiles of 16 with grouped queries */
+        static const char *const hd40[] = {"model.num_attention_heads=2", "model.head_dim=40",
+                                           "model.hidden_size=80", "model.num_layers=2",
+                                           "model.seq_length=80", "model.max_position_embeddings=80",
+                                           "model.attention_dropout=0.1", "training.recompute=selective",
+                                           "training.micro_batch_size=2", "training.global_batch_size=2",
+                                           NULL};
+        static const char *const hd8[] = {"model.num_attention_heads=4", "model.num_query_groups=2",
+                                          "model.head_dim=8", "model.hidden_size=32",
+                                          "model.num_layers=2", NULL};
+        check_ops("examples/tiny-gpt.yaml", hd40);
+        check_ops("models/tiny-llama.yaml", hd8);
         /* the kernels that compute positions (ROWPOS 0, context parallelism's) with attention
          * dropout, replayed op by op on one rank (MGC_ATT_POSITIONS=1), where a layout's losses
          * would not see a dQ row missing: at D 64 the dQ kernel takes one m-tile a warp (64
@@ -2319,9 +2334,17 @@ int main(int argc, char **argv) {
                                              "model.max_position_embeddings=80", "model.attention_dropout=0.1",
                                              "training.micro_batch_size=1", "training.global_batch_size=1",
                                              NULL};
+        /* and at D 72 (ATT_W 80: K and V from shared memory in dK/dV, 16 keys a dQ step) */
+        static const char *const pos72[] = {"model.num_attention_heads=2", "model.num_query_groups=1",
+                                            "model.head_dim=72", "model.hidden_size=144",
+                                            "model.num_layers=1", "model.seq_length=80",
+                                            "model.max_position_embeddings=80", "model.attention_dropout=0.1",
+                                            "training.micro_batch_size=1", "training.global_batch_size=1",
+                                            NULL};
         setenv("MGC_ATT_POSITIONS", "1", 1);
         check_ops("examples/tiny-gpt.yaml", pos64);
         check_ops("models/tiny-llama.yaml", pos128);
+        check_ops("models/tiny-llama.yaml", pos72);
         unsetenv("MGC_ATT_POSITIONS");
     }
     if (!only || ci2 || !strcmp(only, "norm")) {

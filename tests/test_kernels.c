@@ -322,9 +322,10 @@ int main(void) {
     check_file("models/tiny-llama.yaml", "bf16", "model.window_size=40");
     check_file("models/gpt2-124m.yaml", NULL, "model.window_size=256");
     check_file("models/llama2-7b.yaml", NULL, "model.window_size=1024");
-    /* head dims that are multiples of 16 but no power of two (attention.cuh: 48 on the tiles
-     * of 32 and 64, 80 to 112 on those of 128), at the widest of each class, with attention
-     * dropout (the Philox code's registers), in the three precisions */
+    /* head dims that are no power of two (attention.cuh: 48 on the tiles of 32 and 64, 80 to
+     * 112 on those of 128), at the widest of each class, with attention dropout (the Philox
+     * code's registers), in the three precisions; and odd multiples of 8, computed over ATT_W
+     * (D rounded up to 16: the guards of the last 8 columns), 8, 56 and 120 */
     static const char *const prec3[] = {"fp32", "bf16", "fp16"};
     for (int i = 0; i < 3; i++) {
         check_file("models/tiny-llama.yaml", prec3[i],
@@ -333,6 +334,15 @@ int main(void) {
         check_file("models/tiny-llama.yaml", prec3[i],
                    "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=112 "
                    "model.hidden_size=224 model.attention_dropout=0.1");
+        static const char *const odd8[] = {
+            "model.num_attention_heads=4 model.num_query_groups=2 model.head_dim=8 "
+            "model.hidden_size=32 model.attention_dropout=0.1",
+            "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=56 "
+            "model.hidden_size=112 model.attention_dropout=0.1",
+            "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=120 "
+            "model.hidden_size=240 model.attention_dropout=0.1"};
+        for (int j = 0; j < 3; j++)
+            check_file("models/tiny-llama.yaml", prec3[i], odd8[j]);
     }
     /* context parallelism with attention dropout (ROWPOS 0 with DROP: the position arithmetic
      * and the Philox state together), which no model file's layout has: GPT-2's dropout 0.1
@@ -345,6 +355,9 @@ int main(void) {
     check_file("models/llama2-7b.yaml", "fp16",
                "parallel.world_size=2 parallel.context=2 parallel.tensor=1 parallel.pipeline=1 "
                "model.attention_dropout=0.1");
+    check_file("models/llama2-7b.yaml", "bf16",
+               "parallel.world_size=2 parallel.context=2 parallel.tensor=1 parallel.pipeline=1 "
+               "model.attention_dropout=0.1 model.num_attention_heads=32 model.head_dim=120");
     /* a fractional top-k scaling factor on the router (its fattr[2], which the attention specs
      * once read as a window and refused) */
     check_file("models/qwen3-30b-a3b.yaml", NULL, "moe.router_topk_scaling_factor=2.5");
