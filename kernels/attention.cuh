@@ -37,7 +37,8 @@
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
  * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory); the tile sizes are
- * functions of D only (of ATT_W: "D" below), written below and repeated by runtime/cuda_ops_attention.c:
+ * functions of D only (of ATT_W: "D" below), written below and repeated by
+ * runtime/cuda_ops_attention.c:
  *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; 16-bit: 128 for
  *             D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
  *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, else 32)
@@ -113,7 +114,7 @@
 #define ATT_QMT (ATT_W < 64 || (ATT_W == 64 && !ATT_DROPPOS) ? 2 : 1) /* dQ: m-tiles of 16 rows */
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
 #define ATT_TBC_Q ((ATT_W > 32 && ATT_W <= 64) || (ATT_W > 64 && ATT_DROPPOS) ? 16 : 32) /* dQ: keys a step */
-#define ATT_KV_SMEM (MGC_D > 64) /* dK/dV: K and V A operands from shared memory (ATT_W > 64; #if) */
+#define ATT_KV_SMEM (MGC_D > 64) /* dK/dV: K, V A operands from shared memory (ATT_W > 64; #if) */
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
@@ -224,8 +225,8 @@ __device__ __forceinline__ float att_keep(float p, unsigned thr, float dscale,
              att_kpos(kpos, (j_), sk, pos_s, pos_cp, pos_rank, k_gathered), drop_heads, pos_s)
 
 /* Loads rows [r0, r0 + ROWS) of head h of x (n, b, H, D) for batch row bi into sh[ROWS][W+1]
- * as fp32; rows past n and columns past D are 0.  Here and below the block is ATT_NT threads (every kernel's), so
- * the trip counts are constants. */
+ * as fp32; rows past n and columns past D are 0.  Here and below the block is ATT_NT threads
+ * (every kernel's), so the trip counts are constants. */
 template <int ROWS>
 __device__ __forceinline__ void att_load_tile(float (*sh)[ATT_W + 1], const mgc_t *x, int r0,
                                               int n, int b, int H, int bi, int h) {
@@ -365,7 +366,8 @@ __device__ __forceinline__ void att_stage(unsigned short (*sh)[ATT_W + 8], const
         if (N % ATT_NT != 0 && idx >= N) break;
         int rr = idx / (ATT_W / 8), c8 = idx % (ATT_W / 8), i = r0 + rr;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (i < n && (ATT_W == ATT_D || c8 < ATT_D / 8)) v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
+        if (i < n && (ATT_W == ATT_D || c8 < ATT_D / 8))
+            v = ((const uint4 *)(x + (((i64)i * b + bi) * H + h) * ATT_D))[c8];
         *(uint4 *)&sh[rr][8 * c8] = v;
     }
 }
@@ -436,7 +438,8 @@ __device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_W / 16][4], con
 #pragma unroll
         for (int ks = 0; ks < ATT_W / 16; ks++) {
             f[ks][hh] = ok ? row[8 * ks + tig] : 0u;
-            f[ks][hh + 2] = ok && (ATT_W == ATT_D || 16 * ks + 8 < ATT_D) ? row[8 * ks + tig + 4] : 0u;
+            f[ks][hh + 2] =
+                ok && (ATT_W == ATT_D || 16 * ks + 8 < ATT_D) ? row[8 * ks + tig + 4] : 0u;
         }
     }
 }
@@ -690,7 +693,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         i64 base = (((i64)i * b + bi) * A + a) * ATT_D;
 #pragma unroll
         for (int c = 0; c < ATT_DC; c++)
-            if (ATT_W == ATT_D || tx + 16 * c < ATT_D) out[base + tx + 16 * c] = mgc_st(acc[m][c] * inv);
+            if (ATT_W == ATT_D || tx + 16 * c < ATT_D)
+                out[base + tx + 16 * c] = mgc_st(acc[m][c] * inv);
         if (tx == 0)
             lse[((i64)i * b + bi) * A + a] =
                 none ? att_ninf() : (mrow[m] + __log2f(lrow[m])) * ATT_LN2;
