@@ -7,7 +7,9 @@
 #   sh scripts/gpu.sh [test|bench|all]        (default all; test = gpu-labelled ctest, nccl,
 #                                             sanitize)
 #   sh scripts/gpu.sh 'fold nccl bench'       several parts in one call: ctest, fold (test_cuda
-#                                             fold alone), nccl, sanitize, bench, kern (every
+#                                             fold alone), sweep (random tiny configurations
+#                                             replayed and trained on the GPU for SWEEP_S
+#                                             seconds), nccl, sanitize, bench, kern (every
 #                                             kernel of one step under ncu: device time, DRAM
 #                                             bytes; NCU_MODELS)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
@@ -306,6 +308,19 @@ if has fold; then
     echo "== test_cuda fold"
     build-gpu/tests/test_cuda fold >"$OUT/fold.log" 2>&1 || rc=1
     tail -n 8 "$OUT/fold.log"
+fi
+if has sweep; then
+    # random configurations of the tiny models (tests/emu_sweep.py --gpu): each draw's ops
+    # replayed on the GPU against the CPU in three precisions on every rank, then trained;
+    # SWEEP_S seconds (default 120), SWEEP_SEED (default the clock's); failing draws in
+    # $OUT/sweep.tgz, each with the command that replays it
+    echo "== sweep (GPU)"
+    rm -rf build-gpu/sweep
+    python3 tests/emu_sweep.py --gpu --build build-gpu --budget "${SWEEP_S:-120}" --timeout 300 \
+        --seed "${SWEEP_SEED:-$(date +%s)}" --out build-gpu/sweep >"$OUT/sweep.log" 2>&1 || rc=1
+    grep -E "^FAILED|^TIMEOUT|^emu_sweep" "$OUT/sweep.log" | cut -c1-300
+    rm -rf build-gpu/sweep/kernel-cache build-gpu/sweep/draw.plan
+    tar czf "$OUT/sweep.tgz" -C build-gpu sweep || rc=1
 fi
 if has nccl; then
     # NCCL (--device-comm nccl): two ranks as two processes over TCP on the one GPU, each

@@ -8,10 +8,11 @@ layout (tensor with or without sequence parallelism, context, pipeline, data), k
 spill), and runs `test_cuda --emu sets` on it: every op of one step replayed against the
 CPU in fp32, bf16 and fp16, on every rank of the layout, then the layout trained against the
 CPU's run. Not part of CI (a draw takes 10 s to a few minutes); a tool for hunting kernel
-and launcher defects across shapes the fixed tests do not cover (docs/testing.md).
+and launcher defects across shapes the fixed tests do not cover (docs/testing.md). With --gpu
+the draws run on the GPU instead (`test_cuda sets`: a few seconds each; scripts/gpu.sh sweep).
 
     python3 tests/emu_sweep.py [--build build] [--seed S] [--draws N] [--budget SECONDS]
-                               [--timeout SECONDS] [--out DIR]
+                               [--timeout SECONDS] [--out DIR] [--gpu]
 
 Every draw prints one line; a failing one, or one cut by --timeout (TIMEOUT: inconclusive,
 counted apart), also writes DIR/draw-S-I.txt with the command that replays it and the test's
@@ -152,7 +153,9 @@ def main():
     ap.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole sweep")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for one draw")
     ap.add_argument("--out", default="build/emu-sweep")
+    ap.add_argument("--gpu", action="store_true", help="run the draws on the GPU, not the emulator")
     a = ap.parse_args()
+    where = [] if a.gpu else ["--emu"]
     mgc = os.path.join(a.build, "compiler", "mgc")
     test = os.path.join(a.build, "tests", "test_cuda")
     for f in (mgc, test):
@@ -162,7 +165,7 @@ def main():
     rng = random.Random(a.seed)
     t0 = time.time()
     ran = failed = refused = timed_out = 0
-    print("emu_sweep: seed %d" % a.seed, flush=True)
+    print("emu_sweep: seed %d%s" % (a.seed, " on the GPU" if a.gpu else ""), flush=True)
     for i in range(a.draws):
         if time.time() - t0 > a.budget:
             break
@@ -189,14 +192,14 @@ def main():
             print("FAILED %d compile %s %s -> %s" % (i, os.path.basename(model), " ".join(sets), path), flush=True)
         env = dict(os.environ, MGC_TEST_MODEL=model, MGC_TEST_SETS=";".join(sets),
                    MGC_TEST_SEED=str(a.seed + i))
-        cmd = "MGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_SEED=%d %s --emu sets" % (
-            model, ";".join(sets), a.seed + i, test)
+        cmd = "MGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_SEED=%d %s %ssets" % (
+            model, ";".join(sets), a.seed + i, test, "" if a.gpu else "--emu ")
         t1 = time.time()
         try:
             for attempt in range(3):  # a rebuild may hold the binary for a moment
                 try:
-                    run = subprocess.run([test, "--emu", "sets"], env=env, capture_output=True, text=True,
-                                         timeout=a.timeout)
+                    run = subprocess.run([test] + where + ["sets"], env=env, capture_output=True,
+                                         text=True, timeout=a.timeout)
                     break
                 except OSError:
                     if attempt == 2:
@@ -210,6 +213,8 @@ def main():
         tail = [l for l in out.splitlines() if "checks," in l]
         line = "%d %s %s: %s (%.0f s)" % (i, os.path.basename(model), " ".join(sets),
                                           tail[-1] if tail else "rc %s" % rc, time.time() - t1)
+        if rc == 77:  # test_cuda without a GPU (--gpu on a machine without one)
+            sys.exit("emu_sweep.py: %s sets skipped itself (77): no GPU" % test)
         if rc != 0:
             # a draw cut by --timeout proves nothing either way (a big one on a busy machine):
             # counted apart from the failures, its output kept all the same
