@@ -59,7 +59,7 @@ void mgc_kspec_name(const mgc_kspec *k, char *buf, size_t size) {
 }
 
 char *mgc_kspec_source(const mgc_kspec *k) {
-    const char *t = mgc_kernel_template(k->file);
+    const char *t = k->text ? k->text : mgc_kernel_template(k->file);
     if (!t) return NULL;
     char name[MGC_KSPEC_NAME_MAX];
     mgc_kspec_name(k, name, sizeof name);

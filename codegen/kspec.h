@@ -41,6 +41,9 @@ extern "C" {
 
 typedef struct mgc_kspec {
     const char *file;  /* template in kernels/: "norm.cuh" */
+    const char *text;  /* NULL (kernels/file's text), or the template's text itself: only
+                          tests set it (tests/test_emu.c's deliberately broken kernels); the
+                          compiler's specs name a file of kernels/ */
     const char *entry; /* entry point: "layernorm_fwd" (letters, digits, '_') */
     int dtype;         /* storage dtype of activations and weights: MGC_DT_F32, MGC_DT_BF16 or
                           MGC_DT_F16 (the prologue's MGC_BF16 / MGC_FP16) */

@@ -38,7 +38,7 @@ extern const mgc_kernel_file mgc_emu_files[];
 #define STACK_BYTES (256 * 1024)
 /* host compiler flags: part of the cache key (mgc_emu_open adds the bounds checks: e->flags) */
 #define CXX_FLAGS "-std=c++17 -O1 -fPIC -shared -fno-strict-aliasing -w"
-#define CXX_BOUNDS " -fsanitize=bounds -fno-sanitize-recover=bounds"
+#define CXX_BOUNDS " -fsanitize=bounds,alignment -fno-sanitize-recover=bounds,alignment"
 
 /* ---- context switches ----------------------------------------------------------------------
  * A GPU thread blocks at every collective, so a kernel switches fibers millions of times a
