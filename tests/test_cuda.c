@@ -2022,16 +2022,10 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--emu")) {
         emu = 1, steps = EMU_STEPS;
         argc--, argv++;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-        /* the emulator switches stacks under the sanitizer's feet; the gcc build runs it */
-        printf("test_cuda --emu: not under a sanitizer: skipped\n");
-        return 77;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-        printf("test_cuda --emu: not under a sanitizer: skipped\n");
-        return 77;
-#endif
-#endif
+        if (t_sanitized()) { /* the gcc build runs it */
+            printf("test_cuda --emu: not under a sanitizer: skipped\n");
+            return 77;
+        }
     } else if (!mgc_backend_cuda_available()) {
         printf("test_cuda: no CUDA device (or a build without CUDA): skipped\n");
         return 77;

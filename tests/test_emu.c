@@ -172,15 +172,10 @@ static void aborts(const char *entry, void **args, const char *want) {
 }
 
 int main(void) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    printf("test_emu: not under a sanitizer: skipped\n");
-    return 77;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-    printf("test_emu: not under a sanitizer: skipped\n");
-    return 77;
-#endif
-#endif
+    if (t_sanitized()) {
+        printf("test_emu: not under a sanitizer: skipped\n");
+        return 77;
+    }
     char err[4096];
     mgc_emu *e = NULL;
     if (mgc_emu_open(&e, err, sizeof err)) {
