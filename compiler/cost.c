@@ -344,7 +344,13 @@ static double op_cost(ctx *c, int64_t stage, const mgc_plan_chunk *ch, const mgc
         k = MGC_COST_ATTENTION;
         f = (double)op->flops;
         double eff = op->kind == MGC_POP_ATTENTION ? c->hw->eff.attention_fwd : c->hw->eff.attention_bwd;
-        t = roofline(c, f, eff, op_bytes(c->routed, ch, op));
+        /* the kernels compute over the head dim rounded up to 16 (attention.cuh ATT_W): an odd
+         * multiple of 8 does the work of the next multiple of 16 */
+        mgc_attn_geom g;
+        double pad = 1;
+        if (!mgc_plan_attn_geom(ch, op, &g) && g.d > 0)
+            pad = (double)((g.d + 15) / 16 * 16) / (double)g.d;
+        t = roofline(c, f * pad, eff, op_bytes(c->routed, ch, op));
         break;
     }
     case MGC_POP_ALL_REDUCE:

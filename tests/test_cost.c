@@ -304,6 +304,25 @@ static mgc_cost_report predict(const mgc_plan *p, const mgc_hw *hw, int no_overl
 
 static const char *const GPT = "models/gpt2-124m.yaml";
 
+/* A head dim that is an odd multiple of 8 is priced at the next multiple of 16, the width the
+ * kernels compute over (attention.cuh ATT_W): GPT-2 124M's 12 heads at 40 and at 48 take the
+ * same attention time (compute-bound), where their FLOPs differ by 40/48. */
+static void test_padded_head_dim(void) {
+    mgc_hw hw = load_hw("h100-sxm");
+    const char *d40[] = {"parallel.world_size=1", "training.global_batch_size=4",
+                         "training.micro_batch_size=4", "model.head_dim=40", NULL};
+    const char *d48[] = {"parallel.world_size=1", "training.global_batch_size=4",
+                         "training.micro_batch_size=4", "model.head_dim=48", NULL};
+    mgc_plan *p40 = compile_with(GPT, d40), *p48 = compile_with(GPT, d48);
+    if (p40 && p48) {
+        mgc_cost_report a = predict(p40, &hw, 0), b = predict(p48, &hw, 0);
+        T_CHECK(a.by_class_s[MGC_COST_ATTENTION] > 0);
+        T_NEAR_REL(a.by_class_s[MGC_COST_ATTENTION], b.by_class_s[MGC_COST_ATTENTION], 1e-9);
+    }
+    mgc_plan_free(p40);
+    mgc_plan_free(p48);
+}
+
 static void test_step(void) {
     mgc_hw hw = load_hw("h100-sxm");
     mgc_cost_options o;
@@ -594,6 +613,7 @@ int main(void) {
     test_profiles();
     test_ops();
     test_step();
+    test_padded_head_dim();
     test_routed();
     test_lookup_bytes();
     test_calibrate();
