@@ -38,7 +38,9 @@ extern const mgc_kernel_file mgc_emu_files[];
 #define STACK_BYTES (256 * 1024)
 /* host compiler flags: part of the cache key (mgc_emu_open adds the bounds checks: e->flags) */
 #define CXX_FLAGS "-std=c++17 -O1 -fPIC -shared -fno-strict-aliasing -w"
-#define CXX_BOUNDS " -fsanitize=bounds,alignment -fno-sanitize-recover=bounds,alignment"
+#define CXX_BOUNDS                                                                               \
+    " -fsanitize=bounds,alignment,shift,float-cast-overflow,signed-integer-overflow"                \
+    " -fno-sanitize-recover=bounds,alignment,shift,float-cast-overflow,signed-integer-overflow"
 
 /* ---- context switches ----------------------------------------------------------------------
  * A GPU thread blocks at every collective, so a kernel switches fibers millions of times a
@@ -140,7 +142,7 @@ typedef struct fiber {
 
 struct mgc_emu {
     char cxx[1100];
-    char flags[256]; /* CXX_FLAGS, and the bounds checks unless MGC_EMU_BOUNDS=0 */
+    char flags[512]; /* CXX_FLAGS, and the bounds checks unless MGC_EMU_BOUNDS=0 */
     loaded *k;
     int n_k, cap_k;
     fiber *f; /* MAX_BLOCK */
@@ -231,9 +233,12 @@ int mgc_emu_open(mgc_emu **out, char *err, size_t errsz) {
     }
     /* Array bounds checks in the emulated kernels (UBSan): an index past a fixed-size array --
      * a shared-memory tile, a fragment or accumulator array -- aborts with the template's
-     * file:line, where a GPU would read a neighbour silently.  GCC's objects load its runtime
-     * (libubsan) themselves; clang's do not (its runtime is not on the loader's path), so
-     * under clang there are none.  MGC_EMU_BOUNDS=0 turns them off. */
+     * file:line, where a GPU would read a neighbour silently.  With them, what a GPU does
+     * otherwise than x86: a misaligned access (the GPU faults), a shift by the width or more
+     * (PTX clamps, x86 masks the count), a float converted to an integer it does not fit (PTX
+     * saturates, x86 gives INT_MIN), a signed overflow (index arithmetic past int).  GCC's
+     * objects load its runtime (libubsan) themselves; clang's do not (its runtime is not on
+     * the loader's path), so under clang there are none.  MGC_EMU_BOUNDS=0 turns them off. */
     const char *bounds = getenv("MGC_EMU_BOUNDS"), *base = strrchr(e->cxx, '/');
     int check = !(bounds && !strcmp(bounds, "0")) && !strstr(base ? base + 1 : e->cxx, "clang");
     snprintf(e->flags, sizeof e->flags, "%s%s", CXX_FLAGS, check ? CXX_BOUNDS : "");

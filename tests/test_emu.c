@@ -8,8 +8,10 @@
  *   - a shared-memory read with no barrier after the write, and blocks that read what another
  *     block of the launch writes: wrong, or other bits under another seed (the orders drawn);
  *   - a cp.async tile read before its wait: the old bytes;
- *   - an index past a fixed-size array and a misaligned vector access (GCC's UBSan in the
- *     emulated kernels): the process aborts with the template's line, checked in a child.
+ *   - an index past a fixed-size array, a misaligned vector access, a shift by the width and a
+ *     float converted to an int it does not fit (GCC's UBSan in the emulated kernels: the last
+ *     three are where a GPU and x86 part ways): the process aborts with the template's line,
+ *     checked in a child.
  * Label cpu; skipped (77) under sanitizers, as test_cuda --emu is (the fibers switch stacks). */
 #include <signal.h>
 #include <stdint.h>
@@ -101,6 +103,18 @@ static const char kernels[] =
     "    mgc_pdl_begin();\n"
     "    float a[4] = {1.0f, 2.0f, 3.0f, 4.0f};\n"
     "    y[threadIdx.x] = a[n];\n"
+    "}\n"
+    "#endif\n"
+    "#if defined(MGC_ENTRY_wide_shift)\n" /* 1u << n with n = 32: PTX gives 0, x86 1 */
+    "extern \"C\" __global__ void MGC_ENTRY_NAME(float *y, int n) {\n"
+    "    mgc_pdl_begin();\n"
+    "    y[threadIdx.x] = (float)(1u << n);\n"
+    "}\n"
+    "#endif\n"
+    "#if defined(MGC_ENTRY_narrowing)\n" /* (int)3e9f: PTX saturates, x86 gives INT_MIN */
+    "extern \"C\" __global__ void MGC_ENTRY_NAME(float *y, float f) {\n"
+    "    mgc_pdl_begin();\n"
+    "    y[threadIdx.x] = (float)(int)f;\n"
     "}\n"
     "#endif\n"
     "#if defined(MGC_ENTRY_misaligned)\n" /* a 16-byte load 4 bytes past a 16-byte boundary */
@@ -275,6 +289,12 @@ int main(void) {
         aborts("past_end", ap, "out of bounds");
         void *am[] = {&y, &x};
         aborts("misaligned", am, "misaligned address");
+        int wide = 32;
+        void *as[] = {&y, &wide};
+        aborts("wide_shift", as, "shift exponent 32 is too large");
+        float big = 3e9f;
+        void *af[] = {&y, &big};
+        aborts("narrowing", af, "outside the range of representable values");
     }
     mgc_emu_close(e);
     free(x), free(y), free(z);
