@@ -288,8 +288,10 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #define MGC_DROP 1 /* 0: the op has no dropout; `drop` is then ignored */
 #endif
 /* rows of 4 vectors a thread or more with dropout (GPT-3's H 12288): one block a multiprocessor
- * asked for, as 80 registers for two spill on sm_80 (the Philox words beside the held row) */
-#define MGC_ADD_NORM_MINB (MGC_DROP && MGC_NV >= 4 ? 1 : MGC_NORM_MINB)
+ * asked for, as 80 registers for two spill on sm_80 (the Philox words beside the held row); and
+ * rows that are no whole vectors (H % 8 != 0: element loads and stores with their bounds) with
+ * dropout, which spilled 4 bytes at 64 registers on sm_90 at H 260 (emu_sweep.py found it) */
+#define MGC_ADD_NORM_MINB (MGC_DROP && (MGC_NV >= 4 || !MGC_VEC8) ? 1 : MGC_NORM_MINB)
 /* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row b R + s.
  * Row r, column c is element e = elem0 + r*H + c of the dropout stream (pointwise.cuh's
  * numbering: word e & 3 of Philox block e >> 2, kept iff >= thr; the stream's step read from
@@ -357,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
 #define MGC_DROP 0 /* 1: the embedding's dropout, with its arguments after eps */
 #endif
 /* as add_norm's: the Philox words beside the held row */
-#define MGC_EMB_NORM_MINB (MGC_DROP && MGC_NV >= 4 ? 1 : MGC_NORM_MINB)
+#define MGC_EMB_NORM_MINB (MGC_DROP && (MGC_NV >= 4 || !MGC_VEC8) ? 1 : MGC_NORM_MINB)
 #if MGC_DROP
 /* Row r, column c is element e = elem0 + r*H + c of the dropout stream for r < first, else
  * elem1 + (r - first)*H + c (runtime/backend.h mgc_op_drop_rng: a context rank's shard is two
