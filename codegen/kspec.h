@@ -100,6 +100,10 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
  *             accumulators the most that fit the registers);
  *   router:   up to 1,024 experts and a top-k of at most 64 (moe.cuh: a warp a token). */
 int mgc_kspec_head_dim_ok(int64_t d);
+/* The width the attention kernels compute over: head dim d rounded up to the mma k-step of 16
+ * (attention.cuh ATT_W; an odd multiple of 8 does the next multiple of 16's work).  The
+ * launcher's tile sizes and the cost model's attention price use it. */
+int64_t mgc_kspec_att_width(int64_t d);
 int mgc_kspec_router_ok(int64_t experts, int64_t topk);
 int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                    mgc_kspec *out, int max);

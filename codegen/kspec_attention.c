@@ -31,6 +31,10 @@ int mgc_kspec_head_dim_ok(int64_t d) {
     return d >= 8 && d <= 128 && d % 8 == 0;
 }
 
+int64_t mgc_kspec_att_width(int64_t d) {
+    return (d + 15) / 16 * 16;
+}
+
 /* MGC_ATT_POSITIONS=1: the kernels that compute positions (ROWPOS 0, context parallelism's)
  * even on one rank, so that test_cuda can replay them op by op against the CPU (docs/testing.md) */
 static int getenv_positions(void) {

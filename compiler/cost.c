@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kspec.h"
 #include "schedule.h"
 
 const char *mgc_cost_class_name(mgc_cost_class c) {
@@ -344,12 +345,11 @@ static double op_cost(ctx *c, int64_t stage, const mgc_plan_chunk *ch, const mgc
         k = MGC_COST_ATTENTION;
         f = (double)op->flops;
         double eff = op->kind == MGC_POP_ATTENTION ? c->hw->eff.attention_fwd : c->hw->eff.attention_bwd;
-        /* the kernels compute over the head dim rounded up to 16 (attention.cuh ATT_W): an odd
-         * multiple of 8 does the work of the next multiple of 16 */
+        /* the kernels compute over the head dim rounded up to 16 (kspec.h mgc_kspec_att_width) */
         mgc_attn_geom g;
         double pad = 1;
         if (!mgc_plan_attn_geom(ch, op, &g) && g.d > 0)
-            pad = (double)((g.d + 15) / 16 * 16) / (double)g.d;
+            pad = (double)mgc_kspec_att_width(g.d) / (double)g.d;
         t = roofline(c, f * pad, eff, op_bytes(c->routed, ch, op));
         break;
     }

@@ -64,6 +64,12 @@
  * thread holds at most 4 vectors of its row (H <= 12288: fp32's H 16384 forward, 6 vectors of
  * floats, spilled 84 bytes at 80 registers); the backward: MGC_NORM_BWD_MINB */
 #define MGC_NORM_MINB (MGC_T * MGC_R <= 512 && MGC_NV <= 4 ? 2 : 1)
+/* the fused forwards with dropout (add + norm, embedding + norm): one block a multiprocessor
+ * for rows of 4 vectors a thread or more (GPT-3's H 12288: 80 registers for two spilled on
+ * sm_80, the Philox words beside the held row) and for rows that are no whole vectors (H % 8
+ * != 0: element loads and stores with their bounds; H 260 spilled 4 bytes at 64 registers on
+ * sm_90, found by emu_sweep.py) */
+#define MGC_NORM_DROP_MINB(drop) ((drop) && (MGC_NV >= 4 || !MGC_VEC8) ? 1 : MGC_NORM_MINB)
 
 /* Columns of vector k of thread t that exist: 8, or fewer (<= 0: none) at the row's end. */
 __device__ __forceinline__ int mgc_norm_nvalid(int k, int t) {
@@ -287,18 +293,13 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_MINB)
 #ifndef MGC_DROP
 #define MGC_DROP 1 /* 0: the op has no dropout; `drop` is then ignored */
 #endif
-/* rows of 4 vectors a thread or more with dropout (GPT-3's H 12288): one block a multiprocessor
- * asked for, as 80 registers for two spill on sm_80 (the Philox words beside the held row); and
- * rows that are no whole vectors (H % 8 != 0: element loads and stores with their bounds) with
- * dropout, which spilled 4 bytes at 64 registers on sm_90 at H 260 (emu_sweep.py found it) */
-#define MGC_ADD_NORM_MINB (MGC_DROP && (MGC_NV >= 4 || !MGC_VEC8) ? 1 : MGC_NORM_MINB)
 /* grid ceil(rows / R), block T * R, smem 0 (static 8 R NW bytes); slot s: row b R + s.
  * Row r, column c is element e = elem0 + r*H + c of the dropout stream (pointwise.cuh's
  * numbering: word e & 3 of Philox block e >> 2, kept iff >= thr; the stream's step read from
  * `step`, mgc_step_stream); drop == 0: no dropout.
  * h and y are exactly the unfused pair's: h is rounded to the compute dtype before the norm
  * reads it.  bias may be NULL (LayerNorm only). */
-extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_DROP_MINB(MGC_DROP))
     MGC_ENTRY_NAME(mgc_t *__restrict__ h, mgc_t *__restrict__ y, unsigned char *__restrict__ mask,
                    const mgc_t *__restrict__ branch, const mgc_t *__restrict__ res,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 rows, float eps,
@@ -358,8 +359,6 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
 #ifndef MGC_DROP
 #define MGC_DROP 0 /* 1: the embedding's dropout, with its arguments after eps */
 #endif
-/* as add_norm's: the Philox words beside the held row */
-#define MGC_EMB_NORM_MINB (MGC_DROP && (MGC_NV >= 4 || !MGC_VEC8) ? 1 : MGC_NORM_MINB)
 #if MGC_DROP
 /* Row r, column c is element e = elem0 + r*H + c of the dropout stream for r < first, else
  * elem1 + (r - first)*H + c (runtime/backend.h mgc_op_drop_rng: a context rank's shard is two
@@ -380,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_ADD_NORM_MINB)
  * stored (kept: times sc, rounded again), with its mask (never NULL); drop == 0 (an
  * evaluation): every element kept.  Positions as there: mgc_ctx_pos(i, cp, cpr, half_len) -
  * docs[r] (docs may be NULL).  bias may be NULL (LayerNorm only). */
-extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_EMB_NORM_MINB)
+extern "C" __global__ void __launch_bounds__(MGC_T * MGC_R, MGC_NORM_DROP_MINB(MGC_DROP))
     MGC_ENTRY_NAME(mgc_t *__restrict__ x, mgc_t *__restrict__ y, const i64 *__restrict__ tok,
                    const mgc_t *__restrict__ wte, const mgc_t *__restrict__ wpe,
                    const mgc_t *__restrict__ w, const mgc_t *__restrict__ bias, i64 v0, i64 V_l,

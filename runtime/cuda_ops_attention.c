@@ -18,7 +18,7 @@
  *
  * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR, ATT_TBR_Q): keep
  * them equal.  They are functions of the width the kernels compute over, ATT_W: the head dim
- * rounded up to a multiple of 16 (att_width). */
+ * rounded up to a multiple of 16 (kspec.h mgc_kspec_att_width). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,9 +26,6 @@
 #include "cuda_int.h"
 #include "rng.h"
 
-static int64_t att_width(int64_t d) { /* ATT_W */
-    return (d + 15) / 16 * 16;
-}
 static int fwd_bq(int64_t d, int half) {
     if (half) return d <= 64 ? 128 : 64; /* ATT_FBQ: 64 * ATT_FMT */
     return d <= 64 ? 64 : 32;            /* ATT_FBQ (fp32) */
@@ -110,7 +107,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                         &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
                         &drop_scale, &seed,    &stream,    &step,     &elem0,    &drop_heads, &qpos, &kpos,
                         &docs,     &pos_s,     &pos_cp,    &pos_rank,  &k_gathered, &qkv};
-        int bq = fwd_bq(att_width(d), ks[0].dtype != MGC_DT_F32);
+        int bq = fwd_bq(mgc_kspec_att_width(d), ks[0].dtype != MGC_DT_F32);
         return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
                                (unsigned)A, 128, 0, args);
     }
@@ -130,11 +127,11 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv};
-    int bq = bwd_dq_rows(&ks[0], att_width(d), ks[0].dtype != MGC_DT_F32);
+    int bq = bwd_dq_rows(&ks[0], mgc_kspec_att_width(d), ks[0].dtype != MGC_DT_F32);
     if (mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A, 128,
                         0, a0))
         return -1;
-    int br = bwd_br(att_width(d), ks[1].dtype != MGC_DT_F32);
+    int br = bwd_br(mgc_kspec_att_width(d), ks[1].dtype != MGC_DT_F32);
     void *a1[] = {&dk,      &dv,       &dsum,    &q,        &k,          &v,     &dout,
                   &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
