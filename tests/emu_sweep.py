@@ -2,12 +2,13 @@
 """emu_sweep.py - random configurations of the tiny models through the CUDA emulator.
 
 Each draw picks a tiny model and overrides its shape, its options (dropout, biases, norms,
-rotary, grouped queries, windows, documents, recompute, loss chunks, logits dtype) and its
-layout (tensor with or without sequence parallelism, context, pipeline, data), keeps it when
-`mgc check` accepts it, compiles its bf16 kernels through NVRTC for sm_80 and sm_90 (none may
-spill), and runs `test_cuda --emu sets` on it: every op of one step replayed against the
-CPU in fp32, bf16 and fp16, on every rank of the layout, then the layout trained against the
-CPU's run. Not part of CI (a draw takes 10 s to a few minutes); a tool for hunting kernel
+rotary, grouped queries, windows, documents, MoE routing, recompute, loss chunks, logits dtype,
+the optimizer's numbers), its layout (tensor with or without sequence parallelism, context,
+pipeline with its schedule and stage layout, data, experts) and the precision it trains in,
+keeps it when `mgc check` accepts it, compiles its kernels in that precision through NVRTC for
+sm_80 and sm_90 (none may spill), and runs `test_cuda --emu sets` on it: every op of one step
+replayed against the CPU in fp32, bf16 and fp16, on every rank of the layout, then the layout
+trained in the drawn precision against the CPU's run. Not part of CI (a draw takes 10 s to a few minutes); a tool for hunting kernel
 and launcher defects across shapes the fixed tests do not cover (docs/testing.md). With --gpu
 the draws run on the GPU instead (`test_cuda sets`: a few seconds each; scripts/gpu.sh sweep).
 
@@ -29,7 +30,7 @@ MODELS = ["examples/tiny-gpt.yaml", "models/tiny-llama.yaml", "models/tiny-moe.y
 
 
 def draw(rng):
-    """One configuration: (model path, list of KEY=VALUE)."""
+    """One configuration: (model path, list of KEY=VALUE, training precision)."""
     model = rng.choice(MODELS)
     s = {}
     llama = "llama" in model
@@ -76,6 +77,10 @@ def draw(rng):
         s["moe.top_k"] = rng.choice([k for k in (1, 2, 3) if k <= e])
         s["moe.ffn_hidden_size"] = rng.choice([16, 48, 64, 100])
         s["moe.shared_experts"] = rng.choice([0, 0, 1, 2])
+        if s["moe.shared_experts"] and rng.random() < 0.5:
+            s["moe.shared_expert_ffn_hidden_size"] = rng.choice([24, 72])
+        if s["model.num_layers"] >= 3 and rng.random() < 0.3:
+            s["moe.layer_freq"] = 2
         s["moe.first_dense_layers"] = rng.choice([0, 1])
         s["moe.router_score"] = rng.choice(["softmax", "softmax", "sigmoid", "presoftmax"])
         s["moe.aux_loss_scope"] = rng.choice(["microbatch", "sequence"])
@@ -142,7 +147,37 @@ def draw(rng):
     if rng.random() < 0.15:
         s["data.reset_attention_mask"] = "true"
         s["data.reset_position_ids"] = rng.choice(["true", "false"])
-    return model, ["%s=%s" % kv for kv in s.items()]
+    if rng.random() < 0.15:  # the loss without the tokens after an end of document
+        s["data.eod_mask_loss"] = "true"
+    # numbers the kernels and the optimizer take: eps, the rotary base, clipping that bites
+    if rng.random() < 0.2:
+        s["model.norm_eps"] = rng.choice([1e-6, 1e-2])
+    if (llama or s.get("model.position_embedding") == "rotary") and rng.random() < 0.2:
+        s["model.rotary_base"] = 500000
+    if rng.random() < 0.3:
+        s["optimizer.clip_grad"] = rng.choice([0, 0.05])
+    if rng.random() < 0.2:
+        s["optimizer.weight_decay"] = rng.choice([0, 0.3])
+        s["optimizer.beta2"] = rng.choice([0.95, 0.999])
+    # the pipeline's schedule, group size and explicit stage layouts
+    if pp > 1 and rng.random() < 0.5:
+        if "parallel.virtual_stages" in s:
+            s["parallel.microbatch_group_size"] = rng.choice([1, 2, 4])
+        else:
+            s["parallel.schedule"] = rng.choice(["gpipe", "1f1b"])
+    if pp > 1 and "parallel.virtual_stages" not in s and rng.random() < 0.3:
+        n = s["model.num_layers"]
+        first = rng.randint(0, n)  # a stage may hold no layer
+        s["parallel.pipeline_layout"] = '["E%s", "%sL"]' % ("t*%d" % first if first else "",
+                                                            "t*%d" % (n - first) if n > first else "")
+    # the precision the layout trains in (every op is replayed in all three either way); fp16
+    # with its dynamic loss scale, from the default 2^32 (the first steps overflow and are
+    # skipped, on the GPU as on the CPU) or from 1024
+    prec = rng.choice(["bf16"] * 7 + ["fp16"] * 2 + ["fp32"])
+    if prec == "fp16":
+        s["training.initial_loss_scale"] = rng.choice([4294967296, 1024])
+        s["training.hysteresis"] = rng.choice([1, 2])
+    return model, ["%s=%s" % kv for kv in s.items()], prec
 
 
 def main():
@@ -169,17 +204,18 @@ def main():
     for i in range(a.draws):
         if time.time() - t0 > a.budget:
             break
-        model, sets = draw(rng)
-        chk = subprocess.run([mgc, "check", "-q", model] + [x for kv in sets for x in ("--set", kv)],
+        model, sets, prec = draw(rng)
+        chk = subprocess.run([mgc, "check", "-q", model, "--set", "training.precision=" + prec]
+                             + [x for kv in sets for x in ("--set", kv)],
                              capture_output=True, text=True)
         if chk.returncode != 0 or "cannot train on a GPU" in chk.stderr:
             refused += 1  # invalid, or (mgc check's warning) beyond what the CUDA kernels serve
             continue
-        # the kernels through NVRTC for sm_80 and sm_90 in the draw's 16-bit precision: none
-        # may spill (test_kernels' rule for the models' shapes)
+        # the kernels through NVRTC for sm_80 and sm_90 in the draw's precision: none may spill
+        # (test_kernels' rule for the models' shapes)
         plan = os.path.join(a.out, "draw.plan")
         comp = subprocess.run([mgc, "compile", model, "--arch", "80,90", "-o", plan,
-                               "--set", "training.precision=bf16"] + [x for kv in sets for x in ("--set", kv)],
+                               "--set", "training.precision=" + prec] + [x for kv in sets for x in ("--set", kv)],
                               capture_output=True, text=True,
                               env=dict(os.environ, MGC_KERNEL_CACHE=os.path.join(a.out, "kernel-cache")))
         spill = [l for l in comp.stdout.splitlines() if l.startswith("kernels:") and not l.endswith(" 0 spill bytes")]
@@ -187,13 +223,13 @@ def main():
             failed += 1
             path = os.path.join(a.out, "draw-%d-%d-compile.txt" % (a.seed, i))
             with open(path, "w") as f:
-                f.write("%s compile %s --arch 80,90 --set training.precision=bf16 %s\n\n%s%s" % (
-                    mgc, model, " ".join("--set " + kv for kv in sets), comp.stdout, comp.stderr))
+                f.write("%s compile %s --arch 80,90 --set training.precision=%s %s\n\n%s%s" % (
+                    mgc, model, prec, " ".join("--set " + kv for kv in sets), comp.stdout, comp.stderr))
             print("FAILED %d compile %s %s -> %s" % (i, os.path.basename(model), " ".join(sets), path), flush=True)
         env = dict(os.environ, MGC_TEST_MODEL=model, MGC_TEST_SETS=";".join(sets),
-                   MGC_TEST_SEED=str(a.seed + i))
-        cmd = "MGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_SEED=%d %s %ssets" % (
-            model, ";".join(sets), a.seed + i, test, "" if a.gpu else "--emu ")
+                   MGC_TEST_SEED=str(a.seed + i), MGC_TEST_PRECISION=prec)
+        cmd = "MGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_PRECISION=%s MGC_TEST_SEED=%d %s %ssets" % (
+            model, ";".join(sets), prec, a.seed + i, test, "" if a.gpu else "--emu ")
         t1 = time.time()
         try:
             for attempt in range(3):  # a rebuild may hold the binary for a moment
@@ -211,7 +247,7 @@ def main():
             rc = "timeout"
         ran += 1
         tail = [l for l in out.splitlines() if "checks," in l]
-        line = "%d %s %s: %s (%.0f s)" % (i, os.path.basename(model), " ".join(sets),
+        line = "%d %s %s %s: %s (%.0f s)" % (i, os.path.basename(model), prec, " ".join(sets),
                                           tail[-1] if tail else "rc %s" % rc, time.time() - t1)
         if rc == 77:  # test_cuda without a GPU (--gpu on a machine without one)
             sys.exit("emu_sweep.py: %s sets skipped itself (77): no GPU" % test)

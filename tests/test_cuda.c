@@ -1196,8 +1196,9 @@ static void check_ops(const char *path, const char *const *extra) {
                path, who, r->ops, emu ? "CUDA emulator" : "GPU", r->unmatched, r->worst32,
                r->worst16[0], r->worst16[1], r->worst_name);
         T_CHECK(rr[k].ok);
-        /* every op of the step's programs went through the hooks, once a microbatch at least */
-        T_CHECK(rr[k].prog_ops > 10 && r->ops >= rr[k].prog_ops);
+        /* every op of the step's programs went through the hooks, once a microbatch at least
+         * (a stage of an explicit pipeline_layout may hold only the loss: a few ops) */
+        T_CHECK(rr[k].prog_ops > 0 && r->ops >= rr[k].prog_ops);
         /* cross_entropy_bwd over the logits, on the last stage */
         if (rr[k].co.pp == last_pp) T_CHECK(r->inplace > 0);
     }
