@@ -95,15 +95,20 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
                          mgc_kspec *out, int max);
 /* The shapes the CUDA kernels serve, where a model's config can exceed them: mgc check warns
  * from these (compiler/check.c, check_kernels), and the spec functions refuse the same.
- *   head dim: a multiple of 8 from 8 to 128 (attention.cuh: 16-byte rows of 16-bit values,
- *             k-steps of 16 on tensor cores over D rounded up to 16, the D = 128
- *             accumulators the most that fit the registers);
+ *   head dim: a multiple of 8 from 8 to 256 (attention.cuh: 16-byte rows of 16-bit values,
+ *             k-steps of 16 on tensor cores over D rounded up to 16; past 128 the backward's
+ *             tiles take dynamic shared memory and the 16-bit dK/dV kernel computes half the
+ *             columns a block, D = 256's the most that fit registers and 99 KiB);
  *   router:   up to 1,024 experts and a top-k of at most 64 (moe.cuh: a warp a token). */
 int mgc_kspec_head_dim_ok(int64_t d);
 /* The width the attention kernels compute over: head dim d rounded up to the mma k-step of 16
  * (attention.cuh ATT_W; an odd multiple of 8 does the next multiple of 16's work).  The
  * launcher's tile sizes and the cost model's attention price use it. */
 int64_t mgc_kspec_att_width(int64_t d);
+/* The blocks the 16-bit dK/dV kernel takes a key tile: 2 past a width of 128, each computing
+ * half of dK's and dV's columns (and all of S and dP: 9 tile products where 7), else 1
+ * (attention.cuh ATT_DKV_NS).  fp32 (half = 0): 1. */
+int mgc_kspec_att_dkv_slices(int64_t d, int half);
 int mgc_kspec_router_ok(int64_t experts, int64_t topk);
 int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                    mgc_kspec *out, int max);

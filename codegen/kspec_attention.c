@@ -5,7 +5,7 @@
  *                     writes each row's rowsum(dO o O)), attention_bwd_dkv (the same constants)
  *                     (launch order)
  *
- * D is the head dim (q's last dim: a multiple of 8 from 8 to 128), CAUSAL the op's
+ * D is the head dim (q's last dim: a multiple of 8 from 8 to 256), CAUSAL the op's
  * iattr[0], DROP whether it has dropout (fattr[1] > 0: a kernel without it has no Philox code
  * in its inner loop), ROWPOS whether rows are positions (no context parallelism, iattr[3] <= 1,
  * and no MGC_ATT_POSITIONS=1: the masks need no position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
@@ -28,11 +28,15 @@ static int attn_dims(const mgc_plan_chunk *ch, const mgc_plan_op *op, int *dtype
 }
 
 int mgc_kspec_head_dim_ok(int64_t d) {
-    return d >= 8 && d <= 128 && d % 8 == 0;
+    return d >= 8 && d <= 256 && d % 8 == 0;
 }
 
 int64_t mgc_kspec_att_width(int64_t d) {
     return (d + 15) / 16 * 16;
+}
+
+int mgc_kspec_att_dkv_slices(int64_t d, int half) {
+    return half && mgc_kspec_att_width(d) > 128 ? 2 : 1;
 }
 
 /* MGC_ATT_POSITIONS=1: the kernels that compute positions (ROWPOS 0, context parallelism's)

@@ -1217,7 +1217,7 @@ mgc_kernels_gap mgc_check_kernels_gap(const mgc_config *c, char *why, size_t n) 
     if (m->head_dim >= 1 && !mgc_kspec_head_dim_ok(m->head_dim)) {
         snprintf(why, n,
                  "model.head_dim (%" PRId64 "): mgc's CUDA attention kernels take a head dim that is a "
-                 "multiple of 8 from 8 to 128",
+                 "multiple of 8 from 8 to 256",
                  m->head_dim);
         return MGC_KERNELS_HEAD_DIM;
     }
@@ -1248,8 +1248,8 @@ static void check_kernels(mgc_check_ctx *k) {
     case MGC_KERNELS_SERVED: return;
     case MGC_KERNELS_HEAD_DIM: {
         int64_t d = k->c->model.head_dim, lo = d / 8 * 8, up = lo + 8;
-        if (d > 128)
-            snprintf(hint, sizeof hint, "use heads of at most 128 channels (more heads of 128 or 64)");
+        if (d > 256)
+            snprintf(hint, sizeof hint, "use heads of at most 256 channels (more heads of 256 or 128)");
         else if (lo < 8)
             snprintf(hint, sizeof hint, "use heads of 8 channels or more");
         else

@@ -51,7 +51,7 @@ int mgc_check_config(mgc_config *c, mgc_diags *d);
  * it predicts on is a GPU; mgc check --target makes it an error. */
 typedef enum mgc_kernels_gap {
     MGC_KERNELS_SERVED = 0,
-    MGC_KERNELS_HEAD_DIM, /* model.head_dim: not a multiple of 8 from 8 to 128 */
+    MGC_KERNELS_HEAD_DIM, /* model.head_dim: not a multiple of 8 from 8 to 256 */
     MGC_KERNELS_EXPERTS,  /* moe.num_experts: more than 1024 */
     MGC_KERNELS_TOPK      /* moe.top_k: more than 64 */
 } mgc_kernels_gap;

@@ -138,7 +138,7 @@ typedef struct mgc_blend {
     X(MODEL_HEAD_DIM, "model.head_dim", INT, model.head_dim, 0, 1, 65536, NULL, MGC_KF_DERIVED,              \
       "hidden_size / num_attention_heads",                                                                   \
       "Channels per attention head (d, Megatron's kv_channels); mgc's CUDA kernels take a multiple of 8 "    \
-      "from 8 to 128.")                                                                                      \
+      "from 8 to 256.")                                                                                      \
     X(MODEL_FFN, "model.ffn_hidden_size", INT, model.ffn_hidden_size, 0, 1, 16777216, NULL, MGC_KF_DERIVED,  \
       "4 * hidden_size (gelu); floor(8 * hidden_size / 3 / 64) * 64 (swiglu)",                                \
       "Inner width of the dense MLP (f).")                                                                   \

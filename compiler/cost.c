@@ -348,8 +348,14 @@ static double op_cost(ctx *c, int64_t stage, const mgc_plan_chunk *ch, const mgc
         /* the kernels compute over the head dim rounded up to 16 (kspec.h mgc_kspec_att_width) */
         mgc_attn_geom g;
         double pad = 1;
-        if (!mgc_plan_attn_geom(ch, op, &g) && g.d > 0)
+        if (!mgc_plan_attn_geom(ch, op, &g) && g.d > 0) {
             pad = (double)mgc_kspec_att_width(g.d) / (double)g.d;
+            /* past a width of 128 the 16-bit dK/dV kernel's two column slices each compute S
+             * and dP: 9 tile products where the calibrated efficiency saw 7 */
+            if (op->kind == MGC_POP_ATTENTION_BWD &&
+                mgc_kspec_att_dkv_slices(g.d, ch->tensors[op->in[0]].dtype != MGC_DT_F32) > 1)
+                pad *= 9.0 / 7.0;
+        }
         t = roofline(c, f * pad, eff, op_bytes(c->routed, ch, op));
         break;
     }

@@ -4,10 +4,10 @@
  *   q, out, dq, dout  (sq, b, A, D)  mgc_t
  *   k, v, dk, dv      (sk, b, G, D)  mgc_t; query head a reads kv head a / (A/G)
  *   lse, dsum         (sq, b, A)     fp32; lse = log sum_j exp(scale q.k_j) over the visible keys
- * Constants: MGC_D (head dim: a multiple of 8 from 8 to 128; the kernels compute over ATT_W, D
+ * Constants: MGC_D (head dim: a multiple of 8 from 8 to 256; the kernels compute over ATT_W, D
  * rounded up to a multiple of 16 (the mma k-step), its last 8 columns zero when D is an odd
  * multiple of 8: staged and loaded as 0, never stored; the tiles are ATT_W's, 48 taking those
- * of 32 or 64, 80 to 112 those of 128), MGC_CAUSAL (0/1), MGC_DROP (0: the op has no dropout, the
+ * of 32 or 64, 80 to 112 those of 128; past 128 "wide", below), MGC_CAUSAL (0/1), MGC_DROP (0: the op has no dropout, the
  * kernels draw nothing whatever drop_p says), MGC_ROWPOS (1: no context parallelism, rows are
  * positions and the position arguments are not read).
  *
@@ -36,12 +36,12 @@
  * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
- * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory); the tile sizes are
- * functions of D only (of ATT_W: "D" below), written below and repeated by
+ * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory) up to D 128; the tile
+ * sizes are functions of D only (of ATT_W: "D" below), written below and repeated by
  * runtime/cuda_ops_attention.c:
- *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, else 32; 16-bit: 128 for
- *             D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
- *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, else 32)
+ *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, 32 to 128, 16 above; 16-bit:
+ *             128 for D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
+ *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, 32 to 128, 16 above)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
  *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D 48 and 64, 16 above: the
  *             double-buffered query tiles fit in the registers and shared memory left);
@@ -51,6 +51,13 @@
  *             context parallelism; else 32);
  *             SIMT (fp32): ATT_BR rows kept per block (64 for D <= 32, 32 for D <= 64, 16
  *             above), ATT_BC rows per step (32 for D <= 64, 16 above)
+ * Wide (D past 128, to 256: ATT_WIDE, ATT_DYN): the forward fits static shared memory with 16
+ * keys a step; the backward kernels take their tiles from dynamic shared memory (ATT_SHARED:
+ * at D 256 84,480 bytes in 16 bits, 65,792 in fp32, under the 99 KiB every sm_80+ GPU gives a
+ * block); the 16-bit dQ kernel reads Q and dO from shared memory (its dQ accumulators, 128
+ * floats a thread, take the registers) and keeps one buffer of 16 keys; the 16-bit dK/dV
+ * kernel runs ATT_DKV_NS = 2 blocks a key tile, each computing S and dP whole and
+ * accumulating half of dK's and dV's columns (both whole would be 256 floats a thread).
  * No float atomics: every sum has a fixed order (dK/dV iterate the group's query heads in
  * order, then the query tiles in order). */
 /* NVRTC compiles with no toolkit header: mgc_common.cuh's mgc_block_max uses INFINITY */
@@ -89,16 +96,19 @@
 /* the width the kernels compute over: D rounded up to the mma k-step of 16 (zero columns past D) */
 #define ATT_W ((ATT_D + 15) / 16 * 16)
 #define ATT_NT 128
+/* head dims past 128 (to 256): the backward's tiles take dynamic shared memory (ATT_DYN) and
+ * the 16-bit dK/dV kernel computes half of the columns a block (ATT_DKV_NS) */
+#define ATT_WIDE (ATT_W > 128)
 #if MGC_HALF
 /* 16-bit forward: tensor cores, ATT_FMT m-tiles of 16 query rows per warp: at D <= 64 two, so
  * that every K and V fragment read from shared memory feeds two mma (shared-memory reads per
  * mma halved); at D = 128 one (the registers) */
 #define ATT_FMT (ATT_W <= 64 ? 2 : 1)
 #define ATT_FBQ (64 * ATT_FMT)
-#define ATT_FBK (ATT_W <= 32 ? 64 : 32) /* S of a warp: 32 x 32 at D = 64 (registers) */
+#define ATT_FBK (ATT_W <= 32 ? 64 : ATT_W <= 128 ? 32 : 16) /* S of a warp: 32 x 32 at D = 64 */
 #else
-#define ATT_FBQ (ATT_W <= 64 ? 64 : 32)
-#define ATT_FBK (ATT_W <= 32 ? 64 : 32)
+#define ATT_FBQ (ATT_W <= 64 ? 64 : ATT_W <= 128 ? 32 : 16)
+#define ATT_FBK (ATT_W <= 32 ? 64 : ATT_W <= 128 ? 32 : 16)
 #endif
 #define ATT_BR (ATT_W <= 32 ? 64 : (ATT_W <= 64 ? 32 : 16))
 #define ATT_BC (ATT_W <= 64 ? 32 : 16)
@@ -113,13 +123,57 @@
 #define ATT_TBC_KV (ATT_W <= 32 ? 64 : ATT_W <= 64 ? 32 : 16) /* dK/dV: query rows per step */
 #define ATT_QMT (ATT_W < 64 || (ATT_W == 64 && !ATT_DROPPOS) ? 2 : 1) /* dQ: m-tiles of 16 rows */
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
-#define ATT_TBC_Q ((ATT_W > 32 && ATT_W <= 64) || (ATT_W > 64 && ATT_DROPPOS) ? 16 : 32) /* dQ: keys a step */
+#define ATT_TBC_Q ((ATT_W > 32 && ATT_W <= 64) || (ATT_W > 64 && ATT_DROPPOS) || ATT_WIDE ? 16 : 32) /* dQ: keys a step */
 #define ATT_KV_SMEM (MGC_D > 64) /* dK/dV: K, V A operands from shared memory (ATT_W > 64; #if) */
+/* wide (#if: MGC_D > 128, ATT_W > 128): the 16-bit dQ kernel reads Q from shared memory too (its
+ * dQ accumulators and dO fragments take the registers), and the dK/dV kernel's blocks each
+ * accumulate ATT_W / ATT_DKV_NS columns of dK and dV (the 256 floats a thread of both whole
+ * would not fit the registers), S and dP computed by each over the whole width */
+#define ATT_DYN (MGC_D > 128)
+#define ATT_DKV_NS (ATT_WIDE ? 2 : 1)
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
-#if MGC_D % 8 != 0 || MGC_D < 8 || MGC_D > 128
-#error "attention.cuh: D must be a multiple of 8 from 8 to 128"
+#if MGC_D % 8 != 0 || MGC_D < 8 || MGC_D > 256
+#error "attention.cuh: D must be a multiple of 8 from 8 to 256"
+#endif
+
+/* ---- shared memory: static, or (ATT_DYN) carved from the launch's dynamic shared memory ---- */
+
+/* ATT_SHARED(T, name, dims) declares the array `T name dims` in shared memory (ATT_SHARED16:
+ * 16-byte aligned, for vector and ldmatrix access): a static one,
+ * or under ATT_DYN (head dims past 128, whose backward tiles pass the 48 KiB of static shared
+ * memory) a reference to the next 16-byte aligned piece of the launch's dynamic shared memory,
+ * after ATT_DYN_BEGIN; ATT_DYN_END then traps when the launch gave less than the pieces
+ * (runtime/cuda_ops_attention.c att_dyn_bytes repeats the sums). */
+#if ATT_DYN
+__device__ __forceinline__ unsigned char *att_dyn_take(unsigned char *base, unsigned &off,
+                                                       unsigned bytes) {
+    unsigned char *p = base + off;
+    off += (bytes + 15u) & ~15u;
+    return p;
+}
+#ifdef MGC_EMU
+#define ATT_DYN_BEGIN                                                                            \
+    MGC_DYN_SHARED(unsigned char, att_dyn_);                                                     \
+    unsigned att_off_ = 0
+#else
+#define ATT_DYN_BEGIN                                                                            \
+    extern __shared__ __align__(16) unsigned char att_dyn_[];                                    \
+    unsigned att_off_ = 0
+#endif
+#define ATT_SHARED(T, name, dims)                                                                \
+    T(&name) dims = *reinterpret_cast<T(*) dims>(att_dyn_take(att_dyn_, att_off_, sizeof(T dims)))
+#define ATT_SHARED16(T, name, dims) ATT_SHARED(T, name, dims)
+#define ATT_DYN_END                                                                              \
+    do {                                                                                         \
+        if (att_off_ > mgc_dyn_bytes()) mgc_trap();                                              \
+    } while (0)
+#else
+#define ATT_DYN_BEGIN do {} while (0)
+#define ATT_SHARED(T, name, dims) __shared__ T name dims
+#define ATT_SHARED16(T, name, dims) __shared__ __align__(16) T name dims
+#define ATT_DYN_END do {} while (0)
 #endif
 
 /* ---- the order of the blocks ------------------------------------------------------------ */
@@ -176,10 +230,12 @@ __device__ __forceinline__ int att_kpos(const int *kpos, int j, int sk, int s, i
  * data.reset_attention_mask): docs (sq, b) holds the position each row's document starts at;
  * a sliding window (MGC_WIN, model.window_size): qp - MGC_WIN + 1; the later of the two.  A
  * key before it is invisible to the row. */
-__device__ __forceinline__ int att_lo(const int *docs, int i, int b, int bi, int qp) {
-    int lo = MGC_DOCS ? docs[(i64)i * b + bi] : 0;
+__device__ __forceinline__ int att_lo_at(int lo, int qp) { /* lo: the row's document start */
     if (MGC_WIN && qp - MGC_WIN + 1 > lo) lo = qp - MGC_WIN + 1;
     return lo;
+}
+__device__ __forceinline__ int att_lo(const int *docs, int i, int b, int bi, int qp) {
+    return att_lo_at(MGC_DOCS ? docs[(i64)i * b + bi] : 0, qp);
 }
 #define ATT_DOC_OK(kp_, ds_) (!ATT_LOWER || (kp_) >= (ds_))
 
@@ -447,11 +503,13 @@ __device__ __forceinline__ void att_load_afrag(unsigned (&f)[ATT_W / 16][4], con
 /* acc[mt][dt] += A_mt (16 x NK: accumulator-layout fp32 values x[mt][NK/8][4], rounded to the
  * storage type) times B (NK x D) = the staged tile t[NK][D] itself (ldmatrix.trans), for MT
  * m-tiles: each B fragment read once feeds MT mma.  Per m-tile the sums and their order are
- * MT = 1's. */
-template <int NK, int MT>
-__device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_W / 8][4],
+ * MT = 1's.  DTN < ATT_W / 8: the n-tiles of columns c0 .. c0 + 8 DTN - 1 only, those before
+ * ATT_W (ATT_DKV_NS: DTN is even and c0 a multiple of 16, so pairs of n-tiles are whole). */
+template <int NK, int MT, int DTN = ATT_W / 8>
+__device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][DTN][4],
                                                const float (&x)[MT][NK / 8][4],
-                                               const unsigned short (*t)[ATT_W + 8], int lane) {
+                                               const unsigned short (*t)[ATT_W + 8], int lane,
+                                               int c0 = 0) {
     const int m = lane >> 3, rr = lane & 7;
 #pragma unroll
     for (int pk = 0; pk < NK / 16; pk++) {
@@ -464,9 +522,10 @@ __device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_W / 8][4],
             pa[mt][3] = mgc_pack2(x[mt][2 * pk + 1][2], x[mt][2 * pk + 1][3]);
         }
 #pragma unroll
-        for (int dt = 0; dt < ATT_W / 8; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
+        for (int dt = 0; dt < DTN; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
+            if (DTN != ATT_W / 8 && c0 + 8 * dt >= ATT_W) break;
             unsigned bf[4];
-            att_ldsm4<true>(bf, &t[16 * pk + 8 * (m & 1) + rr][8 * (dt + (m >> 1))]);
+            att_ldsm4<true>(bf, &t[16 * pk + 8 * (m & 1) + rr][c0 + 8 * (dt + (m >> 1))]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 att_mma(acc[mt][dt], pa[mt], bf[0], bf[1]);
@@ -475,11 +534,12 @@ __device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][ATT_W / 8][4],
         }
     }
 }
-template <int NK>
-__device__ __forceinline__ void att_mma_acc(float (&acc)[ATT_W / 8][4], const float (&x)[NK / 8][4],
-                                            const unsigned short (*t)[ATT_W + 8], int lane) {
-    att_mma_acc_mt<NK, 1>(reinterpret_cast<float(&)[1][ATT_W / 8][4]>(acc),
-                          reinterpret_cast<const float(&)[1][NK / 8][4]>(x), t, lane);
+template <int NK, int DTN = ATT_W / 8>
+__device__ __forceinline__ void att_mma_acc(float (&acc)[DTN][4], const float (&x)[NK / 8][4],
+                                            const unsigned short (*t)[ATT_W + 8], int lane,
+                                            int c0 = 0) {
+    att_mma_acc_mt<NK, 1, DTN>(reinterpret_cast<float(&)[1][DTN][4]>(acc),
+                               reinterpret_cast<const float(&)[1][NK / 8][4]>(x), t, lane, c0);
 }
 
 /* s[mt][nt] = A_mt (16 x D, fragments f[mt]) times B (D x NN) = the staged tile t[NN][D]
@@ -539,17 +599,20 @@ __device__ __forceinline__ void att_mma_rows_sa(float (&s)[NN / 8][4],
 }
 
 /* Stores the warp's 16 x D accumulator rows r[0], r[1] of head h into y (n, b, H, D), rounded
- * (its columns past D, ATT_W's zero padding, are not stored). */
-__device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[ATT_W / 8][4],
+ * (its columns past D, ATT_W's zero padding, are not stored); DTN < ATT_W / 8: the columns c0
+ * .. c0 + 8 DTN - 1 (ATT_DKV_NS). */
+template <int DTN = ATT_W / 8>
+__device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[DTN][4],
                                               const int r[2], int n, int b, int H, int bi, int h,
-                                              int tig) {
+                                              int tig, int c0 = 0) {
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
         if (r[hh] >= n) continue;
-        unsigned *row = (unsigned *)(y + (((i64)r[hh] * b + bi) * H + h) * ATT_D);
+        unsigned *row = (unsigned *)(y + (((i64)r[hh] * b + bi) * H + h) * ATT_D + c0);
 #pragma unroll
-        for (int dt = 0; dt < ATT_D / 8; dt++)
-            row[4 * dt + tig] = mgc_pack2(acc[dt][2 * hh], acc[dt][2 * hh + 1]);
+        for (int dt = 0; dt < DTN; dt++)
+            if (DTN == ATT_W / 8 ? dt < ATT_D / 8 : c0 + 8 * dt < ATT_D)
+                row[4 * dt + tig] = mgc_pack2(acc[dt][2 * hh], acc[dt][2 * hh + 1]);
     }
 }
 #endif
@@ -927,17 +990,19 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * group's query heads a = g*(A/G) .. in order and over query tiles of ATT_BC rows in order:
  *   P = exp(scale q k^T - lse) (0 where invisible or lse = -inf), Z = dropout multiplier,
  *   dV += (P Z)^T dO,  dS = P (Z (dO v^T) - dsum) scale,  dK += dS^T q.
- * grid (ceil(sk / ATT_BR), b, G), block 128, dynamic shared memory 0. */
+ * grid (ceil(sk / ATT_BR), b, G), block 128, dynamic shared memory 0 (wide: ATT_SHARED's). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
     ATT_STEP_STREAM;
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
-    __shared__ float Ks[BR][ATT_W + 1];
-    __shared__ float Vs[BR][ATT_W + 1];
-    __shared__ float Qs[BC][ATT_W + 1];
-    __shared__ float dOs[BC][ATT_W + 1];
+    ATT_DYN_BEGIN;
+    ATT_SHARED(float, Ks, [BR][ATT_W + 1]);
+    ATT_SHARED(float, Vs, [BR][ATT_W + 1]);
+    ATT_SHARED(float, Qs, [BC][ATT_W + 1]);
+    ATT_SHARED(float, dOs, [BC][ATT_W + 1]);
+    ATT_DYN_END;
     __shared__ float PTs[BR][BC + 1];  /* (P Z)^T */
     __shared__ float dSTs[BR][BC + 1]; /* dS^T */
     __shared__ float lses[BC], dsums[BC];
@@ -1052,17 +1117,19 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 /* attention_bwd_dq: dq of ATT_BR query rows of head a for batch row bi, over key tiles of
  * ATT_BC rows in order: dS = P (Z (dO v^T) - dsum) scale, dQ += dS k; first writes the rows'
  * dsum = rowsum(dO o O) (o: the forward's out), which the dK/dV kernel reads.
- * grid (ceil(sq / ATT_BR), b, A), block 128, dynamic shared memory 0. */
+ * grid (ceil(sq / ATT_BR), b, A), block 128, dynamic shared memory 0 (wide: ATT_SHARED's). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
                    const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
     ATT_STEP_STREAM;
     constexpr int BR = ATT_BR, BC = ATT_BC, RM = BR / 8, RN = BC / 16;
-    __shared__ float Qs[BR][ATT_W + 1];
-    __shared__ float dOs[BR][ATT_W + 1];
-    __shared__ float Ks[BC][ATT_W + 1];
-    __shared__ float Vs[BC][ATT_W + 1];
+    ATT_DYN_BEGIN;
+    ATT_SHARED(float, Qs, [BR][ATT_W + 1]);
+    ATT_SHARED(float, dOs, [BR][ATT_W + 1]);
+    ATT_SHARED(float, Ks, [BC][ATT_W + 1]);
+    ATT_SHARED(float, Vs, [BC][ATT_W + 1]);
+    ATT_DYN_END;
     __shared__ float dSs[BR][BC + 1];
     __shared__ float red[32];
     const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
@@ -1185,23 +1252,44 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * mma.sync, then P^T Z and dS^T in registers, rounded to the storage type as the A operand of
  * dV += (P Z)^T dO and dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query
  * tiles, in order.  A tile whose queries all see every key of the block skips the mask.
- * grid (ceil(sk / ATT_TBR), b, G), block 128, dynamic shared memory 0. */
+ * grid (ceil(sk / ATT_TBR) ATT_DKV_NS, b, G), block 128, dynamic shared memory 0 (wide:
+ * ATT_SHARED's; a key tile's ATT_DKV_NS column slices are neighbouring blocks). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
     mgc_pdl_begin();
     ATT_STEP_STREAM;
     constexpr int BR = ATT_TBR, BC = ATT_TBC_KV, NT = BC / 8, KS = ATT_W / 16, DT = ATT_W / 8;
+    /* the block's slice of the columns of dK and dV: DTN n-tiles from column c0, those before
+     * ATT_W (all of them unless wide: ATT_DKV_NS; an even number, pairs of n-tiles being
+     * att_mma_acc's step: at ATT_W 144 80 columns and 64) */
+    constexpr int NS = ATT_DKV_NS, DTN = NS > 1 ? 2 * ((DT + 2 * NS - 1) / (2 * NS)) : DT;
     /* buffers of the query-side tiles: one at D = 128, where K and V take the shared memory
      * (the next tile is then fetched after this one is done) */
     constexpr int NB = ATT_KV_SMEM ? 1 : 2;
-    __shared__ __align__(16) unsigned short Qs[NB][BC][ATT_W + 8];
-    __shared__ __align__(16) unsigned short dOs[NB][BC][ATT_W + 8];
+    ATT_DYN_BEGIN;
+    ATT_SHARED16(unsigned short, Qs, [NB][BC][ATT_W + 8]);
+    ATT_SHARED16(unsigned short, dOs, [NB][BC][ATT_W + 8]);
+#if ATT_KV_SMEM
+    ATT_SHARED16(unsigned short, Ks, [BR][ATT_W + 8]);
+    ATT_SHARED16(unsigned short, Vs, [BR][ATT_W + 8]);
+#endif
+    ATT_DYN_END;
     __shared__ float lses[NB][BC], dsums[NB][BC]; /* raw: lse, dsum; 0 past sq */
+#if MGC_DOCS /* the query tile's document starts, fetched with it (D 256's registers) */
+    __shared__ int dss[NB][BC];
+#define ATT_DKV_DOCS_CP(bf_, i_) att_cp4(&dss[bf_][tid], docs + ((i64)((i_) < sq ? (i_) : 0) * b + bi), (i_) < sq)
+#define ATT_DKV_DOC(bf_, ql_) dss[bf_][ql_]
+#else
+#define ATT_DKV_DOCS_CP(bf_, i_) ((void)0)
+#define ATT_DKV_DOC(bf_, ql_) 0
+#endif
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     int tile, bi, g; /* key tile 0 sees the most queries: it goes first (att_block_ids) */
     att_block_ids(tile, bi, g);
+    const int c0 = NS > 1 ? tile % NS * (8 * DTN) : 0;
+    if (NS > 1) tile /= NS; /* a key tile's slices are neighbours in the order */
     const int k0 = tile * BR, per = A / G;
     ATT_KV_VIEWS;
     const float sl2 = scale * ATT_LOG2E;
@@ -1209,8 +1297,6 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
 #if ATT_KV_SMEM
-    __shared__ __align__(16) unsigned short Ks[BR][ATT_W + 8];
-    __shared__ __align__(16) unsigned short Vs[BR][ATT_W + 8];
     att_stage<BR>(Ks, k, k0, sk, b, kH, bi, kh);
     att_stage<BR>(Vs, v, k0, sk, b, kH, bi, kh);
     __syncthreads();
@@ -1232,9 +1318,9 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         kmin = -att_block_max_int(ok ? -p : 0, ok, red);
         if (MGC_WIN) qhi = att_block_max_int(p, ok, red) + MGC_WIN - 1;
     }
-    float dka[DT][4], dva[DT][4];
+    float dka[DTN][4], dva[DTN][4];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++)
+    for (int dt = 0; dt < DTN; dt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[dt][e] = dva[dt][e] = 0.0f;
 
@@ -1265,6 +1351,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
             i64 rw_ = ((i64)(i_ < sq ? i_ : 0) * b + bi) * A + (a_);                             \
             att_cp4(&lses[bf_][tid], lse + rw_, i_ < sq);                                        \
             att_cp4(&dsums[bf_][tid], dsum + rw_, i_ < sq);                                      \
+            ATT_DKV_DOCS_CP(bf_, i_);                                                            \
         }                                                                                        \
     } while (0)
     int a = g * per, q0 = 0;
@@ -1320,7 +1407,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     float l2 = i < sq ? lses[buf][ql] * ATT_LOG2E : att_ninf(), Dv = dsums[buf][ql];
                     int qpi = 0, dsi = 0;
                     if (MGC_CAUSAL && i < sq) qpi = att_qpos(qpos, i, pos_s, pos_cp, pos_rank);
-                    if (ATT_LOWER && i < sq) dsi = att_lo(docs, i, b, bi, qpi);
+                    if (ATT_LOWER && i < sq) dsi = att_lo_at(ATT_DKV_DOC(buf, ql), qpi);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         bool visible = i < sq && r[h] < sk && l2 != att_ninf() &&
@@ -1334,8 +1421,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
                     }
                 }
         }
-        att_mma_acc<BC>(dva, s, dOs[buf], lane);
-        att_mma_acc<BC>(dka, dp, Qs[buf], lane);
+        att_mma_acc<BC, DTN>(dva, s, dOs[buf], lane, c0);
+        att_mma_acc<BC, DTN>(dka, dp, Qs[buf], lane, c0);
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
         if (NB == 1) {
             ATT_DKV_NEXT(an, qn);
@@ -1347,13 +1434,15 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #undef ATT_DKV_FETCH
 #undef ATT_DKV_NEXT
 #undef ATT_DKV_SEEN
+#undef ATT_DKV_DOCS_CP
+#undef ATT_DKV_DOC
     att_cp_wait<0>();
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++)
+    for (int dt = 0; dt < DTN; dt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[dt][e] *= scale;
-    att_store_acc(dk, dka, r, sk, b, kH, bi, kh, tig);
-    att_store_acc(dv, dva, r, sk, b, kH, bi, kh, tig);
+    att_store_acc<DTN>(dk, dka, r, sk, b, kH, bi, kh, tig, c0);
+    att_store_acc<DTN>(dv, dva, r, sk, b, kH, bi, kh, tig, c0);
 }
 #endif
 
@@ -1365,7 +1454,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * the block sees while this one is computed; ldmatrix reads K transposed for dS K, each
  * fragment feeding every m-tile): S = Q K^T, dP = dO V^T, dS in registers, dQ += dS K.
  * A tile every query of the block sees whole skips the per-element mask (as the forward).
- * grid (ceil(sq / ATT_TBR_Q), b, A), block 128, dynamic shared memory 0. */
+ * grid (ceil(sq / ATT_TBR_Q), b, A), block 128, dynamic shared memory 0 (wide: ATT_SHARED's). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dq, float *__restrict__ dsum,
                    const mgc_t *__restrict__ o, ATT_BWD_PARAMS) {
@@ -1373,8 +1462,19 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     ATT_STEP_STREAM;
     constexpr int MT = ATT_QMT, BR = ATT_TBR_Q, BC = ATT_TBC_Q, NT = BC / 8, KS = ATT_W / 16,
                   DT = ATT_W / 8;
-    __shared__ __align__(16) unsigned short Ks[2][BC][ATT_W + 8];
-    __shared__ __align__(16) unsigned short Vs[2][BC][ATT_W + 8];
+    /* wide (ATT_DYN): Q and dO staged, their A fragments read by ldmatrix (MT = 1: warp w's
+     * rows 16 w ..), and one buffer of K and V (the next tile fetched after this one is done):
+     * the dQ accumulators take the registers, and two buffers would pass 99 KiB */
+    constexpr int NB = ATT_DYN ? 1 : 2;
+    static_assert(!ATT_DYN || MT == 1, "attention_bwd_dq: wide rows are one m-tile a warp");
+    ATT_DYN_BEGIN;
+    ATT_SHARED16(unsigned short, Ks, [NB][BC][ATT_W + 8]);
+    ATT_SHARED16(unsigned short, Vs, [NB][BC][ATT_W + 8]);
+#if ATT_DYN
+    ATT_SHARED16(unsigned short, Qs, [BR][ATT_W + 8]);
+    ATT_SHARED16(unsigned short, dOs, [BR][ATT_W + 8]);
+#endif
+    ATT_DYN_END;
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     int tile, bi, a; /* the longest tiles first (att_block_ids) */
@@ -1388,13 +1488,21 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         r[mt][0] = q0 + 16 * (w + 4 * mt) + grp, r[mt][1] = r[mt][0] + 8;
     const bool rows_are_pos = MGC_ROWPOS || (!qpos && !kpos && pos_cp <= 1);
 
-    unsigned qf[MT][KS][4], of[MT][KS][4];
+#if ATT_DYN /* read after the barrier before the loop */
+    att_stage<BR>(Qs, q, q0, sq, b, qH, bi, qh);
+    att_stage<BR>(dOs, dout, q0, sq, b, A, bi, a);
+#else
+    unsigned qf[MT][KS][4];
+#endif
+    unsigned of[MT][KS][4];
     int qp[MT][2], ds[MT][2];
     float nl2[MT][2], Dm[MT][2]; /* -lse log2 e (+inf past sq or without a visible key) */
     bool rowok[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
+#if !ATT_DYN
         att_load_afrag(qf[mt], q, r[mt], sq, b, qH, bi, qh, tig);
+#endif
         att_load_afrag(of[mt], dout, r[mt], sq, b, A, bi, a, tig);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -1456,19 +1564,28 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_stage_async<BC>(Vs[0], v, k0, sk, b, kH, bi, kh);
     }
     att_cp_commit();
-    for (int buf = 0; k0 < sk; buf ^= 1) {
+    for (int buf = 0; k0 < sk; buf ^= NB - 1) {
         int kn = k0 + BC;
-        while (kn < sk && !ATT_DQ_SEEN(kn)) kn += BC;
-        if (kn < sk) {
-            att_stage_async<BC>(Ks[buf ^ 1], k, kn, sk, b, kH, bi, kh);
-            att_stage_async<BC>(Vs[buf ^ 1], v, kn, sk, b, kH, bi, kh);
+        if (NB == 2) {
+            while (kn < sk && !ATT_DQ_SEEN(kn)) kn += BC;
+            if (kn < sk) {
+                att_stage_async<BC>(Ks[buf ^ 1], k, kn, sk, b, kH, bi, kh);
+                att_stage_async<BC>(Vs[buf ^ 1], v, kn, sk, b, kH, bi, kh);
+            }
+            att_cp_commit();
+            att_cp_wait<1>();
+        } else {
+            att_cp_wait<0>();
         }
-        att_cp_commit();
-        att_cp_wait<1>();
         __syncthreads();
         float s[MT][NT][4], dp[MT][NT][4];
+#if ATT_DYN
+        att_mma_rows_sa<BC>(s[0], Qs, 16 * w, Ks[buf], lane);
+        att_mma_rows_sa<BC>(dp[0], dOs, 16 * w, Vs[buf], lane);
+#else
         att_mma_rows_mt<BC, MT>(s, qf, Ks[buf], lane);
         att_mma_rows_mt<BC, MT>(dp, of, Vs[buf], lane);
+#endif
         const bool whole =
             !ATT_LOWER && rows_are_pos && k0 + BC <= sk && (!MGC_CAUSAL || k0 + BC - 1 <= q0);
         /* P = 2^(S sl2 - lse log2 e) (one FFMA, one MUFU); dS leaves out the softmax scale: dQ
@@ -1515,6 +1632,14 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         }
         att_mma_acc_mt<BC, MT>(dqa, dp, Ks[buf], lane);
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
+        if (NB == 1) {
+            while (kn < sk && !ATT_DQ_SEEN(kn)) kn += BC;
+            if (kn < sk) {
+                att_stage_async<BC>(Ks[0], k, kn, sk, b, kH, bi, kh);
+                att_stage_async<BC>(Vs[0], v, kn, sk, b, kH, bi, kh);
+            }
+            att_cp_commit();
+        }
         k0 = kn;
     }
 #undef ATT_DQ_SEEN

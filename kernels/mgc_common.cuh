@@ -22,11 +22,27 @@
 
 typedef long long i64;
 
-/* the launch's dynamic shared memory as an array `name` of T */
+/* the launch's dynamic shared memory as an array `name` of T; mgc_dyn_bytes() its size in
+ * bytes (the launch's), and mgc_trap() ends the grid with an error (a launcher that gave a
+ * kernel less than it needs) */
 #ifdef MGC_EMU /* the CUDA emulator (runtime/emu/cuda_emu.h) */
 #define MGC_DYN_SHARED(T, name) T *name = (T *)mgc_emu_cur->dyn_shared
+__device__ __forceinline__ unsigned mgc_dyn_bytes(void) {
+    return mgc_emu_cur->dyn_bytes;
+}
+__device__ __forceinline__ void mgc_trap(void) {
+    __builtin_trap();
+}
 #else
 #define MGC_DYN_SHARED(T, name) extern __shared__ T name[]
+__device__ __forceinline__ unsigned mgc_dyn_bytes(void) {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void mgc_trap(void) {
+    __trap();
+}
 #endif
 
 /* Programmatic dependent launch (docs/cuda-backend.md, "Programmatic dependent launch").

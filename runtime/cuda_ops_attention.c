@@ -27,8 +27,8 @@
 #include "rng.h"
 
 static int fwd_bq(int64_t d, int half) {
-    if (half) return d <= 64 ? 128 : 64; /* ATT_FBQ: 64 * ATT_FMT */
-    return d <= 64 ? 64 : 32;            /* ATT_FBQ (fp32) */
+    if (half) return d <= 64 ? 128 : 64;     /* ATT_FBQ: 64 * ATT_FMT */
+    return d <= 64 ? 64 : (d <= 128 ? 32 : 16); /* ATT_FBQ (fp32) */
 }
 static int bwd_br(int64_t d, int half) {
     if (half) return 64;                       /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
@@ -39,6 +39,17 @@ static int bwd_dq_rows(const mgc_kspec *k, int64_t d, int half) {
     int droppos = mgc_kspec_get(k, "DROP") == 1 && mgc_kspec_get(k, "ROWPOS") == 0;
     if (half) return d < 64 || (d == 64 && !droppos) ? 128 : 64;
     return bwd_br(d, half); /* the SIMT dQ kernel: ATT_BR */
+}
+
+/* Head dims past 128 (ATT_DYN): the backward kernels' tiles in dynamic shared memory, the bytes
+ * of their ATT_SHARED pieces (each a multiple of 16 here: w is).  16-bit: the dQ kernel's K and
+ * V (one buffer of 16 rows) and Q and dO (64 rows), the dK/dV kernel's Q and dO (one buffer of
+ * 16 rows) and K and V (64 rows), rows of w + 8 halves; fp32: both kernels' four tiles of 16
+ * rows of w + 1 floats.  The kernels trap when given less (ATT_DYN_END).  84,480 and 65,792
+ * bytes at 256: under the 99 KiB every sm_80+ GPU allows a block. */
+static size_t bwd_dyn_bytes(int64_t w, int half) {
+    if (w <= 128) return 0;
+    return half ? (size_t)(2 * 16 + 2 * 64) * (size_t)(w + 8) * 2 : (size_t)4 * 16 * (size_t)(w + 1) * 4;
 }
 
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
@@ -127,16 +138,19 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv};
-    int bq = bwd_dq_rows(&ks[0], mgc_kspec_att_width(d), ks[0].dtype != MGC_DT_F32);
+    int64_t w = mgc_kspec_att_width(d);
+    int half = ks[0].dtype != MGC_DT_F32;
+    int bq = bwd_dq_rows(&ks[0], w, half);
     if (mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A, 128,
-                        0, a0))
+                        bwd_dyn_bytes(w, half), a0))
         return -1;
-    int br = bwd_br(mgc_kspec_att_width(d), ks[1].dtype != MGC_DT_F32);
+    int br = bwd_br(w, half);
     void *a1[] = {&dk,      &dv,       &dsum,    &q,        &k,          &v,     &dout,
                   &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv};
-    return mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br), (unsigned)b, (unsigned)G,
-                           128, 0, a1);
+    return mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br) *
+                               (unsigned)mgc_kspec_att_dkv_slices(d, half),
+                           (unsigned)b, (unsigned)G, 128, bwd_dyn_bytes(w, half), a1);
 }

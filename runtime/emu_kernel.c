@@ -808,6 +808,7 @@ static int run_block(mgc_emu *e, const loaded *l, mgc_emu_u3 bid, mgc_emu_u3 gdi
         f->t.bdim.x = (unsigned)n, f->t.bdim.y = 1, f->t.bdim.z = 1;
         f->t.gdim = gdim;
         f->t.dyn_shared = e->dyn;
+        f->t.dyn_bytes = (unsigned)e->dyn_bytes;
         f->t.fiber = f;
         f->state = F_RUN;
         fctx_make(&f->ctx, f->stack, STACK_BYTES);

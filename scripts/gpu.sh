@@ -11,7 +11,8 @@
 #                                             replayed and trained on the GPU for SWEEP_S
 #                                             seconds), nccl, sanitize, bench, kern (every
 #                                             kernel of one step under ncu: device time, DRAM
-#                                             bytes; NCU_MODELS)
+#                                             bytes; NCU_MODELS), wide (attention at head dims
+#                                             128 and 256 against SDPA, $OUT/wide.md)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes on the H100 on 2026-11-28, before the
 #                                             dropout and fusion variants were added: not
@@ -321,6 +322,51 @@ if has sweep; then
     grep -E "^FAILED|^TIMEOUT|^emu_sweep" "$OUT/sweep.log" | cut -c1-300
     rm -rf build-gpu/sweep/kernel-cache build-gpu/sweep/draw.plan
     tar czf "$OUT/sweep.tgz" -C build-gpu sweep || rc=1
+fi
+if has wide; then
+    # head dims past 128 (kernels/attention.cuh ATT_DYN: the backward's tiles in dynamic shared
+    # memory, the dK/dV kernel's two column slices), never timed before: a two-layer LLaMA-style
+    # model of width 2048 at head dim 128 (16 heads) and 256 (8 heads, Gemma's), seq 2048,
+    # micro batch 2, bf16; the attention ops' device time a call (mgc-run --profile) against
+    # SDPA at the same shapes, and 20 steps' losses and median step (the plan runs)
+    echo "== wide" | tee "$OUT/wide.md"
+    echo "| head dim | shape | mgc fwd ms | SDPA fwd ms | mgc bwd ms | SDPA bwd ms | mgc speed vs SDPA (fwd+bwd) |" >>"$OUT/wide.md"
+    echo "|---|---|---:|---:|---:|---:|---:|" >>"$OUT/wide.md"
+    for hd in 128 256; do
+        heads=$((2048 / hd))
+        build-gpu/compiler/mgc compile models/tiny-llama.yaml --set model.hidden_size=2048 \
+            --set model.num_attention_heads=$heads --set model.num_query_groups=$heads \
+            --set model.head_dim=$hd --set model.num_layers=2 --set model.ffn_hidden_size=5632 \
+            --set model.seq_length=2048 --set model.max_position_embeddings=2048 \
+            --set model.vocab_size=32000 --set parallel.world_size=1 --set parallel.tensor=1 \
+            --set parallel.pipeline=1 --set parallel.data=1 --set parallel.context=1 \
+            --set training.precision=bf16 --set training.micro_batch_size=2 \
+            --set training.global_batch_size=2 --set training.recompute=none \
+            --set hardware.cuda_archs=[90] -o build-gpu/wide$hd.plan >build-gpu/wide$hd.log 2>&1 || { rc=1; continue; }
+        build-gpu/runtime/mgc-run build-gpu/wide$hd.plan --backend cuda --iterations 20 -q \
+            --metrics build-gpu/wide$hd.jsonl >>build-gpu/wide$hd.log 2>&1 || { tail -n 3 build-gpu/wide$hd.log; rc=1; continue; }
+        python3 -c 'import json,sys,statistics
+r=[json.loads(l) for l in open(sys.argv[1])]
+print("head dim %s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x["step_ms"] for x in r][8:]),
+      " ".join("%d:%.6g" % (x["step"], x["loss"]) for x in r)))' build-gpu/wide$hd.jsonl $hd | tee -a "$OUT/wide.md"
+        build-gpu/runtime/mgc-run build-gpu/wide$hd.plan --backend cuda --iterations 6 --profile-warmup 2 -q \
+            --profile build-gpu/wide$hd.prof.jsonl >>build-gpu/wide$hd.log 2>&1 &&
+            python3 bench/torch_gpt_gpu.py --hidden 2048 --heads $heads --seq 2048 --mbs 2 --sdpa \
+                >build-gpu/wide$hd.sdpa.json 2>>build-gpu/wide$hd.log &&
+            python3 -c '
+import json, sys
+ops = [json.loads(l) for l in open(sys.argv[1])]
+ops = [o for o in ops if o.get("type") == "op"]
+def per_call(kind):
+    v = [o["mean_s"] * 1e3 for o in ops if o["kind"] == kind]
+    return sum(v) / len(v) if v else float("nan")
+f, b = per_call("attention"), per_call("attention_bwd")
+t = json.load(open(sys.argv[2]))
+sf, sb = t["sdpa_fwd_ms"], t["sdpa_bwd_ms"]
+print("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.2fx |" % (sys.argv[3], "x".join(map(str, t["shape"])), f, sf, b, sb, (sf + sb) / (f + b)))
+' build-gpu/wide$hd.prof.jsonl build-gpu/wide$hd.sdpa.json $hd >>"$OUT/wide.md" || rc=1
+    done
+    cat "$OUT/wide.md"
 fi
 if has nccl; then
     # NCCL (--device-comm nccl): two ranks as two processes over TCP on the one GPU, each

@@ -36,7 +36,13 @@ def draw(rng):
     llama = "llama" in model
     moe = "moe" in model
     heads = rng.choice([1, 2, 3, 4, 6, 8])
-    d = rng.choice([16, 16, 32, 32, 64, 128]) if rng.random() < 0.9 else rng.choice([8, 20, 24, 40, 48, 56, 72, 80, 96, 120])
+    r = rng.random()
+    if r < 0.85:
+        d = rng.choice([16, 16, 32, 32, 64, 128])
+    elif r < 0.95:
+        d = rng.choice([8, 20, 24, 40, 48, 56, 72, 80, 96, 120])
+    else:  # wide (past 128: the backward's dynamic shared memory and column slices); 264 refused
+        d = rng.choice([136, 192, 200, 256, 264])
     s["model.num_attention_heads"] = heads
     s["model.head_dim"] = d
     # the residual width: usually heads x head dim, sometimes another multiple of 4 or 2

@@ -323,6 +323,47 @@ static void test_padded_head_dim(void) {
     mgc_plan_free(p48);
 }
 
+/* The seconds of chunk 0's ops of one kind (forward and backward programs), less a launch each */
+static double kind_s(const mgc_plan *p, const mgc_hw *hw, mgc_plan_op_kind kind) {
+    mgc_cost_options o;
+    memset(&o, 0, sizeof o);
+    o.hw = hw;
+    const mgc_plan_chunk *ch = &p->stages[0].chunks[0];
+    double t = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t i = 0; i < (pass ? ch->n_bwd : ch->n_fwd); i++) {
+            const mgc_plan_op *op = pass ? &ch->bwd[i] : &ch->fwd[i];
+            if (op->kind == kind) t += mgc_cost_op(p, 0, ch, op, &o, NULL) - hw->launch_s;
+        }
+    return t;
+}
+
+/* Past a head dim of 128 the 16-bit dK/dV kernel computes dK and dV in two column slices, each
+ * with all of S and dP: its backward is priced at 9 tile products for 7 (kspec.h
+ * mgc_kspec_att_dkv_slices).  GPT-2 124M's compute-bound attention at head dim 256 against 128:
+ * the forward twice the time, the bf16 backward 2 x 9/7, the fp32 one (no slices) twice. */
+static void test_wide_head_dim(void) {
+    mgc_hw hw = load_hw("h100-sxm");
+    for (int f32 = 0; f32 < 2; f32++) {
+        const char *d128[] = {"parallel.world_size=1", "training.global_batch_size=4",
+                              "training.micro_batch_size=4", "model.head_dim=128",
+                              f32 ? "training.precision=fp32" : "training.precision=bf16", NULL};
+        const char *d256[] = {"parallel.world_size=1", "training.global_batch_size=4",
+                              "training.micro_batch_size=4", "model.head_dim=256",
+                              f32 ? "training.precision=fp32" : "training.precision=bf16", NULL};
+        mgc_plan *a = compile_with(GPT, d128), *b = compile_with(GPT, d256);
+        if (a && b) {
+            double fa = kind_s(a, &hw, MGC_POP_ATTENTION), fb = kind_s(b, &hw, MGC_POP_ATTENTION);
+            double ba = kind_s(a, &hw, MGC_POP_ATTENTION_BWD), bb = kind_s(b, &hw, MGC_POP_ATTENTION_BWD);
+            T_CHECK(fa > 0 && ba > 0);
+            T_NEAR_REL(fb, 2 * fa, 1e-9);
+            T_NEAR_REL(bb, f32 ? 2 * ba : 2 * ba * 9 / 7, 1e-9);
+        }
+        mgc_plan_free(a);
+        mgc_plan_free(b);
+    }
+}
+
 static void test_step(void) {
     mgc_hw hw = load_hw("h100-sxm");
     mgc_cost_options o;
@@ -614,6 +655,7 @@ int main(void) {
     test_ops();
     test_step();
     test_padded_head_dim();
+    test_wide_head_dim();
     test_routed();
     test_lookup_bytes();
     test_calibrate();

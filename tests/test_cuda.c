@@ -2313,6 +2313,24 @@ int main(int argc, char **argv) {
                                           "model.num_layers=2", NULL};
         check_ops("examples/tiny-gpt.yaml", hd40);
         check_ops("models/tiny-llama.yaml", hd8);
+        /* wide (D past 128, attention.cuh ATT_DYN): the backward's tiles in dynamic shared
+         * memory, the 16-bit dQ kernel's Q and dO from shared memory, the dK/dV kernel's two
+         * column slices a key tile (a slice that stored the other's columns, or no slice
+         * offset, fails): 256 on GPT's fused projection with attention dropout, 136 (an odd
+         * multiple of 8: ATT_W 144) with grouped queries over 80 tokens */
+        static const char *const hd256[] = {"model.num_attention_heads=2", "model.head_dim=256",
+                                            "model.hidden_size=128", "model.num_layers=1",
+                                            "model.attention_dropout=0.1",
+                                            "training.micro_batch_size=2", "training.global_batch_size=2",
+                                            NULL};
+        static const char *const hd136[] = {"model.num_attention_heads=4", "model.num_query_groups=2",
+                                            "model.head_dim=136", "model.hidden_size=96",
+                                            "model.num_layers=1", "model.seq_length=80",
+                                            "model.max_position_embeddings=80",
+                                            "training.micro_batch_size=1", "training.global_batch_size=1",
+                                            NULL};
+        check_ops("examples/tiny-gpt.yaml", hd256);
+        check_ops("models/tiny-llama.yaml", hd136);
         /* the kernels that compute positions (ROWPOS 0, context parallelism's) with attention
          * dropout, replayed op by op on one rank (MGC_ATT_POSITIONS=1), where a layout's losses
          * would not see a dQ row missing: at D 64 the dQ kernel takes one m-tile a warp (64
@@ -2336,10 +2354,18 @@ int main(int argc, char **argv) {
                                             "model.max_position_embeddings=80", "model.attention_dropout=0.1",
                                             "training.micro_batch_size=1", "training.global_batch_size=1",
                                             NULL};
+        /* and wide, at D 200 (ATT_W 208) */
+        static const char *const pos200[] = {"model.num_attention_heads=2", "model.num_query_groups=1",
+                                             "model.head_dim=200", "model.hidden_size=64",
+                                             "model.num_layers=1", "model.seq_length=80",
+                                             "model.max_position_embeddings=80", "model.attention_dropout=0.1",
+                                             "training.micro_batch_size=1", "training.global_batch_size=1",
+                                             NULL};
         setenv("MGC_ATT_POSITIONS", "1", 1);
         check_ops("examples/tiny-gpt.yaml", pos64);
         check_ops("models/tiny-llama.yaml", pos128);
         check_ops("models/tiny-llama.yaml", pos72);
+        check_ops("models/tiny-llama.yaml", pos200);
         unsetenv("MGC_ATT_POSITIONS");
     }
     if (!only || ci2 || !strcmp(only, "norm")) {

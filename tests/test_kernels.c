@@ -344,6 +344,29 @@ int main(void) {
         for (int j = 0; j < 3; j++)
             check_file("models/tiny-llama.yaml", prec3[i], odd8[j]);
     }
+    /* wide head dims (past 128, attention.cuh ATT_DYN: the backward's tiles in dynamic shared
+     * memory, the 16-bit dQ kernel's Q and dO from it, the dK/dV kernel's two column slices),
+     * with attention dropout, in the three precisions: 136 (ATT_W 144: slices of 80 and 64
+     * columns) and 256, whose forward holds 255 registers; and 256 with documents, with a
+     * window, and over cp2 (the positions computed) with dropout */
+    for (int i = 0; i < 3; i++) {
+        check_file("models/tiny-llama.yaml", prec3[i],
+                   "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=136 "
+                   "model.hidden_size=128 model.attention_dropout=0.1");
+        check_file("models/tiny-llama.yaml", prec3[i],
+                   "model.num_attention_heads=2 model.num_query_groups=1 model.head_dim=256 "
+                   "model.hidden_size=256 model.attention_dropout=0.1");
+    }
+    check_file("models/tiny-llama.yaml", "bf16",
+               "model.num_attention_heads=2 model.head_dim=256 model.hidden_size=256 "
+               "data.reset_attention_mask=true");
+    check_file("models/tiny-llama.yaml", "bf16",
+               "model.num_attention_heads=2 model.head_dim=256 model.hidden_size=256 "
+               "model.window_size=40");
+    check_file("models/llama2-7b.yaml", "bf16",
+               "parallel.world_size=2 parallel.context=2 parallel.tensor=1 parallel.pipeline=1 "
+               "model.attention_dropout=0.1 model.num_attention_heads=16 model.num_query_groups=16 "
+               "model.head_dim=256");
     /* context parallelism with attention dropout (ROWPOS 0 with DROP: the position arithmetic
      * and the Philox state together), which no model file's layout has: GPT-2's dropout 0.1
      * at cp2 spilled 24 bytes in dQ at D 64, LLaMA at D 128 8 (emu_sweep.py found it) */

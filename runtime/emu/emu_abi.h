@@ -12,7 +12,7 @@
 #ifndef MGC_EMU_ABI_H
 #define MGC_EMU_ABI_H
 
-#define MGC_EMU_ABI 3 /* 3: mgc_emu_params (a recorded launch copies its arguments) */
+#define MGC_EMU_ABI 4 /* 3: mgc_emu_params (a recorded launch copies its arguments); 4: dyn_bytes */
 
 /* the most bytes one thread hands a collective, or gets back */
 #define MGC_EMU_OPND_MAX 48
@@ -47,6 +47,7 @@ enum {
 typedef struct mgc_emu_thr {
     mgc_emu_u3 tid, bid, bdim, gdim; /* threadIdx, blockIdx, blockDim, gridDim */
     void *dyn_shared;                /* the block's dynamic shared memory (launch's bytes) */
+    unsigned dyn_bytes;              /* its size: the launch's (%dynamic_smem_size) */
     unsigned commits;                /* cp.async groups committed so far */
     int n_cp;                        /* pending copies in cp[] */
     mgc_emu_cp cp[MGC_EMU_CP_MAX];
