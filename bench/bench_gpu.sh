@@ -52,18 +52,7 @@ predict_row() { # name measured-step-ms model-args mbs: the cost model against t
         # attention alone against PyTorch's SDPA (flash) at the same shape, in this run
         # shellcheck disable=SC2086
         $PY bench/torch_gpt_gpu.py $margs --mbs $mbs --sdpa >"$OUT/$name.sdpa.json" 2>"$OUT/$name.sdpa.err" &&
-            $PY -c '
-import json, sys
-ops = [json.loads(l) for l in open(sys.argv[1])]
-ops = [o for o in ops if o.get("type") == "op"]
-def per_call(kind):
-    v = [o["mean_s"] * 1e3 for o in ops if o["kind"] == kind]
-    return sum(v) / len(v) if v else float("nan")
-f, b = per_call("attention"), per_call("attention_bwd")
-t = json.load(open(sys.argv[2]))
-sf, sb = t["sdpa_fwd_ms"], t["sdpa_bwd_ms"]
-print("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.2fx |" % (sys.argv[3], "x".join(map(str, t["shape"])), f, sf, b, sb, (sf + sb) / (f + b)))
-' "$OUT/$name.prof.jsonl" "$OUT/$name.sdpa.json" "$name" >>"$OUT/attention.md"
+            $PY bench/attn_row.py "$OUT/$name.prof.jsonl" "$OUT/$name.sdpa.json" "$name" >>"$OUT/attention.md"
     fi
     $PY -c 'import sys; m,b,f=map(float,sys.argv[2:5]); e=lambda p: "%+.1f%%" % (100*(p-m)/m) if p==p else "n/a"; print("| %s | %.2f | %.2f | %s | %.2f | %s |" % (sys.argv[1], m, b, e(b), f, e(f)))' \
         "$name" "$meas" "$pb" "$pf" >>"$OUT/cost-model.md"

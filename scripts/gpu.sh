@@ -353,18 +353,8 @@ print("head dim %s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.m
             --profile build-gpu/wide$hd.prof.jsonl >>build-gpu/wide$hd.log 2>&1 &&
             python3 bench/torch_gpt_gpu.py --hidden 2048 --heads $heads --seq 2048 --mbs 2 --sdpa \
                 >build-gpu/wide$hd.sdpa.json 2>>build-gpu/wide$hd.log &&
-            python3 -c '
-import json, sys
-ops = [json.loads(l) for l in open(sys.argv[1])]
-ops = [o for o in ops if o.get("type") == "op"]
-def per_call(kind):
-    v = [o["mean_s"] * 1e3 for o in ops if o["kind"] == kind]
-    return sum(v) / len(v) if v else float("nan")
-f, b = per_call("attention"), per_call("attention_bwd")
-t = json.load(open(sys.argv[2]))
-sf, sb = t["sdpa_fwd_ms"], t["sdpa_bwd_ms"]
-print("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.2fx |" % (sys.argv[3], "x".join(map(str, t["shape"])), f, sf, b, sb, (sf + sb) / (f + b)))
-' build-gpu/wide$hd.prof.jsonl build-gpu/wide$hd.sdpa.json $hd >>"$OUT/wide.md" || rc=1
+            python3 bench/attn_row.py build-gpu/wide$hd.prof.jsonl build-gpu/wide$hd.sdpa.json $hd \
+                >>"$OUT/wide.md" || rc=1
     done
     cat "$OUT/wide.md"
 fi
