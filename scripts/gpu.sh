@@ -44,7 +44,7 @@
 #                                             reasons, occupancy, pipes, to $OUT/ncu-*.txt
 #
 # SANITIZE="tiny-gpt-d64" narrows the compute-sanitizer runs (default: the three tiny
-# models, tiny-gpt at head dim 64 and tiny-llama at 128, one training step each, and tiny-gpt
+# models, tiny-gpt at head dim 64 and tiny-llama at 128 and 256, one training step each, and tiny-gpt
 # with hidden and attention dropout for three steps with --cuda-graphs); bench/bench_gpu.sh
 # reads BENCH_MODELS, BENCH_TORCH, BENCH_PROFILE_MODELS and STEPS.  On the lent
 # H100, `test` took about 5 minutes and `bench` about 5: run them as two calls
@@ -395,13 +395,17 @@ if has sanitize; then
         # the tiny models (head dim 16), tiny-gpt at head dim 64 with attention dropout and
         # tiny-llama at head dim 128 (the tensor-core attention backward's two layouts)
         # tiny-gpt-tp2pp2: four ranks as threads on the one GPU, communication through host memory
-        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64 tiny-llama-d128 tiny-gpt-graphs tiny-gpt-tp2pp2}; do
+        # tiny-llama-d256: head dim 256 (the backward's tiles in dynamic shared memory, the
+        # dK/dV kernel's two column slices) with attention dropout
+        for m in ${SANITIZE:-tiny-gpt tiny-llama tiny-moe tiny-gpt-d64 tiny-llama-d128 tiny-llama-d256 tiny-gpt-graphs tiny-gpt-tp2pp2}; do
             run="--iterations 1"
             case $m in
             tiny-gpt-d64) y=examples/tiny-gpt.yaml
                 x="--set model.hidden_size=128 --set model.num_attention_heads=2 --set model.attention_dropout=0.1" ;;
             tiny-llama-d128) y=models/tiny-llama.yaml
                 x="--set model.hidden_size=512 --set model.num_attention_heads=4" ;;
+            tiny-llama-d256) y=models/tiny-llama.yaml
+                x="--set model.hidden_size=512 --set model.num_attention_heads=2 --set model.attention_dropout=0.1" ;;
             tiny-gpt-graphs) y=examples/tiny-gpt.yaml # every program captured, with dropout too
                 x="--set model.hidden_dropout=0.1 --set model.attention_dropout=0.1"
                 run="--iterations 3 --cuda-graphs" ;;
