@@ -8,6 +8,7 @@
  *   - a shared-memory read with no barrier after the write, and blocks that read what another
  *     block of the launch writes: wrong, or other bits under another seed (the orders drawn);
  *   - a cp.async tile read before its wait: the old bytes;
+ *   - mgc_dyn_bytes(), the launch's dynamic shared memory, and mgc_trap() when it is short;
  *   - an index past a fixed-size array, a misaligned vector access, a shift by the width and a
  *     float converted to an int it does not fit (GCC's UBSan in the emulated kernels: the last
  *     three are where a GPU and x86 part ways): the process aborts with the template's line,
@@ -85,6 +86,14 @@ static const char kernels[] =
     "    y[threadIdx.x] = 1.0f;\n"
     "}\n"
     "#endif\n"
+    "#if defined(MGC_ENTRY_dyn_size)\n" /* every thread writes its launch's dynamic shared bytes;
+                                        * NEED: traps when given fewer (attention.cuh ATT_DYN_END) */
+    "extern \"C\" __global__ void MGC_ENTRY_NAME(float *y) {\n"
+    "    mgc_pdl_begin();\n"
+    "    if (mgc_dyn_bytes() < MGC_NEED) mgc_trap();\n"
+    "    y[threadIdx.x] = (float)mgc_dyn_bytes();\n"
+    "}\n"
+    "#endif\n"
     "#if defined(MGC_ENTRY_staged)\n" /* x staged by cp.async; WAIT: read after its wait */
     "extern \"C\" __global__ void MGC_ENTRY_NAME(float *y, const float *x) {\n"
     "    mgc_pdl_begin();\n"
@@ -150,8 +159,9 @@ static void fails(mgc_emu *e, const char *entry, unsigned gx, unsigned gy, unsig
     T_CHECK(strstr(err, want) != NULL);
 }
 
-/* The launch in a child process, which must die (UBSan aborts it) saying `want` on stderr. */
-static void aborts(const char *entry, void **args, const char *want) {
+/* The launch in a child process, which must die (UBSan aborts it) saying `want` on stderr
+ * (need: the spec's NEED, where it has one). */
+static void aborts_need(const char *entry, void **args, const char *want, int need) {
     int fd[2];
     T_CHECK(pipe(fd) == 0);
     fflush(NULL);
@@ -163,6 +173,7 @@ static void aborts(const char *entry, void **args, const char *want) {
         mgc_emu *e = NULL;
         if (mgc_emu_open(&e, err, sizeof err)) _exit(3);
         mgc_kspec k = spec(entry);
+        if (need) mgc_kspec_const(&k, "NEED", need);
         int rc = mgc_emu_launch(e, &k, 1, 1, 1, 32, 0, args, err, sizeof err);
         fprintf(stderr, "launch returned %d: %s\n", rc, err);
         _exit(0);
@@ -183,6 +194,10 @@ static void aborts(const char *entry, void **args, const char *want) {
     if (!died || !strstr(out, want))
         fprintf(stderr, "%s: expected the child to abort with \"%s\"; status %d, stderr:\n%s\n",
                 entry, want, st, out);
+}
+
+static void aborts(const char *entry, void **args, const char *want) {
+    aborts_need(entry, args, want, 0);
 }
 
 int main(void) {
@@ -278,6 +293,21 @@ int main(void) {
     fails(e, "scale", 1, 65536, 32, 0, a3, "a grid of (1, 65536, 1) blocks");
     fails(e, "scale", 1, 1, 32, 101377, a3, "bytes of dynamic shared memory");
     fails(e, "scale", 1, 1, 1025, 0, a3, "a block of 1025 threads");
+
+    /* mgc_dyn_bytes(): the launch's dynamic shared memory, which the attention kernels past
+     * head dim 128 check before carving it; given less than they need, mgc_trap() ends the
+     * process (SIGILL in the emulator, the grid on a GPU) */
+    {
+        mgc_kspec k = spec("dyn_size");
+        mgc_kspec_const(&k, "NEED", 4096);
+        for (int i = 0; i < 32; i++) y[i] = -1.0f;
+        void *ad[] = {&y};
+        T_EQ_I64(launch(e, &k, 1, 1, 32, 4096 + 16, ad, err, sizeof err), 0);
+        int bad = 0;
+        for (int i = 0; i < 32; i++) bad += y[i] != 4096.0f + 16.0f;
+        T_EQ_I64(bad, 0);
+        aborts_need("dyn_size", ad, "", 16); /* launched with none */
+    }
 
     /* the UBSan checks, where GCC builds the kernels (docs/cuda-emulator.md) */
     const char *cxx = getenv("MGC_EMU_CXX"), *bounds = getenv("MGC_EMU_BOUNDS");
