@@ -125,10 +125,11 @@
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
 #define ATT_TBC_Q ((ATT_W > 32 && ATT_W <= 64) || (ATT_W > 64 && ATT_DROPPOS) || ATT_WIDE ? 16 : 32) /* dQ: keys a step */
 #define ATT_KV_SMEM (MGC_D > 64) /* dK/dV: K, V A operands from shared memory (ATT_W > 64; #if) */
-/* wide (#if: MGC_D > 128, ATT_W > 128): the 16-bit dQ kernel reads Q from shared memory too (its
- * dQ accumulators and dO fragments take the registers), and the dK/dV kernel's blocks each
- * accumulate ATT_W / ATT_DKV_NS columns of dK and dV (the 256 floats a thread of both whole
- * would not fit the registers), S and dP computed by each over the whole width */
+/* wide (#if: MGC_D > 128, ATT_W > 128): the backward's tiles in dynamic shared memory
+ * (ATT_SHARED); the 16-bit dQ kernel reads Q and dO from shared memory (its dQ accumulators
+ * take the registers), and the 16-bit dK/dV kernel's ATT_DKV_NS blocks a key tile each
+ * accumulate a slice of dK's and dV's columns (both whole, 256 floats a thread, would not fit
+ * the registers), S and dP computed by each over the whole width */
 #define ATT_DYN (MGC_D > 128)
 #define ATT_DKV_NS (ATT_WIDE ? 2 : 1)
 #define ATT_LOG2E 1.4426950408889634f
