@@ -524,7 +524,7 @@ __device__ __forceinline__ void att_mma_acc_mt(float (&acc)[MT][DTN][4],
         }
 #pragma unroll
         for (int dt = 0; dt < DTN; dt += 2) { /* matrices: (k lo, dt) (k hi, dt) (.., dt+1) */
-            if (DTN != ATT_W / 8 && c0 + 8 * dt >= ATT_W) break;
+            if (c0 + 8 * dt >= ATT_W) break; /* never with the whole width (c0 = 0) */
             unsigned bf[4];
             att_ldsm4<true>(bf, &t[16 * pk + 8 * (m & 1) + rr][c0 + 8 * (dt + (m >> 1))]);
 #pragma unroll
@@ -612,7 +612,7 @@ __device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[DTN][
         unsigned *row = (unsigned *)(y + (((i64)r[hh] * b + bi) * H + h) * ATT_D + c0);
 #pragma unroll
         for (int dt = 0; dt < DTN; dt++)
-            if (DTN == ATT_W / 8 ? dt < ATT_D / 8 : c0 + 8 * dt < ATT_D)
+            if (c0 + 8 * dt < ATT_D)
                 row[4 * dt + tig] = mgc_pack2(acc[dt][2 * hh], acc[dt][2 * hh + 1]);
     }
 }
