@@ -109,6 +109,15 @@ int64_t mgc_kspec_att_width(int64_t d);
  * half of dK's and dV's columns (and all of S and dP: 9 tile products where 7), else 1
  * (attention.cuh ATT_DKV_NS).  fp32 (half = 0): 1. */
 int mgc_kspec_att_dkv_slices(int64_t d, int half);
+/* Whether attention_bwd op's kernels (storage dtype) sum the QKV projection's bias gradient
+ * themselves (constant CS: a fused-qkv op with MGC_POF_COLSUM in 16 bits; attention.cuh
+ * att_colsum), into MGC_KSPEC_ATT_CS_ROWS-row tiles of partials.  An fp32 plan's op with the
+ * flag has the launcher sum dqkv after the kernels instead. */
+#define MGC_KSPEC_ATT_CS_ROWS 64
+int mgc_kspec_att_colsum(const mgc_plan_op *op, int dtype);
+/* The partials of that sum: (b ceil(s / MGC_KSPEC_ATT_CS_ROWS), width) fp32, width the qkv
+ * rows' (A + 2G) d; kspec_scratch.c. */
+uint64_t mgc_kspec_att_cs_bytes(int64_t s, int64_t b, int64_t width);
 int mgc_kspec_router_ok(int64_t experts, int64_t topk);
 int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                    mgc_kspec *out, int max);

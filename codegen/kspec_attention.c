@@ -11,9 +11,11 @@
  * and no MGC_ATT_POSITIONS=1: the masks need no position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
  * queries see only their own document (MGC_POF_DOCS, data.reset_attention_mask), WIN the
  * sliding window in keys (fattr[2], model.window_size; only when set, causal only: a number the
- * plan validator bounds).  The storage dtype is q's (fp32, bf16 or fp16); the sequence lengths,
- * heads, scale, the dropout rate and the context-parallel layout are kernel arguments
- * (runtime/cuda_ops_attention.c). */
+ * plan validator bounds), CS = 1 (only when set) on both backward kernels of a 16-bit
+ * attention_bwd that sums the QKV projection's bias gradient (MGC_POF_COLSUM: each block writes
+ * the column sums of the dqkv rows it stores, a row of partials a 64-row tile).  The storage
+ * dtype is q's (fp32, bf16 or fp16); the sequence lengths, heads, scale, the dropout rate and
+ * the context-parallel layout are kernel arguments (runtime/cuda_ops_attention.c). */
 #include "kspec.h"
 
 #include <stdlib.h>
@@ -33,6 +35,11 @@ int mgc_kspec_head_dim_ok(int64_t d) {
 
 int64_t mgc_kspec_att_width(int64_t d) {
     return (d + 15) / 16 * 16;
+}
+
+int mgc_kspec_att_colsum(const mgc_plan_op *op, int dtype) {
+    return op->kind == MGC_POP_ATTENTION_BWD && (op->flags & MGC_POF_QKV) &&
+           (op->flags & MGC_POF_COLSUM) && op->n_out > 1 && dtype != MGC_DT_F32;
 }
 
 int mgc_kspec_att_dkv_slices(int64_t d, int half) {
@@ -79,6 +86,10 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
         mgc_kspec_init(&out[1], "attention.cuh", "attention_bwd_dkv", dt);
         mask_consts(&out[1], d, causal, drop, rowpos, docs, win);
+        if (mgc_kspec_att_colsum(op, dt)) {
+            mgc_kspec_const(&out[0], "CS", 1);
+            mgc_kspec_const(&out[1], "CS", 1);
+        }
         return 2;
     default:
         return 0;

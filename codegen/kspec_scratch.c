@@ -26,6 +26,12 @@ int64_t mgc_kspec_bias_grad_parts(int64_t M, int64_t *rows) {
     return M > 0 ? (M + rp - 1) / rp : 1;
 }
 
+uint64_t mgc_kspec_att_cs_bytes(int64_t s, int64_t b, int64_t width) {
+    if (s <= 0 || b <= 0 || width <= 0) return 0;
+    return (uint64_t)(b * ((s + MGC_KSPEC_ATT_CS_ROWS - 1) / MGC_KSPEC_ATT_CS_ROWS)) *
+           (uint64_t)width * 4;
+}
+
 int64_t mgc_kspec_emb_sort_tiles(int64_t n, int64_t *per) {
     const int64_t most = 256 * (int64_t)MGC_KSPEC_EMB_SORT_TILES; /* keys of a round of tiles */
     int64_t p = n > most ? (n + most - 1) / most : 1;
@@ -84,11 +90,20 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
         return (uint64_t)MGC_KSPEC_BGRAD_PARTS * nonneg(last_dim(T(ch, op->out[1]))) * 4;
     }
     case MGC_POP_ATTENTION: /* cuda_ops_attention.c: lse when the plan keeps none */
-    case MGC_POP_ATTENTION_BWD: { /* dsum, a float a query row (of every head) */
+    case MGC_POP_ATTENTION_BWD: { /* dsum, a float a query row (of every head); with the
+                                      fused bias gradient its partials (mgc_kspec_att_cs_bytes),
+                                      or in fp32 the bias-gradient kernels' */
         mgc_attn_geom g;
         if (mgc_plan_attn_geom(ch, op, &g)) return 0;
         if (op->kind == MGC_POP_ATTENTION && op->n_out > 1) return 0;
-        return nonneg(g.sq) * nonneg(g.b) * nonneg(g.A) * 4;
+        uint64_t dsum = nonneg(g.sq) * nonneg(g.b) * nonneg(g.A) * 4;
+        if (op->kind != MGC_POP_ATTENTION_BWD || !(op->flags & MGC_POF_COLSUM) || op->n_out < 2)
+            return dsum;
+        int64_t RP, M = g.sq * g.b, N = (g.A + 2 * g.G) * g.d;
+        if (mgc_kspec_att_colsum(op, ch->tensors[op->in[0]].dtype))
+            return mgc_kspec_align(dsum) + mgc_kspec_att_cs_bytes(g.sq, g.b, N);
+        uint64_t bg = (uint64_t)mgc_kspec_bias_grad_parts(M, &RP) * nonneg(N) * 4;
+        return dsum > bg ? dsum : bg;
     }
     case MGC_POP_NORM_BWD: { /* cuda_ops_pointwise.c op_norm: dw (, db, dx's column sums)
                                  partials */

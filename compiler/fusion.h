@@ -37,6 +37,10 @@
  *   rope_bwd (dq') ; rope_bwd (dk') ... qkv_split_bwd (dqkv = join(dq, dk, dv))
  *     -> qkv_split and qkv_split_bwd with MGC_POF_ROPE: q and k rotated as they leave the
  *        split, their gradients rotated back as they join (recompute copies too)
+ *   attention_bwd (.. -> dqkv, MGC_POF_QKV) ... linear_wgrad (dqkv, x -> dW, dbias)
+ *     -> attention_bwd with MGC_POF_COLSUM (.. -> dqkv, dbias) and linear_wgrad (dqkv, x ->
+ *        dW): the QKV projection's bias gradient summed by the attention's backward kernels as
+ *        they write dqkv, not by a pass over dqkv after the GEMM
  */
 #ifndef MGC_FUSION_H
 #define MGC_FUSION_H
@@ -60,6 +64,7 @@ typedef struct mgc_fusion_stats {
     int64_t embedding_norm; /* embedding (+ dropout) + norm fused (the first layer's norm) */
     int64_t norm_bwd_drop;  /* dropout_add_bwd or dropout_bwd moved into the norm_bwd writing
                                its input */
+    int64_t attention_bwd_bias; /* the QKV projection's bias gradient moved into attention_bwd */
 } mgc_fusion_stats;
 
 /* The fusions, as bits of the set to make (named as the fields of mgc_fusion_stats). */
@@ -73,7 +78,8 @@ enum {
     MGC_FUSE_NORM_BWD_BIAS = 1u << 6,
     MGC_FUSE_EMBEDDING_NORM = 1u << 7,
     MGC_FUSE_NORM_BWD_DROP = 1u << 8,
-    MGC_FUSE_ALL = (1u << 9) - 1
+    MGC_FUSE_ATTENTION_BWD_BIAS = 1u << 9,
+    MGC_FUSE_ALL = (1u << 10) - 1
 };
 
 /* The set MGC_FUSION names (docs/partitioning.md#fusions): NULL, "" or "1" all of them, "0"

@@ -84,6 +84,12 @@
 #ifndef MGC_WIN
 #define MGC_WIN 0 /* a sliding window of MGC_WIN keys (causal only); 0 none */
 #endif
+#ifndef MGC_CS
+#define MGC_CS 0 /* the backward kernels sum dqkv's columns (16-bit, fused qkv only) */
+#endif
+#if MGC_CS && !MGC_HALF
+#error "attention.cuh: the column sums (CS) are the 16-bit backward's"
+#endif
 #if MGC_WIN && !MGC_CAUSAL
 #error "attention.cuh: a sliding window needs the causal mask"
 #endif
@@ -616,6 +622,47 @@ __device__ __forceinline__ void att_store_acc(mgc_t *y, const float (&acc)[DTN][
                 row[4 * dt + tig] = mgc_pack2(acc[dt][2 * hh], acc[dt][2 * hh + 1]);
     }
 }
+
+#if MGC_CS
+/* The QKV projection's bias gradient, summed where the backward stores dqkv (MGC_CS, fused qkv
+ * only; runtime/cuda_ops_attention.c adds the partials with norm.cuh norm_bwd_reduce): the
+ * block's 64-row tile of rows r (16 a warp: acc as att_store_acc's, columns c0 .. c0 + 8 DTN -
+ * 1 of the head) summed into part[c0 ..] (the tile's row of partials, at the head's first
+ * column), the values as stored (rounded to the storage type), rows past n as 0.  Order: a
+ * thread's rows grp, grp + 8, then the 8 row groups by xor-shuffles 4, 8, 16, then the warps 0
+ * to 3.  red: 4 x 8 DTN floats of shared memory no thread reads or writes any more (the
+ * kernel's last tile buffer; a call's first barrier also ends the reads of a call before);
+ * every thread of the block calls it. */
+template <int DTN>
+__device__ __forceinline__ void att_colsum(float *__restrict__ part, const float (&acc)[DTN][4],
+                                           const int r[2], int n, int c0, float *red) {
+    constexpr int NC = 8 * DTN;
+    const int tid = threadIdx.x, w = tid >> 5, grp = (tid & 31) >> 2, tig = tid & 3;
+    __syncthreads(); /* every warp is done with red: the last tile's, or a call before's */
+#pragma unroll
+    for (int dt = 0; dt < DTN; dt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float x = r[0] < n ? mgc_ld(mgc_st(acc[dt][e])) : 0.0f;
+            float y = r[1] < n ? mgc_ld(mgc_st(acc[dt][2 + e])) : 0.0f;
+            float t = x + y;
+            t += __shfl_xor_sync(0xffffffffu, t, 4);
+            t += __shfl_xor_sync(0xffffffffu, t, 8);
+            t += __shfl_xor_sync(0xffffffffu, t, 16);
+            if (grp == 0) red[w * NC + 8 * dt + 2 * tig + e] = t;
+        }
+    __syncthreads();
+    for (int c = tid; c < NC; c += ATT_NT)
+        if (c0 + c < ATT_D)
+            part[c0 + c] = ((red[c] + red[NC + c]) + red[2 * NC + c]) + red[3 * NC + c];
+}
+/* the row of partials of (batch row bi, 64-row tile at row r0), at the first column of head h
+ * of a qkv row (H heads of D) */
+__device__ __forceinline__ float *att_cs_row(float *cs, int bi, int r0, int n, int H, int h) {
+    const int tiles = (n + 63) / 64;
+    return cs + ((i64)bi * tiles + r0 / 64) * H * ATT_D + (i64)h * ATT_D;
+}
+#endif
 #endif
 
 #if defined(MGC_ENTRY_attention_fwd) && !MGC_HALF
@@ -984,7 +1031,8 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         unsigned long long stream, const unsigned long long *__restrict__ step,                  \
         unsigned long long elem0, int drop_heads,                                                \
         const int *__restrict__ qpos, const int *__restrict__ kpos,                              \
-        const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank, int k_gathered, int qkv
+        const int *__restrict__ docs, int pos_s, int pos_cp, int pos_rank, int k_gathered,       \
+        int qkv, float *__restrict__ cs
 
 #if defined(MGC_ENTRY_attention_bwd_dkv) && !ATT_TC_BWD
 /* attention_bwd_dkv: dk, dv of ATT_BR keys of kv head g for batch row bi, summed over the
@@ -1444,6 +1492,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         for (int e = 0; e < 4; e++) dka[dt][e] *= scale;
     att_store_acc<DTN>(dk, dka, r, sk, b, kH, bi, kh, tig, c0);
     att_store_acc<DTN>(dv, dva, r, sk, b, kH, bi, kh, tig, c0);
+#if MGC_CS /* dk, dv: heads PER + kh and PER + 1 + kh of the qkv row (att_kh) */
+    static_assert(sizeof(Qs) >= 4 * 8 * DTN * sizeof(float), "attention_bwd_dkv: red in Qs");
+    float *csr = reinterpret_cast<float *>(&Qs[0][0][0]);
+    att_colsum<DTN>(att_cs_row(cs, bi, k0, sk, kH, per + kh), dka, r, sk, c0, csr);
+    att_colsum<DTN>(att_cs_row(cs, bi, k0, sk, kH, per + 1 + kh), dva, r, sk, c0, csr);
+#endif
 }
 #endif
 
@@ -1652,6 +1706,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
             for (int e = 0; e < 4; e++) dqa[mt][dt][e] *= scale;
         att_store_acc(dq, dqa[mt], r[mt], sq, b, qH, bi, qh, tig);
+#if MGC_CS /* m-tile mt: the rows q0 + 64 mt .. + 63 */
+        static_assert(sizeof(Ks) >= 4 * 8 * DT * sizeof(float), "attention_bwd_dq: red in Ks");
+        att_colsum<DT>(att_cs_row(cs, bi, q0 + 64 * mt, sq, qH, qh), dqa[mt], r[mt], sq, 0,
+                       reinterpret_cast<float *>(&Ks[0][0][0]));
+#endif
     }
 }
 #endif

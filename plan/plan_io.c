@@ -669,8 +669,15 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
         /* the bias gradient fused into the norm backward: an fp32 vector of the norm's width;
          * the dropout backward: a u8 mask and the branch's gradient, each rows x h, the
          * gradient in dx's dtype, p in [0, 1) */
-        mgc_norm_bwd_io io;
+        mgc_norm_bwd_io io = {-1, -1, -1, -1, -1, 0};
         int ok = o->kind == MGC_POP_NORM_BWD && mgc_plan_norm_bwd_io(o, &io) == 0 && o->iattr[2] > 0;
+        mgc_attn_geom ag; /* or the QKV projection's bias gradient fused into attention_bwd */
+        if (o->kind == MGC_POP_ATTENTION_BWD && (o->flags & MGC_POF_QKV) &&
+            !(o->flags & MGC_POF_DROPBWD) && o->n_out == 2 && !mgc_plan_attn_geom(c, o, &ag)) {
+            const mgc_plan_tensor *b = &c->tensors[o->out[1]], *dx = &c->tensors[o->out[0]];
+            ok = b->dtype == MGC_DT_F32 && !dx->ld &&
+                 b->bytes == (uint64_t)((ag.A + 2 * ag.G) * ag.d) * 4;
+        }
         if (ok && io.cs >= 0) {
             const mgc_plan_tensor *b = &c->tensors[o->out[io.cs]];
             ok = b->dtype == MGC_DT_F32 && b->bytes == (uint64_t)o->iattr[2] * 4;
@@ -685,7 +692,8 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
         if (!ok)
             INVALID("%s (%s): the column-sum or dropout flag on an op that is not a norm_bwd whose "
                     "inputs and outputs fit them (a column sum: an fp32 vector of the norm's "
-                    "width; the dropout: a u8 mask last in and a gradient like dx last out)",
+                    "width; the dropout: a u8 mask last in and a gradient like dx last out), "
+                    "nor a fused-qkv attention_bwd with an fp32 vector of qkv's width second out",
                     WH, kn);
     }
     if (o->kind == MGC_POP_EMBEDDING_NORM) {

@@ -324,6 +324,11 @@ static int op_attention(mgc_backend *be, const mgc_op_call *c) {
                                   (int)op->iattr[0], qpos, kpos, docs, (int64_t)op->fattr[2], op->fattr[1],
                                   &rng, work);
         if (ag.fused) mgc_cpu_qkv_split_bwd_f32(F(c->out[0]), dqs, dks, dvs, sq * b, G, A / G, d);
+        /* the fused bias gradient of the QKV projection (MGC_POF_COLSUM): linear_wgrad's own
+         * sum over dqkv (no weight gradient: K = 0) */
+        if (ag.fused && (op->flags & MGC_POF_COLSUM) && op->n_out > 1)
+            mgc_cpu_linear_wgrad_f32(NULL, F(c->out[1]), CF(c->out[0]), NULL, sq * b,
+                                     (A + 2 * G) * d, 0);
     }
     return 0;
 }

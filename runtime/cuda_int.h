@@ -92,6 +92,11 @@ void *mgc_cuda_scratch(mgc_backend *be, size_t bytes);
  * to step, so a CUDA graph recorded once draws each step's masks.  NULL with be->err. */
 const unsigned long long *mgc_cuda_drop_step(mgc_backend *be, const mgc_op_call *c,
                                              unsigned long long *stream);
+/* A deterministic bias gradient (cuda_ops_linear.c): db (N, fp32) += the column sums of dy
+ * (M, N) of dtype dy_dtype, by gemm_aux.cuh bias_grad_partial and norm.cuh norm_bwd_reduce (its
+ * scratch: kspec.h mgc_kspec_bias_grad_parts (M) x N floats).  0, or -1 with be->err. */
+int mgc_cuda_bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, int64_t M,
+                       int64_t N);
 /* Records a message in be->err; returns -1. */
 int mgc_cuda_fail(mgc_backend *be, const char *fmt, ...)
 #if defined(__GNUC__)

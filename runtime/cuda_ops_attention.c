@@ -5,7 +5,8 @@
  *   ATTENTION      in: q (sq,b,A,d), k, v (sk,b,G,d)   out: out (sq,b,A,d) [, lse (sq,b,A) fp32]
  *   ATTENTION_BWD  in: q, k, v, out, lse, dout          out: dq, dk, dv
  *   fused (MGC_POF_QKV): q, k, v are the projection qkv (s,b,G(A/G+2)d), read in place, and
- *   the backward's one output is dqkv (plan.h mgc_plan_attn_geom)
+ *   the backward's first output is dqkv (plan.h mgc_plan_attn_geom); with MGC_POF_COLSUM its
+ *   second the projection's bias gradient db ((A+2G)d fp32, accumulated): db += colsum dqkv
  *   documents (MGC_POF_DOCS): one more input, last, doc_start (sq,b) int32
  *   fattr[0] scale, fattr[1] dropout p; iattr[0] causal, iattr[3] cp (layout of the rows)
  *
@@ -129,15 +130,28 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     void *k = qkv ? (char *)q + koff : c->in[1], *v = qkv ? (char *)q + koff + (size_t)d * es : c->in[2];
     void *dq = c->out[0];
     void *dk = qkv ? (char *)dq + koff : c->out[1], *dv = qkv ? (char *)dq + koff + (size_t)d * es : c->out[2];
+    /* the QKV projection's bias gradient (MGC_POF_COLSUM, fused qkv only): in 16 bits the
+     * kernels (constant CS) write the column sums of each 64-row tile of dqkv they store, a row
+     * of partials (b ceil(s / 64), (A + 2G) d), which norm_bwd_reduce adds into db in tile
+     * order; in fp32 the bias-gradient kernels sum dqkv after them */
+    float *db = qkv && (op->flags & MGC_POF_COLSUM) && op->n_out > 1 ? (float *)c->out[1] : NULL;
+    int kcs = db && mgc_kspec_get(&ks[0], "CS") == 1;
+    int64_t width = (A + 2 * G) * d;
+    if (db && c->chunk->tensors[op->out[1]].bytes != (uint64_t)width * 4)
+        return mgc_cuda_fail(be, "attention '%s': the bias gradient is not %lld floats",
+                             mgc_plan_strat(c->plan, op->name), (long long)width);
     /* dsum = rowsum(dO o O) (sq, b, A) fp32: the dQ kernel writes it, the dK/dV kernel after
-     * it reads it */
-    void *dsum = mgc_cuda_scratch(be, (size_t)(sq * b * A) * sizeof(float));
+     * it reads it; then the partials */
+    size_t dsum_bytes = (size_t)mgc_kspec_align((uint64_t)(sq * b * A) * sizeof(float));
+    size_t cs_bytes = kcs ? (size_t)mgc_kspec_att_cs_bytes(sq, b, width) : 0;
+    void *dsum = mgc_cuda_scratch(be, dsum_bytes + cs_bytes);
     if (!dsum) return -1;
+    float *cs = kcs ? (float *)((char *)dsum + dsum_bytes) : NULL;
     void *a0[] = {&dq,      &dsum,     &o,       &q,        &k,          &v,     &dout,
                   &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
-                  &qkv};
+                  &qkv,     &cs};
     int64_t w = mgc_kspec_att_width(d);
     int half = ks[0].dtype != MGC_DT_F32;
     int bq = bwd_dq_rows(&ks[0], w, half);
@@ -149,8 +163,17 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                   &lse,     &isq,      &isk,     &ib,       &iA,         &iG,    &scale,
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
-                  &qkv};
-    return mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br) *
-                               (unsigned)mgc_kspec_att_dkv_slices(d, half),
-                           (unsigned)b, (unsigned)G, 128, bwd_dyn_bytes(w, half), a1);
+                  &qkv,     &cs};
+    if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br) *
+                            (unsigned)mgc_kspec_att_dkv_slices(d, half),
+                        (unsigned)b, (unsigned)G, 128, bwd_dyn_bytes(w, half), a1))
+        return -1;
+    if (!db) return 0;
+    if (!kcs) return mgc_cuda_bias_grad(be, db, dq, ks[0].dtype, sq * b, width);
+    mgc_kspec red;
+    mgc_kspec_init(&red, "norm.cuh", "norm_bwd_reduce", 0);
+    float *none = NULL;
+    int nb = (int)(b * ((sq + MGC_KSPEC_ATT_CS_ROWS - 1) / MGC_KSPEC_ATT_CS_ROWS));
+    void *a2[] = {&db, &none, &none, &cs, &nb, &width};
+    return mgc_cuda_launch(be, &red, (unsigned)((width + 31) / 32), 1, 1, 1024, 0, a2);
 }

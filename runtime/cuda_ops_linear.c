@@ -56,7 +56,8 @@ static const mgc_plan_tensor *T_out(const mgc_op_call *c, int i) {
  * of about 32 rows (kernels/gemm_aux.cuh; the partition by M alone) whose sums are then added
  * in a fixed order by the norm backward's reduce kernel (norm.cuh norm_bwd_reduce: 32 lanes of
  * partitions, then the lanes in order), which spreads them over ceil(N / 32) blocks. */
-static int bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, int64_t M, int64_t N) {
+int mgc_cuda_bias_grad(mgc_backend *be, float *db, const void *dy, int dy_dtype, int64_t M,
+                       int64_t N) {
     mgc_kspec k[2];
     mgc_kspec_init(&k[0], "gemm_aux.cuh", "bias_grad_partial", dy_dtype);
     mgc_kspec_init(&k[1], "norm.cuh", "norm_bwd_reduce", 0);
@@ -199,7 +200,8 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         }
         if (rc) return -1;
         if (op->n_out < 2) return 0;
-        if (!ep.bias) return bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
+        if (!ep.bias)
+            return mgc_cuda_bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
         if (store) return 0; /* BGRADB wrote db */
         mgc_kspec k;
         mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", T_in(c, 0)->dtype);
@@ -226,7 +228,8 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
     }
     size_t xs = mgc_dtype_size((mgc_dtype)T_in(c, 0)->dtype);
     /* the experts' biases (E_l,N): added by bias_add after each expert's GEMM (a row-parallel
-     * one on expert-tensor rank 0 only); their gradients summed by bias_grad, expert by expert */
+     * one on expert-tensor rank 0 only); their gradients summed by mgc_cuda_bias_grad, expert
+     * by expert */
     const char *bias = op->kind == MGC_POP_GROUPED_LINEAR && op->n_in > 3 ? c->in[3] : NULL;
     if ((op->iattr[3] & LIN_BIAS_RANK0) && c->co.etp != 0) bias = NULL;
     float *db = op->kind == MGC_POP_GROUPED_LINEAR_WGRAD && op->n_out > 1 ? c->out[1] : NULL;
@@ -280,7 +283,7 @@ static int op_grouped(mgc_backend *be, const mgc_op_call *c) {
             rc = host(be)->gemm(be, 0, 1, K, N, r, x, K, T_in(c, 1)->dtype, dy, N, T_in(c, 0)->dtype,
                       (char *)c->out[0] + (size_t)(e * N * K) * ws, K, w->dtype,
                       wfresh ? 0.0f : 1.0f, &wep);
-            if (!rc && db) rc = bias_grad(be, db + e * N, dy, T_in(c, 0)->dtype, r, N);
+            if (!rc && db) rc = mgc_cuda_bias_grad(be, db + e * N, dy, T_in(c, 0)->dtype, r, N);
         }
         row += r;
     }

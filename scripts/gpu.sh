@@ -19,7 +19,9 @@
 #                                             timed since): both benchmark models' steps and losses
 #                                             with the defaults, compiled without the bias
 #                                             gradients in the norm backwards
-#                                             (MGC_FUSION=-norm_bwd_bias), 124M with hidden
+#                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
+#                                             QKV bias gradient in the attention backward
+#                                             (-attention_bwd_bias), 124M with hidden
 #                                             dropout with and without its backward in the
 #                                             norm backwards (-norm_bwd_drop), without
 #                                             CUDA graphs and without the fused embedding,
@@ -135,6 +137,11 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
         qplan gpt2-1.5b 4 build-gpu/q15nb.plan -norm_bwd_bias || rc=1
     qrun "gpt2-124m MGC_FUSION=-norm_bwd_bias" build-gpu/q124nb.plan
     qrun "gpt2-1.5b MGC_FUSION=-norm_bwd_bias" build-gpu/q15nb.plan
+    # and with the QKV projection's bias gradient left to BGRADB (compiler/fusion.c
+    # attention_bwd_bias; 2026-12-06): losses within bf16 rounding, the step time against the
+    # defaults' (the attention backward's column sums against BGRADB's 15.9 us a layer)
+    qplan gpt2-124m 8 build-gpu/q124ab.plan -attention_bwd_bias || rc=1
+    qrun "gpt2-124m MGC_FUSION=-attention_bwd_bias" build-gpu/q124ab.plan
     # with hidden dropout 0.1 (the extra --set after the dropout-free defaults): the norm
     # backwards take the residual branches' dropout backwards and then their bias gradients
     # (compiler/fusion.c norm_bwd_drop), against the plan without that fusion (dropout_add_bwd

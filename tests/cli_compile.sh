@@ -52,10 +52,16 @@ head -c 200 "$tmp/p.plan" >"$tmp/trunc.plan"
 # MGC_FUSION chooses the fusions by name: one left out, or a name it does not know (an error
 # naming it, no plan)
 MGC_FUSION=-norm_bwd_bias "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/f.plan" >/dev/null 2>&1 &&
-  "$mgc" inspect --ops "$tmp/f.plan" >"$tmp/fo" 2>&1 && ! grep -q " +bias " "$tmp/fo" && grep -q "add_norm" "$tmp/fo" &&
+  "$mgc" inspect --ops "$tmp/f.plan" >"$tmp/fo" 2>&1 && ! grep -q "norm_bwd.* +bias " "$tmp/fo" && grep -q "add_norm" "$tmp/fo" &&
+  grep -q "attention_bwd qkv +bias " "$tmp/fo" &&
   ok || bad "MGC_FUSION=-norm_bwd_bias: still a bias gradient in a norm backward, or no other fusion"
+MGC_FUSION=-attention_bwd_bias "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/f2.plan" >/dev/null 2>&1 &&
+  "$mgc" inspect --ops "$tmp/f2.plan" >"$tmp/fo" 2>&1 && ! grep -q "attention_bwd.* +bias " "$tmp/fo" &&
+  grep -q "norm_bwd +bias " "$tmp/fo" &&
+  ok || bad "MGC_FUSION=-attention_bwd_bias: still a bias gradient in an attention backward, or none in a norm backward"
 "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/g.plan" >/dev/null 2>&1 &&
   "$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q "norm_bwd +bias " && ok || bad "no bias gradient in a norm backward by default"
+"$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q "attention_bwd qkv +bias " && ok || bad "no bias gradient in an attention backward by default"
 # the embedding and the first norm: one op by default, two without that fusion
 "$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q " #0 embedding_norm " && ok || bad "no embedding_norm by default"
 MGC_FUSION=-embedding_norm "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/h.plan" >/dev/null 2>&1 &&

@@ -851,6 +851,13 @@ static uint64_t scratch_need(const mgc_stage_program *sp) {
                 b = nb * (uint64_t)o->iattr[2] * (o->iattr[0] != 1 && o->n_out > 2 ? 2 : 1) * 4;
             } else if (o->kind == MGC_POP_ATTENTION_BWD && t0 && t0->rank == 4) {
                 b = (uint64_t)(t0->dim[0] * t0->dim[1] * t0->dim[2]) * 4; /* dsum: sq b A */
+            } else if (o->kind == MGC_POP_ATTENTION_BWD && t0 && t0->rank == 3) { /* fused qkv */
+                uint64_t s = (uint64_t)t0->dim[0], bb = (uint64_t)t0->dim[1];
+                b = s * bb * (uint64_t)o->iattr[1] * 4; /* dsum */
+                /* the 16-bit kernels' column sums of dqkv: after dsum (256-byte aligned), a row
+                 * of the qkv width a batch row and 64-row tile */
+                if ((o->flags & MGC_POF_COLSUM) && t0->dtype != MGC_DT_F32)
+                    b = (b + 255) / 256 * 256 + bb * ((s + 63) / 64) * (uint64_t)t0->dim[2] * 4;
             } else if (o->kind == MGC_POP_LINEAR_WGRAD && o->n_out > 1) {
                 b = (uint64_t)((o->iattr[0] + 255) / 256) * (uint64_t)o->iattr[1] * 4;
             } else if (o->kind == MGC_POP_EMBEDDING_BWD && t0 && o->iattr[0] > 0) {
