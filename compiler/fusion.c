@@ -560,7 +560,6 @@ static int same_rope(const mgc_plan_op *a, const mgc_plan_op *b) {
            da == db && (!da || a->in[1] == b->in[1]);
 }
 
-
 /* attention_bwd (.. -> dqkv) with MGC_POF_QKV ... linear_wgrad (dqkv, x) -> (dW, dbias), the
  * QKV projection's weight gradient reading dqkv whole: attention_bwd with MGC_POF_COLSUM ->
  * (dqkv, dbias), and linear_wgrad (dqkv, x) -> (dW).  The bias gradient is the column sums of
@@ -606,6 +605,7 @@ static int64_t fuse_attention_bwd_bias(mgc_plan_chunk *ch) {
     free(uses);
     return fused;
 }
+
 /* qkv_split (qkv) -> (q, k, v) ; rope (q) -> q' ; rope (k) -> k'  becomes qkv_split with
  * MGC_POF_ROPE: (qkv) -> (q', k', v), the rotation applied as q and k leave the split.  And in
  * the backward, rope_bwd (dq') -> dq ; rope_bwd (dk') -> dk ; qkv_split_bwd (dq, dk, dv) ->

@@ -659,6 +659,8 @@ __device__ __forceinline__ void att_colsum(float *__restrict__ part, const float
 /* the row of partials of (batch row bi, 64-row tile at row r0), at the first column of head h
  * of a qkv row (H heads of D) */
 __device__ __forceinline__ float *att_cs_row(float *cs, int bi, int r0, int n, int H, int h) {
+    static_assert(ATT_TBR == 64 && ATT_TBR_Q % 64 == 0, "att_cs_row: tiles of 64 rows (kspec.h "
+                                                        "MGC_KSPEC_ATT_CS_ROWS)");
     const int tiles = (n + 63) / 64;
     return cs + ((i64)bi * tiles + r0 / 64) * H * ATT_D + (i64)h * ATT_D;
 }
