@@ -1708,10 +1708,12 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
 #pragma unroll
             for (int e = 0; e < 4; e++) dqa[mt][dt][e] *= scale;
         att_store_acc(dq, dqa[mt], r[mt], sq, b, qH, bi, qh, tig);
-#if MGC_CS /* m-tile mt: the rows q0 + 64 mt .. + 63 */
+#if MGC_CS /* m-tile mt: the rows q0 + 64 mt .. + 63, a tile of partials when it holds rows
+            * (the block's second m-tile may lie past sq: its row would be another's) */
         static_assert(sizeof(Ks) >= 4 * 8 * DT * sizeof(float), "attention_bwd_dq: red in Ks");
-        att_colsum<DT>(att_cs_row(cs, bi, q0 + 64 * mt, sq, qH, qh), dqa[mt], r[mt], sq, 0,
-                       reinterpret_cast<float *>(&Ks[0][0][0]));
+        if (q0 + 64 * mt < sq)
+            att_colsum<DT>(att_cs_row(cs, bi, q0 + 64 * mt, sq, qH, qh), dqa[mt], r[mt], sq, 0,
+                           reinterpret_cast<float *>(&Ks[0][0][0]));
 #endif
     }
 }
