@@ -132,9 +132,18 @@ static int emu_set_step(mgc_backend *be, int64_t step) {
     return emu_step(be, step) ? 0 : -1;
 }
 
+/* The scratch an op asks for holds NaN (0xff bytes) when the op gets it, outside a capture
+ * (the kernels run at once): a kernel that reads partials no block of the op wrote, or a
+ * launcher that asks again and overwrites what a later kernel of the op still reads, then
+ * fails its replay, where stale values of an earlier op could pass. */
+static void *scratch_poisoned(emu_ctx *c, size_t bytes) {
+    if (c->scratch && !c->recording) memset(c->scratch, 0xff, bytes);
+    return c->scratch;
+}
+
 static void *emu_scratch(mgc_backend *be, size_t bytes) {
     emu_ctx *c = be->context;
-    if (bytes <= c->scratch_bytes) return c->scratch;
+    if (bytes <= c->scratch_bytes) return scratch_poisoned(c, bytes);
     if (c->recording) { /* as the CUDA backend: the program runs eagerly instead */
         mgc_cuda_fail(be, "kernel scratch grows during a CUDA graph capture");
         return NULL;
@@ -148,7 +157,7 @@ static void *emu_scratch(mgc_backend *be, size_t bytes) {
     c->scratch = malloc(bytes), c->scratch_owned = 1, c->scratch_arena = NULL;
     c->scratch_bytes = c->scratch ? bytes : 0;
     if (!c->scratch) mgc_cuda_fail(be, "out of memory for %zu bytes of kernel scratch", bytes);
-    return c->scratch;
+    return scratch_poisoned(c, bytes);
 }
 
 /* ---- GEMMs: what cuBLASLt computes, in loops ---------------------------------------------- */
