@@ -137,6 +137,27 @@ static int64_t fuse_norm_bwd_drop(mgc_plan_chunk *ch) {
     return fused;
 }
 
+/* The first linear_wgrad (dx, x) -> (dW, dbias) after ops[i] of the backward program that reads
+ * dx as its output gradient, when its bias gradient may move into the op that writes dx: the
+ * wgrad reads dx whole (rows x width, no row pitch) and dbias, an fp32 vector of the width, has
+ * no other user (uses: count_uses of the program), so adding dx's column sums where dx is
+ * written keeps its order.  Its index, or -1. */
+static int64_t bias_wgrad(const mgc_plan_chunk *ch, int64_t i, int32_t dx, int64_t rows,
+                          int64_t width, const int32_t *uses) {
+    for (int64_t j = i + 1; j < ch->n_bwd; j++) {
+        const mgc_plan_op *w = &ch->bwd[j];
+        if (w->kind != MGC_POP_LINEAR_WGRAD || w->n_out != 2 || w->in[0] != dx ||
+            (w->flags & MGC_POF_RECOMPUTE))
+            continue;
+        const mgc_plan_tensor *D = &ch->tensors[dx], *B = &ch->tensors[w->out[1]];
+        if (w->iattr[0] != rows || w->iattr[1] != width || width <= 0 || D->ld ||
+            B->dtype != MGC_DT_F32 || B->bytes != (uint64_t)width * 4 || uses[w->out[1]] != 1)
+            return -1;
+        return j;
+    }
+    return -1;
+}
+
 /* norm_bwd (..) -> (dx, dw [, db]) ... linear_wgrad (dx, x) -> (dW, dbias), the linear reading
  * dx whole as its output gradient (rows x width the norm's): norm_bwd with MGC_POF_COLSUM ->
  * (dx, dw [, db], dbias), and linear_wgrad (dx, x) -> (dW).  The bias gradient is the column
@@ -161,29 +182,19 @@ static int64_t fuse_norm_bwd_bias(mgc_plan_chunk *ch) {
             continue;
         /* the gradient the branch's linear reads: dx, or the dropout's dbr */
         int32_t dx = io.dbr >= 0 ? nb->out[io.dbr] : nb->out[0];
-        for (int64_t j = i + 1; j < n; j++) {
-            mgc_plan_op *w = &ops[j];
-            if (w->kind != MGC_POP_LINEAR_WGRAD || w->n_out != 2 || w->in[0] != dx ||
-                (w->flags & MGC_POF_RECOMPUTE))
-                continue;
-            int32_t db = w->out[1];
-            const mgc_plan_tensor *D = &ch->tensors[dx], *B = &ch->tensors[db];
-            if (w->iattr[0] != nb->iattr[1] || w->iattr[1] != nb->iattr[2] || nb->iattr[2] <= 0 ||
-                D->ld || B->dtype != MGC_DT_F32 || B->bytes != (uint64_t)nb->iattr[2] * 4 ||
-                uses[db] != 1 || !mgc_kspec_norm_colsum_fits(nb->iattr[2], D->dtype))
-                break;
-            /* after dw (and db), before dbr (mgc_plan_norm_bwd_io) */
-            int at = 1 + io.sets;
-            for (int q = nb->n_out; q > at; q--)
-                nb->out[q] = nb->out[q - 1];
-            nb->out[at] = db;
-            nb->n_out++;
-            nb->flags |= MGC_POF_COLSUM;
-            w->n_out = 1;
-            w->out[1] = -1;
-            fused++;
-            break;
-        }
+        int64_t j = bias_wgrad(ch, i, dx, nb->iattr[1], nb->iattr[2], uses);
+        if (j < 0 || !mgc_kspec_norm_colsum_fits(nb->iattr[2], ch->tensors[dx].dtype)) continue;
+        mgc_plan_op *w = &ops[j];
+        /* after dw (and db), before dbr (mgc_plan_norm_bwd_io) */
+        int at = 1 + io.sets;
+        for (int q = nb->n_out; q > at; q--)
+            nb->out[q] = nb->out[q - 1];
+        nb->out[at] = w->out[1];
+        nb->n_out++;
+        nb->flags |= MGC_POF_COLSUM;
+        w->n_out = 1;
+        w->out[1] = -1;
+        fused++;
     }
     free(uses);
     return fused;
@@ -581,26 +592,15 @@ static int64_t fuse_attention_bwd_bias(mgc_plan_chunk *ch) {
         if (ab->kind != MGC_POP_ATTENTION_BWD || !(ab->flags & MGC_POF_QKV) || ab->n_out != 1 ||
             (ab->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM)) || mgc_plan_attn_geom(ch, ab, &g))
             continue;
-        int32_t dx = ab->out[0];
-        int64_t rows = g.sq * g.b, width = (g.A + 2 * g.G) * g.d;
-        for (int64_t j = i + 1; j < n; j++) {
-            mgc_plan_op *w = &ops[j];
-            if (w->kind != MGC_POP_LINEAR_WGRAD || w->n_out != 2 || w->in[0] != dx ||
-                (w->flags & MGC_POF_RECOMPUTE))
-                continue;
-            int32_t db = w->out[1];
-            const mgc_plan_tensor *D = &ch->tensors[dx], *B = &ch->tensors[db];
-            if (w->iattr[0] != rows || w->iattr[1] != width || D->ld || B->dtype != MGC_DT_F32 ||
-                B->bytes != (uint64_t)width * 4 || uses[db] != 1)
-                break;
-            ab->out[1] = db;
-            ab->n_out = 2;
-            ab->flags |= MGC_POF_COLSUM;
-            w->n_out = 1;
-            w->out[1] = -1;
-            fused++;
-            break;
-        }
+        int64_t j = bias_wgrad(ch, i, ab->out[0], g.sq * g.b, (g.A + 2 * g.G) * g.d, uses);
+        if (j < 0) continue;
+        mgc_plan_op *w = &ops[j];
+        ab->out[1] = w->out[1];
+        ab->n_out = 2;
+        ab->flags |= MGC_POF_COLSUM;
+        w->n_out = 1;
+        w->out[1] = -1;
+        fused++;
     }
     free(uses);
     return fused;
