@@ -122,7 +122,11 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
     int n = mgc_kspecs_attention(p, ch, op, out, max);
     if (n == 0) n = mgc_kspecs_moe(p, ch, op, out, max);
     if (n == 0) n = mgc_kspecs_pointwise(p, ch, op, out, max);
-    if (n <= 0 && err && errsz)
+    if (n <= 0 && err && errsz && op->kind == MGC_POP_ATTENTION && mgc_kspec_att_fwd_keys_env() < 0)
+        snprintf(err, errsz, "op '%s' (%s): the environment's MGC_ATT_FWD_KEYS='%s' is not 16, 32 "
+                 "or 64 (unset it)", mgc_plan_strat(p, op->name),
+                 mgc_plan_op_name((mgc_plan_op_kind)op->kind), getenv("MGC_ATT_FWD_KEYS"));
+    else if (n <= 0 && err && errsz)
         snprintf(err, errsz, "op '%s' (%s): no CUDA kernel serves it", mgc_plan_strat(p, op->name),
                  mgc_plan_op_name((mgc_plan_op_kind)op->kind));
     return n > 0 ? n : -1;

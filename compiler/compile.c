@@ -2,6 +2,7 @@
 #include "compile.h"
 
 #include "fusion.h"
+#include "kspec.h"
 #include "losschunk.h"
 #include "memplan.h"
 #include "partition.h"
@@ -150,6 +151,13 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
                      "leading '-' "
                      "(docs/partitioning.md#fusions)",
                      "the environment's MGC_FUSION names no fusion '%.*s'", (int)bad_len, bad);
+            goto fail;
+        }
+        if (mgc_kspec_att_fwd_keys_env() < 0) {
+            mgc_diag(d, MGC_SEV_ERROR, at,
+                     "MGC_ATT_FWD_KEYS takes 16, 32 or 64 (docs/cuda-backend.md), or unset it",
+                     "the environment's MGC_ATT_FWD_KEYS='%s' is no attention forward's keys a step",
+                     getenv("MGC_ATT_FWD_KEYS"));
             goto fail;
         }
         for (int64_t k = 0; k < sp->n_chunks; k++) mgc_fuse_chunk(&sp->chunks[k], fuse, NULL);

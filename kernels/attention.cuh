@@ -41,7 +41,8 @@
  * runtime/cuda_ops_attention.c:
  *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, 32 to 128, 16 above; 16-bit:
  *             128 for D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
- *             ATT_FBK keys per step (fp32 and 16-bit: 64 for D <= 32, 32 to 128, 16 above)
+ *             ATT_FBK keys per step (fp32: 64 for D <= 32, 32 to 128, 16 above; 16-bit: 64
+ *             to D 64 without dropout, documents or a window, else as fp32)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
  *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D 48 and 64, 16 above: the
  *             double-buffered query tiles fit in the registers and shared memory left);
@@ -111,7 +112,19 @@
  * mma halved); at D = 128 one (the registers) */
 #define ATT_FMT (ATT_W <= 64 ? 2 : 1)
 #define ATT_FBQ (64 * ATT_FMT)
-#define ATT_FBK (ATT_W <= 32 ? 64 : ATT_W <= 128 ? 32 : 16) /* S of a warp: 32 x 32 at D = 64 */
+/* keys a step: 64 to D 64 (S of a warp 32 x 64 at D 64: 240 registers), but 32 from D 48 with
+ * dropout or a per-row lower bound (the Philox state or the bounds would spill it, or leave it
+ * at 255); the static shared memory of two buffers allows no more than 32 to D 128.  MGC_FBK
+ * (a kernel constant only under MGC_ATT_FWD_KEYS, for A/B timings: 16, 32 or 64 to D 64)
+ * overrides it. */
+#ifdef MGC_FBK
+#define ATT_FBK ((int)MGC_FBK)
+#if MGC_D > 64 || (MGC_FBK != 16 && MGC_FBK != 32 && MGC_FBK != 64)
+#error "attention.cuh: FBK (keys a forward step) is 16, 32 or 64, and only to D 64"
+#endif
+#else
+#define ATT_FBK (ATT_W <= 32 || (ATT_W <= 64 && !MGC_DROP && !ATT_LOWER) ? 64 : ATT_W <= 128 ? 32 : 16)
+#endif
 #else
 #define ATT_FBQ (ATT_W <= 64 ? 64 : ATT_W <= 128 ? 32 : 16)
 #define ATT_FBK (ATT_W <= 32 ? 64 : ATT_W <= 128 ? 32 : 16)

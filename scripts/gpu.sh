@@ -21,7 +21,9 @@
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
 #                                             QKV bias gradient in the attention backward
-#                                             (-attention_bwd_bias), 124M with hidden
+#                                             (-attention_bwd_bias), 124M with the
+#                                             attention forward at 32 keys a step
+#                                             (MGC_ATT_FWD_KEYS=32), 124M with hidden
 #                                             dropout with and without its backward in the
 #                                             norm backwards (-norm_bwd_drop), without
 #                                             CUDA graphs and without the fused embedding,
@@ -142,6 +144,13 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     # defaults' (the attention backward's column sums against BGRADB's 15.9 us a layer)
     qplan gpt2-124m 8 build-gpu/q124ab.plan -attention_bwd_bias || rc=1
     qrun "gpt2-124m MGC_FUSION=-attention_bwd_bias" build-gpu/q124ab.plan
+    # and with the attention forward at 32 keys a step, its tile before 2026-12-06 (attention.cuh
+    # ATT_FBK; MGC_ATT_FWD_KEYS names the kernels at compile and run alike): losses within bf16
+    # rounding, the step against the defaults' 64 (the kernel's time under ncu below)
+    export MGC_ATT_FWD_KEYS=32
+    qplan gpt2-124m 8 build-gpu/q124k32.plan || rc=1
+    unset MGC_ATT_FWD_KEYS
+    qrun "gpt2-124m MGC_ATT_FWD_KEYS=32" build-gpu/q124k32.plan MGC_ATT_FWD_KEYS=32
     # with hidden dropout 0.1 (the extra --set after the dropout-free defaults): the norm
     # backwards take the residual branches' dropout backwards and then their bias gradients
     # (compiler/fusion.c norm_bwd_drop), against the plan without that fusion (dropout_add_bwd
@@ -241,6 +250,12 @@ for model in dict.fromkeys(r[0] for r in runs):
     python3 bench/ncu_table.py --curve build-gpu/q-curve.csv build-gpu/q-ncu.csv "$copy" >"$OUT/kern-quick.md" 2>&1 ||
         { tail -n 5 build-gpu/q-curve.err; python3 bench/ncu_table.py build-gpu/q-ncu.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     cat "$OUT/kern-quick.md"
+    # the attention forward at 32 keys a step (the defaults' table above has it at 64)
+    MGC_ATT_FWD_KEYS=32 timeout 60 "$NCU" --clock-control none --csv --kernel-name "regex:attention_fwd" \
+        --metrics $NCUM build-gpu/runtime/mgc-run build-gpu/q124k32.plan --backend cuda --iterations 1 -q \
+        >build-gpu/q-ncu-k32.csv 2>build-gpu/q-ncu-k32.err || rc=1
+    { echo; echo "### MGC_ATT_FWD_KEYS=32: the attention forward at 32 keys a step"; echo
+      python3 bench/ncu_table.py build-gpu/q-ncu-k32.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     # the cross-entropy kernels over bf16 logits (cross_entropy.cuh LT)
     timeout 60 "$NCU" --clock-control none --csv --kernel-name "regex:ce_" --metrics $NCUM \
         build-gpu/runtime/mgc-run build-gpu/q124lc.plan --backend cuda --iterations 1 -q \
