@@ -119,7 +119,7 @@ int mgc_kspec_att_colsum(const mgc_plan_op *op, int dtype);
  * rows' (A + 2G) d; kspec_scratch.c. */
 uint64_t mgc_kspec_att_cs_bytes(int64_t s, int64_t b, int64_t width);
 /* MGC_ATT_FWD_KEYS in the environment: 16, 32 or 64, the keys a step of the 16-bit attention
- * forward at head dims to 64 (kernel constant FBK; attention.cuh ATT_FBK), for A/B timings; 0
+ * forward at head dims to 128 (kernel constant FBK; attention.cuh ATT_FBK), for A/B timings; 0
  * unset (the kernel's own choice), -1 any other value (the forward's kernel spec then fails,
  * and `mgc compile` says why). */
 int mgc_kspec_att_fwd_keys_env(void);

@@ -11,7 +11,7 @@
  * and no MGC_ATT_POSITIONS=1: the masks need no position arithmetic), DOCS = 1 (only when set: other plans keep their kernels' names) whether
  * queries see only their own document (MGC_POF_DOCS, data.reset_attention_mask), WIN the
  * sliding window in keys (fattr[2], model.window_size; only when set, causal only: a number the
- * plan validator bounds), FBK (only under MGC_ATT_FWD_KEYS, 16-bit, D to 64) the forward's keys a
+ * plan validator bounds), FBK (only under MGC_ATT_FWD_KEYS, 16-bit, D to 128) the forward's keys a
  * step, CS = 1 (only when set) on both backward kernels of a 16-bit
  * attention_bwd that sums the QKV projection's bias gradient (MGC_POF_COLSUM: each block writes
  * the column sums of the dqkv rows it stores, a row of partials a 64-row tile).  The storage
@@ -55,7 +55,7 @@ static int getenv_positions(void) {
 }
 
 /* MGC_ATT_FWD_KEYS=16|32|64: the 16-bit forward's keys a step (kernel constant FBK) at head dims
- * to 64, in place of the kernel's own choice (attention.cuh ATT_FBK), so that one run can time
+ * to 128, in place of the kernel's own choice (attention.cuh ATT_FBK), so that one run can time
  * both (scripts/gpu.sh quick); read by `mgc compile` and the backend alike.  0 when unset, -1
  * for any other value (mgc compile refuses it: mgc_kspec_att_fwd_keys_env). */
 int mgc_kspec_att_fwd_keys_env(void) {
@@ -93,7 +93,7 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         if (attn_dims(ch, op, &dt, &d) || max < 1) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_fwd", dt);
         mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
-        if (dt != MGC_DT_F32 && d <= 64) {
+        if (dt != MGC_DT_F32 && d <= 128) {
             int keys = mgc_kspec_att_fwd_keys_env();
             if (keys < 0) return -1;
             if (keys) mgc_kspec_const(&out[0], "FBK", keys);

@@ -36,13 +36,15 @@
  * side's tiles are staged row-major in shared memory and read as B fragments by ldmatrix
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
- * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory) up to D 128; the tile
- * sizes are functions of D only (of ATT_W: "D" below), written below and repeated by
+ * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory) up to D 128, but for
+ * the 16-bit forward's 64-key tiles past D 64 (ATT_FWD_DYN); the tile sizes are functions of D
+ * (of ATT_W: "D" below) and of the forward's variant, written below and repeated by
  * runtime/cuda_ops_attention.c:
  *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, 32 to 128, 16 above; 16-bit:
  *             128 for D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
  *             ATT_FBK keys per step (fp32: 64 for D <= 32, 32 to 128, 16 above; 16-bit: 64
- *             to D 64 without dropout, documents or a window, else as fp32)
+ *             to D 128 without dropout, documents or a window, else as fp32; past D 64 its
+ *             K and V tiles then take dynamic shared memory, ATT_FWD_DYN)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
  *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D 48 and 64, 16 above: the
  *             double-buffered query tiles fit in the registers and shared memory left);
@@ -112,19 +114,28 @@
  * mma halved); at D = 128 one (the registers) */
 #define ATT_FMT (ATT_W <= 64 ? 2 : 1)
 #define ATT_FBQ (64 * ATT_FMT)
-/* keys a step: 64 to D 64 (S of a warp 32 x 64 at D 64: 240 registers), but 32 from D 48 with
- * dropout or a per-row lower bound (the Philox state or the bounds would spill it, or leave it
- * at 255); the static shared memory of two buffers allows no more than 32 to D 128.  MGC_FBK
- * (a kernel constant only under MGC_ATT_FWD_KEYS, for A/B timings: 16, 32 or 64 to D 64)
- * overrides it. */
+/* keys a step (ATT_FBK_PP, a number the preprocessor sees: D <= 64 is ATT_W <= 64, and so on):
+ * 64 to D 128 (S of a warp 32 x 64 at D 64: 240 registers; 16 x 64 at D 128: 219), but 32 from
+ * D 48 with dropout or a per-row lower bound (the Philox state or the bounds would spill it at
+ * D 64, or leave it at 255), 16 past D 128.  Two buffers of 64 keys pass the 48 KiB of static
+ * shared memory past D 64: there the K and V tiles take the launch's dynamic shared memory
+ * (ATT_FWD_DYN, 69,632 bytes at D 128; runtime/cuda_ops_attention.c fwd_dyn_bytes repeats the
+ * rule).  MGC_FBK (a kernel constant only under MGC_ATT_FWD_KEYS, for A/B timings: 16, 32 or
+ * 64 to D 128) overrides it. */
 #ifdef MGC_FBK
-#define ATT_FBK ((int)MGC_FBK)
-#if MGC_D > 64 || (MGC_FBK != 16 && MGC_FBK != 32 && MGC_FBK != 64)
-#error "attention.cuh: FBK (keys a forward step) is 16, 32 or 64, and only to D 64"
+#define ATT_FBK_PP MGC_FBK
+#if MGC_D > 128 || (MGC_FBK != 16 && MGC_FBK != 32 && MGC_FBK != 64)
+#error "attention.cuh: FBK (keys a forward step) is 16, 32 or 64, and only to D 128"
 #endif
+#elif MGC_D <= 32 || (MGC_D <= 128 && !MGC_DROP && !MGC_DOCS && !MGC_WIN)
+#define ATT_FBK_PP 64
+#elif MGC_D <= 128
+#define ATT_FBK_PP 32
 #else
-#define ATT_FBK (ATT_W <= 32 || (ATT_W <= 64 && !MGC_DROP && !ATT_LOWER) ? 64 : ATT_W <= 128 ? 32 : 16)
+#define ATT_FBK_PP 16
 #endif
+#define ATT_FBK ((int)ATT_FBK_PP)
+#define ATT_FWD_DYN (MGC_D > 64 && ATT_FBK_PP == 64)
 #else
 #define ATT_FBQ (ATT_W <= 64 ? 64 : ATT_W <= 128 ? 32 : 16)
 #define ATT_FBK (ATT_W <= 32 ? 64 : ATT_W <= 128 ? 32 : 16)
@@ -166,29 +177,34 @@
  * memory) a reference to the next 16-byte aligned piece of the launch's dynamic shared memory,
  * after ATT_DYN_BEGIN; ATT_DYN_END then traps when the launch gave less than the pieces
  * (runtime/cuda_ops_attention.c att_dyn_bytes repeats the sums). */
-#if ATT_DYN
 __device__ __forceinline__ unsigned char *att_dyn_take(unsigned char *base, unsigned &off,
                                                        unsigned bytes) {
     unsigned char *p = base + off;
     off += (bytes + 15u) & ~15u;
     return p;
 }
+/* the dynamic pieces themselves, for any kernel that takes them (the 16-bit forward's K and V
+ * past D 64, ATT_FWD_DYN); ATT_SHARED below is one of these under ATT_DYN */
 #ifdef MGC_EMU
-#define ATT_DYN_BEGIN                                                                            \
+#define ATT_DYN_BEGIN_D                                                                          \
     MGC_DYN_SHARED(unsigned char, att_dyn_);                                                     \
     unsigned att_off_ = 0
 #else
-#define ATT_DYN_BEGIN                                                                            \
+#define ATT_DYN_BEGIN_D                                                                          \
     extern __shared__ __align__(16) unsigned char att_dyn_[];                                    \
     unsigned att_off_ = 0
 #endif
-#define ATT_SHARED(T, name, dims)                                                                \
+#define ATT_SHARED_D(T, name, dims)                                                              \
     T(&name) dims = *reinterpret_cast<T(*) dims>(att_dyn_take(att_dyn_, att_off_, sizeof(T dims)))
-#define ATT_SHARED16(T, name, dims) ATT_SHARED(T, name, dims)
-#define ATT_DYN_END                                                                              \
+#define ATT_DYN_END_D                                                                            \
     do {                                                                                         \
         if (att_off_ > mgc_dyn_bytes()) mgc_trap();                                              \
     } while (0)
+#if ATT_DYN
+#define ATT_DYN_BEGIN ATT_DYN_BEGIN_D
+#define ATT_SHARED(T, name, dims) ATT_SHARED_D(T, name, dims)
+#define ATT_SHARED16(T, name, dims) ATT_SHARED_D(T, name, dims)
+#define ATT_DYN_END ATT_DYN_END_D
 #else
 #define ATT_DYN_BEGIN do {} while (0)
 #define ATT_SHARED(T, name, dims) __shared__ T name dims
@@ -854,7 +870,8 @@ __device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int qlo, int sk,
  * read by ldmatrix (V transposed), each fragment feeding every m-tile; S = Q K^T and O += P V
  * on mma.sync.  A tile every query of the block sees whole (rows are positions and the tile
  * ends at or before the block's first query) skips the per-element mask.
- * grid (ceil(sq / ATT_FBQ), b, A), block 128, dynamic shared memory 0.
+ * grid (ceil(sq / ATT_FBQ), b, A), block 128, dynamic shared memory 0 (ATT_FWD_DYN: the two
+ * buffers of K and V, 2 x 2 x 64 x (ATT_W + 8) halves).
  * lse must not be NULL (the launcher passes scratch when the plan does not keep it).
  * Two blocks per multiprocessor (8 warps of 32 rows at D <= 64; at D = 128 16 rows). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
@@ -870,8 +887,15 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     ATT_STEP_STREAM;
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_W / 16, DT = ATT_W / 8;
     constexpr int MT = ATT_FMT;
+#if ATT_FWD_DYN
+    ATT_DYN_BEGIN_D;
+    ATT_SHARED_D(unsigned short, Ks, [2][BK][ATT_W + 8]);
+    ATT_SHARED_D(unsigned short, Vs, [2][BK][ATT_W + 8]);
+    ATT_DYN_END_D;
+#else
     __shared__ __align__(16) unsigned short Ks[2][BK][ATT_W + 8];
     __shared__ __align__(16) unsigned short Vs[2][BK][ATT_W + 8];
+#endif
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
     int tile, bi, a; /* the longest tiles first (att_block_ids) */

@@ -17,7 +17,7 @@
  * mgc_op_attn_drop_rng: the model's heads and the positions); the kernels read the stream's
  * step from device memory (mgc_cuda_drop_step).
  *
- * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_BR, ATT_TBR, ATT_TBR_Q): keep
+ * The tile sizes below repeat kernels/attention.cuh (ATT_FBQ, ATT_FBK_PP, ATT_BR, ATT_TBR, ATT_TBR_Q): keep
  * them equal.  They are functions of the width the kernels compute over, ATT_W: the head dim
  * rounded up to a multiple of 16 (kspec.h mgc_kspec_att_width). */
 #include <math.h>
@@ -30,6 +30,19 @@
 static int fwd_bq(int64_t d, int half) {
     if (half) return d <= 64 ? 128 : 64;     /* ATT_FBQ: 64 * ATT_FMT */
     return d <= 64 ? 64 : (d <= 128 ? 32 : 16); /* ATT_FBQ (fp32) */
+}
+/* The 16-bit forward's K and V tiles past a width of 64 at 64 keys a step (ATT_FWD_DYN): two
+ * buffers of each, rows of w + 8 halves, in dynamic shared memory (69,632 bytes at 128); the
+ * keys a step as attention.cuh ATT_FBK_PP chooses them: kspec constant FBK when set
+ * (MGC_ATT_FWD_KEYS), else 64 without dropout, documents or a window.  The kernel traps when
+ * given less (ATT_DYN_END_D). */
+static size_t fwd_dyn_bytes(const mgc_kspec *k, int64_t w, int half) {
+    if (!half || w <= 64 || w > 128) return 0;
+    int64_t keys = mgc_kspec_get(k, "FBK");
+    if (keys < 0)
+        keys = mgc_kspec_get(k, "DROP") != 1 && mgc_kspec_get(k, "DOCS") != 1 &&
+                       mgc_kspec_get(k, "WIN") <= 0 ? 64 : 32;
+    return keys == 64 ? (size_t)2 * 2 * 64 * (size_t)(w + 8) * 2 : 0;
 }
 static int bwd_br(int64_t d, int half) {
     if (half) return 64;                       /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */
@@ -119,9 +132,10 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                         &ib,       &iA,        &iG,        &scale,    &drop_p, &drop_thr,
                         &drop_scale, &seed,    &stream,    &step,     &elem0,    &drop_heads, &qpos, &kpos,
                         &docs,     &pos_s,     &pos_cp,    &pos_rank,  &k_gathered, &qkv};
-        int bq = fwd_bq(mgc_kspec_att_width(d), ks[0].dtype != MGC_DT_F32);
+        int64_t w = mgc_kspec_att_width(d);
+        int half = ks[0].dtype != MGC_DT_F32, bq = fwd_bq(w, half);
         return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
-                               (unsigned)A, 128, 0, args);
+                               (unsigned)A, 128, fwd_dyn_bytes(&ks[0], w, half), args);
     }
 
     /* backward: in q, k, v (or qkv), out, lse, dout; out dq, dk, dv (or dqkv) */

@@ -12,7 +12,8 @@
 #                                             seconds), nccl, sanitize, bench, kern (every
 #                                             kernel of one step under ncu: device time, DRAM
 #                                             bytes; NCU_MODELS), wide (attention at head dims
-#                                             128 and 256 against SDPA, $OUT/wide.md)
+#                                             128 and 256 against SDPA, $OUT/wide.md; 128
+#                                             also with MGC_ATT_FWD_KEYS=32)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes on the H100 on 2026-11-28, before the
 #                                             dropout and fusion variants were added: not
@@ -350,12 +351,16 @@ if has wide; then
     # memory, the dK/dV kernel's two column slices), never timed before: a two-layer LLaMA-style
     # model of width 2048 at head dim 128 (16 heads) and 256 (8 heads, Gemma's), seq 2048,
     # micro batch 2, bf16; the attention ops' device time a call (mgc-run --profile) against
-    # SDPA at the same shapes, and 20 steps' losses and median step (the plan runs)
+    # SDPA at the same shapes, and 20 steps' losses and median step (the plan runs); head dim
+    # 128 also with the forward at 32 keys a step (MGC_ATT_FWD_KEYS=32, "128/32": its tiles
+    # before 2026-12-06) against the default 64 from dynamic shared memory
     echo "== wide" | tee "$OUT/wide.md"
     echo "| head dim | shape | mgc fwd ms | SDPA fwd ms | mgc bwd ms | SDPA bwd ms | mgc speed vs SDPA (fwd+bwd) |" >>"$OUT/wide.md"
     echo "|---|---|---:|---:|---:|---:|---:|" >>"$OUT/wide.md"
-    for hd in 128 256; do
-        heads=$((2048 / hd))
+    for hd in 128 128/32 256; do
+        keys=${hd#*/} hd=${hd%/*}
+        if [ "$keys" = "$hd" ]; then unset MGC_ATT_FWD_KEYS; else export MGC_ATT_FWD_KEYS=$keys; fi
+        heads=$((2048 / hd)) hd_label=$hd${MGC_ATT_FWD_KEYS:+/$keys} hd_file=$hd${MGC_ATT_FWD_KEYS:+k$keys}
         build-gpu/compiler/mgc compile models/tiny-llama.yaml --set model.hidden_size=2048 \
             --set model.num_attention_heads=$heads --set model.num_query_groups=$heads \
             --set model.head_dim=$hd --set model.num_layers=2 --set model.ffn_hidden_size=5632 \
@@ -364,20 +369,21 @@ if has wide; then
             --set parallel.pipeline=1 --set parallel.data=1 --set parallel.context=1 \
             --set training.precision=bf16 --set training.micro_batch_size=2 \
             --set training.global_batch_size=2 --set training.recompute=none \
-            --set hardware.cuda_archs=[90] -o build-gpu/wide$hd.plan >build-gpu/wide$hd.log 2>&1 || { rc=1; continue; }
-        build-gpu/runtime/mgc-run build-gpu/wide$hd.plan --backend cuda --iterations 20 -q \
-            --metrics build-gpu/wide$hd.jsonl >>build-gpu/wide$hd.log 2>&1 || { tail -n 3 build-gpu/wide$hd.log; rc=1; continue; }
+            --set hardware.cuda_archs=[90] -o build-gpu/wide$hd_file.plan >build-gpu/wide$hd_file.log 2>&1 || { rc=1; continue; }
+        build-gpu/runtime/mgc-run build-gpu/wide$hd_file.plan --backend cuda --iterations 20 -q \
+            --metrics build-gpu/wide$hd_file.jsonl >>build-gpu/wide$hd_file.log 2>&1 || { tail -n 3 build-gpu/wide$hd_file.log; rc=1; continue; }
         python3 -c 'import json,sys,statistics
 r=[json.loads(l) for l in open(sys.argv[1])]
 print("head dim %s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x["step_ms"] for x in r][8:]),
-      " ".join("%d:%.6g" % (x["step"], x["loss"]) for x in r)))' build-gpu/wide$hd.jsonl $hd | tee -a "$OUT/wide.md"
-        build-gpu/runtime/mgc-run build-gpu/wide$hd.plan --backend cuda --iterations 6 --profile-warmup 2 -q \
-            --profile build-gpu/wide$hd.prof.jsonl >>build-gpu/wide$hd.log 2>&1 &&
+      " ".join("%d:%.6g" % (x["step"], x["loss"]) for x in r)))' build-gpu/wide$hd_file.jsonl $hd_label | tee -a "$OUT/wide.md"
+        build-gpu/runtime/mgc-run build-gpu/wide$hd_file.plan --backend cuda --iterations 6 --profile-warmup 2 -q \
+            --profile build-gpu/wide$hd_file.prof.jsonl >>build-gpu/wide$hd_file.log 2>&1 &&
             python3 bench/torch_gpt_gpu.py --hidden 2048 --heads $heads --seq 2048 --mbs 2 --sdpa \
-                >build-gpu/wide$hd.sdpa.json 2>>build-gpu/wide$hd.log &&
-            python3 bench/attn_row.py build-gpu/wide$hd.prof.jsonl build-gpu/wide$hd.sdpa.json $hd \
+                >build-gpu/wide$hd_file.sdpa.json 2>>build-gpu/wide$hd_file.log &&
+            python3 bench/attn_row.py build-gpu/wide$hd_file.prof.jsonl build-gpu/wide$hd_file.sdpa.json $hd_label \
                 >>"$OUT/wide.md" || rc=1
     done
+    unset MGC_ATT_FWD_KEYS
     cat "$OUT/wide.md"
 fi
 if has nccl; then
