@@ -122,13 +122,18 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
     int n = mgc_kspecs_attention(p, ch, op, out, max);
     if (n == 0) n = mgc_kspecs_moe(p, ch, op, out, max);
     if (n == 0) n = mgc_kspecs_pointwise(p, ch, op, out, max);
-    if (n <= 0 && err && errsz && op->kind == MGC_POP_ATTENTION && mgc_kspec_att_fwd_keys_env() < 0)
-        snprintf(err, errsz, "op '%s' (%s): the environment's MGC_ATT_FWD_KEYS='%s' is not 16, 32 "
-                 "or 64 (unset it)", mgc_plan_strat(p, op->name),
-                 mgc_plan_op_name((mgc_plan_op_kind)op->kind), getenv("MGC_ATT_FWD_KEYS"));
-    else if (n <= 0 && err && errsz)
-        snprintf(err, errsz, "op '%s' (%s): no CUDA kernel serves it", mgc_plan_strat(p, op->name),
-                 mgc_plan_op_name((mgc_plan_op_kind)op->kind));
+    if (n <= 0 && err && errsz) {
+        const char *bad = NULL; /* an attention tile knob with a bad value */
+        for (int e = 0; e < MGC_KSPEC_ATT_TILE_ENVS && !bad; e++)
+            if (mgc_kspec_att_tile_env(mgc_kspec_att_tile_envs[e]) < 0) bad = mgc_kspec_att_tile_envs[e];
+        if (bad && (op->kind == MGC_POP_ATTENTION || op->kind == MGC_POP_ATTENTION_BWD))
+            snprintf(err, errsz, "op '%s' (%s): the environment's %s='%s' is not 16, 32 or 64 "
+                     "(unset it)", mgc_plan_strat(p, op->name),
+                     mgc_plan_op_name((mgc_plan_op_kind)op->kind), bad, getenv(bad));
+        else
+            snprintf(err, errsz, "op '%s' (%s): no CUDA kernel serves it", mgc_plan_strat(p, op->name),
+                     mgc_plan_op_name((mgc_plan_op_kind)op->kind));
+    }
     return n > 0 ? n : -1;
 }
 

@@ -12,6 +12,7 @@
  * queries see only their own document (MGC_POF_DOCS, data.reset_attention_mask), WIN the
  * sliding window in keys (fattr[2], model.window_size; only when set, causal only: a number the
  * plan validator bounds), FBK (only under MGC_ATT_FWD_KEYS, 16-bit, D to 128) the forward's keys a
+ * step, KVR (only under MGC_ATT_DKV_ROWS, 16-bit, D to 64) the dK/dV kernel's query rows a
  * step, CS = 1 (only when set) on both backward kernels of a 16-bit
  * attention_bwd that sums the QKV projection's bias gradient (MGC_POF_COLSUM: each block writes
  * the column sums of the dqkv rows it stores, a row of partials a 64-row tile).  The storage
@@ -54,17 +55,33 @@ static int getenv_positions(void) {
     return e && !strcmp(e, "1");
 }
 
-/* MGC_ATT_FWD_KEYS=16|32|64: the 16-bit forward's keys a step (kernel constant FBK) at head dims
- * to 128, in place of the kernel's own choice (attention.cuh ATT_FBK), so that one run can time
- * both (scripts/gpu.sh quick); read by `mgc compile` and the backend alike.  0 when unset, -1
- * for any other value (mgc compile refuses it: mgc_kspec_att_fwd_keys_env). */
-int mgc_kspec_att_fwd_keys_env(void) {
-    const char *e = getenv("MGC_ATT_FWD_KEYS");
-    if (!e) return 0;
+/* The tile knobs for A/B timings (scripts/gpu.sh quick), read by `mgc compile` and the backend
+ * alike: MGC_ATT_FWD_KEYS=16|32|64, the 16-bit forward's keys a step at head dims to 128
+ * (kernel constant FBK), and MGC_ATT_DKV_ROWS=16|32|64, the 16-bit dK/dV kernel's query rows a
+ * step at head dims to 64 (KVR), each in place of the kernel's own choice (attention.cuh
+ * ATT_FBK_PP, ATT_TBC_KV).  0 when unset or empty, -1 for any other value (mgc compile refuses
+ * it). */
+const char *const mgc_kspec_att_tile_envs[MGC_KSPEC_ATT_TILE_ENVS] = {"MGC_ATT_FWD_KEYS",
+                                                                     "MGC_ATT_DKV_ROWS"};
+
+int mgc_kspec_att_tile_env(const char *name) {
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
     if (!strcmp(e, "16")) return 16;
     if (!strcmp(e, "32")) return 32;
     if (!strcmp(e, "64")) return 64;
     return -1;
+}
+
+/* out's constant cname from knob env where it applies (16 bits, head dim d to dmax): 0, or -1
+ * for a knob with a bad value */
+static int tile_const(mgc_kspec *out, const char *env, const char *cname, int dt, int64_t d,
+                      int64_t dmax) {
+    if (dt == MGC_DT_F32 || d > dmax) return 0;
+    int v = mgc_kspec_att_tile_env(env);
+    if (v < 0) return -1;
+    if (v) mgc_kspec_const(out, cname, v);
+    return 0;
 }
 
 static void mask_consts(mgc_kspec *k, int64_t d, int64_t causal, int64_t drop, int64_t rowpos,
@@ -93,12 +110,7 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         if (attn_dims(ch, op, &dt, &d) || max < 1) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_fwd", dt);
         mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
-        if (dt != MGC_DT_F32 && d <= 128) {
-            int keys = mgc_kspec_att_fwd_keys_env();
-            if (keys < 0) return -1;
-            if (keys) mgc_kspec_const(&out[0], "FBK", keys);
-        }
-        return 1;
+        return tile_const(&out[0], "MGC_ATT_FWD_KEYS", "FBK", dt, d, 128) ? -1 : 1;
     case MGC_POP_ATTENTION_BWD:
         if (attn_dims(ch, op, &dt, &d) || max < 2) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dq", dt);
@@ -109,7 +121,7 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
             mgc_kspec_const(&out[0], "CS", 1);
             mgc_kspec_const(&out[1], "CS", 1);
         }
-        return 2;
+        return tile_const(&out[1], "MGC_ATT_DKV_ROWS", "KVR", dt, d, 64) ? -1 : 2;
     default:
         return 0;
     }

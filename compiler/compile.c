@@ -153,11 +153,12 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
                      "the environment's MGC_FUSION names no fusion '%.*s'", (int)bad_len, bad);
             goto fail;
         }
-        if (mgc_kspec_att_fwd_keys_env() < 0) {
+        for (int e = 0; e < MGC_KSPEC_ATT_TILE_ENVS; e++) {
+            const char *env = mgc_kspec_att_tile_envs[e];
+            if (mgc_kspec_att_tile_env(env) >= 0) continue;
             mgc_diag(d, MGC_SEV_ERROR, at,
-                     "MGC_ATT_FWD_KEYS takes 16, 32 or 64 (docs/cuda-backend.md), or unset it",
-                     "the environment's MGC_ATT_FWD_KEYS='%s' is no attention forward's keys a step",
-                     getenv("MGC_ATT_FWD_KEYS"));
+                     "it takes 16, 32 or 64 (docs/cuda-backend.md), or unset it",
+                     "the environment's %s='%s' is no attention tile size", env, getenv(env));
             goto fail;
         }
         for (int64_t k = 0; k < sp->n_chunks; k++) mgc_fuse_chunk(&sp->chunks[k], fuse, NULL);

@@ -46,8 +46,9 @@
  *             to D 128 without dropout, documents or a window, else as fp32; past D 64 its
  *             K and V tiles then take dynamic shared memory, ATT_FWD_DYN)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
- *             ATT_TBC_KV (dK/dV: 64 for D <= 32, 32 for D 48 and 64, 16 above: the
- *             double-buffered query tiles fit in the registers and shared memory left);
+ *             ATT_TBC_KV (dK/dV: 64 for D <= 32, and for D 48 and 64 without dropout,
+ *             documents or a window, else 32 there; 16 above: the double-buffered query
+ *             tiles fit in the registers and shared memory left);
  *             dQ: ATT_TBR_Q query rows a block (128 at D <= 64: ATT_QMT = 2 m-tiles of 16
  *             rows a warp; 64 above, and at D 64 with dropout and context parallelism),
  *             ATT_TBC_Q key rows per step (16 at D 48 and 64, and above with dropout and
@@ -150,7 +151,18 @@
 /* dropout with the positions computed (context parallelism): the Philox state and the position
  * arithmetic take the registers of a second m-tile at D 64, of 16 key rows at D > 64 */
 #define ATT_DROPPOS (MGC_DROP && !MGC_ROWPOS)
-#define ATT_TBC_KV (ATT_W <= 32 ? 64 : ATT_W <= 64 ? 32 : 16) /* dK/dV: query rows per step */
+/* dK/dV: query rows per step, 64 to D 64 without dropout, documents or a window (245-254
+ * registers at D 64), else 32 from D 48 (with dropout D 64 spilled at 64 rows), 16 above;
+ * MGC_KVR (a kernel constant only under MGC_ATT_DKV_ROWS, for A/B timings: 16, 32 or 64 to
+ * D 64) overrides it.  The launcher does not depend on it. */
+#ifdef MGC_KVR
+#if MGC_D > 64 || (MGC_KVR != 16 && MGC_KVR != 32 && MGC_KVR != 64)
+#error "attention.cuh: KVR (the dK/dV kernel's query rows a step) is 16, 32 or 64, and only to D 64"
+#endif
+#define ATT_TBC_KV ((int)MGC_KVR)
+#else
+#define ATT_TBC_KV (ATT_W <= 32 || (ATT_W <= 64 && !MGC_DROP && !ATT_LOWER) ? 64 : ATT_W <= 64 ? 32 : 16)
+#endif
 #define ATT_QMT (ATT_W < 64 || (ATT_W == 64 && !ATT_DROPPOS) ? 2 : 1) /* dQ: m-tiles of 16 rows */
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
 #define ATT_TBC_Q ((ATT_W > 32 && ATT_W <= 64) || (ATT_W > 64 && ATT_DROPPOS) || ATT_WIDE ? 16 : 32) /* dQ: keys a step */

@@ -23,8 +23,9 @@
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
 #                                             QKV bias gradient in the attention backward
 #                                             (-attention_bwd_bias), 124M with the
-#                                             attention forward at 32 keys a step
-#                                             (MGC_ATT_FWD_KEYS=32), 124M with hidden
+#                                             attention's tiles before 2026-12-06
+#                                             (MGC_ATT_FWD_KEYS=32 MGC_ATT_DKV_ROWS=32,
+#                                             and the rows alone: the same bits), 124M with hidden
 #                                             dropout with and without its backward in the
 #                                             norm backwards (-norm_bwd_drop), without
 #                                             CUDA graphs and without the fused embedding,
@@ -145,6 +146,11 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
             echo "$label: FAILED: $(tail -n 2 build-gpu/q.log)" | tee -a "$Q"; rc=1
         fi
     }
+    samebits() { # label-a label-b: their losses and norms, as qrun printed them
+        a=$(grep "^$1: " "$Q" | tail -n 1 | sed 's/.*losses //') b=$(grep "^$2: " "$Q" | tail -n 1 | sed 's/.*losses //')
+        [ -n "$a" ] && [ "$a" = "$b" ] && echo "$2: losses and norms bit-identical to $1" | tee -a "$Q" ||
+            { echo "$2: losses or norms DIFFER from $1" | tee -a "$Q"; rc=1; }
+    }
     echo "== quick (commit ${MGC_COMMIT:-?})" | tee "$Q"
     # In order of what is worth most when a call is cut at its limit (everything is written as
     # it goes): the defaults' steps, then the step's kernels under Nsight Compute, then the A/B
@@ -169,19 +175,24 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     python3 bench/ncu_table.py --curve build-gpu/q-curve.csv build-gpu/q-ncu.csv "$copy" >"$OUT/kern-quick.md" 2>&1 ||
         { tail -n 5 build-gpu/q-curve.err; python3 bench/ncu_table.py build-gpu/q-ncu.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     cat "$OUT/kern-quick.md"
-    # the attention forward at 32 keys a step, its tile before 2026-12-06 (attention.cuh
-    # ATT_FBK_PP; MGC_ATT_FWD_KEYS names the kernels at compile and run alike): its kernel
-    # under ncu beside the defaults' 64 in the table above, then the step (losses within bf16
-    # rounding of the defaults')
-    export MGC_ATT_FWD_KEYS=32
-    qplan gpt2-124m 8 build-gpu/q124k32.plan || rc=1
+    # the attention at its tiles before 2026-12-06: the forward at 32 keys a step (attention.cuh
+    # ATT_FBK_PP) and the dK/dV kernel at 32 query rows a step (ATT_TBC_KV); the knobs name the
+    # kernels at compile and run alike.  Both kernels under ncu beside the defaults' table
+    # above, then the step (losses within bf16 rounding: the forward's tiles move its rounding);
+    # the dK/dV kernel's rows alone change no bit (its 16-row mma steps run in the same order)
+    export MGC_ATT_FWD_KEYS=32 MGC_ATT_DKV_ROWS=32
+    qplan gpt2-124m 8 build-gpu/q124t32.plan || rc=1
+    timeout 60 "$NCU" --clock-control none --csv --kernel-name "regex:attention_fwd|attention_bwd_dkv" \
+        --metrics $NCUM build-gpu/runtime/mgc-run build-gpu/q124t32.plan --backend cuda --iterations 1 -q \
+        >build-gpu/q-ncu-t32.csv 2>build-gpu/q-ncu-t32.err || rc=1
+    { echo; echo "### MGC_ATT_FWD_KEYS=32 MGC_ATT_DKV_ROWS=32: the attention's tiles before 2026-12-06"; echo
+      python3 bench/ncu_table.py build-gpu/q-ncu-t32.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
+    qrun "gpt2-124m MGC_ATT_FWD_KEYS=32 MGC_ATT_DKV_ROWS=32" build-gpu/q124t32.plan
     unset MGC_ATT_FWD_KEYS
-    MGC_ATT_FWD_KEYS=32 timeout 60 "$NCU" --clock-control none --csv --kernel-name "regex:attention_fwd" \
-        --metrics $NCUM build-gpu/runtime/mgc-run build-gpu/q124k32.plan --backend cuda --iterations 1 -q \
-        >build-gpu/q-ncu-k32.csv 2>build-gpu/q-ncu-k32.err || rc=1
-    { echo; echo "### MGC_ATT_FWD_KEYS=32: the attention forward at 32 keys a step"; echo
-      python3 bench/ncu_table.py build-gpu/q-ncu-k32.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
-    qrun "gpt2-124m MGC_ATT_FWD_KEYS=32" build-gpu/q124k32.plan MGC_ATT_FWD_KEYS=32
+    qplan gpt2-124m 8 build-gpu/q124r32.plan || rc=1
+    qrun "gpt2-124m MGC_ATT_DKV_ROWS=32" build-gpu/q124r32.plan
+    unset MGC_ATT_DKV_ROWS
+    samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_ATT_DKV_ROWS=32"
     # and with the QKV projection's bias gradient left to BGRADB (compiler/fusion.c
     # attention_bwd_bias; 2026-12-06): losses within bf16 rounding, the step time against the
     # defaults' (the attention backward's column sums against BGRADB's 15.9 us a layer)
@@ -208,11 +219,6 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     # and with the embedding and the first norm as two kernels (compiler/fusion.c
     # embedding_norm): the same bits as the defaults (checked below)
     qplan gpt2-124m 8 build-gpu/q124ne.plan -embedding_norm || rc=1
-    samebits() { # label-a label-b: their losses and norms, as qrun printed them
-        a=$(grep "^$1: " "$Q" | tail -n 1 | sed 's/.*losses //') b=$(grep "^$2: " "$Q" | tail -n 1 | sed 's/.*losses //')
-        [ -n "$a" ] && [ "$a" = "$b" ] && echo "$2: losses and norms bit-identical to $1" | tee -a "$Q" ||
-            { echo "$2: losses or norms DIFFER from $1" | tee -a "$Q"; rc=1; }
-    }
     # and without CUDA graphs, which record programs with dropout since stop 40 (the kernels
     # read the step from device memory): the step's gain, and the same bits
     QARGS=--no-cuda-graphs
