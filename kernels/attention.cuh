@@ -188,7 +188,7 @@
  * or under ATT_DYN (head dims past 128, whose backward tiles pass the 48 KiB of static shared
  * memory) a reference to the next 16-byte aligned piece of the launch's dynamic shared memory,
  * after ATT_DYN_BEGIN; ATT_DYN_END then traps when the launch gave less than the pieces
- * (runtime/cuda_ops_attention.c att_dyn_bytes repeats the sums). */
+ * (runtime/cuda_ops_attention.c bwd_dyn_bytes and fwd_dyn_bytes repeat the sums). */
 __device__ __forceinline__ unsigned char *att_dyn_take(unsigned char *base, unsigned &off,
                                                        unsigned bytes) {
     unsigned char *p = base + off;
