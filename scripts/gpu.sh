@@ -271,7 +271,7 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     for m in q124 q15; do
         MGC_GEMM_TUNE=build-gpu/$m.tune build-gpu/runtime/mgc-run build-gpu/$m.plan --backend cuda \
             --iterations 2 -q >build-gpu/$m.tune.log 2>&1 || rc=1
-        { echo "== $m MGC_GEMM_TUNE"; tail -n 3 build-gpu/$m.tune.log; cat build-gpu/$m.tune; } >>"$Q" 2>&1
+        { echo "== $m MGC_GEMM_TUNE"; tail -n 3 build-gpu/$m.tune.log; cat build-gpu/$m.tune || rc=1; } >>"$Q" 2>&1
     done
     qrun "gpt2-124m MGC_GEMM_TUNING (1)" build-gpu/q124.plan MGC_GEMM_TUNING=build-gpu/q124.tune
     qrun "gpt2-124m MGC_GEMM_TUNING (2)" build-gpu/q124.plan MGC_GEMM_TUNING=build-gpu/q124.tune
