@@ -93,10 +93,18 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
         mgc_kspec_init(&out[n++], "pointwise.cuh", "gelu_fwd", dt);
         return n;
     }
-    case MGC_POP_LINEAR_DGRAD_GELU: /* cuBLASLt DGELU; without it, gelu_bwd in place */
-        if (max < 1) return 0;
-        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_bwd", ch->tensors[op->out[0]].dtype);
-        return 1;
+    case MGC_POP_LINEAR_DGRAD_GELU: { /* cuBLASLt DGELU; without it, gelu_bwd in place; with
+                                          MGC_POF_COLSUM the bias gradient (DGELU_BGRAD, or as
+                                          linear_wgrad's) */
+        int dt = ch->tensors[op->out[0]].dtype, cs = (op->flags & MGC_POF_COLSUM) && op->n_out > 1;
+        if (max < (cs ? 4 : 1)) return 0;
+        mgc_kspec_init(&out[0], "pointwise.cuh", "gelu_bwd", dt);
+        if (!cs) return 1;
+        mgc_kspec_init(&out[1], "gemm_aux.cuh", "bias_grad_partial", dt);
+        mgc_kspec_init(&out[2], "gemm_aux.cuh", "bias_grad_finish", dt);
+        mgc_kspec_init(&out[3], "norm.cuh", "norm_bwd_reduce", 0);
+        return 4;
+    }
     case MGC_POP_LINEAR_WGRAD: /* cuBLASLt; the bias gradient (its partitions' sums added in
                                   order by the norm backward's reduce kernel) */
         if (op->n_out < 2 || max < 3) return 0;

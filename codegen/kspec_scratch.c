@@ -77,11 +77,13 @@ uint64_t mgc_kspec_op_scratch_bytes(const mgc_plan_chunk *ch, const mgc_plan_op 
     if (op->n_in < 1 && op->n_out < 1) return 0;
     const mgc_plan_tensor *in0 = T(ch, op->n_in > 0 ? op->in[0] : -1);
     switch ((mgc_plan_op_kind)op->kind) {
-    case MGC_POP_LINEAR_WGRAD: { /* cuda_ops_linear.c: bias_grad's partials (BGRADB's column
-                                    sums are fewer) */
+    case MGC_POP_LINEAR_WGRAD: /* cuda_ops_linear.c: bias_grad's partials (BGRADB's column
+                                  sums are fewer) */
+    case MGC_POP_LINEAR_DGRAD_GELU: { /* the same for dh's (MGC_POF_COLSUM; DGELU_BGRAD's) */
         if (op->n_out < 2) return 0;
         int64_t RP;
-        uint64_t M = nonneg(op->iattr[0]), N = nonneg(op->iattr[1]);
+        uint64_t M = nonneg(op->iattr[0]),
+                 N = nonneg(op->iattr[op->kind == MGC_POP_LINEAR_WGRAD ? 1 : 2]);
         return (uint64_t)mgc_kspec_bias_grad_parts((int64_t)M, &RP) * N * 4;
     }
     case MGC_POP_GROUPED_LINEAR_WGRAD: { /* cuda_ops_linear.c op_grouped: an expert's bias

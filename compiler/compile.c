@@ -147,8 +147,8 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
             mgc_diag(d, MGC_SEV_ERROR, at,
                      "MGC_FUSION takes 0, 1 or a comma-separated list of norm_bwd_add, add_norm, "
                      "linear_gelu, dgrad_gelu, qkv_attention, qkv_rope, norm_bwd_bias, "
-                     "embedding_norm, norm_bwd_drop, attention_bwd_bias, each with an optional "
-                     "leading '-' "
+                     "embedding_norm, norm_bwd_drop, attention_bwd_bias, dgrad_gelu_bias, each with "
+                     "an optional leading '-' "
                      "(docs/partitioning.md#fusions)",
                      "the environment's MGC_FUSION names no fusion '%.*s'", (int)bad_len, bad);
             goto fail;

@@ -41,6 +41,10 @@
  *     -> attention_bwd with MGC_POF_COLSUM (.. -> dqkv, dbias) and linear_wgrad (dqkv, x ->
  *        dW): the QKV projection's bias gradient summed by the attention's backward kernels as
  *        they write dqkv, not by a pass over dqkv after the GEMM
+ *   linear_dgrad_gelu (dy, W, h -> dh) ... linear_wgrad (dh, x -> dW, dbias)
+ *     -> linear_dgrad_gelu with MGC_POF_COLSUM (dy, W, h -> dh, dbias) and linear_wgrad (dh, x
+ *        -> dW): the MLP's first bias gradient summed as the GEMM writes dh (cuBLASLt's
+ *        DGELU_BGRAD epilogue), not by a pass over dh after the weight gradient's GEMM
  */
 #ifndef MGC_FUSION_H
 #define MGC_FUSION_H
@@ -65,6 +69,7 @@ typedef struct mgc_fusion_stats {
     int64_t norm_bwd_drop;  /* dropout_add_bwd or dropout_bwd moved into the norm_bwd writing
                                its input */
     int64_t attention_bwd_bias; /* the QKV projection's bias gradient moved into attention_bwd */
+    int64_t dgrad_gelu_bias; /* the MLP's first bias gradient moved into linear_dgrad_gelu */
 } mgc_fusion_stats;
 
 /* The fusions, as bits of the set to make (named as the fields of mgc_fusion_stats). */
@@ -79,7 +84,8 @@ enum {
     MGC_FUSE_EMBEDDING_NORM = 1u << 7,
     MGC_FUSE_NORM_BWD_DROP = 1u << 8,
     MGC_FUSE_ATTENTION_BWD_BIAS = 1u << 9,
-    MGC_FUSE_ALL = (1u << 10) - 1
+    MGC_FUSE_DGRAD_GELU_BIAS = 1u << 10,
+    MGC_FUSE_ALL = (1u << 11) - 1
 };
 
 /* The set MGC_FUSION names (docs/partitioning.md#fusions): NULL, "" or "1" all of them, "0"

@@ -51,7 +51,8 @@ extern "C" {
                               (attention, add_norm, dropout: the step read from device
                               memory), so the cubins of older plans do not fit; within 10,
                               embedding_norm with the embedding's dropout (a third output,
-                              the mask), and attention_bwd with the QKV projection's bias
+                              the mask), attention_bwd with the QKV projection's bias
+                              gradient and linear_dgrad_gelu with the MLP's first bias
                               gradient (MGC_POF_COLSUM), which older version-10 readers refuse;
                               docs/plan-format.md */
 
@@ -308,7 +309,10 @@ typedef enum mgc_plan_op_kind {
                                 as linear_wgrad adds them (mgc_plan_norm_bwd_io).
                                 attention_bwd with MGC_POF_QKV (within version 10): out[1], an
                                 fp32 vector of qkv's width, is the QKV projection's bias
-                                gradient: db += the column sums of dqkv (out[0]) likewise */
+                                gradient: db += the column sums of dqkv (out[0]) likewise.
+                                linear_dgrad_gelu (within version 10): out[1], an fp32 vector
+                                of dh's width (iattr[2]), is the bias gradient of the linear
+                                that reads dh: db += the column sums of dh (out[0]) likewise */
 #define MGC_POF_DROPBWD 512u /* norm_bwd: the backward of the dropout_add whose sum the norm
                                 read (compiler/fusion.c): the last input is that dropout's mask
                                 (u8), the last output the branch's gradient dbr = dx as stored

@@ -678,6 +678,12 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
             ok = b->dtype == MGC_DT_F32 && !dx->ld &&
                  b->bytes == (uint64_t)((ag.A + 2 * ag.G) * ag.d) * 4;
         }
+        /* or the bias gradient of the linear reading dh fused into linear_dgrad_gelu */
+        if (o->kind == MGC_POP_LINEAR_DGRAD_GELU && !(o->flags & MGC_POF_DROPBWD) && o->n_out == 2) {
+            const mgc_plan_tensor *b = &c->tensors[o->out[1]], *dx = &c->tensors[o->out[0]];
+            ok = b->dtype == MGC_DT_F32 && !dx->ld && o->iattr[2] > 0 &&
+                 b->bytes == (uint64_t)o->iattr[2] * 4;
+        }
         if (ok && io.cs >= 0) {
             const mgc_plan_tensor *b = &c->tensors[o->out[io.cs]];
             ok = b->dtype == MGC_DT_F32 && b->bytes == (uint64_t)o->iattr[2] * 4;
@@ -693,7 +699,8 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
             INVALID("%s (%s): the column-sum or dropout flag on an op that is not a norm_bwd whose "
                     "inputs and outputs fit them (a column sum: an fp32 vector of the norm's "
                     "width; the dropout: a u8 mask last in and a gradient like dx last out), "
-                    "nor a fused-qkv attention_bwd with an fp32 vector of qkv's width second out",
+                    "nor a fused-qkv attention_bwd with an fp32 vector of qkv's width second "
+                    "out, nor a linear_dgrad_gelu with an fp32 vector of dh's width second out",
                     WH, kn);
     }
     if (o->kind == MGC_POP_EMBEDDING_NORM) {

@@ -801,10 +801,16 @@ static int op_linear_gelu(mgc_backend *be, const mgc_op_call *c) {
         mgc_cpu_gelu_fwd_f32(F(c->out[0]), CF(c->out[1]), n);
         return 0;
     }
-    lop.kind = MGC_POP_LINEAR_DGRAD; /* in dy, W, h; out dh */
+    lop.kind = MGC_POP_LINEAR_DGRAD; /* in dy, W, h; out dh (, db: MGC_POF_COLSUM) */
     lop.n_in = 2;
+    lop.n_out = 1;
     if (op_linear(be, &lc)) return -1;
     mgc_cpu_gelu_bwd_f32(F(c->out[0]), CF(c->out[0]), CF(c->in[2]), n);
+    /* the fused bias gradient of the linear that reads dh: linear_wgrad's own sum over dh (no
+     * weight gradient: K = 0) */
+    if ((op->flags & MGC_POF_COLSUM) && op->n_out > 1)
+        mgc_cpu_linear_wgrad_f32(NULL, F(c->out[1]), CF(c->out[0]), NULL, op->iattr[0],
+                                 op->iattr[2], 0);
     return 0;
 }
 

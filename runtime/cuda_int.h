@@ -29,6 +29,7 @@ extern "C" {
 /* A GEMM's epilogue (cuBLASLt's names): besides D = op(A) op(B) (+ beta D), a bias (length
  * m) added (BIAS); with GELU_AUX(_BIAS), gelu of the result written to D and the result
  * (with the bias) to aux (m x n, aux_ld); with DGELU, D multiplied by gelu'(aux); with
+ * DGELU_BGRAD, that and the sums of D's rows (over n) written to bias (length m, fp32); with
  * BGRADB, the sums of op(B) over its k dimension written to bias (length n, fp32). */
 typedef enum mgc_gemm_epi_kind {
     MGC_GEMM_EPI_NONE,
@@ -36,7 +37,8 @@ typedef enum mgc_gemm_epi_kind {
     MGC_GEMM_EPI_GELU_AUX,
     MGC_GEMM_EPI_GELU_AUX_BIAS,
     MGC_GEMM_EPI_DGELU,
-    MGC_GEMM_EPI_BGRADB
+    MGC_GEMM_EPI_BGRADB,
+    MGC_GEMM_EPI_DGELU_BGRAD
 } mgc_gemm_epi_kind;
 
 typedef struct mgc_gemm_epi {
@@ -57,7 +59,7 @@ typedef struct mgc_cuda_host {
     /* mgc_cuda_scratch below */
     void *(*scratch)(mgc_backend *be, size_t bytes);
     /* Column-major D (m x n, ldc) = op(A) op(B) + beta D, fp32 accumulation; types are
-     * mgc_dtype; ep NULL: none.  0; -1 with be->err; 1 when a GELU/DGELU/BGRADB epilogue cannot
+     * mgc_dtype; ep NULL: none.  0; -1 with be->err; 1 when a GELU/DGELU/BGRAD epilogue cannot
      * be had for this shape (nothing ran: the caller runs the unfused kernels instead). */
     int (*gemm)(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                 int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
@@ -67,7 +69,8 @@ typedef struct mgc_cuda_host {
     const unsigned long long *(*step)(mgc_backend *be, int64_t step);
     int sms;       /* multiprocessors (grid sizing) */
     int epilogues; /* GEMM epilogues for the fused linear ops (MGC_GEMM_EPILOGUES != 0) */
-    int bgrad_epilogue; /* cuBLASLt's BGRADB for 16-bit bias gradients; MGC_GEMM_BGRAD=0: ours */
+    int bgrad_epilogue; /* cuBLASLt's BGRADB and DGELU_BGRAD for 16-bit bias gradients;
+                           MGC_GEMM_BGRAD=0: ours */
 } mgc_cuda_host;
 
 /* Runs one compute op (cuda_ops_linear.c): the GEMMs of the linear and grouped ops through

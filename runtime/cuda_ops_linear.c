@@ -129,6 +129,31 @@ static int use_epilogue(const mgc_cuda_host *cx, const mgc_plan_tensor *t) {
     return cx->epilogues && t->dtype != MGC_DT_F32;
 }
 
+/* Where an epilogue (BGRADB, DGELU_BGRAD) writes the column sums of a bias gradient out[k] (N,
+ * fp32, accumulated over microbatches): into out[k] itself when it holds zeros no op of the
+ * step has written (mgc_op_call.fresh; 16-byte aligned, as the flat parameter layout's
+ * 128-element alignment gives), *store then 1; else into scratch, which bias_finish adds. */
+static int bias_dest(mgc_backend *be, const mgc_op_call *c, int k, int64_t N, float **part,
+                     int *store) {
+    *store = (c->fresh >> k & 1u) && !((uintptr_t)c->out[k] & 15u);
+    *part = *store ? (float *)c->out[k] : mgc_cuda_scratch(be, (size_t)N * sizeof(float));
+    return *part ? 0 : -1;
+}
+
+/* The bias gradient db (N) after its GEMM: the epilogue's sums in part (NULL: it had no
+ * algorithm, or none was asked for) added by bias_grad_finish unless stored in db itself,
+ * else mgc's kernels over dy (M, N). */
+static int bias_finish(mgc_backend *be, float *db, float *part, int store, const void *dy,
+                       int dy_dtype, int64_t M, int64_t N) {
+    if (!part) return mgc_cuda_bias_grad(be, db, dy, dy_dtype, M, N);
+    if (store) return 0; /* the epilogue wrote db */
+    mgc_kspec k;
+    mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", dy_dtype);
+    int64_t one = 1;
+    void *a[] = {&db, &part, &one, &N};
+    return mgc_cuda_launch(be, &k, (unsigned)((N + 255) / 256), 1, 1, 256, 0, a);
+}
+
 static int op_linear(mgc_backend *be, const mgc_op_call *c) {
     mgc_cuda_host *cx = host(be);
     const mgc_plan_op *op = c->op;
@@ -153,37 +178,46 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         return run_as(be, c, MGC_POP_GELU, 1, &in, &c->out[1], 1, &out, &c->out[0]);
     }
     case MGC_POP_LINEAR_DGRAD:      /* dx (M,K) = dy (M,N) W (N,K) */
-    case MGC_POP_LINEAR_DGRAD_GELU: { /* dh = gelu'(h) (dy W), h the third input */
+    case MGC_POP_LINEAR_DGRAD_GELU: { /* dh = gelu'(h) (dy W), h the third input; with
+                                         MGC_POF_COLSUM db += the column sums of dh */
         const mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
         mgc_gemm_epi ep = none;
-        int fused = op->kind == MGC_POP_LINEAR_DGRAD_GELU, rc;
-        if (fused && use_epilogue(cx, T_out(c, 0)))
-            ep = (mgc_gemm_epi){MGC_GEMM_EPI_DGELU, NULL, 0, c->in[2], K, T_in(c, 2)->dtype};
-        /* 1: cuBLASLt has no DGELU algorithm; the plain GEMM (never 1) then */
+        int fused = op->kind == MGC_POP_LINEAR_DGRAD_GELU, rc, store = 0;
+        float *db = fused && (op->flags & MGC_POF_COLSUM) && op->n_out > 1 ? c->out[1] : NULL,
+              *part = NULL;
+        const mgc_gemm_epi dgelu = {MGC_GEMM_EPI_DGELU, NULL, 0, c->in[2], K, T_in(c, 2)->dtype};
+        if (fused && use_epilogue(cx, T_out(c, 0))) {
+            ep = dgelu;
+            /* cuBLASLt's DGELU_BGRAD: the sums of dh's columns as the GEMM writes them */
+            if (db && cx->bgrad_epilogue) {
+                if (bias_dest(be, c, 1, K, &part, &store)) return -1;
+                ep.kind = MGC_GEMM_EPI_DGELU_BGRAD, ep.bias = part, ep.bias_type = MGC_DT_F32;
+            }
+        }
+        /* 1: cuBLASLt has no algorithm with the epilogue: DGELU alone then, then the plain
+         * GEMM (never 1) */
         while ((rc = host(be)->gemm(be, 0, 0, K, M, N, c->in[1], K, T_in(c, 1)->dtype, c->in[0], ldy,
                           T_in(c, 0)->dtype, c->out[0], K, T_out(c, 0)->dtype, 0.0f,
                           &ep)) == 1)
-            ep = none;
-        if (rc || !fused || ep.aux) return rc;
-        /* gelu_bwd in place: dh = gelu'(h) dh (pointwise.cuh allows dx == dy) */
-        int32_t in[2] = {op->in[2], op->out[0]}, out = op->out[0];
-        void *inp[2] = {c->in[2], c->out[0]};
-        return run_as(be, c, MGC_POP_GELU_BWD, 2, in, inp, 1, &out, &c->out[0]);
+            ep = ep.kind == MGC_GEMM_EPI_DGELU_BGRAD ? dgelu : none;
+        if (rc || !fused) return rc;
+        if (!ep.aux) {
+            /* gelu_bwd in place: dh = gelu'(h) dh (pointwise.cuh allows dx == dy) */
+            int32_t in[2] = {op->in[2], op->out[0]}, out = op->out[0];
+            void *inp[2] = {c->in[2], c->out[0]};
+            if (run_as(be, c, MGC_POP_GELU_BWD, 2, in, inp, 1, &out, &c->out[0])) return -1;
+        }
+        if (!db) return 0;
+        return bias_finish(be, db, ep.bias ? part : NULL, store, c->out[0], T_out(c, 0)->dtype, M, K);
     }
     default: { /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
         const mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
         mgc_gemm_epi ep = none;
         float *part = NULL;
-        /* db holds zeros no op of the step has written (the executor's first write of it):
-         * BGRADB may write it itself (16-byte aligned: the flat parameter layout's 128-element
-         * alignment) */
-        int store = (c->fresh & 2u) && !((uintptr_t)c->out[1] & 15u);
+        int store = 0;
         if (op->n_out > 1 && cx->bgrad_epilogue && use_epilogue(cx, T_in(c, 0))) {
-            /* cuBLASLt's BGRADB writes the column sums of dy (the GEMM's B) to part; the plan
-             * accumulates db over microbatches, so bias_grad_finish adds part to it, unless db
-             * is fresh (0 + part: the same bits) */
-            if (store) part = (float *)c->out[1];
-            else if (!(part = mgc_cuda_scratch(be, (size_t)N * sizeof(float)))) return -1;
+            /* cuBLASLt's BGRADB writes the column sums of dy (the GEMM's B) */
+            if (bias_dest(be, c, 1, N, &part, &store)) return -1;
             ep = (mgc_gemm_epi){MGC_GEMM_EPI_BGRADB, part, MGC_DT_F32, NULL, 0, 0};
         }
         /* dW holds zeros no op of the step has written: beta 0 spares the GEMM its read of
@@ -200,15 +234,8 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
         }
         if (rc) return -1;
         if (op->n_out < 2) return 0;
-        if (!ep.bias)
-            return mgc_cuda_bias_grad(be, (float *)c->out[1], c->in[0], T_in(c, 0)->dtype, M, N);
-        if (store) return 0; /* BGRADB wrote db */
-        mgc_kspec k;
-        mgc_kspec_init(&k, "gemm_aux.cuh", "bias_grad_finish", T_in(c, 0)->dtype);
-        void *db = c->out[1];
-        int64_t one = 1;
-        void *a[] = {&db, &part, &one, &N};
-        return mgc_cuda_launch(be, &k, (unsigned)((N + 255) / 256), 1, 1, 256, 0, a);
+        return bias_finish(be, (float *)c->out[1], ep.bias ? part : NULL, store, c->in[0],
+                           T_in(c, 0)->dtype, M, N);
     }
     }
 }

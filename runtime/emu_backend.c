@@ -204,6 +204,9 @@ static int emu_gemm_run(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, i
         for (int64_t kk = 0; kk < k; kk++)
             b[j * k + kk] = ld(B, tb ? j + kk * ldb : kk + j * ldb, btype);
     int kind = ep->kind;
+    if (kind == MGC_GEMM_EPI_DGELU_BGRAD) /* the sums of D's rows, added below in j order */
+        for (int64_t i = 0; i < m; i++)
+            ((float *)ep->bias)[i] = 0.0f;
     for (int64_t j = 0; j < n; j++) {
         if (kind == MGC_GEMM_EPI_BGRADB) { /* sums of op(B) over k */
             float s = 0.0f;
@@ -223,8 +226,11 @@ static int emu_gemm_run(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, i
             if (kind == MGC_GEMM_EPI_GELU_AUX || kind == MGC_GEMM_EPI_GELU_AUX_BIAS) {
                 st((void *)ep->aux, i + j * ep->aux_ld, ep->aux_type, s);
                 s = (float)gelu(s);
-            } else if (kind == MGC_GEMM_EPI_DGELU) {
+            } else if (kind == MGC_GEMM_EPI_DGELU || kind == MGC_GEMM_EPI_DGELU_BGRAD) {
                 s = (float)(s * dgelu(ld(ep->aux, i + j * ep->aux_ld, ep->aux_type)));
+                /* cuBLASLt does not say whether its sums take D before or after the rounding
+                 * to D's type: here before, in fp32 */
+                if (kind == MGC_GEMM_EPI_DGELU_BGRAD) ((float *)ep->bias)[i] += s;
             }
             st(D, o, ctype, s);
         }

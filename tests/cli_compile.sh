@@ -62,6 +62,13 @@ MGC_FUSION=-attention_bwd_bias "$mgc" compile examples/tiny-gpt.yaml --no-kernel
 "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/g.plan" >/dev/null 2>&1 &&
   "$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q "norm_bwd +bias " && ok || bad "no bias gradient in a norm backward by default"
 "$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q "attention_bwd qkv +bias " && ok || bad "no bias gradient in an attention backward by default"
+"$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q "linear_dgrad_gelu +bias decoder.layers.0.mlp.linear_fc2 " &&
+  ok || bad "no bias gradient in a linear_dgrad_gelu by default"
+MGC_FUSION=-dgrad_gelu_bias "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/f3.plan" >/dev/null 2>&1 &&
+  "$mgc" inspect --ops "$tmp/f3.plan" >"$tmp/fo" 2>&1 && ! grep -q "linear_dgrad_gelu +bias" "$tmp/fo" &&
+  grep -q "linear_wgrad decoder.layers.0.mlp.linear_fc1 .*linear_fc1.bias.grad" "$tmp/fo" &&
+  grep -q "linear_dgrad_gelu decoder.layers.0.mlp.linear_fc2 " "$tmp/fo" &&
+  ok || bad "MGC_FUSION=-dgrad_gelu_bias: still a bias gradient in a linear_dgrad_gelu, or none in fc1's wgrad"
 # the embedding and the first norm: one op by default, two without that fusion
 "$mgc" inspect --ops "$tmp/g.plan" 2>&1 | grep -q " #0 embedding_norm " && ok || bad "no embedding_norm by default"
 MGC_FUSION=-embedding_norm "$mgc" compile examples/tiny-gpt.yaml --no-kernels -o "$tmp/h.plan" >/dev/null 2>&1 &&

@@ -770,7 +770,149 @@ static void bgrad_cases(mgc_backend *be, const mgc_plan *p) {
 
 static void check_bias_grad(void) {
     static const char *const prec[2] = {"fp32", "bf16"};
+    /* the op of the MLP's first linear, which keeps its bias gradient without that fusion
+     * (tiny GPT's others go into the norm and attention backwards) */
+    setenv("MGC_FUSION", "-dgrad_gelu_bias", 1);
     on_tiny_gpt("bias gradient", prec, 2, bgrad_cases);
+    unsetenv("MGC_FUSION");
+}
+
+/* linear_dgrad_gelu with the MLP's first bias gradient (MGC_POF_COLSUM, fusion.c
+ * dgrad_gelu_bias): dh (M, K) = gelu'(h) (dy W) and db (K) += the column sums of dh, on fresh
+ * random inputs at shapes of their own (the bias width K from 7 to 200), against a double
+ * reference from the inputs as stored: dh within the storage type's rounding of the products'
+ * magnitudes, db within it of its terms' magnitudes; as a first write (mgc_op_call.fresh: db
+ * holds zeros, the epilogue's sums stored in it) the bits of adding into zeros.  16-bit plans
+ * take cuBLASLt's DGELU_BGRAD epilogue, or with MGC_GEMM_BGRAD=0 mgc's bias-gradient kernels
+ * over dh; fp32 plans the plain GEMM, gelu_bwd and those kernels. */
+static double dgelu_ref(double x) {
+    const double c = 0.7978845608028654;
+    double t = tanh(c * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+static float stored(void *h, int64_t i, size_t es, float v) { /* v as stored at h[i] */
+    if (es == 4) return ((float *)h)[i] = v;
+    uint16_t u = mgc_f32_to_bf16(v);
+    ((uint16_t *)h)[i] = u;
+    return mgc_bf16_to_f32(u);
+}
+
+static void check_dgelu_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M, int64_t N,
+                                   int64_t K) {
+    mgc_plan_chunk ch;
+    mgc_plan_tensor *tv;
+    const mgc_plan_op *op0 =
+        bwd_op_copy(&p->stages[0].chunks[0], MGC_POP_LINEAR_DGRAD_GELU, 2, &ch, &tv);
+    if (!op0) return;
+    mgc_plan_op op = *op0;
+    T_CHECK((op.flags & MGC_POF_COLSUM) != 0);
+    op.iattr[0] = M, op.iattr[1] = N, op.iattr[2] = K;
+    mgc_plan_tensor *ty = &tv[op.in[0]], *tw = &tv[op.in[1]], *th = &tv[op.in[2]],
+                    *td = &tv[op.out[0]], *tb = &tv[op.out[1]];
+    size_t es = mgc_dtype_size((mgc_dtype)ty->dtype);
+    T_CHECK(tb->dtype == MGC_DT_F32 && tw->dtype == ty->dtype && th->dtype == ty->dtype &&
+            td->dtype == ty->dtype);
+    ty->rank = tw->rank = th->rank = td->rank = 2, tb->rank = 1;
+    ty->dim[0] = M, ty->dim[1] = N, tw->dim[0] = N, tw->dim[1] = K;
+    th->dim[0] = td->dim[0] = M, th->dim[1] = td->dim[1] = K, tb->dim[0] = K;
+    ty->ld = tw->ld = th->ld = td->ld = tb->ld = 0;
+    ty->bytes = (uint64_t)(M * N) * es, tw->bytes = (uint64_t)(N * K) * es;
+    th->bytes = td->bytes = (uint64_t)(M * K) * es, tb->bytes = (uint64_t)K * 4;
+    float *y = malloc((size_t)(M * N) * 4), *w = malloc((size_t)(N * K) * 4),
+          *h = malloc((size_t)(M * K) * 4), *b0 = malloc((size_t)K * 4), *b1 = malloc((size_t)K * 4);
+    void *hy = malloc(ty->bytes), *hw = malloc(tw->bytes), *hh = malloc(th->bytes),
+         *hd = malloc(td->bytes), *hd2 = malloc(td->bytes), *poison = malloc(td->bytes);
+    int ok = y && w && h && b0 && b1 && hy && hw && hh && hd && hd2 && poison;
+    /* dy and W of mean 0.5: dh's columns then sum to about half their magnitudes, so that a
+     * bias gradient a few percent off shows beyond the rounding of dh's terms */
+    for (int64_t i = 0; ok && i < M * N; i++) y[i] = stored(hy, i, es, 0.5f + ofloat(1.0));
+    for (int64_t i = 0; ok && i < N * K; i++) w[i] = stored(hw, i, es, 0.5f + ofloat(1.0));
+    for (int64_t i = 0; ok && i < M * K; i++) h[i] = stored(hh, i, es, ofloat(3.0));
+    for (int64_t k = 0; ok && k < K; k++) b0[k] = ofloat(2.0);
+    if (ok) memset(poison, 0xff, td->bytes);
+    void *dy = NULL, *dw = NULL, *dh = NULL, *dd = NULL, *db = NULL;
+    ok = ok && !be->iface->arena_alloc(be, ty->bytes, &dy) && !be->iface->arena_alloc(be, tw->bytes, &dw) &&
+         !be->iface->arena_alloc(be, th->bytes, &dh) && !be->iface->arena_alloc(be, td->bytes, &dd) &&
+         !be->iface->arena_alloc(be, tb->bytes, &db) && !be->iface->upload(be, dy, hy, ty->bytes) &&
+         !be->iface->upload(be, dw, hw, tw->bytes) && !be->iface->upload(be, dh, hh, th->bytes) &&
+         !be->iface->upload(be, dd, poison, td->bytes) && !be->iface->upload(be, db, b0, tb->bytes);
+    mgc_op_call c;
+    memset(&c, 0, sizeof c);
+    c.plan = p, c.chunk = &ch, c.op = &op;
+    c.in[0] = dy, c.in[1] = dw, c.in[2] = dh, c.out[0] = dd, c.out[1] = db;
+    c.grid_tp = c.grid_cp = 1;
+    if (ok && be->iface->run_op(be, &c)) {
+        fprintf(stderr, "linear_dgrad_gelu: %s\n", be->err);
+        ok = 0;
+    }
+    ok = ok && !be->iface->download(be, b1, db, tb->bytes) && !be->iface->download(be, hd, dd, td->bytes);
+    T_CHECK(ok);
+    const double tol = es == 2 ? 8e-3 : 1e-4;
+    int64_t bad = 0;
+    double worst = 0;
+    double *ref = calloc((size_t)K, sizeof *ref), *mag = calloc((size_t)K, sizeof *mag);
+    ok = ok && ref && mag;
+    for (int64_t k = 0; ok && k < K; k++) ref[k] = b0[k], mag[k] = fabs(b0[k]);
+    for (int64_t r = 0; ok && r < M; r++)
+        for (int64_t k = 0; k < K; k++) {
+            double g = 0, gm = 0, d = dgelu_ref(h[r * K + k]);
+            for (int64_t n = 0; n < N; n++)
+                g += (double)y[r * N + n] * w[n * K + k], gm += fabs((double)y[r * N + n] * w[n * K + k]);
+            double want = g * d, got = es == 2 ? mgc_bf16_to_f32(((uint16_t *)hd)[r * K + k])
+                                                : ((float *)hd)[r * K + k];
+            ref[k] += want, mag[k] += fabs(want);
+            if (!(fabs(got - want) <= tol * gm * (fabs(d) + 1e-3) + 1e-30) && bad++ < 4)
+                fprintf(stderr, "  dh M %lld N %lld K %lld (%lld,%lld): %.9g, want %.9g\n",
+                        (long long)M, (long long)N, (long long)K, (long long)r, (long long)k, got, want);
+        }
+    for (int64_t k = 0; ok && k < K; k++) {
+        double e = fabs(b1[k] - ref[k]);
+        if (!(e <= tol * mag[k]) && bad++ < 4)
+            fprintf(stderr, "  bias gradient M %lld N %lld K %lld col %lld: %.9g, want %.9g\n",
+                    (long long)M, (long long)N, (long long)K, (long long)k, b1[k], ref[k]);
+        if (e / mag[k] > worst) worst = e / mag[k];
+    }
+    T_EQ_I64(bad, 0);
+    /* a first write of db: the same bits as adding into zeros, in db and dh */
+    float *b2 = calloc((size_t)K, 4), *b3 = calloc((size_t)K, 4), *zero = calloc((size_t)K, 4);
+    int same = ok && b2 && b3 && zero;
+    for (int fresh = 0; same && fresh < 2; fresh++) {
+        c.fresh = fresh ? 2u : 0u;
+        same = !be->iface->upload(be, db, zero, tb->bytes) && !be->iface->upload(be, dd, poison, td->bytes) &&
+               !be->iface->run_op(be, &c) && !be->iface->download(be, fresh ? b2 : b3, db, tb->bytes) &&
+               !be->iface->download(be, fresh ? hd2 : hd, dd, td->bytes);
+    }
+    same = same && memcmp(b2, b3, (size_t)K * 4) == 0 && memcmp(hd, hd2, td->bytes) == 0;
+    for (int64_t k = 0; same && k < K; k++) same = b2[k] != 0.0f;
+    T_CHECK(same);
+    const char *bg = getenv("MGC_GEMM_BGRAD");
+    printf("linear_dgrad_gelu %s M %lld N %lld K %lld%s: dh and the bias gradient %s (worst %.2e of "
+           "the magnitudes); as a first write %s\n",
+           mgc_dtype_name((mgc_dtype)ty->dtype), (long long)M, (long long)N, (long long)K,
+           bg && !strcmp(bg, "0") ? " (MGC_GEMM_BGRAD=0)" : "", bad ? "DIFFER" : "within rounding",
+           worst, same ? "bit-identical" : "DIFFERS");
+    void *all[] = {dy, dw, dh, dd, db};
+    for (int k = 0; k < 5; k++)
+        if (all[k]) be->iface->arena_free(be, all[k]);
+    free(y), free(w), free(h), free(b0), free(b1), free(hy), free(hw), free(hh), free(hd);
+    free(hd2), free(poison), free(ref), free(mag), free(b2), free(b3), free(zero), free(tv);
+}
+
+static void dgelu_bgrad_cases(mgc_backend *be, const mgc_plan *p) {
+    static const int64_t shapes[4][3] = {{1000, 48, 200}, {4096, 32, 96}, {300, 16, 7}, {13, 24, 40}};
+    for (int i = 0; i < 4; i++)
+        check_dgelu_bgrad_case(be, p, shapes[i][0], shapes[i][1], shapes[i][2]);
+}
+
+static void check_dgelu_bias_grad(void) {
+    static const char *const prec[2] = {"fp32", "bf16"};
+    on_tiny_gpt("dgelu bias gradient", prec, 2, dgelu_bgrad_cases);
+    /* 16 bits without the epilogue: mgc's kernels over dh as stored */
+    static const char *const bf16[1] = {"bf16"};
+    setenv("MGC_GEMM_BGRAD", "0", 1);
+    on_tiny_gpt("dgelu bias gradient (MGC_GEMM_BGRAD=0)", bf16, 1, dgelu_bgrad_cases);
+    unsetenv("MGC_GEMM_BGRAD");
 }
 
 /* ---- 1. op by op ------------------------------------------------------------------ */
@@ -2047,6 +2189,7 @@ int main(int argc, char **argv) {
     if (!only || !strcmp(only, "emb") || ci1) check_embedding_bwd();
     if (!only || !strcmp(only, "bgrad") || ci1) {
         check_bias_grad();
+        check_dgelu_bias_grad();
         /* the QKV projection's bias gradient summed by the fused attention backward
          * (attention_bwd_bias, attention.cuh CS): 160 tokens of 3 sequences at D 64, where the
          * dQ kernel's 128-row blocks end in an m-tile past the tokens, whose row of partials

@@ -860,6 +860,8 @@ static uint64_t scratch_need(const mgc_stage_program *sp) {
                     b = (b + 255) / 256 * 256 + bb * ((s + 63) / 64) * (uint64_t)t0->dim[2] * 4;
             } else if (o->kind == MGC_POP_LINEAR_WGRAD && o->n_out > 1) {
                 b = (uint64_t)((o->iattr[0] + 255) / 256) * (uint64_t)o->iattr[1] * 4;
+            } else if (o->kind == MGC_POP_LINEAR_DGRAD_GELU && o->n_out > 1) { /* dh's column sums */
+                b = (uint64_t)((o->iattr[0] + 255) / 256) * (uint64_t)o->iattr[2] * 4;
             } else if (o->kind == MGC_POP_EMBEDDING_BWD && t0 && o->iattr[0] > 0) {
                 uint64_t n = (uint64_t)(t0->dim[0] * (t0->rank > 1 ? t0->dim[1] : 1));
                 b = n * 8; /* at least the sort keys (a vocabulary shard: iattr[0]) */

@@ -1611,6 +1611,44 @@ static void test_attention_colsum(void) {
     mgc_plan_free(p);
 }
 
+/* The MLP's first bias gradient fused into linear_dgrad_gelu (MGC_POF_COLSUM, compiler/fusion.c
+ * dgrad_gelu_bias): the fuzz seed of tiny GPT has one a layer; each rule broken once. */
+static void test_dgrad_gelu_colsum(void) {
+    mgc_plan *p = NULL;
+    char err[512] = "";
+    const char *seed = "tests/fuzz/plan-corpus/tiny-gpt.plan";
+    T_EQ_I64(mgc_plan_read(seed, &p, err, sizeof err), MGC_PLAN_OK);
+    if (!p) return;
+    int64_t seen = 0;
+    for (int64_t s = 0; s < p->n_stages; s++)
+        for (int64_t c = 0; c < p->stages[s].n_chunks; c++) {
+            mgc_plan_chunk *ch = &p->stages[s].chunks[c];
+            for (int64_t i = 0; i < ch->n_bwd; i++) {
+                mgc_plan_op *o = &ch->bwd[i];
+                if (o->kind != MGC_POP_LINEAR_DGRAD_GELU || !(o->flags & MGC_POF_COLSUM)) continue;
+                T_CHECK(o->n_out == 2);
+                if (seen++) continue;
+                mgc_plan_tensor *db = &ch->tensors[o->out[1]];
+                const char *frag = "nor a linear_dgrad_gelu with an fp32 vector of dh's width";
+                mgc_plan_tensor keep = *db;
+                for (int k = 0; k < 2; k++) { /* a float short; bf16 (each a tensor that fits) */
+                    if (k) db->dtype = MGC_DT_BF16, db->bytes = (uint64_t)db->dim[0] * 2;
+                    else db->dim[0]--, db->bytes -= 4;
+                    err[0] = 0;
+                    T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_ERR_INVALID);
+                    T_CHECK(strstr(err, frag) != NULL);
+                    *db = keep;
+                }
+                T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
+                BREAK(o->n_out, 1, frag); /* no bias gradient */
+                BREAK(o->flags, o->flags | MGC_POF_DROPBWD, frag);
+                BREAK(o->iattr[2], o->iattr[2] + 1, frag); /* dh's width not the vector's */
+            }
+        }
+    T_CHECK(seen == 4); /* tiny GPT's four layers */
+    mgc_plan_free(p);
+}
+
 int main(void) {
     test_crc();
     test_strings_and_names();
@@ -1622,5 +1660,6 @@ int main(void) {
     test_files();
     test_fuzz_seeds_current();
     test_attention_colsum();
+    test_dgrad_gelu_colsum();
     return t_summary("test_plan");
 }

@@ -1019,6 +1019,7 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     int64_t inpl_f = 0, inpl_o = 0, qr = 0, qrb = 0, rope_f = 0, rope_u2 = 0;
     int64_t colsum = 0, bias_u = 0, bias_f = 0, bias_left = 0, embn = 0, embn_u = 0;
     int64_t dropb = 0, dab_u = 0, dab_f = 0, drop_left = 0, attb = 0, attb_left = 0, qkvb_u = 0;
+    int64_t dgb = 0, dgb_left = 0, fc1b_u = 0;
     int64_t fused = 0, pairs = 0, adds_u = 0, adds_f = 0, addnorm = 0, fpairs = 0, dadd_u = 0, dadd_f = 0;
     int64_t lg = 0, dg = 0, gelu_u = 0, gelub_u = 0, gelu_f = 0, gelub_f = 0;
     int64_t qa = 0, qab = 0, split_u = 0, split_f = 0, splitb_u = 0, splitb_f = 0, rope_u = 0, att = 0;
@@ -1049,6 +1050,10 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                     drop_left += ch->bwd[j].kind == MGC_POP_NORM_BWD && ch->bwd[j].out[0] == ch->bwd[i].in[0];
                 colsum += ch->bwd[i].kind == MGC_POP_NORM_BWD && (ch->bwd[i].flags & MGC_POF_COLSUM);
                 attb += ch->bwd[i].kind == MGC_POP_ATTENTION_BWD && (ch->bwd[i].flags & MGC_POF_COLSUM);
+                dgb += ch->bwd[i].kind == MGC_POP_LINEAR_DGRAD_GELU && (ch->bwd[i].flags & MGC_POF_COLSUM);
+                /* a bias gradient left to a linear that reads a fused dgrad's dh */
+                for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch->bwd[i].n_out == 2; j++)
+                    dgb_left += ch->bwd[j].kind == MGC_POP_LINEAR_DGRAD_GELU && ch->bwd[j].out[0] == ch->bwd[i].in[0];
                 /* a bias gradient left to a linear that reads a fused attention backward's dqkv */
                 for (int64_t j = 0; j < i && ch->bwd[i].kind == MGC_POP_LINEAR_WGRAD && ch->bwd[i].n_out == 2; j++)
                     attb_left += ch->bwd[j].kind == MGC_POP_ATTENTION_BWD &&
@@ -1072,6 +1077,9 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
                 for (int64_t j = 0; j < i && cu->bwd[i].kind == MGC_POP_LINEAR_WGRAD && cu->bwd[i].n_out == 2; j++)
                     qkvb_u += cu->bwd[j].kind == MGC_POP_QKV_SPLIT_BWD && !(cu->bwd[j].flags & MGC_POF_ROPE) &&
                               cu->bwd[j].out[0] == cu->bwd[i].in[0];
+                /* the unfused plan's first MLP linears with a bias: their wgrad reads gelu_bwd's dh */
+                for (int64_t j = 0; j < i && cu->bwd[i].kind == MGC_POP_LINEAR_WGRAD && cu->bwd[i].n_out == 2; j++)
+                    fc1b_u += cu->bwd[j].kind == MGC_POP_GELU_BWD && cu->bwd[j].out[0] == cu->bwd[i].in[0];
                 splitb_u += cu->bwd[i].kind == MGC_POP_QKV_SPLIT_BWD;
                 adds_u += cu->bwd[i].kind == MGC_POP_ADD_BWD;
                 dab_u += mask_dropb(&cu->bwd[i]);
@@ -1133,13 +1141,18 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     T_EQ_I64(2 * qrb, rope_u2);
     /* each bias gradient a norm backward took is one a linear_wgrad gave up, and none is left
      * where a linear reads a norm backward's dx */
-    T_EQ_I64(bias_u - bias_f, colsum + attb);
+    T_EQ_I64(bias_u - bias_f, colsum + attb + dgb);
     T_EQ_I64(bias_left, 0);
     /* and each fused attention backward took its QKV projection's bias gradient, where the
      * projection has a bias (the unfused plan's wgrad reading the join's dqkv) */
     T_CHECK(attb <= qa); /* only a fused attention backward takes one */
     if (qa == att) T_EQ_I64(attb, qkvb_u);
     T_EQ_I64(attb_left, 0);
+    /* and each fused dgrad + gelu_bwd took the bias gradient of the linear reading its dh, where
+     * that linear has a bias */
+    T_CHECK(dgb <= dg);
+    if (dg == gelub_u) T_EQ_I64(dgb, fc1b_u);
+    T_EQ_I64(dgb_left, 0);
     /* each dropout backward a norm backward took is one fewer op, and none that reads a norm
      * backward's dx from a mask is left */
     T_EQ_I64(dab_u - dab_f, dropb);
@@ -1157,11 +1170,12 @@ static int64_t check_fusion(const char *path, const char *const *sets) {
     printf("%s: %lld norm_bwd + add_bwd, %lld dropout_add + norm, %lld linear + gelu, %lld "
            "linear_dgrad + gelu_bwd, %lld qkv_split + attention pairs, %lld + %lld qkv_split "
            "(_bwd) + ropes, %lld bias gradients and %lld dropout backwards into norm_bwd, %lld "
-           "bias gradients into attention_bwd and %lld embedding + norm fused, %d steps "
+           "bias gradients into attention_bwd, %lld into linear_dgrad_gelu and %lld embedding + "
+           "norm fused, %d steps "
            "bit-identical to the unfused plan and to the plan without in-place outputs\n",
            path, (long long)fused, (long long)addnorm, (long long)lg, (long long)dg, (long long)qa,
            (long long)qr, (long long)qrb, (long long)colsum, (long long)dropb, (long long)attb,
-           (long long)embn, STEPS);
+           (long long)dgb, (long long)embn, STEPS);
     mgc_plan_free(u);
     mgc_plan_free(f);
     mgc_plan_free(o);
