@@ -22,7 +22,10 @@
 #                                             gradients in the norm backwards
 #                                             (MGC_FUSION=-norm_bwd_bias), 124M without the
 #                                             QKV bias gradient in the attention backward
-#                                             (-attention_bwd_bias), 124M with the
+#                                             (-attention_bwd_bias), 124M without the
+#                                             MLP's first bias gradient in the
+#                                             DGELU_BGRAD epilogue (-dgrad_gelu_bias; the
+#                                             two MLP backward GEMMs a call too), 124M with the
 #                                             attention's tiles before 2026-12-06
 #                                             (MGC_ATT_FWD_KEYS=32 MGC_ATT_DKV_ROWS=32,
 #                                             and the rows alone: the same bits), 124M with hidden
@@ -198,6 +201,25 @@ print("%s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.median([x[
     # defaults' (the attention backward's column sums against BGRADB's 15.9 us a layer)
     qplan gpt2-124m 8 build-gpu/q124ab.plan -attention_bwd_bias || rc=1
     qrun "gpt2-124m MGC_FUSION=-attention_bwd_bias" build-gpu/q124ab.plan
+    # and with the MLP's first bias gradient left to BGRADB (compiler/fusion.c dgrad_gelu_bias;
+    # 2026-12-06): losses within bf16 rounding, the step against the defaults'; then both
+    # plans' MLP backward GEMMs a call under mgc-run --profile (linear_dgrad_gelu with
+    # DGELU_BGRAD against DGELU alone, fc1's linear_wgrad without BGRADB against with it)
+    qplan gpt2-124m 8 build-gpu/q124dg.plan -dgrad_gelu_bias || rc=1
+    qrun "gpt2-124m MGC_FUSION=-dgrad_gelu_bias" build-gpu/q124dg.plan
+    for p in q124 q124dg; do
+        timeout 120 build-gpu/runtime/mgc-run build-gpu/$p.plan --backend cuda --iterations 4 \
+            --profile-warmup 2 -q --profile build-gpu/$p.prof.jsonl >build-gpu/$p.prof.log 2>&1 &&
+            python3 -c 'import json,sys
+ops = [o for o in map(json.loads, filter(str.strip, open(sys.argv[1]))) if o.get("type") == "op"]
+def ms(f):
+    v = [o["mean_s"] * 1e3 for o in ops if f(o)]
+    return "%.4f ms a call over %d ops" % (sum(v) / len(v), len(v)) if v else "none"
+print("%s: linear_dgrad_gelu %s; fc1 linear_wgrad %s" % (sys.argv[2],
+      ms(lambda o: o["kind"] == "linear_dgrad_gelu"),
+      ms(lambda o: o["kind"] == "linear_wgrad" and o["name"].endswith("linear_fc1"))))' \
+                build-gpu/$p.prof.jsonl "gpt2-124m $p.plan" | tee -a "$Q" || rc=1
+    done
     # and without the bias gradients in the norm backwards (compiler/fusion.c norm_bwd_bias):
     # the same steps with cuBLASLt's BGRADB (losses within bf16 rounding, not the same bits)
     qplan gpt2-124m 8 build-gpu/q124nb.plan -norm_bwd_bias &&
