@@ -571,6 +571,39 @@ static int same_rope(const mgc_plan_op *a, const mgc_plan_op *b) {
            da == db && (!da || a->in[1] == b->in[1]);
 }
 
+/* The ops of the backward program whose output gradient out[0] (rows x width) may take the
+ * bias gradient of the linear that reads it (fuse_bias_into): 1 with *rows and *width. */
+typedef int (*bias_site_fn)(const mgc_plan_chunk *ch, const mgc_plan_op *o, int64_t *rows,
+                            int64_t *width);
+
+/* Moves the bias gradient of the linear_wgrad that reads a site's out[0] (bias_wgrad) into the
+ * site as its second output, flagged MGC_POF_COLSUM; the wgrad keeps dW alone. */
+static int64_t fuse_bias_into(mgc_plan_chunk *ch, bias_site_fn site) {
+    int64_t fused = 0;
+    mgc_plan_op *ops = ch->bwd;
+    int64_t n = ch->n_bwd;
+    int32_t *uses = count_uses(ch, ops, n);
+    if (!uses) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        mgc_plan_op *o = &ops[i];
+        int64_t rows, width;
+        if (o->n_out != 1 || (o->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM)) ||
+            !site(ch, o, &rows, &width))
+            continue;
+        int64_t j = bias_wgrad(ch, i, o->out[0], rows, width, uses);
+        if (j < 0) continue;
+        mgc_plan_op *w = &ops[j];
+        o->out[1] = w->out[1];
+        o->n_out = 2;
+        o->flags |= MGC_POF_COLSUM;
+        w->n_out = 1;
+        w->out[1] = -1;
+        fused++;
+    }
+    free(uses);
+    return fused;
+}
+
 /* attention_bwd (.. -> dqkv) with MGC_POF_QKV ... linear_wgrad (dqkv, x) -> (dW, dbias), the
  * QKV projection's weight gradient reading dqkv whole: attention_bwd with MGC_POF_COLSUM ->
  * (dqkv, dbias), and linear_wgrad (dqkv, x) -> (dW).  The bias gradient is the column sums of
@@ -580,30 +613,13 @@ static int same_rope(const mgc_plan_op *a, const mgc_plan_op *b) {
  * too (the CPU computes the same function; the CUDA launcher then sums dqkv with the
  * bias-gradient kernels after the attention's).  Only when dbias is touched by nothing else in
  * the program (its sum keeps the wgrad's order on the CPU: rows ascending). */
-static int64_t fuse_attention_bwd_bias(mgc_plan_chunk *ch) {
-    int64_t fused = 0;
-    mgc_plan_op *ops = ch->bwd;
-    int64_t n = ch->n_bwd;
-    int32_t *uses = count_uses(ch, ops, n);
-    if (!uses) return 0;
-    for (int64_t i = 0; i < n; i++) {
-        mgc_plan_op *ab = &ops[i];
-        mgc_attn_geom g;
-        if (ab->kind != MGC_POP_ATTENTION_BWD || !(ab->flags & MGC_POF_QKV) || ab->n_out != 1 ||
-            (ab->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM)) || mgc_plan_attn_geom(ch, ab, &g))
-            continue;
-        int64_t j = bias_wgrad(ch, i, ab->out[0], g.sq * g.b, (g.A + 2 * g.G) * g.d, uses);
-        if (j < 0) continue;
-        mgc_plan_op *w = &ops[j];
-        ab->out[1] = w->out[1];
-        ab->n_out = 2;
-        ab->flags |= MGC_POF_COLSUM;
-        w->n_out = 1;
-        w->out[1] = -1;
-        fused++;
-    }
-    free(uses);
-    return fused;
+static int attention_bias_site(const mgc_plan_chunk *ch, const mgc_plan_op *o, int64_t *rows,
+                               int64_t *width) {
+    mgc_attn_geom g;
+    if (o->kind != MGC_POP_ATTENTION_BWD || !(o->flags & MGC_POF_QKV) || mgc_plan_attn_geom(ch, o, &g))
+        return 0;
+    *rows = g.sq * g.b, *width = (g.A + 2 * g.G) * g.d;
+    return 1;
 }
 
 /* linear_dgrad_gelu (dy, W, h) -> (dh) ... linear_wgrad (dh, x) -> (dW, dbias), the MLP's first
@@ -614,29 +630,12 @@ static int64_t fuse_attention_bwd_bias(mgc_plan_chunk *ch) {
  * GPT-2 124M).  fp32 plans fuse too (the CPU computes the same function; the CUDA launcher
  * then sums dh with the bias-gradient kernels after the GEMM).  Only when dbias is touched by
  * nothing else in the program (its sum keeps the wgrad's order on the CPU: rows ascending). */
-static int64_t fuse_dgrad_gelu_bias(mgc_plan_chunk *ch) {
-    int64_t fused = 0;
-    mgc_plan_op *ops = ch->bwd;
-    int64_t n = ch->n_bwd;
-    int32_t *uses = count_uses(ch, ops, n);
-    if (!uses) return 0;
-    for (int64_t i = 0; i < n; i++) {
-        mgc_plan_op *dg = &ops[i];
-        if (dg->kind != MGC_POP_LINEAR_DGRAD_GELU || dg->n_out != 1 ||
-            (dg->flags & (MGC_POF_RECOMPUTE | MGC_POF_COLSUM)))
-            continue;
-        int64_t j = bias_wgrad(ch, i, dg->out[0], dg->iattr[0], dg->iattr[2], uses);
-        if (j < 0) continue;
-        mgc_plan_op *w = &ops[j];
-        dg->out[1] = w->out[1];
-        dg->n_out = 2;
-        dg->flags |= MGC_POF_COLSUM;
-        w->n_out = 1;
-        w->out[1] = -1;
-        fused++;
-    }
-    free(uses);
-    return fused;
+static int dgrad_gelu_bias_site(const mgc_plan_chunk *ch, const mgc_plan_op *o, int64_t *rows,
+                                int64_t *width) {
+    (void)ch;
+    if (o->kind != MGC_POP_LINEAR_DGRAD_GELU) return 0;
+    *rows = o->iattr[0], *width = o->iattr[2];
+    return 1;
 }
 
 /* qkv_split (qkv) -> (q, k, v) ; rope (q) -> q' ; rope (k) -> k'  becomes qkv_split with
@@ -809,10 +808,10 @@ void mgc_fuse_chunk(mgc_plan_chunk *ch, unsigned which, mgc_fusion_stats *st) {
     int64_t e = which & MGC_FUSE_QKV_ATTENTION ? fuse_qkv_attention(ch) : 0;
     int64_t f = which & MGC_FUSE_QKV_ROPE ? fuse_qkv_rope(ch) : 0;
     /* after the attention reads qkv in place: its backward then writes the dqkv the bias sums */
-    int64_t k = which & MGC_FUSE_ATTENTION_BWD_BIAS ? fuse_attention_bwd_bias(ch) : 0;
+    int64_t k = which & MGC_FUSE_ATTENTION_BWD_BIAS ? fuse_bias_into(ch, attention_bias_site) : 0;
     int64_t h = which & MGC_FUSE_EMBEDDING_NORM ? fuse_fwd_runs(ch, pair_embedding_norm) : 0;
     /* after the dgrad takes its gelu_bwd: the fused op then writes the dh the bias sums */
-    int64_t l = which & MGC_FUSE_DGRAD_GELU_BIAS ? fuse_dgrad_gelu_bias(ch) : 0;
+    int64_t l = which & MGC_FUSE_DGRAD_GELU_BIAS ? fuse_bias_into(ch, dgrad_gelu_bias_site) : 0;
     if (st) {
         st->norm_bwd_add += a, st->add_norm += b, st->linear_gelu += c, st->dgrad_gelu += d;
         st->qkv_attention += e, st->qkv_rope += f, st->norm_bwd_bias += g;

@@ -1573,9 +1573,11 @@ static void test_fuzz_seeds_current(void) {
     }
 }
 
-/* The QKV projection's bias gradient fused into attention_bwd (MGC_POF_COLSUM on a fused-qkv
- * op, compiler/fusion.c): the fuzz seed of tiny GPT has one a layer; each rule broken once. */
-static void test_attention_colsum(void) {
+/* A bias gradient fused into the op that writes the linear's output gradient (MGC_POF_COLSUM,
+ * compiler/fusion.c) on an op of `kind` other than norm_bwd: the fuzz seed of tiny GPT has one a
+ * layer; each rule broken once (the vector a float short or bf16, no bias gradient, the
+ * dropout flag beside it, and `other`, a flag that op needs cleared or another width). */
+static void colsum_rules(int kind, const char *frag, void (*other)(mgc_plan *p, mgc_plan_op *o)) {
     mgc_plan *p = NULL;
     char err[512] = "";
     const char *seed = "tests/fuzz/plan-corpus/tiny-gpt.plan";
@@ -1587,11 +1589,10 @@ static void test_attention_colsum(void) {
             mgc_plan_chunk *ch = &p->stages[s].chunks[c];
             for (int64_t i = 0; i < ch->n_bwd; i++) {
                 mgc_plan_op *o = &ch->bwd[i];
-                if (o->kind != MGC_POP_ATTENTION_BWD || !(o->flags & MGC_POF_COLSUM)) continue;
-                T_CHECK((o->flags & MGC_POF_QKV) && o->n_out == 2);
+                if (o->kind != kind || !(o->flags & MGC_POF_COLSUM)) continue;
+                T_CHECK(o->n_out == 2);
                 if (seen++) continue;
                 mgc_plan_tensor *db = &ch->tensors[o->out[1]];
-                const char *frag = "nor a fused-qkv attention_bwd with an fp32 vector of qkv's width";
                 mgc_plan_tensor keep = *db;
                 for (int k = 0; k < 2; k++) { /* a float short; bf16 (each a tensor that fits) */
                     if (k) db->dtype = MGC_DT_BF16, db->bytes = (uint64_t)db->dim[0] * 2;
@@ -1604,49 +1605,23 @@ static void test_attention_colsum(void) {
                 T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
                 BREAK(o->n_out, 1, frag); /* no bias gradient */
                 BREAK(o->flags, o->flags | MGC_POF_DROPBWD, frag);
-                BREAK(o->flags, o->flags & ~MGC_POF_QKV, frag); /* q, k, v unfused */
+                other(p, o);
             }
         }
     T_CHECK(seen == 4); /* tiny GPT's four layers */
     mgc_plan_free(p);
 }
 
-/* The MLP's first bias gradient fused into linear_dgrad_gelu (MGC_POF_COLSUM, compiler/fusion.c
- * dgrad_gelu_bias): the fuzz seed of tiny GPT has one a layer; each rule broken once. */
-static void test_dgrad_gelu_colsum(void) {
-    mgc_plan *p = NULL;
-    char err[512] = "";
-    const char *seed = "tests/fuzz/plan-corpus/tiny-gpt.plan";
-    T_EQ_I64(mgc_plan_read(seed, &p, err, sizeof err), MGC_PLAN_OK);
-    if (!p) return;
-    int64_t seen = 0;
-    for (int64_t s = 0; s < p->n_stages; s++)
-        for (int64_t c = 0; c < p->stages[s].n_chunks; c++) {
-            mgc_plan_chunk *ch = &p->stages[s].chunks[c];
-            for (int64_t i = 0; i < ch->n_bwd; i++) {
-                mgc_plan_op *o = &ch->bwd[i];
-                if (o->kind != MGC_POP_LINEAR_DGRAD_GELU || !(o->flags & MGC_POF_COLSUM)) continue;
-                T_CHECK(o->n_out == 2);
-                if (seen++) continue;
-                mgc_plan_tensor *db = &ch->tensors[o->out[1]];
-                const char *frag = "nor a linear_dgrad_gelu with an fp32 vector of dh's width";
-                mgc_plan_tensor keep = *db;
-                for (int k = 0; k < 2; k++) { /* a float short; bf16 (each a tensor that fits) */
-                    if (k) db->dtype = MGC_DT_BF16, db->bytes = (uint64_t)db->dim[0] * 2;
-                    else db->dim[0]--, db->bytes -= 4;
-                    err[0] = 0;
-                    T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_ERR_INVALID);
-                    T_CHECK(strstr(err, frag) != NULL);
-                    *db = keep;
-                }
-                T_EQ_I64(mgc_plan_validate(p, err, sizeof err), MGC_PLAN_OK);
-                BREAK(o->n_out, 1, frag); /* no bias gradient */
-                BREAK(o->flags, o->flags | MGC_POF_DROPBWD, frag);
-                BREAK(o->iattr[2], o->iattr[2] + 1, frag); /* dh's width not the vector's */
-            }
-        }
-    T_CHECK(seen == 4); /* tiny GPT's four layers */
-    mgc_plan_free(p);
+/* the QKV projection's, in attention_bwd: q, k, v unfused */
+static void attention_colsum_other(mgc_plan *p, mgc_plan_op *o) {
+    char err[512];
+    BREAK(o->flags, o->flags & ~MGC_POF_QKV, "nor a fused-qkv attention_bwd with an fp32 vector");
+}
+
+/* the MLP's first, in linear_dgrad_gelu: dh's width not the vector's */
+static void dgrad_gelu_colsum_other(mgc_plan *p, mgc_plan_op *o) {
+    char err[512];
+    BREAK(o->iattr[2], o->iattr[2] + 1, "nor a linear_dgrad_gelu with an fp32 vector of dh's width");
 }
 
 int main(void) {
@@ -1659,7 +1634,9 @@ int main(void) {
     test_validate();
     test_files();
     test_fuzz_seeds_current();
-    test_attention_colsum();
-    test_dgrad_gelu_colsum();
+    colsum_rules(MGC_POP_ATTENTION_BWD, "nor a fused-qkv attention_bwd with an fp32 vector of qkv's width",
+                 attention_colsum_other);
+    colsum_rules(MGC_POP_LINEAR_DGRAD_GELU, "nor a linear_dgrad_gelu with an fp32 vector of dh's width",
+                 dgrad_gelu_colsum_other);
     return t_summary("test_plan");
 }
