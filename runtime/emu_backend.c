@@ -75,6 +75,8 @@ typedef struct emu_ctx {
     emu_graph *recording; /* the graph being recorded: launches and GEMMs are kept, not run */
     void *zdst; /* the gradients' zeroing queued "beside" the forward (emu_zero_beside) */
     size_t zbytes;
+    unsigned refuse; /* bit k: the emulated cuBLASLt has no algorithm for epilogue kind k
+                        (MGC_EMU_REFUSE_EPI) */
 } emu_ctx;
 
 static emu_node *graph_node(mgc_backend *be, emu_graph *g) {
@@ -243,6 +245,9 @@ static int emu_gemm(mgc_backend *be, int ta, int tb, int64_t m, int64_t n, int64
                     int64_t lda, int atype, const void *B, int64_t ldb, int btype, void *D,
                     int64_t ldc, int ctype, float beta, const mgc_gemm_epi *ep) {
     emu_ctx *c = be->context;
+    /* an epilogue cuBLASLt might not offer at some shape: the caller's fallback then (as
+     * cuda_backend.c's gemm returns 1 when its heuristic finds none) */
+    if (ep && ep->kind > MGC_GEMM_EPI_BIAS && (c->refuse >> ep->kind & 1u)) return 1;
     if (!c->recording)
         return emu_gemm_run(be, ta, tb, m, n, k, A, lda, atype, B, ldb, btype, D, ldc, ctype, beta, ep);
     emu_node *nd = graph_node(be, c->recording);
@@ -581,6 +586,30 @@ int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {
     /* the bias gradient's epilogue (BGRADB) as on the GPU, MGC_GEMM_BGRAD=0: mgc's kernels */
     const char *bg = getenv("MGC_GEMM_BGRAD");
     c->host.bgrad_epilogue = !(bg && !strcmp(bg, "0"));
+    /* MGC_EMU_REFUSE_EPI: a comma-separated list of the GELU and bias-gradient epilogues (by
+     * cuBLASLt's names) the emulated cuBLASLt has no algorithm for, so that the launchers'
+     * fallbacks run (test_cuda bgrad) */
+    static const char *const epi_names[] = {
+        [MGC_GEMM_EPI_GELU_AUX] = "GELU_AUX", [MGC_GEMM_EPI_GELU_AUX_BIAS] = "GELU_AUX_BIAS",
+        [MGC_GEMM_EPI_DGELU] = "DGELU",       [MGC_GEMM_EPI_BGRADB] = "BGRADB",
+        [MGC_GEMM_EPI_DGELU_BGRAD] = "DGELU_BGRAD"};
+    const char *rf = getenv("MGC_EMU_REFUSE_EPI");
+    for (const char *p = rf; p && *p;) {
+        size_t n = strcspn(p, ",");
+        int found = 0;
+        for (unsigned k = 0; k < sizeof epi_names / sizeof *epi_names; k++)
+            if (epi_names[k] && strlen(epi_names[k]) == n && !strncmp(epi_names[k], p, n))
+                c->refuse |= 1u << k, found = 1;
+        if (!found) {
+            snprintf(err, err_size,
+                     "MGC_EMU_REFUSE_EPI names no epilogue '%.*s' (it takes GELU_AUX, "
+                     "GELU_AUX_BIAS, DGELU, BGRADB or DGELU_BGRAD, comma-separated)",
+                     (int)n, p);
+            mgc_backend_close(be);
+            return -1;
+        }
+        p += n + (p[n] == ',');
+    }
     *out = be;
     return 0;
 }

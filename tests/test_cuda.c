@@ -886,12 +886,13 @@ static void check_dgelu_bgrad_case(mgc_backend *be, const mgc_plan *p, int64_t M
     same = same && memcmp(b2, b3, (size_t)K * 4) == 0 && memcmp(hd, hd2, td->bytes) == 0;
     for (int64_t k = 0; same && k < K; k++) same = b2[k] != 0.0f;
     T_CHECK(same);
-    const char *bg = getenv("MGC_GEMM_BGRAD");
-    printf("linear_dgrad_gelu %s M %lld N %lld K %lld%s: dh and the bias gradient %s (worst %.2e of "
-           "the magnitudes); as a first write %s\n",
+    const char *bg = getenv("MGC_GEMM_BGRAD"), *rf = getenv("MGC_EMU_REFUSE_EPI");
+    printf("linear_dgrad_gelu %s M %lld N %lld K %lld%s%s%s%s: dh and the bias gradient %s (worst "
+           "%.2e of the magnitudes); as a first write %s\n",
            mgc_dtype_name((mgc_dtype)ty->dtype), (long long)M, (long long)N, (long long)K,
-           bg && !strcmp(bg, "0") ? " (MGC_GEMM_BGRAD=0)" : "", bad ? "DIFFER" : "within rounding",
-           worst, same ? "bit-identical" : "DIFFERS");
+           bg && !strcmp(bg, "0") ? " (MGC_GEMM_BGRAD=0)" : "", rf ? " (refused: " : "",
+           rf ? rf : "", rf ? ")" : "", bad ? "DIFFER" : "within rounding", worst,
+           same ? "bit-identical" : "DIFFERS");
     void *all[] = {dy, dw, dh, dd, db};
     for (int k = 0; k < 5; k++)
         if (all[k]) be->iface->arena_free(be, all[k]);
@@ -913,6 +914,22 @@ static void check_dgelu_bias_grad(void) {
     setenv("MGC_GEMM_BGRAD", "0", 1);
     on_tiny_gpt("dgelu bias gradient (MGC_GEMM_BGRAD=0)", bf16, 1, dgelu_bgrad_cases);
     unsetenv("MGC_GEMM_BGRAD");
+    if (!emu) return;
+    /* the fallbacks of a cuBLASLt without DGELU_BGRAD at these shapes (DGELU, then mgc's
+     * kernels over dh), and without DGELU too (the plain GEMM, gelu_bwd, the kernels): the
+     * emulated cuBLASLt refuses them as cuda_backend.c's does when its heuristic finds none */
+    static const char *const refuse[2] = {"DGELU_BGRAD", "DGELU_BGRAD,DGELU"};
+    for (int r = 0; r < 2; r++) {
+        setenv("MGC_EMU_REFUSE_EPI", refuse[r], 1);
+        on_tiny_gpt("dgelu bias gradient (MGC_EMU_REFUSE_EPI)", bf16, 1, dgelu_bgrad_cases);
+    }
+    /* a name it does not know: the backend does not open, and says which */
+    setenv("MGC_EMU_REFUSE_EPI", "DGELU,BGRAD", 1);
+    mgc_backend *be = NULL;
+    char err[512] = "";
+    T_CHECK(mgc_backend_emu_open(&be, err, sizeof err) != 0 && !be &&
+            strstr(err, "MGC_EMU_REFUSE_EPI names no epilogue 'BGRAD'") != NULL);
+    unsetenv("MGC_EMU_REFUSE_EPI");
 }
 
 /* ---- 1. op by op ------------------------------------------------------------------ */
