@@ -183,7 +183,16 @@ def draw(rng):
     if prec == "fp16":
         s["training.initial_loss_scale"] = rng.choice([4294967296, 1024])
         s["training.hysteresis"] = rng.choice([1, 2])
-    return model, ["%s=%s" % kv for kv in s.items()], prec
+    # the GEMMs' epilogue fallbacks: a cuBLASLt without some of them at the draw's shapes (the
+    # emulator's MGC_EMU_REFUSE_EPI; a GPU's cuBLASLt ignores it), or the bias gradients by
+    # mgc's kernels (MGC_GEMM_BGRAD=0)
+    env = {}
+    if rng.random() < 0.15:
+        env["MGC_EMU_REFUSE_EPI"] = ",".join(rng.sample(
+            ["GELU_AUX", "GELU_AUX_BIAS", "DGELU", "BGRADB", "DGELU_BGRAD"], rng.randint(1, 3)))
+    if rng.random() < 0.1:
+        env["MGC_GEMM_BGRAD"] = "0"
+    return model, ["%s=%s" % kv for kv in s.items()], prec, env
 
 
 def main():
@@ -210,7 +219,7 @@ def main():
     for i in range(a.draws):
         if time.time() - t0 > a.budget:
             break
-        model, sets, prec = draw(rng)
+        model, sets, prec, xenv = draw(rng)
         chk = subprocess.run([mgc, "check", "-q", model, "--set", "training.precision=" + prec]
                              + [x for kv in sets for x in ("--set", kv)],
                              capture_output=True, text=True)
@@ -233,9 +242,10 @@ def main():
                     mgc, model, prec, " ".join("--set " + kv for kv in sets), comp.stdout, comp.stderr))
             print("FAILED %d compile %s %s -> %s" % (i, os.path.basename(model), " ".join(sets), path), flush=True)
         env = dict(os.environ, MGC_TEST_MODEL=model, MGC_TEST_SETS=";".join(sets),
-                   MGC_TEST_SEED=str(a.seed + i), MGC_TEST_PRECISION=prec)
-        cmd = "MGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_PRECISION=%s MGC_TEST_SEED=%d %s %ssets" % (
-            model, ";".join(sets), prec, a.seed + i, test, "" if a.gpu else "--emu ")
+                   MGC_TEST_SEED=str(a.seed + i), MGC_TEST_PRECISION=prec, **xenv)
+        xs = "".join("%s=%s " % kv for kv in sorted(xenv.items()))
+        cmd = "%sMGC_TEST_MODEL=%s MGC_TEST_SETS='%s' MGC_TEST_PRECISION=%s MGC_TEST_SEED=%d %s %ssets" % (
+            xs, model, ";".join(sets), prec, a.seed + i, test, "" if a.gpu else "--emu ")
         t1 = time.time()
         try:
             for attempt in range(3):  # a rebuild may hold the binary for a moment
@@ -253,7 +263,7 @@ def main():
             rc = "timeout"
         ran += 1
         tail = [l for l in out.splitlines() if "checks," in l]
-        line = "%d %s %s %s: %s (%.0f s)" % (i, os.path.basename(model), prec, " ".join(sets),
+        line = "%d %s%s %s %s: %s (%.0f s)" % (i, xs, os.path.basename(model), prec, " ".join(sets),
                                           tail[-1] if tail else "rc %s" % rc, time.time() - t1)
         if rc == 77:  # test_cuda without a GPU (--gpu on a machine without one)
             sys.exit("emu_sweep.py: %s sets skipped itself (77): no GPU" % test)
