@@ -135,9 +135,9 @@ int mgc_kspecs_for_op(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_pla
         for (int e = 0; e < MGC_KSPEC_ATT_TILE_ENVS && !bad; e++)
             if (mgc_kspec_att_tile_env(mgc_kspec_att_tile_envs[e]) < 0) bad = mgc_kspec_att_tile_envs[e];
         if (bad && (op->kind == MGC_POP_ATTENTION || op->kind == MGC_POP_ATTENTION_BWD))
-            snprintf(err, errsz, "op '%s' (%s): the environment's %s='%s' is not 16, 32 or 64 "
-                     "(unset it)", mgc_plan_strat(p, op->name),
-                     mgc_plan_op_name((mgc_plan_op_kind)op->kind), bad, getenv(bad));
+            snprintf(err, errsz, "op '%s' (%s): the environment's %s='%s' is not %s (unset it)",
+                     mgc_plan_strat(p, op->name), mgc_plan_op_name((mgc_plan_op_kind)op->kind), bad,
+                     getenv(bad), mgc_kspec_att_tile_values(bad));
         else
             snprintf(err, errsz, "op '%s' (%s): no CUDA kernel serves it", mgc_plan_strat(p, op->name),
                      mgc_plan_op_name((mgc_plan_op_kind)op->kind));

@@ -119,14 +119,16 @@ int mgc_kspec_att_colsum(const mgc_plan_op *op, int dtype);
  * rows' (A + 2G) d; kspec_scratch.c. */
 uint64_t mgc_kspec_att_cs_bytes(int64_t s, int64_t b, int64_t width);
 /* The attention tile knobs in the environment, for A/B timings: MGC_ATT_FWD_KEYS (the 16-bit
- * forward's keys a step at head dims to 128, kernel constant FBK; attention.cuh ATT_FBK_PP)
- * and MGC_ATT_DKV_ROWS (the 16-bit dK/dV kernel's query rows a step at head dims to 64, KVR;
- * ATT_TBC_KV).  mgc_kspec_att_tile_env(name): 16, 32 or 64; 0 unset (the kernel's own
- * choice); -1 any other value (the attention's kernel specs then fail, and `mgc compile`
- * says why). */
-#define MGC_KSPEC_ATT_TILE_ENVS 2
+ * forward's keys a step at head dims to 128, kernel constant FBK; attention.cuh ATT_FBK_PP),
+ * MGC_ATT_DKV_ROWS (the 16-bit dK/dV kernel's query rows a step at head dims to 64, KVR;
+ * ATT_TBC_KV) and MGC_ATT_DKV_BUFS (its query-tile buffers past head dim 64 to 128, KVB;
+ * ATT_DKV_NB_PP).  mgc_kspec_att_tile_env(name): the value (16, 32 or 64; for the buffers 1
+ * or 2, as mgc_kspec_att_tile_values says); 0 unset (the kernel's own choice); -1 any other
+ * value (the attention's kernel specs then fail, and `mgc compile` says why). */
+#define MGC_KSPEC_ATT_TILE_ENVS 3
 extern const char *const mgc_kspec_att_tile_envs[MGC_KSPEC_ATT_TILE_ENVS];
 int mgc_kspec_att_tile_env(const char *name);
+const char *mgc_kspec_att_tile_values(const char *name);
 int mgc_kspec_router_ok(int64_t experts, int64_t topk);
 int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                    mgc_kspec *out, int max);

@@ -57,27 +57,37 @@ static int getenv_positions(void) {
 
 /* The tile knobs for A/B timings (scripts/gpu.sh quick), read by `mgc compile` and the backend
  * alike: MGC_ATT_FWD_KEYS=16|32|64, the 16-bit forward's keys a step at head dims to 128
- * (kernel constant FBK), and MGC_ATT_DKV_ROWS=16|32|64, the 16-bit dK/dV kernel's query rows a
- * step at head dims to 64 (KVR), each in place of the kernel's own choice (attention.cuh
- * ATT_FBK_PP, ATT_TBC_KV).  0 when unset or empty, -1 for any other value (mgc compile refuses
- * it). */
-const char *const mgc_kspec_att_tile_envs[MGC_KSPEC_ATT_TILE_ENVS] = {"MGC_ATT_FWD_KEYS",
-                                                                     "MGC_ATT_DKV_ROWS"};
+ * (kernel constant FBK), MGC_ATT_DKV_ROWS=16|32|64, the 16-bit dK/dV kernel's query rows a
+ * step at head dims to 64 (KVR), and MGC_ATT_DKV_BUFS=1|2, its query-tile buffers past head
+ * dim 64 to 128 (KVB), each in place of the kernel's own choice (attention.cuh ATT_FBK_PP,
+ * ATT_TBC_KV, ATT_DKV_NB_PP).  0 when unset or empty, -1 for any other value (mgc compile
+ * refuses it). */
+const char *const mgc_kspec_att_tile_envs[MGC_KSPEC_ATT_TILE_ENVS] = {
+    "MGC_ATT_FWD_KEYS", "MGC_ATT_DKV_ROWS", "MGC_ATT_DKV_BUFS"};
+
+static int buffers_knob(const char *name) {
+    return !strcmp(name, "MGC_ATT_DKV_BUFS");
+}
+
+const char *mgc_kspec_att_tile_values(const char *name) {
+    return buffers_knob(name) ? "1 or 2" : "16, 32 or 64";
+}
 
 int mgc_kspec_att_tile_env(const char *name) {
     const char *e = getenv(name);
     if (!e || !*e) return 0;
-    if (!strcmp(e, "16")) return 16;
-    if (!strcmp(e, "32")) return 32;
-    if (!strcmp(e, "64")) return 64;
+    static const char *const sizes[] = {"16", "32", "64"}, *const bufs[] = {"1", "2"};
+    int nb = buffers_knob(name);
+    for (int i = 0; i < (nb ? 2 : 3); i++)
+        if (!strcmp(e, nb ? bufs[i] : sizes[i])) return atoi(e);
     return -1;
 }
 
-/* out's constant cname from knob env where it applies (16 bits, head dim d to dmax): 0, or -1
- * for a knob with a bad value */
+/* out's constant cname from knob env where it applies (16 bits, head dim d past dmin to dmax):
+ * 0, or -1 for a knob with a bad value */
 static int tile_const(mgc_kspec *out, const char *env, const char *cname, int dt, int64_t d,
-                      int64_t dmax) {
-    if (dt == MGC_DT_F32 || d > dmax) return 0;
+                      int64_t dmin, int64_t dmax) {
+    if (dt == MGC_DT_F32 || d <= dmin || d > dmax) return 0;
     int v = mgc_kspec_att_tile_env(env);
     if (v < 0) return -1;
     if (v) mgc_kspec_const(out, cname, v);
@@ -110,7 +120,7 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         if (attn_dims(ch, op, &dt, &d) || max < 1) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_fwd", dt);
         mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
-        return tile_const(&out[0], "MGC_ATT_FWD_KEYS", "FBK", dt, d, 128) ? -1 : 1;
+        return tile_const(&out[0], "MGC_ATT_FWD_KEYS", "FBK", dt, d, 0, 128) ? -1 : 1;
     case MGC_POP_ATTENTION_BWD:
         if (attn_dims(ch, op, &dt, &d) || max < 2) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dq", dt);
@@ -121,7 +131,8 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
             mgc_kspec_const(&out[0], "CS", 1);
             mgc_kspec_const(&out[1], "CS", 1);
         }
-        return tile_const(&out[1], "MGC_ATT_DKV_ROWS", "KVR", dt, d, 64) ? -1 : 2;
+        if (tile_const(&out[1], "MGC_ATT_DKV_BUFS", "KVB", dt, d, 64, 128)) return -1;
+        return tile_const(&out[1], "MGC_ATT_DKV_ROWS", "KVR", dt, d, 0, 64) ? -1 : 2;
     default:
         return 0;
     }

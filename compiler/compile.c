@@ -156,8 +156,10 @@ mgc_plan *mgc_compile(const mgc_config *c, const mgc_graph *g, mgc_diags *d) {
         for (int e = 0; e < MGC_KSPEC_ATT_TILE_ENVS; e++) {
             const char *env = mgc_kspec_att_tile_envs[e];
             if (mgc_kspec_att_tile_env(env) >= 0) continue;
-            mgc_diag(d, MGC_SEV_ERROR, at,
-                     "it takes 16, 32 or 64 (docs/cuda-backend.md), or unset it",
+            char hint[96];
+            snprintf(hint, sizeof hint, "it takes %s (docs/cuda-backend.md), or unset it",
+                     mgc_kspec_att_tile_values(env));
+            mgc_diag(d, MGC_SEV_ERROR, at, hint,
                      "the environment's %s='%s' is no attention tile size", env, getenv(env));
             goto fail;
         }

@@ -37,8 +37,9 @@
  * (.trans where the tile is the k side); mma.sync m16n8k16 with fp32 accumulation; P and dS
  * are rounded to the storage type as operands, as in FlashAttention.
  * Tiles live in static shared memory (< 48 KiB, no dynamic shared memory) up to D 128, but for
- * the 16-bit forward's 64-key tiles past D 64 (ATT_FWD_DYN); the tile sizes are functions of D
- * (of ATT_W: "D" below) and of the forward's variant, written below and repeated by
+ * the 16-bit forward's 64-key tiles past D 64 (ATT_FWD_DYN) and the 16-bit dK/dV kernel's four
+ * tiles past D 64, two buffers of Q and dO beside K and V (ATT_DKV_DYN); the tile sizes are
+ * functions of D (of ATT_W: "D" below) and of the forward's variant, written below and repeated by
  * runtime/cuda_ops_attention.c:
  *   forward:  ATT_FBQ query rows per block (fp32: 64 for D <= 64, 32 to 128, 16 above; 16-bit:
  *             128 for D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
@@ -47,8 +48,8 @@
  *             K and V tiles then take dynamic shared memory, ATT_FWD_DYN)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
  *             ATT_TBC_KV (dK/dV: 64 for D <= 32, and for D 48 and 64 without dropout,
- *             documents or a window, else 32 there; 16 above: the double-buffered query
- *             tiles fit in the registers and shared memory left);
+ *             documents or a window, else 32 there; 16 above, two buffers of them to D 128
+ *             (ATT_DKV_DYN), one past it);
  *             dQ: ATT_TBR_Q query rows a block (128 at D <= 64: ATT_QMT = 2 m-tiles of 16
  *             rows a warp; 64 above, and at D 64 with dropout and context parallelism),
  *             ATT_TBC_Q key rows per step (16 at D 48 and 64, and above with dropout and
@@ -163,6 +164,25 @@
 #else
 #define ATT_TBC_KV (ATT_W <= 32 || (ATT_W <= 64 && !MGC_DROP && !ATT_LOWER) ? 64 : ATT_W <= 64 ? 32 : 16)
 #endif
+/* dK/dV: buffers of the query-side tiles (Q, dO, lse, dsum): two, the next tile fetched while
+ * this one is computed; one past D 128 (ATT_DYN: two would pass 99 KiB).  Past D 64, to 128, the
+ * 16-bit kernel stages K and V in shared memory too (ATT_KV_SMEM), so two buffers pass the
+ * 48 KiB of static shared memory: there the four tiles take the launch's dynamic shared memory
+ * (ATT_DKV_DYN: 192 (W + 8) 2 bytes, 52,224 at D 128; runtime/cuda_ops_attention.c
+ * dkv_dyn_bytes repeats the rule).  Until 2026-12-06 that kernel kept one buffer, each tile
+ * fetched after the last was done.  MGC_KVB (a kernel constant only under MGC_ATT_DKV_BUFS,
+ * for A/B timings: 1 or 2, 16-bit, past D 64 to 128) overrides it: the same bits either way. */
+#ifdef MGC_KVB
+#if MGC_D <= 64 || MGC_D > 128 || (MGC_KVB != 1 && MGC_KVB != 2)
+#error "attention.cuh: KVB (the dK/dV kernel's query-tile buffers) is 1 or 2, and only past D 64 to 128"
+#endif
+#define ATT_DKV_NB_PP MGC_KVB
+#elif MGC_D > 128
+#define ATT_DKV_NB_PP 1
+#else
+#define ATT_DKV_NB_PP 2
+#endif
+#define ATT_DKV_DYN (MGC_HALF && MGC_D > 64 && MGC_D <= 128 && ATT_DKV_NB_PP == 2)
 #define ATT_QMT (ATT_W < 64 || (ATT_W == 64 && !ATT_DROPPOS) ? 2 : 1) /* dQ: m-tiles of 16 rows */
 #define ATT_TBR_Q (64 * ATT_QMT)            /* dQ: query rows a block */
 #define ATT_TBC_Q ((ATT_W > 32 && ATT_W <= 64) || (ATT_W > 64 && ATT_DROPPOS) || ATT_WIDE ? 16 : 32) /* dQ: keys a step */
@@ -1347,13 +1367,14 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * keys k0 + 16 w .. +15 (their K and V fragments in registers; at D = 128 the block's K and V
  * are staged in shared memory instead and read by ldmatrix, ATT_KV_SMEM, so that the dK/dV
  * accumulators fit in registers).  Per query tile of ATT_TBC_KV rows (Q, dO and the rows' lse
- * and dsum staged, two buffers deep: cp.async fetches the next tile the block sees while this
- * one is computed; ldmatrix reads Q and dO either way): S^T = K Q^T and dP^T = V dO^T on
+ * and dsum staged, two buffers deep, one past D 128: cp.async fetches the next tile the block
+ * sees while this one is computed; ldmatrix reads Q and dO either way): S^T = K Q^T and dP^T = V dO^T on
  * mma.sync, then P^T Z and dS^T in registers, rounded to the storage type as the A operand of
  * dV += (P Z)^T dO and dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query
  * tiles, in order.  A tile whose queries all see every key of the block skips the mask.
- * grid (ceil(sk / ATT_TBR) ATT_DKV_NS, b, G), block 128, dynamic shared memory 0 (wide:
- * ATT_SHARED's; a key tile's ATT_DKV_NS column slices are neighbouring blocks). */
+ * grid (ceil(sk / ATT_TBR) ATT_DKV_NS, b, G), block 128, dynamic shared memory 0 (past D 64,
+ * to 128: ATT_DKV_DYN's four tiles; wide: ATT_SHARED's, a key tile's ATT_DKV_NS column slices
+ * neighbouring blocks). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     MGC_ENTRY_NAME(mgc_t *__restrict__ dk, mgc_t *__restrict__ dv,
                    const float *__restrict__ dsum, ATT_BWD_PARAMS) {
@@ -1364,9 +1385,17 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
      * ATT_W (all of them unless wide: ATT_DKV_NS; an even number, pairs of n-tiles being
      * att_mma_acc's step: at ATT_W 144 80 columns and 64) */
     constexpr int NS = ATT_DKV_NS, DTN = NS > 1 ? 2 * ((DT + 2 * NS - 1) / (2 * NS)) : DT;
-    /* buffers of the query-side tiles: one at D = 128, where K and V take the shared memory
-     * (the next tile is then fetched after this one is done) */
-    constexpr int NB = ATT_KV_SMEM ? 1 : 2;
+    /* buffers of the query-side tiles (ATT_DKV_NB_PP): two, but one past D 128 (the next tile
+     * is then fetched after this one is done) */
+    constexpr int NB = ATT_DKV_NB_PP;
+#if ATT_DKV_DYN /* past D 64, to 128: the four tiles from dynamic shared memory */
+    ATT_DYN_BEGIN_D;
+    ATT_SHARED_D(unsigned short, Qs, [NB][BC][ATT_W + 8]);
+    ATT_SHARED_D(unsigned short, dOs, [NB][BC][ATT_W + 8]);
+    ATT_SHARED_D(unsigned short, Ks, [BR][ATT_W + 8]);
+    ATT_SHARED_D(unsigned short, Vs, [BR][ATT_W + 8]);
+    ATT_DYN_END_D;
+#else
     ATT_DYN_BEGIN;
     ATT_SHARED16(unsigned short, Qs, [NB][BC][ATT_W + 8]);
     ATT_SHARED16(unsigned short, dOs, [NB][BC][ATT_W + 8]);
@@ -1375,6 +1404,7 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     ATT_SHARED16(unsigned short, Vs, [BR][ATT_W + 8]);
 #endif
     ATT_DYN_END;
+#endif
     __shared__ float lses[NB][BC], dsums[NB][BC]; /* raw: lse, dsum; 0 past sq */
 #if MGC_DOCS /* the query tile's document starts, fetched with it (D 256's registers) */
     __shared__ int dss[NB][BC];

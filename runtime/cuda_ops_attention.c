@@ -65,6 +65,14 @@ static size_t bwd_dyn_bytes(int64_t w, int half) {
     if (w <= 128) return 0;
     return half ? (size_t)(2 * 16 + 2 * 64) * (size_t)(w + 8) * 2 : (size_t)4 * 16 * (size_t)(w + 1) * 4;
 }
+/* The 16-bit dK/dV kernel past a width of 64 to 128 (ATT_DKV_DYN): two buffers of its Q and dO
+ * tiles of 16 rows beside K and V (64 rows), rows of w + 8 halves, in dynamic shared memory
+ * (52,224 bytes at 128), unless kspec constant KVB (MGC_ATT_DKV_BUFS) asks for one buffer,
+ * which fits static shared memory; past 128, bwd_dyn_bytes'. */
+static size_t dkv_dyn_bytes(const mgc_kspec *k, int64_t w, int half) {
+    if (!half || w <= 64 || w > 128) return bwd_dyn_bytes(w, half);
+    return mgc_kspec_get(k, "KVB") == 1 ? 0 : (size_t)(2 * 2 * 16 + 2 * 64) * (size_t)(w + 8) * 2;
+}
 
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
     const mgc_plan_op *op = c->op;
@@ -180,7 +188,7 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                   &qkv,     &cs};
     if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br) *
                             (unsigned)mgc_kspec_att_dkv_slices(d, half),
-                        (unsigned)b, (unsigned)G, 128, bwd_dyn_bytes(w, half), a1))
+                        (unsigned)b, (unsigned)G, 128, dkv_dyn_bytes(&ks[1], w, half), a1))
         return -1;
     if (!db) return 0;
     if (!kcs) return mgc_cuda_bias_grad(be, db, dq, ks[0].dtype, sq * b, width);

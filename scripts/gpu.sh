@@ -13,7 +13,8 @@
 #                                             kernel of one step under ncu: device time, DRAM
 #                                             bytes; NCU_MODELS), wide (attention at head dims
 #                                             128 and 256 against SDPA, $OUT/wide.md; 128
-#                                             also with MGC_ATT_FWD_KEYS=32)
+#                                             also with MGC_ATT_FWD_KEYS=32 and with
+#                                             MGC_ATT_DKV_BUFS=1, its losses the same bits)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes on the H100 on 2026-11-28, before the
 #                                             dropout and fusion variants were added: not
@@ -394,14 +395,22 @@ if has wide; then
     # micro batch 2, bf16; the attention ops' device time a call (mgc-run --profile) against
     # SDPA at the same shapes, and 20 steps' losses and median step (the plan runs); head dim
     # 128 also with the forward at 32 keys a step (MGC_ATT_FWD_KEYS=32, "128/32": its tiles
-    # before 2026-12-06) against the default 64 from dynamic shared memory
+    # before 2026-12-06) against the default 64 from dynamic shared memory, and with the dK/dV
+    # kernel's one buffer of query tiles (MGC_ATT_DKV_BUFS=1, "128/b1": before 2026-12-06)
+    # against its two from dynamic shared memory, whose losses must be the defaults' bits
     echo "== wide" | tee "$OUT/wide.md"
     echo "| head dim | shape | mgc fwd ms | SDPA fwd ms | mgc bwd ms | SDPA bwd ms | mgc speed vs SDPA (fwd+bwd) |" >>"$OUT/wide.md"
     echo "|---|---|---:|---:|---:|---:|---:|" >>"$OUT/wide.md"
-    for hd in 128 128/32 256; do
+    for hd in 128 128/32 128/b1 256; do
         keys=${hd#*/} hd=${hd%/*}
-        if [ "$keys" = "$hd" ]; then unset MGC_ATT_FWD_KEYS; else export MGC_ATT_FWD_KEYS=$keys; fi
-        heads=$((2048 / hd)) hd_label=$hd${MGC_ATT_FWD_KEYS:+/$keys} hd_file=$hd${MGC_ATT_FWD_KEYS:+k$keys}
+        unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS
+        case $keys in
+        "$hd") ;;
+        b*) export MGC_ATT_DKV_BUFS=${keys#b} ;;
+        *) export MGC_ATT_FWD_KEYS=$keys ;;
+        esac
+        heads=$((2048 / hd)) hd_label=$hd${MGC_ATT_FWD_KEYS:+/$keys}${MGC_ATT_DKV_BUFS:+/$keys}
+        hd_file=$hd${MGC_ATT_FWD_KEYS:+k$keys}${MGC_ATT_DKV_BUFS:+$keys}
         build-gpu/compiler/mgc compile models/tiny-llama.yaml --set model.hidden_size=2048 \
             --set model.num_attention_heads=$heads --set model.num_query_groups=$heads \
             --set model.head_dim=$hd --set model.num_layers=2 --set model.ffn_hidden_size=5632 \
@@ -424,7 +433,12 @@ print("head dim %s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.m
             python3 bench/attn_row.py build-gpu/wide$hd_file.prof.jsonl build-gpu/wide$hd_file.sdpa.json $hd_label \
                 >>"$OUT/wide.md" || rc=1
     done
-    unset MGC_ATT_FWD_KEYS
+    unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS
+    # the dK/dV kernel's buffers change no bit: the same losses and gradient norms, every step
+    python3 -c 'import json,sys
+a, b = ([(x["loss"], x["grad_norm"]) for x in map(json.loads, open(f))] for f in sys.argv[1:])
+print("head dim 128/b1: losses and norms %s" % ("bit-identical to 128" if a == b else "DIFFER from 128"))
+sys.exit(a != b)' build-gpu/wide128.jsonl build-gpu/wide128b1.jsonl | tee -a "$OUT/wide.md" || rc=1
     cat "$OUT/wide.md"
 fi
 if has nccl; then

@@ -87,11 +87,12 @@ MGC_FUSION=-norm_bwd_drop "$mgc" compile examples/tiny-gpt.yaml --set model.hidd
 MGC_FUSION=add_norm,bogus "$mgc" compile examples/tiny-gpt.yaml -o "$tmp/nf.plan" >/dev/null 2>"$tmp/e"; rc=$?
 [ $rc = 1 ] && grep -q "MGC_FUSION names no fusion 'bogus'" "$tmp/e" && [ ! -e "$tmp/nf.plan" ] &&
   ok || bad "MGC_FUSION=add_norm,bogus: status $rc, $(cat "$tmp/e")"
-for knob in MGC_ATT_FWD_KEYS MGC_ATT_DKV_ROWS; do
-  env $knob=48 "$mgc" compile examples/tiny-gpt.yaml -o "$tmp/fk.plan" >/dev/null 2>"$tmp/e"; rc=$?
-  [ $rc = 1 ] && grep -q "$knob='48' is no attention tile size" "$tmp/e" &&
-    grep -q "hint: it takes 16, 32 or 64" "$tmp/e" && [ ! -e "$tmp/fk.plan" ] &&
-    ok || bad "$knob=48: status $rc, $(cat "$tmp/e")"
+for knob in MGC_ATT_FWD_KEYS=48:16,\ 32\ or\ 64 MGC_ATT_DKV_ROWS=48:16,\ 32\ or\ 64 MGC_ATT_DKV_BUFS=3:1\ or\ 2; do
+  kv=${knob%%:*} takes=${knob#*:}
+  env "$kv" "$mgc" compile examples/tiny-gpt.yaml -o "$tmp/fk.plan" >/dev/null 2>"$tmp/e"; rc=$?
+  [ $rc = 1 ] && grep -q "${kv%%=*}='${kv#*=}' is no attention tile size" "$tmp/e" &&
+    grep -q "hint: it takes $takes" "$tmp/e" && [ ! -e "$tmp/fk.plan" ] &&
+    ok || bad "$kv: status $rc, $(cat "$tmp/e")"
 done
 cp "$tmp/p.plan" "$tmp/keep.plan"
 "$mgc" compile tests/bad/heads-tensor.yaml -o "$tmp/keep.plan" >/dev/null 2>&1
