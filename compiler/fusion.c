@@ -616,7 +616,8 @@ static int64_t fuse_bias_into(mgc_plan_chunk *ch, bias_site_fn site) {
 static int attention_bias_site(const mgc_plan_chunk *ch, const mgc_plan_op *o, int64_t *rows,
                                int64_t *width) {
     mgc_attn_geom g;
-    if (o->kind != MGC_POP_ATTENTION_BWD || !(o->flags & MGC_POF_QKV) || mgc_plan_attn_geom(ch, o, &g))
+    if (o->kind != MGC_POP_ATTENTION_BWD || !(o->flags & MGC_POF_QKV) ||
+        mgc_plan_attn_geom(ch, o, &g))
         return 0;
     *rows = g.sq * g.b, *width = (g.A + 2 * g.G) * g.d;
     return 1;

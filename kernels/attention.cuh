@@ -174,7 +174,7 @@
  * for A/B timings: 1 or 2, 16-bit, past D 64 to 128) overrides it: the same bits either way. */
 #ifdef MGC_KVB
 #if MGC_D <= 64 || MGC_D > 128 || (MGC_KVB != 1 && MGC_KVB != 2)
-#error "attention.cuh: KVB (the dK/dV kernel's query-tile buffers) is 1 or 2, and only past D 64 to 128"
+#error "attention.cuh: KVB (the dK/dV kernel's query-tile buffers) is 1 or 2, past D 64 to 128"
 #endif
 #define ATT_DKV_NB_PP MGC_KVB
 #elif MGC_D > 128
@@ -1368,10 +1368,11 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
  * are staged in shared memory instead and read by ldmatrix, ATT_KV_SMEM, so that the dK/dV
  * accumulators fit in registers).  Per query tile of ATT_TBC_KV rows (Q, dO and the rows' lse
  * and dsum staged, two buffers deep, one past D 128: cp.async fetches the next tile the block
- * sees while this one is computed; ldmatrix reads Q and dO either way): S^T = K Q^T and dP^T = V dO^T on
- * mma.sync, then P^T Z and dS^T in registers, rounded to the storage type as the A operand of
- * dV += (P Z)^T dO and dK += dS^T Q (fp32 accumulation).  Query heads of the group, then query
- * tiles, in order.  A tile whose queries all see every key of the block skips the mask.
+ * sees while this one is computed; ldmatrix reads Q and dO either way): S^T = K Q^T and
+ * dP^T = V dO^T on mma.sync, then P^T Z and dS^T in registers, rounded to the storage type as
+ * the A operand of dV += (P Z)^T dO and dK += dS^T Q (fp32 accumulation).  Query heads of the
+ * group, then query tiles, in order.  A tile whose queries all see every key of the block skips
+ * the mask.
  * grid (ceil(sk / ATT_TBR) ATT_DKV_NS, b, G), block 128, dynamic shared memory 0 (past D 64,
  * to 128: ATT_DKV_DYN's four tiles; wide: ATT_SHARED's, a key tile's ATT_DKV_NS column slices
  * neighbouring blocks). */

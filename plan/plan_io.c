@@ -679,7 +679,8 @@ static mgc_plan_status check_op(const mgc_plan *p, const mgc_plan_chunk *c, cons
                  b->bytes == (uint64_t)((ag.A + 2 * ag.G) * ag.d) * 4;
         }
         /* or the bias gradient of the linear reading dh fused into linear_dgrad_gelu */
-        if (o->kind == MGC_POP_LINEAR_DGRAD_GELU && !(o->flags & MGC_POF_DROPBWD) && o->n_out == 2) {
+        if (o->kind == MGC_POP_LINEAR_DGRAD_GELU && !(o->flags & MGC_POF_DROPBWD) &&
+            o->n_out == 2) {
             const mgc_plan_tensor *b = &c->tensors[o->out[1]], *dx = &c->tensors[o->out[0]];
             ok = b->dtype == MGC_DT_F32 && !dx->ld && o->iattr[2] > 0 &&
                  b->bytes == (uint64_t)o->iattr[2] * 4;

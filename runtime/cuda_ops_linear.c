@@ -208,7 +208,8 @@ static int op_linear(mgc_backend *be, const mgc_op_call *c) {
             if (run_as(be, c, MGC_POP_GELU_BWD, 2, in, inp, 1, &out, &c->out[0])) return -1;
         }
         if (!db) return 0;
-        return bias_finish(be, db, ep.bias ? part : NULL, store, c->out[0], T_out(c, 0)->dtype, M, K);
+        return bias_finish(be, db, ep.bias ? part : NULL, store, c->out[0], T_out(c, 0)->dtype, M,
+                           K);
     }
     default: { /* WGRAD: dW (N,K) += dy^T x; db += colsum dy */
         const mgc_gemm_epi none = {MGC_GEMM_EPI_NONE, NULL, 0, NULL, 0, 0};
