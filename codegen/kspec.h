@@ -121,14 +121,26 @@ uint64_t mgc_kspec_att_cs_bytes(int64_t s, int64_t b, int64_t width);
 /* The attention tile knobs in the environment, for A/B timings: MGC_ATT_FWD_KEYS (the 16-bit
  * forward's keys a step at head dims to 128, kernel constant FBK; attention.cuh ATT_FBK_PP),
  * MGC_ATT_DKV_ROWS (the 16-bit dK/dV kernel's query rows a step at head dims to 64, KVR;
- * ATT_TBC_KV) and MGC_ATT_DKV_BUFS (its query-tile buffers past head dim 64 to 128, KVB;
- * ATT_DKV_NB_PP).  mgc_kspec_att_tile_env(name): the value (16, 32 or 64; for the buffers 1
- * or 2, as mgc_kspec_att_tile_values says); 0 unset (the kernel's own choice); -1 any other
- * value (the attention's kernel specs then fail, and `mgc compile` says why). */
-#define MGC_KSPEC_ATT_TILE_ENVS 3
+ * ATT_TBC_KV), MGC_ATT_DKV_BUFS (its query-tile buffers past head dim 64 to 128, KVB;
+ * ATT_DKV_NB_PP) and MGC_ATT_FWD_BUFS (the 16-bit forward's K/V buffers at 64 keys a step past
+ * head dim 64 to 128, FKVB; ATT_FWD_NB_PP).  mgc_kspec_att_tile_env(name): the value (16, 32
+ * or 64; for the buffers 1 or 2, as mgc_kspec_att_tile_values says); 0 unset (the kernel's
+ * own choice); -1 any other value (the attention's kernel specs then fail, and `mgc compile`
+ * says why). */
+#define MGC_KSPEC_ATT_TILE_ENVS 4
 extern const char *const mgc_kspec_att_tile_envs[MGC_KSPEC_ATT_TILE_ENVS];
 int mgc_kspec_att_tile_env(const char *name);
 const char *mgc_kspec_att_tile_values(const char *name);
+/* A kernel's twin for GPUs with less shared memory: the same kernel with one buffer of the
+ * tiles it double-buffers in dynamic shared memory, where that leaves one block a
+ * multiprocessor on the GPUs with 100 KB (sm_86, sm_89, sm_120), with the same bits.  So far
+ * the 16-bit attention forward at 64 keys a step and dK/dV kernel past head dim 64 to 128
+ * (69,632 and 52,224 bytes at 128; their twins' static 34,816 and 43,520), when no knob chose
+ * their buffers.  1 and *twin set, or 0 (none).  `mgc compile` puts both in the plan; the
+ * launcher takes the twin where the device's shared memory holds more blocks of it
+ * (runtime/cuda_ops_attention.c; the cubin is chosen by the GPU's major version, which does
+ * not tell an A100 from an L40S). */
+int mgc_kspec_twin(const mgc_kspec *k, mgc_kspec *twin);
 int mgc_kspec_router_ok(int64_t experts, int64_t topk);
 int mgc_kspecs_moe(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_plan_op *op,
                    mgc_kspec *out, int max);

@@ -13,7 +13,9 @@
  * sliding window in keys (fattr[2], model.window_size; only when set, causal only: a number the
  * plan validator bounds), FBK (only under MGC_ATT_FWD_KEYS, 16-bit, D to 128) the forward's keys a
  * step, KVR (only under MGC_ATT_DKV_ROWS, 16-bit, D to 64) the dK/dV kernel's query rows a
- * step, CS = 1 (only when set) on both backward kernels of a 16-bit
+ * step, KVB (under MGC_ATT_DKV_BUFS, or 1 in its twin) and FKVB (under MGC_ATT_FWD_BUFS, or 1
+ * in its twin) the dK/dV kernel's and the forward's buffers past D 64 to 128, CS = 1 (only
+ * when set) on both backward kernels of a 16-bit
  * attention_bwd that sums the QKV projection's bias gradient (MGC_POF_COLSUM: each block writes
  * the column sums of the dqkv rows it stores, a row of partials a 64-row tile).  The storage
  * dtype is q's (fp32, bf16 or fp16); the sequence lengths, heads, scale, the dropout rate and
@@ -58,15 +60,16 @@ static int getenv_positions(void) {
 /* The tile knobs for A/B timings (scripts/gpu.sh quick), read by `mgc compile` and the backend
  * alike: MGC_ATT_FWD_KEYS=16|32|64, the 16-bit forward's keys a step at head dims to 128
  * (kernel constant FBK), MGC_ATT_DKV_ROWS=16|32|64, the 16-bit dK/dV kernel's query rows a
- * step at head dims to 64 (KVR), and MGC_ATT_DKV_BUFS=1|2, its query-tile buffers past head
- * dim 64 to 128 (KVB), each in place of the kernel's own choice (attention.cuh ATT_FBK_PP,
- * ATT_TBC_KV, ATT_DKV_NB_PP).  0 when unset or empty, -1 for any other value (mgc compile
- * refuses it). */
+ * step at head dims to 64 (KVR), MGC_ATT_DKV_BUFS=1|2, its query-tile buffers past head dim
+ * 64 to 128 (KVB), and MGC_ATT_FWD_BUFS=1|2, the forward's K/V buffers at 64 keys a step past
+ * head dim 64 to 128 (FKVB), each in place of the kernel's own choice (attention.cuh
+ * ATT_FBK_PP, ATT_TBC_KV, ATT_DKV_NB_PP, ATT_FWD_NB_PP; a buffers knob also leaves the kernel
+ * no twin).  0 when unset or empty, -1 for any other value (mgc compile refuses it). */
 const char *const mgc_kspec_att_tile_envs[MGC_KSPEC_ATT_TILE_ENVS] = {
-    "MGC_ATT_FWD_KEYS", "MGC_ATT_DKV_ROWS", "MGC_ATT_DKV_BUFS"};
+    "MGC_ATT_FWD_KEYS", "MGC_ATT_DKV_ROWS", "MGC_ATT_DKV_BUFS", "MGC_ATT_FWD_BUFS"};
 
 static int buffers_knob(const char *name) {
-    return !strcmp(name, "MGC_ATT_DKV_BUFS");
+    return !strcmp(name, "MGC_ATT_DKV_BUFS") || !strcmp(name, "MGC_ATT_FWD_BUFS");
 }
 
 const char *mgc_kspec_att_tile_values(const char *name) {
@@ -92,6 +95,29 @@ static int tile_const(mgc_kspec *out, const char *env, const char *cname, int dt
     if (v < 0) return -1;
     if (v) mgc_kspec_const(out, cname, v);
     return 0;
+}
+
+/* The 16-bit forward's keys a step (attention.cuh ATT_FBK_PP; D to 128) */
+static int64_t fwd_keys(const mgc_kspec *k) {
+    int64_t fbk = mgc_kspec_get(k, "FBK"), d = mgc_kspec_get(k, "D");
+    if (fbk > 0) return fbk;
+    if (d <= 32 || (d <= 128 && mgc_kspec_get(k, "DROP") != 1 && mgc_kspec_get(k, "DOCS") != 1 &&
+                    mgc_kspec_get(k, "WIN") <= 0))
+        return 64;
+    return d <= 128 ? 32 : 16;
+}
+
+int mgc_kspec_twin(const mgc_kspec *k, mgc_kspec *twin) {
+    if (strcmp(k->file, "attention.cuh") || k->dtype == MGC_DT_F32) return 0;
+    int64_t d = mgc_kspec_get(k, "D");
+    if (d <= 64 || d > 128) return 0;
+    const char *cname = NULL;
+    if (!strcmp(k->entry, "attention_fwd") && fwd_keys(k) == 64) cname = "FKVB";
+    else if (!strcmp(k->entry, "attention_bwd_dkv")) cname = "KVB";
+    if (!cname || mgc_kspec_get(k, cname) >= 0 || k->n_const >= MGC_KSPEC_MAX_CONST) return 0;
+    *twin = *k;
+    mgc_kspec_const(twin, cname, 1);
+    return 1;
 }
 
 static void mask_consts(mgc_kspec *k, int64_t d, int64_t causal, int64_t drop, int64_t rowpos,
@@ -120,7 +146,10 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         if (attn_dims(ch, op, &dt, &d) || max < 1) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_fwd", dt);
         mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
-        return tile_const(&out[0], "MGC_ATT_FWD_KEYS", "FBK", dt, d, 0, 128) ? -1 : 1;
+        if (tile_const(&out[0], "MGC_ATT_FWD_KEYS", "FBK", dt, d, 0, 128)) return -1;
+        /* the buffers only where the forward takes 64 keys a step (attention.cuh ATT_FBK_PP) */
+        if (fwd_keys(&out[0]) != 64) return mgc_kspec_att_tile_env("MGC_ATT_FWD_BUFS") < 0 ? -1 : 1;
+        return tile_const(&out[0], "MGC_ATT_FWD_BUFS", "FKVB", dt, d, 64, 128) ? -1 : 1;
     case MGC_POP_ATTENTION_BWD:
         if (attn_dims(ch, op, &dt, &d) || max < 2) return -1;
         mgc_kspec_init(&out[0], "attention.cuh", "attention_bwd_dq", dt);

@@ -101,8 +101,14 @@ int mgc_compile_kernels(mgc_plan *p, const int *archs, int n_archs, int threads,
                             free(specs);
                             return -1;
                         }
-                        for (int q = 0; q < m; q++)
+                        for (int q = 0; q < m; q++) {
                             if (add_spec(&specs, &n, &cap, &k[q])) goto oom;
+                            /* and its twin for GPUs with less shared memory, which the
+                             * runtime chooses at launch (kspec.h mgc_kspec_twin) */
+                            mgc_kspec tw;
+                            if (mgc_kspec_twin(&k[q], &tw) && add_spec(&specs, &n, &cap, &tw))
+                                goto oom;
+                        }
                     }
                 }
             }

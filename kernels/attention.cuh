@@ -45,7 +45,8 @@
  *             128 for D <= 64 (ATT_FMT = 2 m-tiles of 16 rows a warp), else 64),
  *             ATT_FBK keys per step (fp32: 64 for D <= 32, 32 to 128, 16 above; 16-bit: 64
  *             to D 128 without dropout, documents or a window, else as fp32; past D 64 its
- *             K and V tiles then take dynamic shared memory, ATT_FWD_DYN)
+ *             two buffers of K and V tiles then take dynamic shared memory, ATT_FWD_DYN, and
+ *             its one-buffer twin static, ATT_FWD_NB_PP)
  *   backward: tensor cores (16-bit): ATT_TBR = 64 rows kept per block; rows per step
  *             ATT_TBC_KV (dK/dV: 64 for D <= 32, and for D 48 and 64 without dropout,
  *             documents or a window, else 32 there; 16 above, two buffers of them to D 128
@@ -137,7 +138,22 @@
 #define ATT_FBK_PP 16
 #endif
 #define ATT_FBK ((int)ATT_FBK_PP)
-#define ATT_FWD_DYN (MGC_D > 64 && ATT_FBK_PP == 64)
+/* the forward's buffers of K and V tiles at 64 keys past D 64 to 128: two (the next tile
+ * fetched while this one is computed; 69,632 bytes of dynamic shared memory at D 128, so one
+ * block a multiprocessor on the GPUs with 100 KB: sm_86, sm_89, sm_120), or one (MGC_FKVB =
+ * 1: 34,816 bytes of static shared memory at D 128, each tile fetched after the last was done,
+ * two blocks a multiprocessor there).  The same bits either way.  The launcher takes the
+ * one-buffer twin where the device's shared memory holds more blocks of it
+ * (codegen/kspec_attention.c mgc_kspec_twin); MGC_ATT_FWD_BUFS sets it for A/B timings. */
+#ifdef MGC_FKVB
+#if !MGC_HALF || MGC_D <= 64 || MGC_D > 128 || ATT_FBK_PP != 64 || (MGC_FKVB != 1 && MGC_FKVB != 2)
+#error "attention.cuh: FKVB (the 16-bit forward's K/V buffers) is 1 or 2, 64 keys, D 72 to 128"
+#endif
+#define ATT_FWD_NB_PP MGC_FKVB
+#else
+#define ATT_FWD_NB_PP 2
+#endif
+#define ATT_FWD_DYN (MGC_D > 64 && ATT_FBK_PP == 64 && ATT_FWD_NB_PP == 2)
 #else
 #define ATT_FBQ (ATT_W <= 64 ? 64 : ATT_W <= 128 ? 32 : 16)
 #define ATT_FBK (ATT_W <= 32 ? 64 : ATT_W <= 128 ? 32 : 16)
@@ -898,12 +914,14 @@ __device__ __forceinline__ bool att_keys_seen(int k0, int qmax, int qlo, int sk,
 /* attention_fwd (bf16/fp16, tensor cores): out = softmax(scale q k^T, masked) (dropout) v, lse.
  * Warp w owns ATT_FMT m-tiles of 16 query rows, mt's rows q0 + 16 (w + 4 mt) .. +15 (q
  * fragments in registers); K and V tiles are staged row-major in shared memory, two buffers
- * deep: cp.async fetches the next tile the block sees while this one is computed.  They are
+ * deep: cp.async fetches the next tile the block sees while this one is computed (one buffer
+ * in the twin of ATT_FWD_NB_PP: the next tile fetched once every warp is done with this
+ * one).  They are
  * read by ldmatrix (V transposed), each fragment feeding every m-tile; S = Q K^T and O += P V
  * on mma.sync.  A tile every query of the block sees whole (rows are positions and the tile
  * ends at or before the block's first query) skips the per-element mask.
  * grid (ceil(sq / ATT_FBQ), b, A), block 128, dynamic shared memory 0 (ATT_FWD_DYN: the two
- * buffers of K and V, 2 x 2 x 64 x (ATT_W + 8) halves).
+ * buffers of K and V, 2 x 2 x 64 x (ATT_W + 8) halves; the kernel traps when given less).
  * lse must not be NULL (the launcher passes scratch when the plan does not keep it).
  * Two blocks per multiprocessor (8 warps of 32 rows at D <= 64; at D = 128 16 rows). */
 extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
@@ -919,14 +937,15 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
     ATT_STEP_STREAM;
     constexpr int BQ = ATT_FBQ, BK = ATT_FBK, NT = BK / 8, KS = ATT_W / 16, DT = ATT_W / 8;
     constexpr int MT = ATT_FMT;
+    constexpr int NB = ATT_FWD_NB_PP; /* buffers of K and V */
 #if ATT_FWD_DYN
     ATT_DYN_BEGIN_D;
-    ATT_SHARED_D(unsigned short, Ks, [2][BK][ATT_W + 8]);
-    ATT_SHARED_D(unsigned short, Vs, [2][BK][ATT_W + 8]);
+    ATT_SHARED_D(unsigned short, Ks, [NB][BK][ATT_W + 8]);
+    ATT_SHARED_D(unsigned short, Vs, [NB][BK][ATT_W + 8]);
     ATT_DYN_END_D;
 #else
-    __shared__ __align__(16) unsigned short Ks[2][BK][ATT_W + 8];
-    __shared__ __align__(16) unsigned short Vs[2][BK][ATT_W + 8];
+    __shared__ __align__(16) unsigned short Ks[NB][BK][ATT_W + 8];
+    __shared__ __align__(16) unsigned short Vs[NB][BK][ATT_W + 8];
 #endif
     __shared__ float red[32];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
@@ -981,16 +1000,20 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         att_stage_async<BK>(Vs[0], v, k0, sk, b, kH, bi, kh);
     }
     att_cp_commit();
-    for (int buf = 0; k0 < sk; buf ^= 1) {
-        int kn = k0 + BK; /* the next tile the block sees: its copies start now */
+    for (int buf = 0; k0 < sk; buf = NB == 2 ? buf ^ 1 : 0) {
+        int kn = k0 + BK; /* the next tile the block sees: with two buffers its copies start now */
         while (kn < sk && !att_keys_seen<BK>(kn, qmax, qlo, sk, kpos, pos_s, pos_cp, pos_rank, k_gathered))
             kn += BK;
-        if (kn < sk) {
-            att_stage_async<BK>(Ks[buf ^ 1], k, kn, sk, b, kH, bi, kh);
-            att_stage_async<BK>(Vs[buf ^ 1], v, kn, sk, b, kH, bi, kh);
+        if (NB == 2) {
+            if (kn < sk) {
+                att_stage_async<BK>(Ks[(buf + 1) % NB], k, kn, sk, b, kH, bi, kh);
+                att_stage_async<BK>(Vs[(buf + 1) % NB], v, kn, sk, b, kH, bi, kh);
+            }
+            att_cp_commit();
+            att_cp_wait<1>(); /* this tile's copies (all but the group just committed) */
+        } else {
+            att_cp_wait<0>(); /* this tile's copies */
         }
-        att_cp_commit();
-        att_cp_wait<1>(); /* this tile's copies (all but the group just committed) */
         __syncthreads();
         float s[MT][NT][4];
         att_mma_rows_mt<BK, MT>(s, qf, Ks[buf], lane);
@@ -1065,6 +1088,13 @@ extern "C" __global__ void __launch_bounds__(ATT_NT, 2)
         }
         att_mma_acc_mt<BK, MT>(o, s, Vs[buf], lane);
         __syncthreads(); /* every warp is done with this buffer before it is refilled */
+        if (NB == 1) { /* one buffer: the next tile's copies start now */
+            if (kn < sk) {
+                att_stage_async<BK>(Ks[0], k, kn, sk, b, kH, bi, kh);
+                att_stage_async<BK>(Vs[0], v, kn, sk, b, kH, bi, kh);
+            }
+            att_cp_commit();
+        }
         k0 = kn;
     }
     att_cp_wait<0>();

@@ -30,6 +30,11 @@ typedef struct loaded_kernel {
     char name[MGC_KSPEC_NAME_MAX];
     cudaKernel_t fn;
     size_t smem_set; /* dynamic shared memory the attribute allows */
+    /* the occupancy calculator's last answer (cuda_blocks_per_sm), for occ_block threads and
+     * occ_smem bytes; occ_blocks -1: none yet */
+    unsigned occ_block;
+    size_t occ_smem;
+    int occ_blocks;
 } loaded_kernel;
 
 typedef mgc_gemm_key gemm_key; /* gemm_tuning.h: the key of the tuning file too */
@@ -190,6 +195,7 @@ static int load_cubin(mgc_backend *be, const char *name, const void *cubin, load
     CUDA_TRY(be, cudaLibraryGetKernel(&out->fn, lib, name), name);
     snprintf(out->name, sizeof out->name, "%s", name);
     out->smem_set = 48 * 1024;
+    out->occ_blocks = -1;
     return 0;
 }
 
@@ -254,14 +260,11 @@ static loaded_kernel *find_kernel(mgc_backend *be, const mgc_kspec *k) {
     return out;
 }
 
-static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
-                       unsigned block, size_t smem, void **args) {
+/* more than the default 48 KB of dynamic shared memory (embedding_sort_block's 64 KB at 8,192
+ * rows): allowed once, at bind's warm-up (dry) where the launch is planned, before any run (a
+ * program's first run, eager, would do too: no capture makes the call) */
+static int allow_smem(mgc_backend *be, loaded_kernel *lk, size_t smem) {
     cuda_ctx *c = be->context;
-    loaded_kernel *lk = find_kernel(be, k);
-    if (!lk) return -1;
-    /* more than the default 48 KB of dynamic shared memory (embedding_sort_block's 64 KB at
-     * 8,192 rows): allowed once, at bind's warm-up (dry) where the launch is planned, before
-     * any run (a program's first run, eager, would do too: no capture makes the call) */
     if (smem > lk->smem_set) {
         CUDA_TRY(be,
                  cudaKernelSetAttributeForDevice(lk->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -269,6 +272,30 @@ static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigne
                  lk->name);
         lk->smem_set = smem;
     }
+    return 0;
+}
+
+/* mgc_cuda_host.blocks_per_sm: the occupancy calculator (a cudaKernel_t passed as the
+ * function, as its documentation allows), once for each block size and shared memory */
+static int cuda_blocks_per_sm(mgc_backend *be, const mgc_kspec *k, unsigned block, size_t smem) {
+    loaded_kernel *lk = find_kernel(be, k);
+    if (!lk || allow_smem(be, lk, smem)) return -1;
+    if (lk->occ_blocks >= 0 && lk->occ_block == block && lk->occ_smem == smem)
+        return lk->occ_blocks;
+    int n = 0;
+    CUDA_TRY(be,
+             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)lk->fn, (int)block,
+                                                           smem),
+             lk->name);
+    lk->occ_block = block, lk->occ_smem = smem, lk->occ_blocks = n;
+    return n;
+}
+
+static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
+                       unsigned block, size_t smem, void **args) {
+    cuda_ctx *c = be->context;
+    loaded_kernel *lk = find_kernel(be, k);
+    if (!lk || allow_smem(be, lk, smem)) return -1;
     if (c->dry) return 0;
     if (gx == 0 || gy == 0 || gz == 0) return 0; /* nothing to do */
     dim3 g = {gx, gy, gz}, b = {block, 1, 1};
@@ -1098,6 +1125,7 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
     c->host.launch = cuda_launch;
     c->host.scratch = cuda_scratch;
     c->host.step = cuda_step;
+    c->host.blocks_per_sm = cuda_blocks_per_sm;
     c->host.gemm = gemm;
     c->host.sms = prop.multiProcessorCount;
     const char *epi = getenv("MGC_GEMM_EPILOGUES"); /* docs/cuda-backend.md */

@@ -67,6 +67,8 @@ typedef struct mgc_cuda_host {
     /* mgc_cuda_drop_step below: the device word that holds `step` once the work queued so
      * far has run (set in stream order when it held another); NULL with be->err */
     const unsigned long long *(*step)(mgc_backend *be, int64_t step);
+    /* mgc_cuda_blocks_per_sm below */
+    int (*blocks_per_sm)(mgc_backend *be, const mgc_kspec *k, unsigned block, size_t smem_bytes);
     int sms;       /* multiprocessors (grid sizing) */
     int epilogues; /* GEMM epilogues for the fused linear ops (MGC_GEMM_EPILOGUES != 0) */
     int bgrad_epilogue; /* cuBLASLt's BGRADB and DGELU_BGRAD for 16-bit bias gradients;
@@ -83,6 +85,12 @@ int mgc_cuda_run_op(mgc_backend *be, const mgc_op_call *c);
  * the message in be->err (naming the kernel). */
 int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned grid_x, unsigned grid_y,
                     unsigned grid_z, unsigned block, size_t smem_bytes, void **args);
+/* The blocks of kernel k, of `block` threads and smem_bytes of dynamic shared memory, that a
+ * multiprocessor of the device holds at once: the CUDA occupancy calculator's answer
+ * (registers, shared memory and threads); the emulator's counts the dynamic shared memory
+ * alone, against MGC_EMU_SMEM_PER_SM (docs/cuda-emulator.md).  The kernel is loaded (or
+ * JIT-compiled) as for a launch.  -1 with be->err. */
+int mgc_cuda_blocks_per_sm(mgc_backend *be, const mgc_kspec *k, unsigned block, size_t smem_bytes);
 /* Device scratch of at least `bytes`, reused by every op (ops run one after another on one
  * stream): the plan's kernel_scratch buffer, which codegen/kspec_scratch.c sizes for every
  * request a launcher makes (a larger one is allocated beside the arena, with a warning).  One

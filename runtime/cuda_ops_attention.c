@@ -34,10 +34,11 @@ static int fwd_bq(int64_t d, int half) {
 /* The 16-bit forward's K and V tiles past a width of 64 at 64 keys a step (ATT_FWD_DYN): two
  * buffers of each, rows of w + 8 halves, in dynamic shared memory (69,632 bytes at 128); the
  * keys a step as attention.cuh ATT_FBK_PP chooses them: kspec constant FBK when set
- * (MGC_ATT_FWD_KEYS), else 64 without dropout, documents or a window.  The kernel traps when
- * given less (ATT_DYN_END_D). */
+ * (MGC_ATT_FWD_KEYS), else 64 without dropout, documents or a window; none in the one-buffer
+ * variant (constant FKVB 1: MGC_ATT_FWD_BUFS, or the twin), whose tiles are static.  The
+ * kernel traps when given less (ATT_DYN_END_D). */
 static size_t fwd_dyn_bytes(const mgc_kspec *k, int64_t w, int half) {
-    if (!half || w <= 64 || w > 128) return 0;
+    if (!half || w <= 64 || w > 128 || mgc_kspec_get(k, "FKVB") == 1) return 0; /* one: static */
     int64_t keys = mgc_kspec_get(k, "FBK");
     if (keys < 0)
         keys = mgc_kspec_get(k, "DROP") != 1 && mgc_kspec_get(k, "DOCS") != 1 &&
@@ -67,11 +68,36 @@ static size_t bwd_dyn_bytes(int64_t w, int half) {
 }
 /* The 16-bit dK/dV kernel past a width of 64 to 128 (ATT_DKV_DYN): two buffers of its Q and dO
  * tiles of 16 rows beside K and V (64 rows), rows of w + 8 halves, in dynamic shared memory
- * (52,224 bytes at 128), unless kspec constant KVB (MGC_ATT_DKV_BUFS) asks for one buffer,
- * which fits static shared memory; past 128, bwd_dyn_bytes'. */
+ * (52,224 bytes at 128), unless kspec constant KVB (MGC_ATT_DKV_BUFS, or the twin) asks for
+ * one buffer, which fits static shared memory; past 128, bwd_dyn_bytes'. */
 static size_t dkv_dyn_bytes(const mgc_kspec *k, int64_t w, int half) {
     if (!half || w <= 64 || w > 128) return bwd_dyn_bytes(w, half);
     return mgc_kspec_get(k, "KVB") == 1 ? 0 : (size_t)(2 * 2 * 16 + 2 * 64) * (size_t)(w + 8) * 2;
+}
+
+/* The blocks a multiprocessor the kernels' launch bounds ask for (attention.cuh:
+ * __launch_bounds__(ATT_NT, 2)) */
+#define ATT_MIN_BLOCKS 2
+
+/* The kernel to launch for spec k, *dyn its dynamic shared memory (dyn_of): k, or its twin
+ * (kspec.h mgc_kspec_twin: one buffer where k has two, the same bits) where the device's
+ * shared memory holds fewer blocks of k than its launch bounds ask for and more of the twin
+ * (the GPUs with 100 KB a multiprocessor, sm_86, sm_89 and sm_120, at head dims past 64 to
+ * 128); *tw holds the twin.  NULL with be->err. */
+static const mgc_kspec *att_kernel(mgc_backend *be, const mgc_kspec *k, mgc_kspec *tw,
+                                   size_t (*dyn_of)(const mgc_kspec *, int64_t, int), int64_t w,
+                                   int half, size_t *dyn) {
+    *dyn = dyn_of(k, w, half);
+    if (!mgc_kspec_twin(k, tw)) return k;
+    int nk = mgc_cuda_blocks_per_sm(be, k, 128, *dyn);
+    if (nk < 0) return NULL;
+    if (nk >= ATT_MIN_BLOCKS) return k;
+    size_t dt = dyn_of(tw, w, half);
+    int nt = mgc_cuda_blocks_per_sm(be, tw, 128, dt);
+    if (nt < 0) return NULL;
+    if (nt <= nk) return k;
+    *dyn = dt;
+    return tw;
 }
 
 int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
@@ -142,8 +168,12 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                         &docs,     &pos_s,     &pos_cp,    &pos_rank,  &k_gathered, &qkv};
         int64_t w = mgc_kspec_att_width(d);
         int half = ks[0].dtype != MGC_DT_F32, bq = fwd_bq(w, half);
-        return mgc_cuda_launch(be, &ks[0], (unsigned)((sq + bq - 1) / bq), (unsigned)b,
-                               (unsigned)A, 128, fwd_dyn_bytes(&ks[0], w, half), args);
+        mgc_kspec tw;
+        size_t dyn;
+        const mgc_kspec *kf = att_kernel(be, &ks[0], &tw, fwd_dyn_bytes, w, half, &dyn);
+        if (!kf) return -1;
+        return mgc_cuda_launch(be, kf, (unsigned)((sq + bq - 1) / bq), (unsigned)b, (unsigned)A,
+                               128, dyn, args);
     }
 
     /* backward: in q, k, v (or qkv), out, lse, dout; out dq, dk, dv (or dqkv) */
@@ -186,9 +216,12 @@ int mgc_cuda_ops_attention(mgc_backend *be, const mgc_op_call *c) {
                   &drop_p,  &drop_thr, &drop_scale, &seed,  &stream,     &step,  &elem0, &drop_heads,
                   &qpos,    &kpos,     &docs,    &pos_s,    &pos_cp,     &pos_rank,   &k_gathered,
                   &qkv,     &cs};
-    if (mgc_cuda_launch(be, &ks[1], (unsigned)((sk + br - 1) / br) *
-                            (unsigned)mgc_kspec_att_dkv_slices(d, half),
-                        (unsigned)b, (unsigned)G, 128, dkv_dyn_bytes(&ks[1], w, half), a1))
+    mgc_kspec tw;
+    size_t dyn;
+    const mgc_kspec *kkv = att_kernel(be, &ks[1], &tw, dkv_dyn_bytes, w, half, &dyn);
+    if (!kkv || mgc_cuda_launch(be, kkv, (unsigned)((sk + br - 1) / br) *
+                                             (unsigned)mgc_kspec_att_dkv_slices(d, half),
+                                (unsigned)b, (unsigned)G, 128, dyn, a1))
         return -1;
     if (!db) return 0;
     if (!kcs) return mgc_cuda_bias_grad(be, db, dq, ks[0].dtype, sq * b, width);

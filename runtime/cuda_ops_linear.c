@@ -29,6 +29,10 @@ int mgc_cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned g
     return host(be)->launch(be, k, gx, gy, gz, block, smem_bytes, args);
 }
 
+int mgc_cuda_blocks_per_sm(mgc_backend *be, const mgc_kspec *k, unsigned block, size_t smem_bytes) {
+    return host(be)->blocks_per_sm(be, k, block, smem_bytes);
+}
+
 void *mgc_cuda_scratch(mgc_backend *be, size_t bytes) {
     return host(be)->scratch(be, bytes);
 }

@@ -77,6 +77,7 @@ typedef struct emu_ctx {
     size_t zbytes;
     unsigned refuse; /* bit k: the emulated cuBLASLt has no algorithm for epilogue kind k
                         (MGC_EMU_REFUSE_EPI) */
+    long smem_sm;    /* the shared memory of a multiprocessor (MGC_EMU_SMEM_PER_SM) */
 } emu_ctx;
 
 static emu_node *graph_node(mgc_backend *be, emu_graph *g) {
@@ -117,6 +118,19 @@ static int emu_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned
     nd->nargs = n, nd->k = *k, nd->gx = gx, nd->gy = gy, nd->gz = gz, nd->block = block;
     nd->smem = smem;
     return 0;
+}
+
+/* host.blocks_per_sm (cuda_int.h): the blocks whose dynamic shared memory, and the 1 KB a
+ * GPU reserves for each, fit the multiprocessor's MGC_EMU_SMEM_PER_SM, at most 2,048 threads;
+ * static shared memory and registers are not counted.  The kernel is compiled as for a
+ * launch. */
+static int emu_blocks_per_sm(mgc_backend *be, const mgc_kspec *k, unsigned block, size_t smem) {
+    emu_ctx *c = be->context;
+    size_t sz[MGC_EMU_MAX_PARAMS];
+    if (mgc_emu_param_sizes(c->emu, k, sz, MGC_EMU_MAX_PARAMS, be->err, sizeof be->err) < 0)
+        return -1;
+    long by_smem = c->smem_sm / (long)(smem + 1024), by_threads = block ? 2048 / (long)block : 0;
+    return (int)(by_smem < by_threads ? by_smem : by_threads);
 }
 
 /* host.step (cuda_int.h): the kernels run at once, so the word is set at once; never while
@@ -579,6 +593,7 @@ int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {
     c->host.launch = emu_launch;
     c->host.scratch = emu_scratch;
     c->host.step = emu_step;
+    c->host.blocks_per_sm = emu_blocks_per_sm;
     c->host.gemm = emu_gemm;
     c->host.sms = 4; /* a small GPU: grid-stride kernels take several rounds */
     const char *epi = getenv("MGC_GEMM_EPILOGUES");
@@ -609,6 +624,24 @@ int mgc_backend_emu_open(mgc_backend **out, char *err, size_t err_size) {
             return -1;
         }
         p += n + (p[n] == ',');
+    }
+    /* MGC_EMU_SMEM_PER_SM: the shared memory of the emulated GPU's multiprocessor, in bytes
+     * (default 233,472: sm_90's 228 KB; 102,400 for sm_86 and sm_89), which the launchers
+     * ask about where a kernel has a twin with less (test_cuda twins) */
+    const char *sm = getenv("MGC_EMU_SMEM_PER_SM");
+    c->smem_sm = 233472;
+    if (sm && *sm) {
+        char *end = NULL;
+        long v = strtol(sm, &end, 10);
+        if (*end || v < 16384 || v > 1048576) {
+            snprintf(err, err_size,
+                     "MGC_EMU_SMEM_PER_SM='%s' is no multiprocessor's shared memory (it takes "
+                     "bytes from 16384 to 1048576, e.g. 102400 for an sm_86 or sm_89 GPU)",
+                     sm);
+            mgc_backend_close(be);
+            return -1;
+        }
+        c->smem_sm = v;
     }
     *out = be;
     return 0;

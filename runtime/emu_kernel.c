@@ -896,6 +896,7 @@ int mgc_emu_launch(mgc_emu *e, const mgc_kspec *k, unsigned gx, unsigned gy, uns
     }
     e->dyn_bytes = smem_bytes;
     e->st.launches++;
+    e->st.dyn_bytes += (int64_t)smem_bytes;
     memset(e->arrivals, 0, sizeof e->arrivals);
     int trace = getenv("MGC_EMU_TRACE") != NULL;
     struct timespec t0, t1;

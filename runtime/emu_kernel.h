@@ -68,7 +68,8 @@ int mgc_emu_param_sizes(mgc_emu *e, const mgc_kspec *k, size_t *sizes, int max, 
  * launches are numbered from it. */
 void mgc_emu_set_seed(mgc_emu *e, uint64_t seed);
 
-/* Counters since open: kernels compiled, found in the cache, launches, GPU threads run; and
+/* Counters since open: kernels compiled, found in the cache, launches, GPU threads run, the
+ * dynamic shared memory they asked for; and
  * the instructions the emulator resolves, counted as the GPU issues them: warp-wide mma.sync
  * m16n8k16, ldmatrix.x4 and shuffles, and block barriers (one per block that passes one).
  * They are facts about the kernels' code (what a change does to shared-memory reads per
@@ -77,6 +78,7 @@ typedef struct mgc_emu_stats {
     int compiled, cached;
     int64_t launches, threads;
     int64_t mma, ldmatrix, shfl, barriers;
+    int64_t dyn_bytes; /* the launches' dynamic shared memory, summed */
 } mgc_emu_stats;
 void mgc_emu_get_stats(const mgc_emu *e, mgc_emu_stats *st);
 

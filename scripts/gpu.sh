@@ -13,8 +13,9 @@
 #                                             kernel of one step under ncu: device time, DRAM
 #                                             bytes; NCU_MODELS), wide (attention at head dims
 #                                             128 and 256 against SDPA, $OUT/wide.md; 128
-#                                             also with MGC_ATT_FWD_KEYS=32 and with
-#                                             MGC_ATT_DKV_BUFS=1, its losses the same bits)
+#                                             also with MGC_ATT_FWD_KEYS=32, with
+#                                             MGC_ATT_DKV_BUFS=1 and with MGC_ATT_FWD_BUFS=1,
+#                                             the twins' buffers, their losses the same bits)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes on the H100 on 2026-11-28, before the
 #                                             dropout and fusion variants were added: not
@@ -45,7 +46,7 @@
 #                                             MGC_GEMM_TUNE, SDPA at their shapes, the copy curve
 #                                             (bench/copy_curve.py) and the attention and
 #                                             memory-bound kernels of one GPT-2 124M step under
-#                                             ncu, test_cuda's pdl, tune and norm checks; into
+#                                             ncu, test_cuda's pdl, tune, norm, zero and twins checks; into
 #                                             $OUT/quick.txt and $OUT/kern-quick.md as it goes
 #   sh scripts/gpu.sh shell 'COMMANDS'        build, then run COMMANDS in this environment
 #                                             (one-off experiments within one lent call)
@@ -274,7 +275,7 @@ print("%s: linear_dgrad_gelu %s; fc1 linear_wgrad %s" % (sys.argv[2],
     { echo; echo "### training.logits_dtype=compute: the cross-entropy kernels"; echo
       python3 bench/ncu_table.py build-gpu/q-ncu-lc.csv "$copy"; } >>"$OUT/kern-quick.md" 2>&1 || rc=1
     # the correctness checks of this part
-    for t in pdl tune norm zero; do
+    for t in pdl tune norm zero twins; do
         build-gpu/tests/test_cuda $t >build-gpu/q-$t.log 2>&1 && echo "test_cuda $t: passed" | tee -a "$Q" ||
             { echo "test_cuda $t: FAILED"; tail -n 20 build-gpu/q-$t.log; rc=1; } | tee -a "$Q"
     done
@@ -397,20 +398,24 @@ if has wide; then
     # 128 also with the forward at 32 keys a step (MGC_ATT_FWD_KEYS=32, "128/32": its tiles
     # before 2026-12-06) against the default 64 from dynamic shared memory, and with the dK/dV
     # kernel's one buffer of query tiles (MGC_ATT_DKV_BUFS=1, "128/b1": before 2026-12-06)
-    # against its two from dynamic shared memory, whose losses must be the defaults' bits
+    # against its two from dynamic shared memory, and with the forward's one buffer of K and V
+    # tiles (MGC_ATT_FWD_BUFS=1, "128/f1"), the two twins that GPUs with 100 KB of shared
+    # memory a multiprocessor take (kspec.h mgc_kspec_twin): here two blocks a multiprocessor
+    # either way, so what one buffer costs; their losses must be the defaults' bits
     echo "== wide" | tee "$OUT/wide.md"
     echo "| head dim | shape | mgc fwd ms | SDPA fwd ms | mgc bwd ms | SDPA bwd ms | mgc speed vs SDPA (fwd+bwd) |" >>"$OUT/wide.md"
     echo "|---|---|---:|---:|---:|---:|---:|" >>"$OUT/wide.md"
-    for hd in 128 128/32 128/b1 256; do
+    for hd in 128 128/32 128/b1 128/f1 256; do
         keys=${hd#*/} hd=${hd%/*}
-        unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS
+        unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS MGC_ATT_FWD_BUFS
         case $keys in
         "$hd") ;;
         b*) export MGC_ATT_DKV_BUFS=${keys#b} ;;
+        f*) export MGC_ATT_FWD_BUFS=${keys#f} ;;
         *) export MGC_ATT_FWD_KEYS=$keys ;;
         esac
-        heads=$((2048 / hd)) hd_label=$hd${MGC_ATT_FWD_KEYS:+/$keys}${MGC_ATT_DKV_BUFS:+/$keys}
-        hd_file=$hd${MGC_ATT_FWD_KEYS:+k$keys}${MGC_ATT_DKV_BUFS:+$keys}
+        heads=$((2048 / hd)) hd_label=$hd${MGC_ATT_FWD_KEYS:+/$keys}${MGC_ATT_DKV_BUFS:+/$keys}${MGC_ATT_FWD_BUFS:+/$keys}
+        hd_file=$hd${MGC_ATT_FWD_KEYS:+k$keys}${MGC_ATT_DKV_BUFS:+$keys}${MGC_ATT_FWD_BUFS:+$keys}
         build-gpu/compiler/mgc compile models/tiny-llama.yaml --set model.hidden_size=2048 \
             --set model.num_attention_heads=$heads --set model.num_query_groups=$heads \
             --set model.head_dim=$hd --set model.num_layers=2 --set model.ffn_hidden_size=5632 \
@@ -433,12 +438,14 @@ print("head dim %s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.m
             python3 bench/attn_row.py build-gpu/wide$hd_file.prof.jsonl build-gpu/wide$hd_file.sdpa.json $hd_label \
                 >>"$OUT/wide.md" || rc=1
     done
-    unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS
-    # the dK/dV kernel's buffers change no bit: the same losses and gradient norms, every step
-    python3 -c 'import json,sys
-a, b = ([(x["loss"], x["grad_norm"]) for x in map(json.loads, open(f))] for f in sys.argv[1:])
-print("head dim 128/b1: losses and norms %s" % ("bit-identical to 128" if a == b else "DIFFER from 128"))
-sys.exit(a != b)' build-gpu/wide128.jsonl build-gpu/wide128b1.jsonl | tee -a "$OUT/wide.md" || rc=1
+    unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS MGC_ATT_FWD_BUFS
+    # the kernels' buffers change no bit: the same losses and gradient norms, every step
+    for v in b1 f1; do
+        python3 -c 'import json,sys
+a, b = ([(x["loss"], x["grad_norm"]) for x in map(json.loads, open(f))] for f in sys.argv[1:3])
+print("head dim 128/%s: losses and norms %s" % (sys.argv[3], "bit-identical to 128" if a == b else "DIFFER from 128"))
+sys.exit(a != b)' build-gpu/wide128.jsonl build-gpu/wide128$v.jsonl $v | tee -a "$OUT/wide.md" || rc=1
+    done
     cat "$OUT/wide.md"
 fi
 if has nccl; then

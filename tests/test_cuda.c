@@ -62,6 +62,7 @@
 #include "compile.h"
 #include "config.h"
 #include "diag.h"
+#include "emu_kernel.h"
 #include "exec.h"
 #include "gemm_tuning.h"
 #include "comm.h"
@@ -1842,8 +1843,10 @@ static void check_layouts(void) {
 
 /* Trains `n` steps of p on the GPU (or the emulator, whose graphs record the launches'
  * arguments as a capture does: emu_backend.c), with graphs or not; losses and norms out, the programs replayed from graphs over the run, and in
- * exec_zeroed the gradient bytes a step zeroed (mgc_exec_zeroed_bytes). */
+ * exec_zeroed the gradient bytes a step zeroed (mgc_exec_zeroed_bytes); on the emulator, in
+ * exec_dyn the dynamic shared memory its launches asked for (mgc_emu_stats). */
 static uint64_t exec_zeroed;
+static int64_t exec_dyn;
 static int train_exec(const mgc_plan *p, int graphs, int n, double *loss, double *norm,
                       int64_t *replays) {
     char err[4096];
@@ -1869,6 +1872,12 @@ static int train_exec(const mgc_plan *p, int graphs, int n, double *loss, double
         *replays += st.graph_replays;
     }
     exec_zeroed = mgc_exec_zeroed_bytes(x);
+    mgc_emu *em = mgc_backend_emu_emulator(gpu);
+    if (em) {
+        mgc_emu_stats es;
+        mgc_emu_get_stats(em, &es);
+        exec_dyn = es.dyn_bytes;
+    }
     rc = 0;
 out:
     if (rc) fprintf(stderr, "train_exec: %s\n", err);
@@ -1938,6 +1947,84 @@ static void check_graphs(void) {
                names[k], gpu_name(), (long long)r1, n,
                memcmp(l0, l1, sizeof l0) || memcmp(n0, n1, sizeof n0) ? "DIFFER" : "bit-identical");
         mgc_plan_free(p);
+    }
+}
+
+/* The attention kernels' twins for GPUs with 100 KB of shared memory a multiprocessor
+ * (kspec.h mgc_kspec_twin: one buffer of tiles where the default has two in dynamic shared
+ * memory, past head dim 64 to 128): the plan carries them, and they train to the defaults'
+ * bits, eagerly and from graphs, chosen by the knobs (MGC_ATT_FWD_BUFS=1 MGC_ATT_DKV_BUFS=1,
+ * on a GPU too) and, on the emulator, by the launcher on a device of 100 KB
+ * (MGC_EMU_SMEM_PER_SM=102400), which must launch what the knobs do at head dim 128 (the
+ * same dynamic shared memory, less than the defaults') and at 96 the forward's twin alone.
+ * LLaMA at head dim 128 with two query heads a key head, and GPT at 96 with the QKV bias's
+ * column sums in the dK/dV kernel. */
+static void check_twins(void) {
+    static const char *const llama[] = {"model.hidden_size=256", "model.num_attention_heads=2",
+                                        "model.num_query_groups=1", "model.num_layers=2", NULL};
+    static const char *const gpt[] = {"model.hidden_size=192", "model.num_attention_heads=2",
+                                      "model.num_layers=2", "model.hidden_dropout=0",
+                                      "model.attention_dropout=0", NULL};
+    static const char *const files[2] = {"models/tiny-llama.yaml", "examples/tiny-gpt.yaml"};
+    const char *const *sets[2] = {llama, gpt};
+    for (int m = 0; m < 2; m++) {
+        mgc_plan *p = compile(files[m], "bf16", sets[m]);
+        T_CHECK(p != NULL);
+        if (!p) continue;
+        int twins = 0;
+        for (int64_t i = 0; i < p->n_kernels; i++) {
+            const char *nm = mgc_plan_strat(p, p->kernels[i].name);
+            size_t n = strlen(nm);
+            twins += (n > 6 && !strcmp(nm + n - 6, "_FKVB1")) ||
+                     (n > 5 && !strcmp(nm + n - 5, "_KVB1"));
+        }
+        if (!emu) T_EQ_I64(twins, 2 * 2); /* forward and dK/dV, sm_80 and sm_90 */
+        enum { N = 3 }; /* eager, recorded, replayed */
+        double l0[N], n0[N], l1[N], n1[N];
+        int64_t r0 = 0, r1 = 0, dyn0 = 0, dyn1 = 0;
+        T_EQ_I64(train_exec(p, 1, N, l0, n0, &r0), 0);
+        dyn0 = exec_dyn;
+        T_CHECK(isfinite(l0[N - 1]) && l0[N - 1] < l0[0]);
+        for (int v = 0; v < (emu ? 2 : 1); v++) {
+            if (v == 0) setenv("MGC_ATT_FWD_BUFS", "1", 1), setenv("MGC_ATT_DKV_BUFS", "1", 1);
+            else setenv("MGC_EMU_SMEM_PER_SM", "102400", 1);
+            mgc_plan *q = v == 0 ? compile(files[m], "bf16", sets[m]) : NULL; /* its kernels */
+            T_EQ_I64(train_exec(q ? q : p, 1, N, l1, n1, &r1), 0);
+            mgc_plan_free(q);
+            unsetenv("MGC_ATT_FWD_BUFS"), unsetenv("MGC_ATT_DKV_BUFS");
+            unsetenv("MGC_EMU_SMEM_PER_SM");
+            int same = !memcmp(l0, l1, sizeof l0) && !memcmp(n0, n1, sizeof n0);
+            T_CHECK(same);
+            T_EQ_I64(r1, r0);
+            if (emu) {
+                T_CHECK(exec_dyn < dyn0); /* the twins' tiles are static */
+                if (v == 0) dyn1 = exec_dyn;
+                else if (m == 0) T_EQ_I64(exec_dyn, dyn1); /* the knobs' kernels */
+                else T_CHECK(exec_dyn > dyn1); /* D 96: the forward's twin only (53,248
+                                                  bytes, one block in 100 KB), not the
+                                                  dK/dV kernel's (39,936: two blocks) */
+            }
+            printf("twins (%s bf16, %s): %d steps, %lld programs replayed, %s the defaults (loss "
+                   "%.5f -> %.5f)\n",
+                   files[m], v ? "a device of 100 KB a multiprocessor" : "MGC_ATT_*_BUFS=1", N,
+                   (long long)r1, same ? "bit-identical to" : "DIFFER from", l0[0], l0[N - 1]);
+        }
+        mgc_plan_free(p);
+    }
+    if (!emu) return;
+    /* a size no multiprocessor has: the emulator's backend does not open, and says why */
+    static const char *const bad[3] = {"100k", "8192", ""};
+    for (int i = 0; i < 3; i++) {
+        setenv("MGC_EMU_SMEM_PER_SM", bad[i], 1);
+        mgc_backend *be = NULL;
+        char err[512] = "";
+        int rc = mgc_backend_emu_open(&be, err, sizeof err);
+        unsetenv("MGC_EMU_SMEM_PER_SM");
+        if (i < 2)
+            T_CHECK(rc != 0 && !be && strstr(err, "MGC_EMU_SMEM_PER_SM=") && strstr(err, "102400"));
+        else /* empty: the default */
+            T_CHECK(rc == 0 && be);
+        mgc_backend_close(be);
     }
 }
 
@@ -2234,6 +2321,7 @@ int main(int argc, char **argv) {
         check_eval("examples/tiny-gpt.yaml");
     if (!only || !strcmp(only, "layouts")) check_layouts();
     if (!only || ci1 || !strcmp(only, "graphs")) check_graphs();
+    if (!only || ci2 || !strcmp(only, "twins")) check_twins();
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "pdl"))) check_pdl();
     if (!emu && (!only || !strcmp(only, "graphs") || !strcmp(only, "tune"))) check_tune();
     if (!only || !strcmp(only, "chunks")) check_chunks(1);
