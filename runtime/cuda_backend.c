@@ -31,10 +31,12 @@ typedef struct loaded_kernel {
     cudaKernel_t fn;
     size_t smem_set; /* dynamic shared memory the attribute allows */
     /* the occupancy calculator's last answer (cuda_blocks_per_sm), for occ_block threads and
-     * occ_smem bytes; occ_blocks -1: none yet */
+     * occ_smem bytes; occ_blocks -1: none yet; occ_pad: the dynamic shared memory a launch of
+     * that size takes under MGC_CUDA_SMEM_PER_SM */
     unsigned occ_block;
-    size_t occ_smem;
+    size_t occ_smem, occ_pad;
     int occ_blocks;
+    int static_smem; /* its static shared memory; -1: not asked yet */
 } loaded_kernel;
 
 typedef mgc_gemm_key gemm_key; /* gemm_tuning.h: the key of the tuning file too */
@@ -85,6 +87,9 @@ typedef struct cuda_ctx {
     int jit_compiled, jit_cached;
     int dry;       /* bind's warm-up: GEMMs pick their algorithm, kernels load; nothing runs */
     int pdl;       /* MGC_PDL=1 on sm_90 and newer: kernels launched to overlap the previous one */
+    /* the shared memory of a multiprocessor, and the bytes it reserves a block; smem_limit:
+     * MGC_CUDA_SMEM_PER_SM, a smaller multiprocessor to pose as (0: none; cuda_blocks_per_sm) */
+    size_t smem_sm, smem_reserved, smem_limit;
     /* MGC_ZERO_BESIDE=1: the step's zeroing of the gradients on a stream of its own beside
      * the forward (backend.h zero_beside), after zmark, finished at zdone */
     int zero_beside;
@@ -196,6 +201,7 @@ static int load_cubin(mgc_backend *be, const char *name, const void *cubin, load
     snprintf(out->name, sizeof out->name, "%s", name);
     out->smem_set = 48 * 1024;
     out->occ_blocks = -1;
+    out->static_smem = -1;
     return 0;
 }
 
@@ -275,20 +281,55 @@ static int allow_smem(mgc_backend *be, loaded_kernel *lk, size_t smem) {
     return 0;
 }
 
-/* mgc_cuda_host.blocks_per_sm: the occupancy calculator (a cudaKernel_t passed as the
- * function, as its documentation allows), once for each block size and shared memory */
-static int cuda_blocks_per_sm(mgc_backend *be, const mgc_kspec *k, unsigned block, size_t smem) {
-    loaded_kernel *lk = find_kernel(be, k);
-    if (!lk || allow_smem(be, lk, smem)) return -1;
+/* The occupancy of lk at `block` threads and `smem` bytes of dynamic shared memory, cached:
+ * the occupancy calculator's (a cudaKernel_t passed as the function, as its documentation
+ * allows).  Under MGC_CUDA_SMEM_PER_SM (c->smem_limit) no more blocks than that much shared
+ * memory holds, and lk->occ_pad the dynamic shared memory a launch then asks for so that the
+ * device runs no more than those: smem, or more where the real multiprocessor would hold more
+ * (the kernels ignore what they do not use), so that an H100 runs a kernel at the occupancy
+ * of a GPU with 100 KB.  -1 with be->err. */
+static int occupancy(mgc_backend *be, loaded_kernel *lk, unsigned block, size_t smem) {
+    cuda_ctx *c = be->context;
     if (lk->occ_blocks >= 0 && lk->occ_block == block && lk->occ_smem == smem)
         return lk->occ_blocks;
+    if (allow_smem(be, lk, smem)) return -1;
     int n = 0;
     CUDA_TRY(be,
              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)lk->fn, (int)block,
                                                            smem),
              lk->name);
-    lk->occ_block = block, lk->occ_smem = smem, lk->occ_blocks = n;
+    size_t pad = smem;
+    if (c->smem_limit) {
+        if (lk->static_smem < 0) {
+            struct cudaFuncAttributes fa;
+            CUDA_TRY(be, cudaFuncGetAttributes(&fa, (const void *)lk->fn), lk->name);
+            lk->static_smem = (int)fa.sharedSizeBytes;
+        }
+        size_t per = (size_t)lk->static_smem + smem + c->smem_reserved;
+        int lim = (int)(c->smem_limit / per);
+        if (lim < 1) lim = 1; /* a block the device takes runs */
+        if (n > lim) {
+            /* the smallest dynamic shared memory at which the real multiprocessor holds lim */
+            size_t want = c->smem_sm / (size_t)(lim + 1) + 1;
+            pad = want > (size_t)lk->static_smem + c->smem_reserved
+                      ? want - (size_t)lk->static_smem - c->smem_reserved
+                      : smem;
+            if (pad < smem) pad = smem;
+            if (allow_smem(be, lk, pad)) return -1;
+            CUDA_TRY(be,
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)lk->fn,
+                                                                   (int)block, pad),
+                     lk->name);
+        }
+    }
+    lk->occ_block = block, lk->occ_smem = smem, lk->occ_blocks = n, lk->occ_pad = pad;
     return n;
+}
+
+/* mgc_cuda_host.blocks_per_sm */
+static int cuda_blocks_per_sm(mgc_backend *be, const mgc_kspec *k, unsigned block, size_t smem) {
+    loaded_kernel *lk = find_kernel(be, k);
+    return lk ? occupancy(be, lk, block, smem) : -1;
 }
 
 static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigned gy, unsigned gz,
@@ -296,6 +337,10 @@ static int cuda_launch(mgc_backend *be, const mgc_kspec *k, unsigned gx, unsigne
     cuda_ctx *c = be->context;
     loaded_kernel *lk = find_kernel(be, k);
     if (!lk || allow_smem(be, lk, smem)) return -1;
+    if (c->smem_limit) { /* MGC_CUDA_SMEM_PER_SM: padded to the smaller device's occupancy */
+        if (occupancy(be, lk, block, smem) < 0) return -1;
+        smem = lk->occ_pad;
+    }
     if (c->dry) return 0;
     if (gx == 0 || gy == 0 || gz == 0) return 0; /* nothing to do */
     dim3 g = {gx, gy, gz}, b = {block, 1, 1};
@@ -1122,6 +1167,25 @@ int mgc_backend_cuda_open(mgc_backend **out, int device, char *err, size_t err_s
         return -1;
     }
     c->arch = prop.major * 10 + prop.minor;
+    c->smem_sm = prop.sharedMemPerMultiprocessor;
+    c->smem_reserved = prop.reservedSharedMemPerBlock;
+    /* MGC_CUDA_SMEM_PER_SM (docs/cuda-backend.md, "Twins for GPUs with 100 KB"): pose as a GPU
+     * whose multiprocessors have that much shared memory, for timing what runs there */
+    const char *lim = getenv("MGC_CUDA_SMEM_PER_SM");
+    if (lim && *lim) {
+        char *end = NULL;
+        long v = strtol(lim, &end, 10);
+        if (*end || v < 16384 || (size_t)v > c->smem_sm) {
+            snprintf(err, err_size,
+                     "MGC_CUDA_SMEM_PER_SM='%s': this GPU's multiprocessors have %zu bytes of "
+                     "shared memory; it takes fewer, from 16384 (e.g. 102400 to run as an sm_86 "
+                     "or sm_89 GPU does), or unset it",
+                     lim, c->smem_sm);
+            cuda_close(be);
+            return -1;
+        }
+        c->smem_limit = (size_t)v;
+    }
     c->host.launch = cuda_launch;
     c->host.scratch = cuda_scratch;
     c->host.step = cuda_step;

@@ -15,7 +15,10 @@
 #                                             128 and 256 against SDPA, $OUT/wide.md; 128
 #                                             also with MGC_ATT_FWD_KEYS=32, with
 #                                             MGC_ATT_DKV_BUFS=1 and with MGC_ATT_FWD_BUFS=1,
-#                                             the twins' buffers, their losses the same bits)
+#                                             the twins' buffers, and posing as a GPU with
+#                                             100 KB (MGC_CUDA_SMEM_PER_SM=102400) with the
+#                                             twins and with the defaults, their losses the
+#                                             same bits)
 #   sh scripts/gpu.sh quick                   a short check after a kernel change (about 3
 #                                             minutes on the H100 on 2026-11-28, before the
 #                                             dropout and fusion variants were added: not
@@ -401,21 +404,26 @@ if has wide; then
     # against its two from dynamic shared memory, and with the forward's one buffer of K and V
     # tiles (MGC_ATT_FWD_BUFS=1, "128/f1"), the two twins that GPUs with 100 KB of shared
     # memory a multiprocessor take (kspec.h mgc_kspec_twin): here two blocks a multiprocessor
-    # either way, so what one buffer costs; their losses must be the defaults' bits
+    # either way, so what one buffer costs; their losses must be the defaults' bits.  Then
+    # posing as a GPU with 100 KB (MGC_CUDA_SMEM_PER_SM=102400: kernels padded to its
+    # occupancy), where the launcher takes the twins ("128/s100"), against the defaults forced
+    # there, one block a multiprocessor ("128/s100d": MGC_ATT_FWD_BUFS=2 MGC_ATT_DKV_BUFS=2)
     echo "== wide" | tee "$OUT/wide.md"
     echo "| head dim | shape | mgc fwd ms | SDPA fwd ms | mgc bwd ms | SDPA bwd ms | mgc speed vs SDPA (fwd+bwd) |" >>"$OUT/wide.md"
     echo "|---|---|---:|---:|---:|---:|---:|" >>"$OUT/wide.md"
-    for hd in 128 128/32 128/b1 128/f1 256; do
+    for hd in 128 128/32 128/b1 128/f1 128/s100 128/s100d 256; do
         keys=${hd#*/} hd=${hd%/*}
-        unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS MGC_ATT_FWD_BUFS
+        unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS MGC_ATT_FWD_BUFS MGC_CUDA_SMEM_PER_SM
         case $keys in
         "$hd") ;;
         b*) export MGC_ATT_DKV_BUFS=${keys#b} ;;
         f*) export MGC_ATT_FWD_BUFS=${keys#f} ;;
+        s100) export MGC_CUDA_SMEM_PER_SM=102400 ;;
+        s100d) export MGC_CUDA_SMEM_PER_SM=102400 MGC_ATT_FWD_BUFS=2 MGC_ATT_DKV_BUFS=2 ;;
         *) export MGC_ATT_FWD_KEYS=$keys ;;
         esac
-        heads=$((2048 / hd)) hd_label=$hd${MGC_ATT_FWD_KEYS:+/$keys}${MGC_ATT_DKV_BUFS:+/$keys}${MGC_ATT_FWD_BUFS:+/$keys}
-        hd_file=$hd${MGC_ATT_FWD_KEYS:+k$keys}${MGC_ATT_DKV_BUFS:+$keys}${MGC_ATT_FWD_BUFS:+$keys}
+        heads=$((2048 / hd)) hd_label=$hd hd_file=$hd
+        [ "$keys" = "$hd" ] || hd_label=$hd/$keys hd_file=$hd$keys
         build-gpu/compiler/mgc compile models/tiny-llama.yaml --set model.hidden_size=2048 \
             --set model.num_attention_heads=$heads --set model.num_query_groups=$heads \
             --set model.head_dim=$hd --set model.num_layers=2 --set model.ffn_hidden_size=5632 \
@@ -438,9 +446,9 @@ print("head dim %s: median step %.3f ms; losses %s" % (sys.argv[2], statistics.m
             python3 bench/attn_row.py build-gpu/wide$hd_file.prof.jsonl build-gpu/wide$hd_file.sdpa.json $hd_label \
                 >>"$OUT/wide.md" || rc=1
     done
-    unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS MGC_ATT_FWD_BUFS
+    unset MGC_ATT_FWD_KEYS MGC_ATT_DKV_BUFS MGC_ATT_FWD_BUFS MGC_CUDA_SMEM_PER_SM
     # the kernels' buffers change no bit: the same losses and gradient norms, every step
-    for v in b1 f1; do
+    for v in b1 f1 s100 s100d; do
         python3 -c 'import json,sys
 a, b = ([(x["loss"], x["grad_norm"]) for x in map(json.loads, open(f))] for f in sys.argv[1:3])
 print("head dim 128/%s: losses and norms %s" % (sys.argv[3], "bit-identical to 128" if a == b else "DIFFER from 128"))

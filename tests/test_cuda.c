@@ -1954,9 +1954,11 @@ static void check_graphs(void) {
  * (kspec.h mgc_kspec_twin: one buffer of tiles where the default has two in dynamic shared
  * memory, past head dim 64 to 128): the plan carries them, and they train to the defaults'
  * bits, eagerly and from graphs, chosen by the knobs (MGC_ATT_FWD_BUFS=1 MGC_ATT_DKV_BUFS=1,
- * on a GPU too) and, on the emulator, by the launcher on a device of 100 KB
- * (MGC_EMU_SMEM_PER_SM=102400), which must launch what the knobs do at head dim 128 (the
- * same dynamic shared memory, less than the defaults') and at 96 the forward's twin alone.
+ * on a GPU too) and by the launcher on a device of 100 KB (a GPU posing as one,
+ * MGC_CUDA_SMEM_PER_SM=102400, its launches padded to that occupancy; the emulator's
+ * MGC_EMU_SMEM_PER_SM=102400), which on the emulator must launch what the knobs do at head
+ * dim 128 (the same dynamic shared memory, less than the defaults') and at 96 the forward's
+ * twin alone.
  * LLaMA at head dim 128 with two query heads a key head, and GPT at 96 with the QKV bias's
  * column sums in the dK/dV kernel. */
 static void check_twins(void) {
@@ -1985,14 +1987,14 @@ static void check_twins(void) {
         T_EQ_I64(train_exec(p, 1, N, l0, n0, &r0), 0);
         dyn0 = exec_dyn;
         T_CHECK(isfinite(l0[N - 1]) && l0[N - 1] < l0[0]);
-        for (int v = 0; v < (emu ? 2 : 1); v++) {
+        for (int v = 0; v < 2; v++) {
             if (v == 0) setenv("MGC_ATT_FWD_BUFS", "1", 1), setenv("MGC_ATT_DKV_BUFS", "1", 1);
-            else setenv("MGC_EMU_SMEM_PER_SM", "102400", 1);
+            else setenv(emu ? "MGC_EMU_SMEM_PER_SM" : "MGC_CUDA_SMEM_PER_SM", "102400", 1);
             mgc_plan *q = v == 0 ? compile(files[m], "bf16", sets[m]) : NULL; /* its kernels */
             T_EQ_I64(train_exec(q ? q : p, 1, N, l1, n1, &r1), 0);
             mgc_plan_free(q);
             unsetenv("MGC_ATT_FWD_BUFS"), unsetenv("MGC_ATT_DKV_BUFS");
-            unsetenv("MGC_EMU_SMEM_PER_SM");
+            unsetenv("MGC_EMU_SMEM_PER_SM"), unsetenv("MGC_CUDA_SMEM_PER_SM");
             int same = !memcmp(l0, l1, sizeof l0) && !memcmp(n0, n1, sizeof n0);
             T_CHECK(same);
             T_EQ_I64(r1, r0);
