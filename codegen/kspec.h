@@ -135,7 +135,7 @@ const char *mgc_kspec_att_tile_values(const char *name);
  * tiles it double-buffers in dynamic shared memory, where that leaves one block a
  * multiprocessor on the GPUs with 100 KB (sm_86, sm_89, sm_120), with the same bits.  So far
  * the 16-bit attention forward at 64 keys a step and dK/dV kernel past head dim 64 to 128
- * (69,632 and 52,224 bytes at 128; their twins' static 34,816 and 43,520), when no knob chose
+ * (69,632 and 52,224 bytes at 128; their twins' static 34,944 and 43,776), when no knob chose
  * their buffers.  1 and *twin set, or 0 (none).  `mgc compile` puts both in the plan; the
  * launcher takes the twin where the device's shared memory holds more blocks of it
  * (runtime/cuda_ops_attention.c; the cubin is chosen by the GPU's major version, which does

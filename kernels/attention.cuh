@@ -141,7 +141,7 @@
 /* the forward's buffers of K and V tiles at 64 keys past D 64 to 128: two (the next tile
  * fetched while this one is computed; 69,632 bytes of dynamic shared memory at D 128, so one
  * block a multiprocessor on the GPUs with 100 KB: sm_86, sm_89, sm_120), or one (MGC_FKVB =
- * 1: 34,816 bytes of static shared memory at D 128, each tile fetched after the last was done,
+ * 1: 34,944 bytes of static shared memory at D 128, each tile fetched after the last was done,
  * two blocks a multiprocessor there).  The same bits either way.  The launcher takes the
  * one-buffer twin where the device's shared memory holds more blocks of it
  * (codegen/kspec_attention.c mgc_kspec_twin); MGC_ATT_FWD_BUFS sets it for A/B timings. */
