@@ -131,6 +131,10 @@ uint64_t mgc_kspec_att_cs_bytes(int64_t s, int64_t b, int64_t width);
 extern const char *const mgc_kspec_att_tile_envs[MGC_KSPEC_ATT_TILE_ENVS];
 int mgc_kspec_att_tile_env(const char *name);
 const char *mgc_kspec_att_tile_values(const char *name);
+/* The 16-bit attention forward's keys a step (attention.cuh ATT_FBK_PP) of spec k: its
+ * constant FBK when set (MGC_ATT_FWD_KEYS); else 64 to head dim 32, and to 128 without dropout,
+ * documents or a window; 32 to 128 with them; 16 past 128. */
+int64_t mgc_kspec_att_fwd_keys(const mgc_kspec *k);
 /* A kernel's twin for GPUs with less shared memory: the same kernel with one buffer of the
  * tiles it double-buffers in dynamic shared memory, where that leaves one block a
  * multiprocessor on the GPUs with 100 KB (sm_86, sm_89, sm_120), with the same bits.  So far

@@ -97,8 +97,7 @@ static int tile_const(mgc_kspec *out, const char *env, const char *cname, int dt
     return 0;
 }
 
-/* The 16-bit forward's keys a step (attention.cuh ATT_FBK_PP; D to 128) */
-static int64_t fwd_keys(const mgc_kspec *k) {
+int64_t mgc_kspec_att_fwd_keys(const mgc_kspec *k) {
     int64_t fbk = mgc_kspec_get(k, "FBK"), d = mgc_kspec_get(k, "D");
     if (fbk > 0) return fbk;
     if (d <= 32 || (d <= 128 && mgc_kspec_get(k, "DROP") != 1 && mgc_kspec_get(k, "DOCS") != 1 &&
@@ -112,7 +111,7 @@ int mgc_kspec_twin(const mgc_kspec *k, mgc_kspec *twin) {
     int64_t d = mgc_kspec_get(k, "D");
     if (d <= 64 || d > 128) return 0;
     const char *cname = NULL;
-    if (!strcmp(k->entry, "attention_fwd") && fwd_keys(k) == 64) cname = "FKVB";
+    if (!strcmp(k->entry, "attention_fwd") && mgc_kspec_att_fwd_keys(k) == 64) cname = "FKVB";
     else if (!strcmp(k->entry, "attention_bwd_dkv")) cname = "KVB";
     if (!cname || mgc_kspec_get(k, cname) >= 0 || k->n_const >= MGC_KSPEC_MAX_CONST) return 0;
     *twin = *k;
@@ -148,7 +147,8 @@ int mgc_kspecs_attention(const mgc_plan *p, const mgc_plan_chunk *ch, const mgc_
         mask_consts(&out[0], d, causal, drop, rowpos, docs, win);
         if (tile_const(&out[0], "MGC_ATT_FWD_KEYS", "FBK", dt, d, 0, 128)) return -1;
         /* the buffers only where the forward takes 64 keys a step (attention.cuh ATT_FBK_PP) */
-        if (fwd_keys(&out[0]) != 64) return mgc_kspec_att_tile_env("MGC_ATT_FWD_BUFS") < 0 ? -1 : 1;
+        if (mgc_kspec_att_fwd_keys(&out[0]) != 64)
+            return mgc_kspec_att_tile_env("MGC_ATT_FWD_BUFS") < 0 ? -1 : 1;
         return tile_const(&out[0], "MGC_ATT_FWD_BUFS", "FKVB", dt, d, 64, 128) ? -1 : 1;
     case MGC_POP_ATTENTION_BWD:
         if (attn_dims(ch, op, &dt, &d) || max < 2) return -1;

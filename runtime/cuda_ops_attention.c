@@ -33,17 +33,12 @@ static int fwd_bq(int64_t d, int half) {
 }
 /* The 16-bit forward's K and V tiles past a width of 64 at 64 keys a step (ATT_FWD_DYN): two
  * buffers of each, rows of w + 8 halves, in dynamic shared memory (69,632 bytes at 128); the
- * keys a step as attention.cuh ATT_FBK_PP chooses them: kspec constant FBK when set
- * (MGC_ATT_FWD_KEYS), else 64 without dropout, documents or a window; none in the one-buffer
- * variant (constant FKVB 1: MGC_ATT_FWD_BUFS, or the twin), whose tiles are static.  The
- * kernel traps when given less (ATT_DYN_END_D). */
+ * keys a step as attention.cuh ATT_FBK_PP chooses them (kspec.h mgc_kspec_att_fwd_keys); none
+ * in the one-buffer variant (constant FKVB 1: MGC_ATT_FWD_BUFS, or the twin), whose tiles are
+ * static.  The kernel traps when given less (ATT_DYN_END_D). */
 static size_t fwd_dyn_bytes(const mgc_kspec *k, int64_t w, int half) {
     if (!half || w <= 64 || w > 128 || mgc_kspec_get(k, "FKVB") == 1) return 0; /* one: static */
-    int64_t keys = mgc_kspec_get(k, "FBK");
-    if (keys < 0)
-        keys = mgc_kspec_get(k, "DROP") != 1 && mgc_kspec_get(k, "DOCS") != 1 &&
-                       mgc_kspec_get(k, "WIN") <= 0 ? 64 : 32;
-    return keys == 64 ? (size_t)2 * 2 * 64 * (size_t)(w + 8) * 2 : 0;
+    return mgc_kspec_att_fwd_keys(k) == 64 ? (size_t)2 * 2 * 64 * (size_t)(w + 8) * 2 : 0;
 }
 static int bwd_br(int64_t d, int half) {
     if (half) return 64;                       /* ATT_TBR: tensor-core backward (ATT_TC_BWD) */

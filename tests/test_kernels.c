@@ -128,6 +128,32 @@ static void check_eval_kernels(void) {
     mgc_plan_free(q);
 }
 
+/* A plan at head dim 128 in 16 bits carries the attention forward's and dK/dV kernel's
+ * one-buffer twins beside them (kspec.h mgc_kspec_twin), which the launcher takes on GPUs with
+ * 100 KB of shared memory a multiprocessor; at head dim 64 there are none. */
+static void check_twins(void) {
+    static const char *const d128[] = {"training.precision=bf16", "model.hidden_size=256",
+                                       "model.num_attention_heads=2", NULL};
+    static const char *const d64[] = {"training.precision=bf16", "model.hidden_size=128",
+                                      "model.num_attention_heads=2", NULL};
+    for (int k = 0; k < 2; k++) {
+        mgc_plan *p =
+            t_compile("models/tiny-llama.yaml", (const char *const *const[]){k ? d64 : d128}, 1);
+        T_CHECK(p != NULL);
+        if (!p) continue;
+        int archs[1] = {90};
+        mgc_kernel_stats st;
+        char err[4096];
+        T_EQ_I64(mgc_compile_kernels(p, archs, 1, 4, &st, err, sizeof err), 0);
+        int fwd = has_kernel(p, "attention_fwd", "_FKVB1");
+        int dkv = has_kernel(p, "attention_bwd_dkv", "_KVB1");
+        T_CHECK(k ? !fwd && !dkv : fwd && dkv);
+        printf("twins at head dim %d: %s\n", k ? 64 : 128,
+               fwd && dkv ? "forward and dK/dV" : "none");
+        mgc_plan_free(p);
+    }
+}
+
 /* kspec.c's embedded templates (kernels/ *.cuh) */
 typedef struct mgc_kernel_file {
     const char *name;
@@ -264,6 +290,7 @@ int main(void) {
     }
     setvbuf(stdout, NULL, _IONBF, 0);
     check_eval_kernels();
+    check_twins();
     const char *dirs[] = {"models", "examples"};
     for (int k = 0; k < 2; k++) {
         DIR *dir = opendir(dirs[k]);
