@@ -35,12 +35,31 @@
 #include <string.h>
 #include <time.h>
 
+/* What a world rank is doing in the job's communicators, for a timeout's report: the calls it
+ * is blocked in now, on any of its threads (the executor's, the gradient reducer's, the
+ * sender's), and the last it left, with when. */
+#define BUSY_MAX 4
+typedef struct busy_call {
+    const void *team;             /* the call's team */
+    char comm[MGC_COMM_NAME_MAX]; /* its communicator's name */
+    mgc_comm_desc desc;
+    double t; /* when the call began (or, for the last call, ended): monotonic seconds */
+} busy_call;
+typedef struct rank_log {
+    busy_call now[BUSY_MAX];
+    uint32_t used; /* bit i: now[i] in use */
+    int left_any;  /* last holds a call */
+    busy_call last;
+} rank_log;
+
 typedef struct job {
     pthread_mutex_t mu;
     pthread_cond_t cv;          /* broadcast on every state change */
     int teams;                  /* live teams; the last one frees the job */
     int failed;                 /* poisoned: every wait and call returns ABORTED */
     char msg[MGC_COMM_ERR_MAX]; /* the first failure */
+    int world;                  /* world ranks */
+    rank_log *log;              /* (world) */
 } job;
 
 typedef struct msg {
@@ -85,6 +104,12 @@ static struct timespec deadline_after(int64_t ms) {
         t.tv_nsec -= 1000000000L;
     }
     return t;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* 0 woken (or spuriously), ETIMEDOUT past the deadline. */
@@ -187,7 +212,8 @@ mgc_comm_status mgc_comm_local_world_create(int n, const mgc_comm_config *cfg, m
     int mu_ok = 0, cv_ok = 0;
     mgc_comm_status status;
     pthread_condattr_t ca;
-    if (!j || !members) goto nomem;
+    if (!j || !members || !(j->log = calloc((size_t)n, sizeof *j->log))) goto nomem;
+    j->world = n;
     if (pthread_mutex_init(&j->mu, NULL) != 0) goto sys;
     mu_ok = 1;
     if (pthread_condattr_init(&ca) != 0) goto sys;
@@ -216,6 +242,7 @@ fail:
     team_destroy(t);
     if (cv_ok) pthread_cond_destroy(&j->cv);
     if (mu_ok) pthread_mutex_destroy(&j->mu);
+    if (j) free(j->log);
     free(j);
     free(members);
     for (int r = 0; r < n; r++)
@@ -240,6 +267,7 @@ static void local_free(mgc_comm *c) {
     if (free_job) {
         pthread_cond_destroy(&j->cv);
         pthread_mutex_destroy(&j->mu);
+        free(j->log);
         free(j);
     }
 }
@@ -257,23 +285,83 @@ static void local_abort(mgc_comm *c, const char *reason) {
 
 /* ---- diagnosis ------------------------------------------------------------ */
 
+/* c's rank begins a call of descriptor d (call with the lock held); the slot to pass to
+ * busy_leave, -1 when the rank has BUSY_MAX calls going already (not recorded). */
+static int busy_enter(job *j, const mgc_comm *c, const mgc_comm_desc *d) {
+    rank_log *l = &j->log[c->world_rank];
+    for (int i = 0; i < BUSY_MAX; i++)
+        if (!(l->used & (1u << i))) {
+            l->used |= 1u << i;
+            l->now[i].team = c->context;
+            snprintf(l->now[i].comm, sizeof l->now[i].comm, "%s", c->name);
+            l->now[i].desc = *d;
+            l->now[i].t = now_s();
+            return i;
+        }
+    return -1;
+}
+
+/* ... and ends it (call with the lock held). */
+static void busy_leave(job *j, const mgc_comm *c, int i) {
+    if (i < 0) return;
+    rank_log *l = &j->log[c->world_rank];
+    l->used &= ~(1u << i);
+    l->last = l->now[i];
+    l->last.t = now_s();
+    l->left_any = 1;
+}
+
+/* Where world rank w is in the job besides team t: ", and is blocked in dp#0 all_reduce #5 (...)
+ * for 2.1 s" for each call it is in (but one of t's, which the caller describes), or ", and in
+ * no call for 118.2 s, since it left tp#0 all_reduce #11 (...)": its thread computes, or waits
+ * for something else (call with the lock held). */
+static void describe_elsewhere(const team *t, int w, char *buf, size_t size) {
+    const rank_log *l = &t->job->log[w];
+    double now = now_s();
+    size_t used = 0;
+    buf[0] = '\0';
+    int calls = 0;
+    for (int i = 0; i < BUSY_MAX && used + 2 < size; i++) {
+        if (!(l->used & (1u << i))) continue;
+        calls++;
+        if (l->now[i].team == t) continue;
+        char d[160];
+        mgc_comm_desc_format(&l->now[i].desc, d, sizeof d);
+        used += (size_t)snprintf(buf + used, size - used, "%s is blocked in %s %s for %.1f s",
+                                 used ? " and" : ", and", l->now[i].comm, d, now - l->now[i].t);
+    }
+    if (calls || used + 2 >= size) return;
+    if (l->left_any && l->last.team == t) {
+        snprintf(buf, size, ", and in no call since, for %.1f s", now - l->last.t);
+    } else if (l->left_any) {
+        char d[160];
+        mgc_comm_desc_format(&l->last.desc, d, sizeof d);
+        snprintf(buf, size, ", and in no call for %.1f s, since it left %s %s", now - l->last.t,
+                 l->last.comm, d);
+    } else {
+        snprintf(buf, size, ", and in no call of any communicator yet");
+    }
+}
+
 /* "group rank 2 (world 6) is blocked in recv #0 (...)" / "... last called ..." */
 static void describe_rank(const mgc_comm *c, const slot *s, int r, char *buf, size_t size) {
-    char d[160];
+    char d[160], more[640];
     if (s->left) {
         snprintf(buf, size, "group rank %d (world %d) freed its communicator", r, c->members[r]);
         return;
     }
+    describe_elsewhere(c->context, c->members[r], more, sizeof more);
     if (s->in_call) {
         mgc_comm_desc_format(&s->cur, d, sizeof d);
-        snprintf(buf, size, "group rank %d (world %d) is blocked in %s", r, c->members[r], d);
+        snprintf(buf, size, "group rank %d (world %d) is blocked in %s%s", r, c->members[r], d,
+                 more);
     } else if (s->arrived) {
         mgc_comm_desc_format(&s->desc, d, sizeof d);
-        snprintf(buf, size, "group rank %d (world %d) is outside the communicator, last in %s", r,
-                 c->members[r], d);
+        snprintf(buf, size, "group rank %d (world %d) is outside the communicator, last in %s%s",
+                 r, c->members[r], d, more);
     } else {
-        snprintf(buf, size, "group rank %d (world %d) has not called a collective yet", r,
-                 c->members[r]);
+        snprintf(buf, size, "group rank %d (world %d) has not called a collective here yet%s", r,
+                 c->members[r], more);
     }
 }
 
@@ -448,6 +536,7 @@ static mgc_comm_status collective(mgc_comm *c, const mgc_comm_op *op, mgc_comm *
     }
     uint64_t want = op->seq + 1;
     struct timespec dl = deadline_after(c->timeout_ms);
+    int busy = -1;
 
     pthread_mutex_lock(&j->mu);
     if (j->failed) {
@@ -459,6 +548,7 @@ static mgc_comm_status collective(mgc_comm *c, const mgc_comm_op *op, mgc_comm *
     mgc_comm_desc_of(op, &me->desc);
     me->cur = me->desc;
     me->in_call = 1;
+    busy = busy_enter(j, c, &me->desc);
     me->arrived = want;
     pthread_cond_broadcast(&j->cv);
     /* 1. arrive */
@@ -471,7 +561,7 @@ static mgc_comm_status collective(mgc_comm *c, const mgc_comm_op *op, mgc_comm *
             }
         if (all) break;
         if (!j->failed && gone >= 0) {
-            char d[160], who[256];
+            char d[160], who[768];
             mgc_comm_desc_format(&me->desc, d, sizeof d);
             describe_rank(c, &t->slots[gone], gone, who, sizeof who);
             snprintf(text, sizeof text, "%s rank %d (world %d): in %s: %s", c->name, c->rank,
@@ -489,12 +579,12 @@ static mgc_comm_status collective(mgc_comm *c, const mgc_comm_op *op, mgc_comm *
                 all = t->slots[r].arrived == want;
             if (all) break;
             if (j->failed) continue; /* another rank failed first: report theirs */
-            char d[160], who[512] = "";
+            char d[160], who[MGC_COMM_ERR_MAX] = "";
             size_t used = 0;
             mgc_comm_desc_format(&me->desc, d, sizeof d);
             for (int r = 0; r < n && used + 2 < sizeof who; r++) {
                 if (t->slots[r].arrived == want) continue;
-                char one[256];
+                char one[768];
                 describe_rank(c, &t->slots[r], r, one, sizeof one);
                 used +=
                     (size_t)snprintf(who + used, sizeof who - used, "%s%s", used ? "; " : "", one);
@@ -550,6 +640,7 @@ static mgc_comm_status collective(mgc_comm *c, const mgc_comm_op *op, mgc_comm *
     }
 leave:
     me->in_call = 0;
+    busy_leave(j, c, busy);
 unlock:
     pthread_mutex_unlock(&j->mu);
     if (s == MGC_COMM_OK && scratch) memcpy(op->recv, scratch, sbytes);
@@ -607,7 +698,7 @@ static mgc_comm_status local_recv(mgc_comm *c, const mgc_comm_op *op) {
     size_t q = (size_t)peer * (size_t)t->size + (size_t)c->rank;
     size_t bytes = op->count * mgc_dtype_size(op->dt);
     struct timespec dl = deadline_after(c->timeout_ms);
-    char text[MGC_COMM_ERR_MAX], d[160], who[256];
+    char text[MGC_COMM_ERR_MAX], d[160], who[768];
     mgc_comm_status s = MGC_COMM_OK;
     msg *m = NULL;
     mgc_comm_desc mine;
@@ -617,6 +708,7 @@ static mgc_comm_status local_recv(mgc_comm *c, const mgc_comm_op *op) {
     pthread_mutex_lock(&j->mu);
     me->cur = mine;
     me->in_call = 1;
+    int busy = busy_enter(j, c, &mine);
     while (!t->qhead[q]) {
         if (!j->failed && t->slots[peer].left) {
             snprintf(text, sizeof text,
@@ -656,6 +748,7 @@ static mgc_comm_status local_recv(mgc_comm *c, const mgc_comm_op *op) {
     if (!t->qhead[q]) t->qtail[q] = NULL;
 leave:
     me->in_call = 0;
+    busy_leave(j, c, busy);
     pthread_mutex_unlock(&j->mu);
     if (m) {
         if (bytes) memcpy(op->recv, m->data, bytes);

@@ -604,6 +604,58 @@ static void test_timeout(void) {
     }
 }
 
+/* Where a rank that never arrives is, across the job's communicators: mode 0, blocked in a
+ * collective of another group (its pair {0, 1}, which rank 0 never joins); mode 1, in no call,
+ * computing (a sleep of 2.5 s, past the 1 s timeout) after a collective of its pair. */
+static void elsewhere_rank(rank_arg *a) {
+    int mode = *(const int *)a->user;
+    float x = 1;
+    mgc_comm *pair = NULL;
+    a->result = mgc_comm_split(a->comm, a->rank / 2, a->rank, &pair);
+    if (a->result == MGC_COMM_OK && mode == 1)
+        a->result = mgc_comm_all_reduce(pair, &x, &x, 1, MGC_DT_F32, MGC_COMM_SUM);
+    if (a->result == MGC_COMM_OK) {
+        if (a->rank == 1 && mode == 0) {
+            a->result = mgc_comm_all_reduce(pair, &x, &x, 1, MGC_DT_F32, MGC_COMM_SUM);
+        } else if (a->rank == 1) {
+            struct timespec ts = {2, 500 * 1000000L};
+            nanosleep(&ts, NULL);
+            a->result = mgc_comm_all_reduce(a->comm, &x, &x, 1, MGC_DT_F32, MGC_COMM_SUM);
+        } else {
+            a->result = mgc_comm_all_reduce(a->comm, &x, &x, 1, MGC_DT_F32, MGC_COMM_SUM);
+        }
+    }
+    snprintf(a->err, sizeof a->err, "%s", mgc_comm_error(a->rank == 1 && mode == 0 ? pair : a->comm));
+    mgc_comm_free(pair);
+}
+
+static void test_elsewhere(void) {
+    for (int mode = 0; mode < 2; mode++) {
+        rank_arg args[8];
+        run_ranks(4, mode ? 1000 : 300, elsewhere_rank, &mode, 1, args);
+        /* the first timeout's report, from whichever rank timed out first */
+        const char *e = NULL;
+        for (int r = 0; r < 4; r++)
+            if (args[r].result == MGC_COMM_ERR_TIMEOUT && !e) e = args[r].err;
+        T_CHECK(e != NULL);
+        if (!e) continue;
+        if (mode == 0) {
+            /* rank 1 in its pair's all-reduce waits for rank 0, rank 0 in the world's for rank
+             * 1: either report names the other's call in the other group */
+            T_CHECK((strstr(e, "group rank 1 (world 1) is outside the communicator, last in split "
+                               "#0, and is blocked in split#0 all_reduce #0 (1 fp32, sum) for") !=
+                     NULL) ||
+                    (strstr(e, "group rank 0 (world 0) has not called a collective here yet, and "
+                               "is blocked in world all_reduce #1 (1 fp32, sum) for") != NULL));
+        } else {
+            T_CHECK(strstr(e, "group rank 1 (world 1) is outside the communicator, last in split "
+                              "#0, and in no call for ") != NULL);
+            T_CHECK(strstr(e, " s, since it left split#0 all_reduce #0 (1 fp32, sum)") != NULL);
+        }
+        printf("timeout report, rank elsewhere %d: %s\n", mode, e);
+    }
+}
+
 static void abort_rank(rank_arg *a) {
     float x[4] = {1, 2, 3, 4};
     if (a->rank == 2) {
@@ -815,6 +867,7 @@ int main(int argc, char **argv) {
     test_fold_rounds();
     test_mismatch();
     test_timeout();
+    test_elsewhere();
     test_release();
     return t_summary("test_comm");
 }
