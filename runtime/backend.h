@@ -53,7 +53,7 @@ typedef struct mgc_op_call {
     double dloss;               /* cross-entropy backward: d(training loss)/d(loss sum) is
                                    dloss / count, count = the microbatch's loss[1] */
     uint32_t fresh;             /* bit k: out[k] is a gradient that holds zeros, which no op of
-                                   the step has written yet (exec.c, "Gradients' first
+                                   the step has written yet (exec_setup.c, "Gradients' first
                                    writes"): the op may store it instead of adding into it.
                                    A backend may ignore it: adding into zeros gives the same
                                    bits */
@@ -196,7 +196,7 @@ typedef struct mgc_backend_iface {
     int (*zero_beside)(mgc_backend *be, void *dst, size_t bytes);
     int (*zero_fence)(mgc_backend *be);
     /* Optional, both or none: the step's zeroing of only the gradients that their first
-     * writes do not store (exec.c, "Gradients' first writes").  stores_fresh(op, k): 1 when
+     * writes do not store (exec_setup.c, "Gradients' first writes").  stores_fresh(op, k): 1 when
      * the backend, given mgc_op_call.fresh bit k, writes every element of op's out[k] without
      * reading it (the CUDA backend: the dW of linear_wgrad and grouped_linear_wgrad, by GEMMs
      * at beta 0), whatever the memory held.  zero_list zeroes the count fp32 ranges p[i]

@@ -260,7 +260,7 @@ print("%s: linear_dgrad_gelu %s; fc1 linear_wgrad %s" % (sys.argv[2],
     qrun "gpt2-124m MGC_GRAD_FRESH=0" build-gpu/q124.plan MGC_GRAD_FRESH=0
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_GRAD_FRESH=0"
     # the whole gradient buffer zeroed each step, not only what the first writes do not store
-    # (exec.c setup_zero_list): the same bits
+    # (exec_setup.c setup_zero_list): the same bits
     qrun "gpt2-124m MGC_ZERO_LIST=0" build-gpu/q124.plan MGC_ZERO_LIST=0
     samebits "gpt2-124m defaults (1)" "gpt2-124m MGC_ZERO_LIST=0"
     qrun "gpt2-1.5b MGC_ZERO_LIST=0" build-gpu/q15.plan MGC_ZERO_LIST=0

@@ -2169,7 +2169,7 @@ static void check_chunks(int all) {
 }
 
 /* ---- 2f. the step's zeroing of the gradients their first writes do not store ------------
- * (exec.c setup_zero_list; backend.h stores_fresh, zero_list).  Tiny GPT in bf16 with dropout
+ * (exec_setup.c setup_zero_list; backend.h stores_fresh, zero_list).  Tiny GPT in bf16 with dropout
  * off, and tiny MoE with 32 experts, top 1, over 16 tokens a microbatch (experts that receive
  * no row: their dW written as zeros), 3 steps on one rank, through the executor: with the
  * defaults only the complement of the weight gradients' bytes is zeroed (less than a quarter
