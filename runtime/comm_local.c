@@ -288,6 +288,7 @@ static void local_abort(mgc_comm *c, const char *reason) {
 /* c's rank begins a call of descriptor d (call with the lock held); the slot to pass to
  * busy_leave, -1 when the rank has BUSY_MAX calls going already (not recorded). */
 static int busy_enter(job *j, const mgc_comm *c, const mgc_comm_desc *d) {
+    if (c->world_rank < 0 || c->world_rank >= j->world) return -1;
     rank_log *l = &j->log[c->world_rank];
     for (int i = 0; i < BUSY_MAX; i++)
         if (!(l->used & (1u << i))) {
@@ -316,10 +317,11 @@ static void busy_leave(job *j, const mgc_comm *c, int i) {
  * no call for 118.2 s, since it left tp#0 all_reduce #11 (...)": its thread computes, or waits
  * for something else (call with the lock held). */
 static void describe_elsewhere(const team *t, int w, char *buf, size_t size) {
+    buf[0] = '\0';
+    if (w < 0 || w >= t->job->world) return;
     const rank_log *l = &t->job->log[w];
     double now = now_s();
     size_t used = 0;
-    buf[0] = '\0';
     int calls = 0;
     for (int i = 0; i < BUSY_MAX && used + 2 < size; i++) {
         if (!(l->used & (1u << i))) continue;
