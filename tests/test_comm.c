@@ -625,7 +625,8 @@ static void elsewhere_rank(rank_arg *a) {
             a->result = mgc_comm_all_reduce(a->comm, &x, &x, 1, MGC_DT_F32, MGC_COMM_SUM);
         }
     }
-    snprintf(a->err, sizeof a->err, "%s", mgc_comm_error(a->rank == 1 && mode == 0 ? pair : a->comm));
+    mgc_comm *last = a->rank == 1 && mode == 0 ? pair : a->comm;
+    snprintf(a->err, sizeof a->err, "%s", mgc_comm_error(last));
     mgc_comm_free(pair);
 }
 
